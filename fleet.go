@@ -1,0 +1,380 @@
+// Package fleet holds the shared vocabulary of the fleet console: nodes and
+// their platforms, models with one recipe per engine, placements, workers and
+// their lifecycle states, and measurement samples. It imports no other package
+// of the module, so every package can speak it.
+package fleet
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// EngineKind names an inference engine fleet knows how to launch.
+type EngineKind string
+
+const (
+	EngineVLLM      EngineKind = "vllm"
+	EngineLlamaCpp  EngineKind = "llamacpp"
+	EngineVLLMMetal EngineKind = "vllm-metal"
+	EngineOllama    EngineKind = "ollama"
+	EngineSim       EngineKind = "sim"
+)
+
+// EngineKinds lists every engine kind, in the order they are documented.
+var EngineKinds = []EngineKind{EngineVLLM, EngineLlamaCpp, EngineVLLMMetal, EngineOllama, EngineSim}
+
+// Valid reports whether k is a known engine kind.
+func (k EngineKind) Valid() bool {
+	for _, e := range EngineKinds {
+		if e == k {
+			return true
+		}
+	}
+	return false
+}
+
+// Label is how the worker table shows an engine ("vLLM", "llama.cpp").
+func (k EngineKind) Label() string {
+	switch k {
+	case EngineVLLM:
+		return "vLLM"
+	case EngineLlamaCpp:
+		return "llama.cpp"
+	case EngineVLLMMetal:
+		return "vllm-metal"
+	case EngineOllama:
+		return "Ollama"
+	case EngineSim:
+		return "sim"
+	}
+	return string(k)
+}
+
+// GPU is one accelerator as the node's probe reported it. Memory figures are
+// zero when the driver reports them as [N/A] (unified-memory parts).
+type GPU struct {
+	Name        string `json:"name"`
+	MemTotalMiB int64  `json:"mem_total_mib,omitempty"`
+	MemFreeMiB  int64  `json:"mem_free_mib,omitempty"`
+}
+
+// Platform is what a probe learned about a node.
+type Platform struct {
+	OS   string `json:"os"`   // "linux", "darwin"
+	Arch string `json:"arch"` // "amd64", "arm64"
+	WSL  bool   `json:"wsl,omitempty"`
+	// Chip is the CPU brand string; on Apple Silicon it names the GPU too ("Apple M4 Max").
+	Chip string `json:"chip,omitempty"`
+	GPUs []GPU  `json:"gpus,omitempty"`
+	// MemTotalBytes is installed memory. MemFreeBytes is what can be allocated
+	// without swapping: MemAvailable on Linux, free+inactive+speculative on macOS.
+	MemTotalBytes uint64 `json:"mem_total_bytes,omitempty"`
+	MemFreeBytes  uint64 `json:"mem_free_bytes,omitempty"`
+	// Profile is set on simulated nodes: the sim profile whose platform this is.
+	Profile string `json:"profile,omitempty"`
+}
+
+// HostLabel is the "Host" column: Linux, macOS or Windows/WSL.
+func (p Platform) HostLabel() string {
+	switch {
+	case p.WSL:
+		return "Windows/WSL"
+	case p.OS == "darwin":
+		return "macOS"
+	case p.OS == "linux":
+		return "Linux"
+	case p.OS == "":
+		return "?"
+	}
+	return p.OS
+}
+
+// AppleSilicon reports whether the node is a Mac with an Apple chip.
+func (p Platform) AppleSilicon() bool {
+	return p.OS == "darwin" && (p.Arch == "arm64" || strings.HasPrefix(p.Chip, "Apple"))
+}
+
+// GPULabel is the "GPU" column: "8x RTX 3060", "Apple M1 Ultra" or "CPU".
+func (p Platform) GPULabel() string {
+	if len(p.GPUs) > 0 {
+		name := strings.TrimPrefix(strings.TrimPrefix(p.GPUs[0].Name, "NVIDIA "), "GeForce ")
+		same := true
+		for _, g := range p.GPUs[1:] {
+			if g.Name != p.GPUs[0].Name {
+				same = false
+			}
+		}
+		if same && len(p.GPUs) > 1 {
+			return fmt.Sprintf("%dx %s", len(p.GPUs), name)
+		}
+		if same {
+			return name
+		}
+		return fmt.Sprintf("%d GPUs", len(p.GPUs))
+	}
+	if p.AppleSilicon() && p.Chip != "" {
+		return p.Chip
+	}
+	return "CPU"
+}
+
+// DefaultEngine is the engine a placement gets when it does not pin one:
+// NVIDIA → vLLM, everything else → llama.cpp.
+func (p Platform) DefaultEngine() EngineKind {
+	if len(p.GPUs) > 0 && p.OS == "linux" {
+		return EngineVLLM
+	}
+	return EngineLlamaCpp
+}
+
+// NodeState is whether the hub can reach a node.
+type NodeState string
+
+const (
+	NodeUnknown     NodeState = "unknown"
+	NodeUp          NodeState = "up"
+	NodeUnreachable NodeState = "unreachable"
+)
+
+// Node is a machine the hub drives.
+type Node struct {
+	Name string `json:"name"`
+	// Address is user@host[:port], "local" for the hub's own machine, or
+	// "sim:PROFILE" for a simulated node.
+	Address  string `json:"address"`
+	Identity string `json:"identity,omitempty"`
+	// Endpoint is "tunnel" (default: reach engines through the node's SSH
+	// connection) or "direct" (dial the node's address).
+	Endpoint string    `json:"endpoint,omitempty"`
+	HostKey  string    `json:"host_key,omitempty"`
+	Platform *Platform `json:"platform,omitempty"`
+	ProbedAt time.Time `json:"probed_at,omitzero"`
+	State    NodeState `json:"state"`
+	Reason   string    `json:"reason,omitempty"`
+	Drained  bool      `json:"drained,omitempty"`
+}
+
+// Address kinds.
+const (
+	AddressLocal     = "local"
+	AddressSimPrefix = "sim:"
+)
+
+// SimProfile returns the profile of a "sim:PROFILE" address.
+func (n Node) SimProfile() (string, bool) {
+	return strings.CutPrefix(n.Address, AddressSimPrefix)
+}
+
+// Recipe is how one engine serves one model.
+type Recipe struct {
+	Engine EngineKind `json:"engine" yaml:"-"`
+	// Model is the weights: an HF repo, a GGUF path, or repo:quant.
+	Model   string            `json:"model,omitempty" yaml:"model,omitempty"`
+	Args    []string          `json:"args,omitempty" yaml:"args,omitempty"`
+	Bin     string            `json:"bin,omitempty" yaml:"bin,omitempty"`
+	Install string            `json:"install,omitempty" yaml:"install,omitempty"`
+	Env     map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
+	// Profile is the sim profile, for the sim engine only.
+	Profile string `json:"profile,omitempty" yaml:"profile,omitempty"`
+}
+
+// Model is one model ID clients send, and how each engine serves it.
+type Model struct {
+	ID       string   `json:"id"`
+	Aliases  []string `json:"aliases,omitempty"`
+	Context  int      `json:"context"`
+	MemoryGB float64  `json:"memory_gb,omitempty"`
+	// SpeedTolerance is the fraction of the best ready worker's single-request
+	// speed a new worker must reach to be admitted (default 0.5).
+	SpeedTolerance float64 `json:"speed_tolerance,omitempty"`
+	// Reasoning is the opt-in response normalisation: "", "inline" or "field".
+	Reasoning string                `json:"reasoning,omitempty"`
+	Recipes   map[EngineKind]Recipe `json:"recipes"`
+}
+
+// Serves reports whether name is the model's ID or one of its aliases.
+func (m Model) Serves(name string) bool {
+	if name == m.ID {
+		return true
+	}
+	for _, a := range m.Aliases {
+		if a == name {
+			return true
+		}
+	}
+	return false
+}
+
+// Placement asks for a model on a node, with the engine chosen from the
+// node's platform unless Engine pins it.
+type Placement struct {
+	Model  string     `json:"model"`
+	Node   string     `json:"node"`
+	Engine EngineKind `json:"engine,omitempty"`
+}
+
+// WorkerState is a step of the worker lifecycle:
+// pending → installing → starting → probation → ready ⇄ draining → stopped,
+// plus failed and rejected.
+type WorkerState string
+
+const (
+	WorkerPending    WorkerState = "pending"
+	WorkerInstalling WorkerState = "installing"
+	WorkerStarting   WorkerState = "starting"
+	WorkerProbation  WorkerState = "probation"
+	WorkerReady      WorkerState = "ready"
+	WorkerDraining   WorkerState = "draining"
+	WorkerStopped    WorkerState = "stopped"
+	WorkerFailed     WorkerState = "failed"
+	WorkerRejected   WorkerState = "rejected"
+)
+
+// Worker is one engine process serving one model on one node.
+type Worker struct {
+	ID     int64       `json:"id"`
+	Node   string      `json:"node"`
+	Model  string      `json:"model"`
+	Engine EngineKind  `json:"engine"`
+	State  WorkerState `json:"state"`
+	// Reason says why a worker is failed or rejected, with the figures.
+	Reason string `json:"reason,omitempty"`
+	Port   int    `json:"port,omitempty"`
+	PID    int    `json:"pid,omitempty"`
+	PGID   int    `json:"pgid,omitempty"`
+	// Argv is the exact command line of the engine ("Started with"). On a
+	// simulated node it is the command the real engine would have run.
+	Argv []string `json:"argv,omitempty"`
+	// LaunchArgv is what was really executed; it differs from Argv only on
+	// simulated nodes, where the engine is `fleet sim --mimic …`.
+	LaunchArgv    []string  `json:"launch_argv,omitempty"`
+	Simulated     bool      `json:"simulated,omitempty"`
+	StartedAt     time.Time `json:"started_at,omitzero"`
+	Context       int       `json:"ctx,omitempty"`
+	Slots         int       `json:"slots,omitempty"`
+	EngineVersion string    `json:"engine_version,omitempty"`
+	Restarts      int       `json:"restarts,omitempty"`
+	Drained       bool      `json:"drained,omitempty"`
+}
+
+// Name is NODE/MODEL, the worker's name everywhere it is shown.
+func (w Worker) Name() string { return w.Node + "/" + w.Model }
+
+// Sample is one measurement of a worker: a request the router served, or a
+// bench or shape result.
+type Sample struct {
+	Worker       string        `json:"worker"`
+	At           time.Time     `json:"at"`
+	Kind         string        `json:"kind"` // "request", "bench", "shape"
+	TTFT         time.Duration `json:"ttft"`
+	ITL          time.Duration `json:"itl"`
+	E2E          time.Duration `json:"e2e"`
+	OutputTokens int           `json:"output_tokens"`
+	TokPerSec    float64       `json:"tok_s"`
+	Detail       string        `json:"detail,omitempty"`
+}
+
+// RestartBackoff is the wait before the n-th relaunch of a failed worker:
+// min(10·2^(n−1), 300) seconds.
+func RestartBackoff(n int) time.Duration {
+	if n < 1 {
+		n = 1
+	}
+	if n > 6 {
+		return 300 * time.Second
+	}
+	s := 10 << (n - 1)
+	if s > 300 {
+		s = 300
+	}
+	return time.Duration(s) * time.Second
+}
+
+// Fleet is the declared state: what a fleet file says and `fleet export` prints.
+type Fleet struct {
+	Nodes      []Node      `json:"nodes"`
+	Models     []Model     `json:"models"`
+	Placements []Placement `json:"placements"`
+}
+
+// Role is what an SSH user may do: viewer < operator < admin.
+type Role string
+
+const (
+	RoleViewer   Role = "viewer"
+	RoleOperator Role = "operator"
+	RoleAdmin    Role = "admin"
+)
+
+// Allows reports whether r is at least need.
+func (r Role) Allows(need Role) bool { return r.rank() >= need.rank() }
+
+func (r Role) rank() int {
+	switch r {
+	case RoleViewer:
+		return 1
+	case RoleOperator:
+		return 2
+	case RoleAdmin:
+		return 3
+	}
+	return 0
+}
+
+// User is an SSH identity of the console.
+type User struct {
+	Name      string `json:"name"`
+	Role      Role   `json:"role"`
+	PublicKey string `json:"public_key"` // authorized_keys format
+	// Fingerprint is the SHA256 fingerprint of PublicKey, as ssh-keygen -lf prints it.
+	Fingerprint string `json:"fingerprint"`
+	Theme       string `json:"theme,omitempty"`
+}
+
+// Event is a line of a node's or worker's history: launches, probes, drains,
+// install output, admission results.
+type Event struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	Level   string    `json:"level"`   // "info", "warn", "error"
+	Subject string    `json:"subject"` // a node name or a worker name NODE/MODEL
+	Message string    `json:"message"`
+}
+
+// AuditEntry records who did what, when, to what, and how it ended.
+type AuditEntry struct {
+	ID      int64     `json:"id"`
+	At      time.Time `json:"at"`
+	User    string    `json:"user"`
+	Action  string    `json:"action"` // "drain", "restart", "apply", "user add", …
+	Target  string    `json:"target"`
+	Outcome string    `json:"outcome"` // "ok", "denied", "failed: …"
+}
+
+// WorkerView is a worker as the console and `workers --json` show it: the
+// stored worker plus its node's platform labels and the router's live figures.
+type WorkerView struct {
+	Worker
+	Host     string `json:"host"`
+	GPU      string `json:"gpu"`
+	InFlight int    `json:"in_flight"`
+	// Live figures at the worker's current load, from the router's measurements.
+	TokPerSec float64 `json:"tok_s"`
+	TTFTms    float64 `json:"ttft_ms"`
+	ITLms     float64 `json:"itl_ms"`
+	// Recent history, oldest first, for sparklines.
+	TTFTHistory []float64 `json:"ttft_history_ms,omitempty"`
+	ITLHistory  []float64 `json:"itl_history_ms,omitempty"`
+	// MemoryBytes is the engine's resident memory when known.
+	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+}
+
+// Snapshot is everything the console shows at one instant.
+type Snapshot struct {
+	At      time.Time    `json:"at"`
+	Workers []WorkerView `json:"workers"`
+	Nodes   []Node       `json:"nodes"`
+	Models  []Model      `json:"models"`
+	Events  []Event      `json:"events"`
+}
