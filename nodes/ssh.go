@@ -1,0 +1,394 @@
+package nodes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/crypto/ssh/agent"
+
+	"fleet"
+)
+
+// sshTransport reaches a node over one multiplexed SSH connection, redialled
+// with backoff when it drops.
+type sshTransport struct {
+	node     fleet.Node
+	user     string
+	addr     string // host:port
+	opts     Options
+	logger   *slog.Logger
+	identity string // expanded identity path, "" for the agent
+
+	mu          sync.Mutex
+	client      *ssh.Client
+	stopKeep    chan struct{}
+	failures    int
+	nextAttempt time.Time
+	lastErr     error
+	closed      bool
+}
+
+// ParseSSHAddress splits "user@host[:port]" (IPv6 hosts in brackets). A
+// missing user is the hub's own user; a missing port is 22.
+func ParseSSHAddress(address string) (userName, hostPort string, err error) {
+	rest := address
+	if i := strings.LastIndex(address, "@"); i >= 0 {
+		userName, rest = address[:i], address[i+1:]
+		if userName == "" {
+			return "", "", fmt.Errorf("address %q has an empty user before '@': write it as user@host[:port]", address)
+		}
+	}
+	if rest == "" {
+		return "", "", fmt.Errorf("address %q has no host: write it as user@host[:port]", address)
+	}
+	host, port := rest, "22"
+	if h, p, splitErr := net.SplitHostPort(rest); splitErr == nil {
+		host, port = h, p
+	} else if strings.HasPrefix(rest, "[") && strings.HasSuffix(rest, "]") {
+		host = rest[1 : len(rest)-1]
+	} else if strings.Count(rest, ":") == 1 {
+		return "", "", fmt.Errorf("address %q: %v; write it as user@host[:port]", address, splitErr)
+	}
+	if host == "" {
+		return "", "", fmt.Errorf("address %q has no host: write it as user@host[:port]", address)
+	}
+	if n, convErr := strconv.Atoi(port); convErr != nil || n < 1 || n > 65535 {
+		return "", "", fmt.Errorf("address %q: port %q is not a number between 1 and 65535", address, port)
+	}
+	if strings.ContainsAny(host, " /\t\n") {
+		return "", "", fmt.Errorf("address %q: host %q is not a host name or IP address", address, host)
+	}
+	if userName == "" {
+		u, uerr := user.Current()
+		if uerr != nil {
+			return "", "", fmt.Errorf("address %q names no user and the hub's own user is unknown (%v): write it as user@host", address, uerr)
+		}
+		userName = u.Username
+	}
+	return userName, net.JoinHostPort(host, port), nil
+}
+
+func newSSH(node fleet.Node, opts Options) (*sshTransport, error) {
+	userName, addr, err := ParseSSHAddress(node.Address)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: %w", node.Name, err)
+	}
+	if opts.HostKeys == nil {
+		return nil, fmt.Errorf("node %s: no host key store configured, refusing to connect without host key pinning", node.Name)
+	}
+	t := &sshTransport{
+		node:   node,
+		user:   userName,
+		addr:   addr,
+		opts:   opts,
+		logger: opts.logger().With("node", node.Name, "addr", addr),
+	}
+	if node.Identity != "" {
+		t.identity, err = expandHome(node.Identity)
+		if err != nil {
+			return nil, fmt.Errorf("node %s: identity %q: %w", node.Name, node.Identity, err)
+		}
+	}
+	return t, nil
+}
+
+func expandHome(path string) (string, error) {
+	if path != "~" && !strings.HasPrefix(path, "~/") {
+		return path, nil
+	}
+	home, err := os.UserHomeDir()
+	if err != nil {
+		return "", fmt.Errorf("cannot expand ~: %w", err)
+	}
+	return filepath.Join(home, strings.TrimPrefix(path, "~")), nil
+}
+
+func (t *sshTransport) Name() string { return t.node.Name }
+
+// connected returns a live client, dialling one if needed. After a failed
+// attempt the next one waits out a growing backoff; calls in between fail at
+// once with the last error instead of hammering a dead host.
+func (t *sshTransport) connected(ctx context.Context) (*ssh.Client, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.closed {
+		return nil, fmt.Errorf("node %s: transport closed", t.node.Name)
+	}
+	if t.client != nil {
+		return t.client, nil
+	}
+	if wait := time.Until(t.nextAttempt); wait > 0 && t.lastErr != nil {
+		return nil, fmt.Errorf("%w (next connection attempt in %s)", t.lastErr, wait.Round(time.Second))
+	}
+	client, err := t.dial(ctx)
+	if err != nil {
+		t.failures++
+		backoff := min(time.Second<<min(t.failures-1, 10), t.opts.ReconnectBackoffMax)
+		t.nextAttempt = time.Now().Add(backoff)
+		t.lastErr = err
+		return nil, err
+	}
+	if t.failures > 0 {
+		t.logger.Info("reconnected", "after_failures", t.failures)
+	}
+	t.failures, t.lastErr = 0, nil
+	t.client = client
+	t.stopKeep = make(chan struct{})
+	go t.keepalive(client, t.stopKeep)
+	go func() {
+		// The connection ended (remote closed, keepalive gave up, or Close):
+		// forget it so the next call redials.
+		err := client.Wait()
+		t.mu.Lock()
+		if t.client == client {
+			t.client = nil
+			close(t.stopKeep)
+			t.logger.Warn("connection lost", "err", err)
+		}
+		t.mu.Unlock()
+	}()
+	return client, nil
+}
+
+func (t *sshTransport) dial(ctx context.Context) (*ssh.Client, error) {
+	name := t.node.Name
+	auth, closeAuth, err := t.authMethod()
+	if err != nil {
+		return nil, err
+	}
+	defer closeAuth()
+
+	var changed *HostKeyChangedError
+	var pinErr error
+	cfg := &ssh.ClientConfig{
+		User:    t.user,
+		Auth:    []ssh.AuthMethod{auth},
+		Timeout: t.opts.ConnectTimeout,
+		HostKeyCallback: func(_ string, _ net.Addr, key ssh.PublicKey) error {
+			presented := FormatHostKey(key)
+			pinned, err := t.opts.HostKeys.PinnedHostKey(ctx, name)
+			if err != nil {
+				pinErr = fmt.Errorf("node %s: reading the pinned host key: %w", name, err)
+				return pinErr
+			}
+			if pinned == "" {
+				if err := t.opts.HostKeys.PinHostKey(ctx, name, presented); err != nil {
+					pinErr = fmt.Errorf("node %s: pinning the host key: %w", name, err)
+					return pinErr
+				}
+				fp := ssh.FingerprintSHA256(key)
+				t.logger.Info("host key pinned on first contact", "fingerprint", fp)
+				t.event("info", fmt.Sprintf("host key %s %s pinned on first contact", key.Type(), fp))
+				return nil
+			}
+			if pinned != presented {
+				was := HostKeyFingerprint(pinned)
+				if was == "" {
+					was = "an unparsable key"
+				}
+				changed = &HostKeyChangedError{Node: name, Was: was, Now: ssh.FingerprintSHA256(key)}
+				return changed
+			}
+			return nil
+		},
+	}
+
+	d := net.Dialer{Timeout: t.opts.ConnectTimeout, KeepAlive: 15 * time.Second}
+	conn, err := d.DialContext(ctx, "tcp", t.addr)
+	if err != nil {
+		return nil, fmt.Errorf("node %s unreachable: %w", name, err)
+	}
+	// The handshake has no context of its own: bound it by the timeout and
+	// abort it if ctx ends first.
+	_ = conn.SetDeadline(time.Now().Add(t.opts.ConnectTimeout))
+	stop := context.AfterFunc(ctx, func() { conn.Close() })
+	c, chans, reqs, err := ssh.NewClientConn(conn, t.addr, cfg)
+	stop()
+	if err != nil {
+		conn.Close()
+		switch {
+		case changed != nil:
+			t.logger.Error("host key changed: refusing the node", "was", changed.Was, "now", changed.Now)
+			t.event("error", changed.Error())
+			return nil, changed
+		case pinErr != nil:
+			return nil, pinErr
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("node %s: connecting: %w", name, context.Cause(ctx))
+		case strings.Contains(err.Error(), "unable to authenticate"):
+			return nil, fmt.Errorf("node %s: %s@%s refused our key (%w); add the hub's public key to ~%s/.ssh/authorized_keys on the node",
+				name, t.user, t.addr, err, t.user)
+		}
+		return nil, fmt.Errorf("node %s: SSH handshake with %s: %w", name, t.addr, err)
+	}
+	_ = conn.SetDeadline(time.Time{})
+	return ssh.NewClient(c, chans, reqs), nil
+}
+
+// authMethod is public-key only: the node's identity file, else the agent.
+func (t *sshTransport) authMethod() (ssh.AuthMethod, func(), error) {
+	name := t.node.Name
+	if t.identity != "" {
+		pem, err := os.ReadFile(t.identity)
+		if err != nil {
+			return nil, nil, fmt.Errorf("node %s: reading identity file: %w", name, err)
+		}
+		signer, err := ssh.ParsePrivateKey(pem)
+		var missing *ssh.PassphraseMissingError
+		if errors.As(err, &missing) {
+			return nil, nil, fmt.Errorf("node %s: identity file %s is protected by a passphrase; load it into ssh-agent (ssh-add %s) and drop identity: from the node", name, t.identity, t.identity)
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("node %s: identity file %s is not a private key: %w", name, t.identity, err)
+		}
+		return ssh.PublicKeys(signer), func() {}, nil
+	}
+	sock := t.opts.AgentSocket
+	if sock == "" {
+		sock = os.Getenv("SSH_AUTH_SOCK")
+	}
+	if sock == "" {
+		return nil, nil, fmt.Errorf("node %s: no identity file and no ssh-agent (SSH_AUTH_SOCK is not set); set identity: for the node or start an agent", name)
+	}
+	conn, err := net.DialTimeout("unix", sock, t.opts.ConnectTimeout)
+	if err != nil {
+		return nil, nil, fmt.Errorf("node %s: ssh-agent at %s: %w", name, sock, err)
+	}
+	return ssh.PublicKeysCallback(agent.NewClient(conn).Signers), func() { conn.Close() }, nil
+}
+
+// keepalive drops the connection after KeepaliveMissed unanswered checks,
+// which makes every command and tunnel on it fail at once: a node that
+// vanished without closing its socket gives an error, not a hang.
+func (t *sshTransport) keepalive(client *ssh.Client, stop <-chan struct{}) {
+	tick := time.NewTicker(t.opts.KeepaliveInterval)
+	defer tick.Stop()
+	missed := 0
+	for {
+		select {
+		case <-stop:
+			return
+		case <-tick.C:
+		}
+		reply := make(chan error, 1)
+		go func() {
+			_, _, err := client.SendRequest("keepalive@openssh.com", true, nil)
+			reply <- err
+		}()
+		select {
+		case <-stop:
+			return
+		case err := <-reply:
+			if err != nil {
+				client.Close()
+				return
+			}
+			missed = 0
+		case <-time.After(t.opts.KeepaliveInterval):
+			missed++
+			if missed >= t.opts.KeepaliveMissed {
+				t.logger.Warn("node stopped answering keepalives; dropping the connection", "missed", missed)
+				client.Close()
+				return
+			}
+		}
+	}
+}
+
+func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	if len(argv) == 0 {
+		return ErrNoCommand
+	}
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, t.opts.CommandTimeout)
+		defer cancel()
+	}
+	client, err := t.connected(ctx)
+	if err != nil {
+		return err
+	}
+	sess, err := client.NewSession()
+	if err != nil {
+		t.drop(client)
+		return fmt.Errorf("node %s: opening a session: %w", t.node.Name, err)
+	}
+	defer sess.Close()
+	sess.Stdin, sess.Stdout, sess.Stderr = stdin, stdout, stderr
+	if err := sess.Start(ShellQuote(argv)); err != nil {
+		return fmt.Errorf("node %s: starting %s: %w", t.node.Name, argv[0], err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- sess.Wait() }()
+	select {
+	case err = <-done:
+	case <-ctx.Done():
+		_ = sess.Signal(ssh.SIGKILL)
+		sess.Close()
+		select {
+		case <-done:
+		case <-time.After(2 * time.Second):
+		}
+		return fmt.Errorf("node %s: %s: %w", t.node.Name, argv[0], context.Cause(ctx))
+	}
+	if err == nil {
+		return nil
+	}
+	var exitErr *ssh.ExitError
+	if errors.As(err, &exitErr) {
+		e := &ExitError{Node: t.node.Name, Argv: argv, Code: exitErr.ExitStatus(), Err: err}
+		if sig := exitErr.Signal(); sig != "" {
+			e.Code, e.Signal = -1, sig
+		}
+		return e
+	}
+	// No exit status: the connection went away under the command.
+	t.drop(client)
+	return fmt.Errorf("node %s: connection lost while running %s: %w", t.node.Name, argv[0], err)
+}
+
+func (t *sshTransport) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
+	client, err := t.connected(ctx)
+	if err != nil {
+		return nil, err
+	}
+	conn, err := client.DialContext(ctx, network, addr)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: tunnel to %s: %w", t.node.Name, addr, err)
+	}
+	return conn, nil
+}
+
+// drop closes a client that proved broken so the next call redials.
+func (t *sshTransport) drop(client *ssh.Client) {
+	client.Close()
+}
+
+func (t *sshTransport) Close() error {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.closed = true
+	if t.client != nil {
+		err := t.client.Close()
+		return err
+	}
+	return nil
+}
+
+func (t *sshTransport) event(level, msg string) {
+	if t.opts.OnEvent != nil {
+		t.opts.OnEvent(fleet.Event{At: time.Now(), Level: level, Subject: t.node.Name, Message: msg})
+	}
+}
