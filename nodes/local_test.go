@@ -151,7 +151,9 @@ func TestLocalTransport(t *testing.T) {
 
 func TestSimTransportRunsLocallyWithItsOwnStateDir(t *testing.T) {
 	data := t.TempDir()
-	lookup := func(string) (fleet.Platform, error) { return fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra"}, nil }
+	lookup := func(string) (fleet.Platform, error) {
+		return fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra"}, nil
+	}
 	a, err := Open(context.Background(), fleet.Node{Name: "ultra", Address: "sim:m1ultra-llamacpp"}, Options{DataDir: data, SimPlatform: lookup})
 	if err != nil {
 		t.Fatal(err)
