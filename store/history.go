@@ -1,0 +1,299 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"time"
+
+	"fleet"
+)
+
+// AddSamples stores a batch of measurements in one transaction, so a busy
+// router pays one fsync per batch rather than one per request.
+func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
+	if len(samples) == 0 {
+		return nil
+	}
+	for i, sm := range samples {
+		if sm.Worker == "" || sm.At.IsZero() {
+			return fmt.Errorf("add samples: sample %d has no worker or no time; nothing was stored", i)
+		}
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO samples (worker, at, kind, ttft_ns, itl_ns, e2e_ns, output_tokens, tok_s, detail)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, sm := range samples {
+			if _, err := stmt.ExecContext(ctx, sm.Worker, unixNano(sm.At), sm.Kind, int64(sm.TTFT), int64(sm.ITL), int64(sm.E2E),
+				sm.OutputTokens, sm.TokPerSec, sm.Detail); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("add %d samples to %s: %w", len(samples), s.path, err)
+	}
+	return nil
+}
+
+// Samples returns the newest limit samples of worker (all workers when
+// worker is "") taken at or after since, oldest first as sparklines draw
+// them. limit <= 0 means all.
+func (s *Store) Samples(ctx context.Context, worker string, since time.Time, limit int) ([]fleet.Sample, error) {
+	query := `SELECT worker, at, kind, ttft_ns, itl_ns, e2e_ns, output_tokens, tok_s, detail FROM samples WHERE at >= ?`
+	args := []any{unixNano(since)}
+	if worker != "" {
+		query += ` AND worker = ?`
+		args = append(args, worker)
+	}
+	query += ` ORDER BY at DESC, id DESC LIMIT ?`
+	args = append(args, clampLimit(limit))
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read samples of %q: %w", worker, err)
+	}
+	defer rows.Close()
+	samples := []fleet.Sample{}
+	for rows.Next() {
+		var (
+			sm             fleet.Sample
+			at             int64
+			ttft, itl, e2e int64
+		)
+		if err := rows.Scan(&sm.Worker, &at, &sm.Kind, &ttft, &itl, &e2e, &sm.OutputTokens, &sm.TokPerSec, &sm.Detail); err != nil {
+			return nil, fmt.Errorf("read samples of %q: %w", worker, err)
+		}
+		sm.At = fromUnixNano(at)
+		sm.TTFT, sm.ITL, sm.E2E = time.Duration(ttft), time.Duration(itl), time.Duration(e2e)
+		samples = append(samples, sm)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read samples of %q: %w", worker, err)
+	}
+	slices.Reverse(samples)
+	return samples, nil
+}
+
+// PruneSamples deletes samples taken before before and says how many went.
+func (s *Store) PruneSamples(ctx context.Context, before time.Time) (int64, error) {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM samples WHERE at < ?`, unixNano(before))
+	if err != nil {
+		return 0, fmt.Errorf("prune samples before %s: %w", before.Format(time.RFC3339), err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return 0, fmt.Errorf("prune samples before %s: %w", before.Format(time.RFC3339), err)
+	}
+	return n, nil
+}
+
+// AddEvent appends a line to a node's or worker's history and returns it
+// with its ID (and At set to now when it was zero).
+func (s *Store) AddEvent(ctx context.Context, e fleet.Event) (fleet.Event, error) {
+	if e.Subject == "" || e.Message == "" {
+		return fleet.Event{}, errors.New("add event: an event needs a subject (node or NODE/MODEL) and a message")
+	}
+	if e.At.IsZero() {
+		e.At = s.now()
+	}
+	if e.Level == "" {
+		e.Level = "info"
+	}
+	res, err := s.db.ExecContext(ctx, `INSERT INTO events (at, level, subject, message) VALUES (?, ?, ?, ?)`,
+		unixNano(e.At), e.Level, e.Subject, e.Message)
+	if err != nil {
+		return fleet.Event{}, fmt.Errorf("add event for %s: %w", e.Subject, err)
+	}
+	if e.ID, err = res.LastInsertId(); err != nil {
+		return fleet.Event{}, fmt.Errorf("add event for %s: %w", e.Subject, err)
+	}
+	e.At = fromUnixNano(unixNano(e.At))
+	return e, nil
+}
+
+// Events returns the newest limit events with an ID above afterID, newest
+// last. subject "" means every subject; a node's name also matches its
+// workers' events (NODE/…), since a node's history includes theirs.
+// limit <= 0 means all.
+func (s *Store) Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error) {
+	query := `SELECT id, at, level, subject, message FROM events WHERE id > ?`
+	args := []any{afterID}
+	if subject != "" {
+		query += ` AND (subject = ?`
+		args = append(args, subject)
+		if !strings.Contains(subject, "/") {
+			// substr rather than LIKE: node names may hold '_', a LIKE wildcard.
+			query += ` OR substr(subject, 1, ?) = ?`
+			args = append(args, len(subject)+1, subject+"/")
+		}
+		query += `)`
+	}
+	query += ` ORDER BY id DESC LIMIT ?`
+	args = append(args, clampLimit(limit))
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, fmt.Errorf("read events of %q: %w", subject, err)
+	}
+	defer rows.Close()
+	events := []fleet.Event{}
+	for rows.Next() {
+		var (
+			e  fleet.Event
+			at int64
+		)
+		if err := rows.Scan(&e.ID, &at, &e.Level, &e.Subject, &e.Message); err != nil {
+			return nil, fmt.Errorf("read events of %q: %w", subject, err)
+		}
+		e.At = fromUnixNano(at)
+		events = append(events, e)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read events of %q: %w", subject, err)
+	}
+	slices.Reverse(events)
+	return events, nil
+}
+
+// AddAudit records who did what to what, and how it ended.
+func (s *Store) AddAudit(ctx context.Context, a fleet.AuditEntry) error {
+	if a.User == "" || a.Action == "" {
+		return errors.New("add audit entry: an entry needs a user and an action")
+	}
+	if a.At.IsZero() {
+		a.At = s.now()
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome) VALUES (?, ?, ?, ?, ?)`,
+		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome)
+	if err != nil {
+		return fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
+	}
+	return nil
+}
+
+// Audit returns the newest limit entries, newest last. limit <= 0 means all.
+func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, at, user, action, target, outcome FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
+	if err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
+	}
+	defer rows.Close()
+	entries := []fleet.AuditEntry{}
+	for rows.Next() {
+		var (
+			a  fleet.AuditEntry
+			at int64
+		)
+		if err := rows.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome); err != nil {
+			return nil, fmt.Errorf("read audit log: %w", err)
+		}
+		a.At = fromUnixNano(at)
+		entries = append(entries, a)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read audit log: %w", err)
+	}
+	slices.Reverse(entries)
+	return entries, nil
+}
+
+// SetReferenceShape stores the response shape workers of model must match.
+// shape must be JSON; its layout belongs to the bench package.
+func (s *Store) SetReferenceShape(ctx context.Context, model string, shape []byte, pinned bool) error {
+	if !json.Valid(shape) {
+		return fmt.Errorf("set reference shape of model %s: the shape is not valid JSON", model)
+	}
+	_, err := s.db.ExecContext(ctx, `INSERT INTO reference_shapes (model, shape, pinned, updated_at) VALUES (?, ?, ?, ?)
+		ON CONFLICT (model) DO UPDATE SET shape = excluded.shape, pinned = excluded.pinned, updated_at = excluded.updated_at`,
+		model, string(shape), boolInt(pinned), s.now().UnixNano())
+	if isForeignKey(err) {
+		return fmt.Errorf("set reference shape: model %q: %w; `fleet models` lists the declared ones", model, ErrNotFound)
+	}
+	if err != nil {
+		return fmt.Errorf("set reference shape of model %s: %w", model, err)
+	}
+	return nil
+}
+
+// ReferenceShape returns the stored shape of model and whether an operator
+// pinned it (a pinned shape is not replaced by the first ready worker's).
+func (s *Store) ReferenceShape(ctx context.Context, model string) ([]byte, bool, error) {
+	var (
+		shape  string
+		pinned int
+	)
+	err := s.db.QueryRowContext(ctx, `SELECT shape, pinned FROM reference_shapes WHERE model = ?`, model).Scan(&shape, &pinned)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil, false, fmt.Errorf("reference shape of model %q: %w; none was recorded yet", model, ErrNotFound)
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("read reference shape of model %s: %w", model, err)
+	}
+	return []byte(shape), pinned != 0, nil
+}
+
+// BenchRun is one stored bench result of a worker; Run is the bench
+// package's JSON.
+type BenchRun struct {
+	ID     int64           `json:"id"`
+	Worker string          `json:"worker"`
+	At     time.Time       `json:"at"`
+	Run    json.RawMessage `json:"run"`
+}
+
+// AddBenchRun stores a bench result (JSON) of worker NODE/MODEL.
+func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) error {
+	if worker == "" {
+		return errors.New("add bench run: no worker named")
+	}
+	if !json.Valid(run) {
+		return fmt.Errorf("add bench run of %s: the result is not valid JSON", worker)
+	}
+	if _, err := s.db.ExecContext(ctx, `INSERT INTO bench_runs (worker, run, at) VALUES (?, ?, ?)`, worker, string(run), s.now().UnixNano()); err != nil {
+		return fmt.Errorf("add bench run of %s: %w", worker, err)
+	}
+	return nil
+}
+
+// BenchRuns returns the newest limit bench runs of worker (all when ""),
+// newest last. limit <= 0 means all.
+func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]BenchRun, error) {
+	query := `SELECT id, worker, run, at FROM bench_runs`
+	var args []any
+	if worker != "" {
+		query += ` WHERE worker = ?`
+		args = append(args, worker)
+	}
+	rows, err := s.db.QueryContext(ctx, query+` ORDER BY id DESC LIMIT ?`, append(args, clampLimit(limit))...)
+	if err != nil {
+		return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
+	}
+	defer rows.Close()
+	runs := []BenchRun{}
+	for rows.Next() {
+		var (
+			r   BenchRun
+			run string
+			at  int64
+		)
+		if err := rows.Scan(&r.ID, &r.Worker, &run, &at); err != nil {
+			return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
+		}
+		r.Run = json.RawMessage(run)
+		r.At = fromUnixNano(at)
+		runs = append(runs, r)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
+	}
+	slices.Reverse(runs)
+	return runs, nil
+}

@@ -1,0 +1,142 @@
+package store
+
+// migrations are applied in order, each in its own transaction, and recorded
+// in schema_migrations; migration N is migrations[N-1]. Never edit a released
+// migration: append a new one, because databases in the field already ran it.
+//
+// Times are INTEGER Unix nanoseconds (0 = unset) so they sort and compare
+// without parsing; JSON columns hold values whose shape belongs to fleet.go.
+var migrations = []string{
+	// 1: the whole data model of DESIGN.md.
+	`
+CREATE TABLE nodes (
+	name      TEXT PRIMARY KEY,
+	position  INTEGER NOT NULL,
+	address   TEXT NOT NULL,
+	identity  TEXT NOT NULL DEFAULT '',
+	endpoint  TEXT NOT NULL DEFAULT '',
+	host_key  TEXT NOT NULL DEFAULT '',
+	platform  TEXT,
+	probed_at INTEGER NOT NULL DEFAULT 0,
+	state     TEXT NOT NULL DEFAULT 'unknown',
+	reason    TEXT NOT NULL DEFAULT '',
+	drained   INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE models (
+	id              TEXT PRIMARY KEY,
+	position        INTEGER NOT NULL,
+	aliases         TEXT NOT NULL DEFAULT '[]',
+	context         INTEGER NOT NULL,
+	memory_gb       REAL NOT NULL DEFAULT 0,
+	speed_tolerance REAL NOT NULL DEFAULT 0,
+	reasoning       TEXT NOT NULL DEFAULT ''
+);
+
+CREATE TABLE recipes (
+	model_id TEXT NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+	engine   TEXT NOT NULL,
+	model    TEXT NOT NULL DEFAULT '',
+	args     TEXT NOT NULL DEFAULT '[]',
+	bin      TEXT NOT NULL DEFAULT '',
+	install  TEXT NOT NULL DEFAULT '',
+	env      TEXT NOT NULL DEFAULT '{}',
+	profile  TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (model_id, engine)
+);
+
+CREATE TABLE placements (
+	id       INTEGER PRIMARY KEY,
+	position INTEGER NOT NULL,
+	model    TEXT NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+	node     TEXT NOT NULL REFERENCES nodes(name) ON DELETE CASCADE,
+	engine   TEXT NOT NULL DEFAULT '',
+	UNIQUE (model, node)
+);
+
+CREATE TABLE workers (
+	id             INTEGER PRIMARY KEY AUTOINCREMENT,
+	node           TEXT NOT NULL REFERENCES nodes(name) ON DELETE CASCADE,
+	model          TEXT NOT NULL REFERENCES models(id) ON DELETE CASCADE,
+	engine         TEXT NOT NULL,
+	state          TEXT NOT NULL,
+	reason         TEXT NOT NULL DEFAULT '',
+	port           INTEGER NOT NULL DEFAULT 0,
+	pid            INTEGER NOT NULL DEFAULT 0,
+	pgid           INTEGER NOT NULL DEFAULT 0,
+	argv           TEXT NOT NULL DEFAULT '[]',
+	launch_argv    TEXT NOT NULL DEFAULT '[]',
+	simulated      INTEGER NOT NULL DEFAULT 0,
+	started_at     INTEGER NOT NULL DEFAULT 0,
+	ctx            INTEGER NOT NULL DEFAULT 0,
+	slots          INTEGER NOT NULL DEFAULT 0,
+	engine_version TEXT NOT NULL DEFAULT '',
+	restarts       INTEGER NOT NULL DEFAULT 0,
+	drained        INTEGER NOT NULL DEFAULT 0,
+	UNIQUE (node, model)
+);
+
+CREATE TABLE samples (
+	id            INTEGER PRIMARY KEY,
+	worker        TEXT NOT NULL,
+	at            INTEGER NOT NULL,
+	kind          TEXT NOT NULL,
+	ttft_ns       INTEGER NOT NULL DEFAULT 0,
+	itl_ns        INTEGER NOT NULL DEFAULT 0,
+	e2e_ns        INTEGER NOT NULL DEFAULT 0,
+	output_tokens INTEGER NOT NULL DEFAULT 0,
+	tok_s         REAL NOT NULL DEFAULT 0,
+	detail        TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX samples_worker_at ON samples (worker, at);
+CREATE INDEX samples_at ON samples (at);
+
+CREATE TABLE events (
+	id      INTEGER PRIMARY KEY AUTOINCREMENT,
+	at      INTEGER NOT NULL,
+	level   TEXT NOT NULL,
+	subject TEXT NOT NULL,
+	message TEXT NOT NULL
+);
+CREATE INDEX events_subject ON events (subject, id);
+
+CREATE TABLE users (
+	name        TEXT PRIMARY KEY,
+	role        TEXT NOT NULL CHECK (role IN ('viewer', 'operator', 'admin')),
+	public_key  TEXT NOT NULL,
+	fingerprint TEXT NOT NULL UNIQUE,
+	theme       TEXT NOT NULL DEFAULT ''
+);
+
+CREATE TABLE audit (
+	id      INTEGER PRIMARY KEY AUTOINCREMENT,
+	at      INTEGER NOT NULL,
+	user    TEXT NOT NULL,
+	action  TEXT NOT NULL,
+	target  TEXT NOT NULL DEFAULT '',
+	outcome TEXT NOT NULL DEFAULT ''
+);
+
+CREATE TABLE api_keys (
+	name    TEXT PRIMARY KEY,
+	hash    BLOB NOT NULL UNIQUE,
+	created INTEGER NOT NULL,
+	revoked INTEGER NOT NULL DEFAULT 0
+);
+
+CREATE TABLE reference_shapes (
+	model      TEXT PRIMARY KEY REFERENCES models(id) ON DELETE CASCADE,
+	shape      TEXT NOT NULL,
+	pinned     INTEGER NOT NULL DEFAULT 0,
+	updated_at INTEGER NOT NULL
+);
+
+CREATE TABLE bench_runs (
+	id     INTEGER PRIMARY KEY,
+	worker TEXT NOT NULL,
+	run    TEXT NOT NULL,
+	at     INTEGER NOT NULL
+);
+CREATE INDEX bench_runs_worker ON bench_runs (worker, id);
+`,
+}

@@ -1,0 +1,247 @@
+package store
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"database/sql"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"fleet"
+)
+
+// AddUser lets a public key into the console with a role. The key is one
+// authorized_keys line; its SHA256 fingerprint, which the SSH server looks
+// users up by, is computed here and overrides u.Fingerprint.
+func (s *Store) AddUser(ctx context.Context, u fleet.User) error {
+	u.Name = strings.TrimSpace(u.Name)
+	if u.Name == "" {
+		return errors.New("add user: no name given; name the person or robot the key belongs to")
+	}
+	switch u.Role {
+	case fleet.RoleViewer, fleet.RoleOperator, fleet.RoleAdmin:
+	default:
+		return fmt.Errorf("add user %s: role %q is not one of viewer, operator, admin", u.Name, u.Role)
+	}
+	key, comment, _, rest, err := ssh.ParseAuthorizedKey([]byte(u.PublicKey))
+	if err != nil {
+		return fmt.Errorf("add user %s: the public key is not an authorized_keys line (like \"ssh-ed25519 AAAA… you@host\"): %w", u.Name, err)
+	}
+	if len(strings.TrimSpace(string(rest))) > 0 {
+		return fmt.Errorf("add user %s: give one public key, not several", u.Name)
+	}
+	line := strings.TrimSpace(string(ssh.MarshalAuthorizedKey(key)))
+	if comment != "" {
+		line += " " + comment
+	}
+	u.PublicKey = line
+	u.Fingerprint = ssh.FingerprintSHA256(key)
+
+	_, err = s.db.ExecContext(ctx, `INSERT INTO users (name, role, public_key, fingerprint, theme) VALUES (?, ?, ?, ?, ?)`,
+		u.Name, string(u.Role), u.PublicKey, u.Fingerprint, u.Theme)
+	if isUnique(err) {
+		if other, ferr := s.UserByFingerprint(ctx, u.Fingerprint); ferr == nil {
+			return fmt.Errorf("add user %s: key %s already belongs to user %s; remove that user first", u.Name, u.Fingerprint, other.Name)
+		}
+		return fmt.Errorf("add user %s: a user with that name exists; remove it first or choose another name", u.Name)
+	}
+	if err != nil {
+		return fmt.Errorf("add user %s: %w", u.Name, err)
+	}
+	return nil
+}
+
+// Users returns every user, by name.
+func (s *Store) Users(ctx context.Context) ([]fleet.User, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, role, public_key, fingerprint, theme FROM users ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("read users: %w", err)
+	}
+	defer rows.Close()
+	users := []fleet.User{}
+	for rows.Next() {
+		u, err := scanUser(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read users: %w", err)
+		}
+		users = append(users, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read users: %w", err)
+	}
+	return users, nil
+}
+
+func scanUser(sc interface{ Scan(...any) error }) (fleet.User, error) {
+	var (
+		u    fleet.User
+		role string
+	)
+	err := sc.Scan(&u.Name, &role, &u.PublicKey, &u.Fingerprint, &u.Theme)
+	u.Role = fleet.Role(role)
+	return u, err
+}
+
+// UserByFingerprint finds the user whose key has fingerprint fp
+// ("SHA256:…"), the way the SSH server identifies a session.
+func (s *Store) UserByFingerprint(ctx context.Context, fp string) (fleet.User, error) {
+	u, err := scanUser(s.db.QueryRowContext(ctx, `SELECT name, role, public_key, fingerprint, theme FROM users WHERE fingerprint = ?`, fp))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.User{}, fmt.Errorf("user with key %s: %w; an admin can add it with `fleet user add`", fp, ErrNotFound)
+	}
+	if err != nil {
+		return fleet.User{}, fmt.Errorf("find user with key %s: %w", fp, err)
+	}
+	return u, nil
+}
+
+// RemoveUser revokes a user's access.
+func (s *Store) RemoveUser(ctx context.Context, name string) error {
+	return s.execOne(ctx, "remove user "+name, "user "+name, `DELETE FROM users WHERE name = ?`, name)
+}
+
+// SetUserTheme remembers a user's console theme.
+func (s *Store) SetUserTheme(ctx context.Context, name, theme string) error {
+	return s.execOne(ctx, "set theme of user "+name, "user "+name, `UPDATE users SET theme = ? WHERE name = ?`, theme, name)
+}
+
+// CountUsers says how many users exist; zero means the console is open to
+// its first key, which becomes admin.
+func (s *Store) CountUsers(ctx context.Context) (int, error) {
+	var n int
+	if err := s.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM users`).Scan(&n); err != nil {
+		return 0, fmt.Errorf("count users: %w", err)
+	}
+	return n, nil
+}
+
+// execOne runs a statement that must touch exactly one row named by what.
+func (s *Store) execOne(ctx context.Context, doing, what, query string, args ...any) error {
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return fmt.Errorf("%s: %w", doing, err)
+	}
+	n, err := res.RowsAffected()
+	if err != nil {
+		return fmt.Errorf("%s: %w", doing, err)
+	}
+	if n == 0 {
+		return fmt.Errorf("%s: %s: %w", doing, what, ErrNotFound)
+	}
+	return nil
+}
+
+// APIKeyPrefix starts every router key, so a leaked key is recognisable.
+const APIKeyPrefix = "fk-"
+
+// APIKey is a router key as listed: never the key itself.
+type APIKey struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Revoked time.Time `json:"revoked,omitzero"`
+}
+
+func hashKey(key string) []byte {
+	h := sha256.Sum256([]byte(key))
+	return h[:]
+}
+
+// CreateAPIKey makes a router key named name and returns it; only its
+// SHA-256 is stored, so this is the one time anyone sees it. A revoked key's
+// name may be reused.
+func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
+	name = strings.TrimSpace(name)
+	if name == "" {
+		return "", errors.New("create API key: no name given; name the client that will use it")
+	}
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return "", fmt.Errorf("create API key %s: %w", name, err)
+	}
+	key := APIKeyPrefix + base64.RawURLEncoding.EncodeToString(secret)
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE name = ? AND revoked != 0`, name); err != nil {
+			return err
+		}
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)`, name, hashKey(key), s.now().UnixNano())
+		return err
+	})
+	if isUnique(err) {
+		return "", fmt.Errorf("create API key: a key named %s exists; revoke it first or choose another name", name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("create API key %s: %w", name, err)
+	}
+	return key, nil
+}
+
+// VerifyAPIKey says whether key is a live router key and whose. Every live
+// hash is compared in constant time, so timing tells nothing about how close
+// a guess came.
+func (s *Store) VerifyAPIKey(ctx context.Context, key string) (string, bool, error) {
+	if !strings.HasPrefix(key, APIKeyPrefix) {
+		return "", false, nil
+	}
+	want := hashKey(key)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, hash FROM api_keys WHERE revoked = 0`)
+	if err != nil {
+		return "", false, fmt.Errorf("verify API key: %w", err)
+	}
+	defer rows.Close()
+	var match string
+	found := false
+	for rows.Next() {
+		var (
+			name string
+			hash []byte
+		)
+		if err := rows.Scan(&name, &hash); err != nil {
+			return "", false, fmt.Errorf("verify API key: %w", err)
+		}
+		if subtle.ConstantTimeCompare(hash, want) == 1 {
+			match, found = name, true
+		}
+	}
+	if err := rows.Err(); err != nil {
+		return "", false, fmt.Errorf("verify API key: %w", err)
+	}
+	return match, found, nil
+}
+
+// APIKeys lists router keys, revoked ones included, by name.
+func (s *Store) APIKeys(ctx context.Context) ([]APIKey, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT name, created, revoked FROM api_keys ORDER BY name`)
+	if err != nil {
+		return nil, fmt.Errorf("list API keys: %w", err)
+	}
+	defer rows.Close()
+	keys := []APIKey{}
+	for rows.Next() {
+		var (
+			k                APIKey
+			created, revoked int64
+		)
+		if err := rows.Scan(&k.Name, &created, &revoked); err != nil {
+			return nil, fmt.Errorf("list API keys: %w", err)
+		}
+		k.Created, k.Revoked = fromUnixNano(created), fromUnixNano(revoked)
+		keys = append(keys, k)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("list API keys: %w", err)
+	}
+	return keys, nil
+}
+
+// RevokeAPIKey stops a router key from working; it stays listed as revoked.
+func (s *Store) RevokeAPIKey(ctx context.Context, name string) error {
+	return s.execOne(ctx, "revoke API key "+name, "live API key "+name,
+		`UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked = 0`, s.now().UnixNano(), name)
+}

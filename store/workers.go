@@ -1,0 +1,140 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"fleet"
+)
+
+const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained`
+
+func scanWorker(sc interface{ Scan(...any) error }) (fleet.Worker, error) {
+	var (
+		w                          fleet.Worker
+		engine, state, argv, largv string
+		simulated, drained         int
+		startedAt                  int64
+	)
+	err := sc.Scan(&w.ID, &w.Node, &w.Model, &engine, &state, &w.Reason, &w.Port, &w.PID, &w.PGID,
+		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained)
+	if err != nil {
+		return fleet.Worker{}, err
+	}
+	w.Engine = fleet.EngineKind(engine)
+	w.State = fleet.WorkerState(state)
+	if err := json.Unmarshal([]byte(argv), &w.Argv); err != nil {
+		return fleet.Worker{}, fmt.Errorf("worker %s: stored argv is not valid JSON: %w", w.Name(), err)
+	}
+	if err := json.Unmarshal([]byte(largv), &w.LaunchArgv); err != nil {
+		return fleet.Worker{}, fmt.Errorf("worker %s: stored launch argv is not valid JSON: %w", w.Name(), err)
+	}
+	if len(w.Argv) == 0 {
+		w.Argv = nil
+	}
+	if len(w.LaunchArgv) == 0 {
+		w.LaunchArgv = nil
+	}
+	w.Simulated = simulated != 0
+	w.Drained = drained != 0
+	w.StartedAt = fromUnixNano(startedAt)
+	return w, nil
+}
+
+// Workers returns every worker, ordered by node then model.
+func (s *Store) Workers(ctx context.Context) ([]fleet.Worker, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT `+workerColumns+` FROM workers ORDER BY node, model`)
+	if err != nil {
+		return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
+	}
+	defer rows.Close()
+	workers := []fleet.Worker{}
+	for rows.Next() {
+		w, err := scanWorker(rows)
+		if err != nil {
+			return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
+		}
+		workers = append(workers, w)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
+	}
+	return workers, nil
+}
+
+// Worker returns the worker of model on node.
+func (s *Store) Worker(ctx context.Context, node, model string) (fleet.Worker, error) {
+	return workerTx(ctx, s.db, node, model)
+}
+
+func workerTx(ctx context.Context, q queryer, node, model string) (fleet.Worker, error) {
+	w, err := scanWorker(q.QueryRowContext(ctx, `SELECT `+workerColumns+` FROM workers WHERE node = ? AND model = ?`, node, model))
+	if errors.Is(err, sql.ErrNoRows) {
+		return fleet.Worker{}, fmt.Errorf("worker %s/%s: %w; `fleet workers` lists the existing ones", node, model, ErrNotFound)
+	}
+	if err != nil {
+		return fleet.Worker{}, fmt.Errorf("read worker %s/%s: %w", node, model, err)
+	}
+	return w, nil
+}
+
+// SaveWorker inserts or updates the worker of w.Model on w.Node (w.ID is
+// ignored: node and model name it) and returns it as stored, with its ID.
+// The node and the model must be declared.
+func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
+	if w.Node == "" || w.Model == "" {
+		return fleet.Worker{}, fmt.Errorf("save worker %q: a worker needs both a node and a model", w.Name())
+	}
+	argv, err := toJSON(nonNil(w.Argv))
+	if err != nil {
+		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
+	}
+	largv, err := toJSON(nonNil(w.LaunchArgv))
+	if err != nil {
+		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
+	}
+	var saved fleet.Worker
+	err = s.inTx(ctx, func(tx *sql.Tx) error {
+		_, err := tx.ExecContext(ctx, `INSERT INTO workers (node, model, engine, state, reason, port, pid, pgid, argv, launch_argv,
+				simulated, started_at, ctx, slots, engine_version, restarts, drained)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (node, model) DO UPDATE SET
+				engine = excluded.engine, state = excluded.state, reason = excluded.reason, port = excluded.port,
+				pid = excluded.pid, pgid = excluded.pgid, argv = excluded.argv, launch_argv = excluded.launch_argv,
+				simulated = excluded.simulated, started_at = excluded.started_at, ctx = excluded.ctx,
+				slots = excluded.slots, engine_version = excluded.engine_version, restarts = excluded.restarts,
+				drained = excluded.drained`,
+			w.Node, w.Model, string(w.Engine), string(w.State), w.Reason, w.Port, w.PID, w.PGID, argv, largv,
+			boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained))
+		if err != nil {
+			return err
+		}
+		saved, err = workerTx(ctx, tx, w.Node, w.Model)
+		return err
+	})
+	if isForeignKey(err) {
+		return fleet.Worker{}, fmt.Errorf("save worker %s: node %q or model %q: %w in the fleet; apply a fleet file that declares both first",
+			w.Name(), w.Node, w.Model, ErrNotFound)
+	}
+	if err != nil {
+		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
+	}
+	return saved, nil
+}
+
+// DeleteWorker forgets the worker of model on node.
+func (s *Store) DeleteWorker(ctx context.Context, node, model string) error {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM workers WHERE node = ? AND model = ?`, node, model)
+	if err != nil {
+		return fmt.Errorf("delete worker %s/%s: %w", node, model, err)
+	}
+	if n, err := res.RowsAffected(); err != nil {
+		return fmt.Errorf("delete worker %s/%s: %w", node, model, err)
+	} else if n == 0 {
+		return fmt.Errorf("delete worker %s/%s: %w; `fleet workers` lists the existing ones", node, model, ErrNotFound)
+	}
+	return nil
+}
