@@ -1,0 +1,460 @@
+package sim
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strconv"
+	"strings"
+	"time"
+
+	"fleet"
+)
+
+// Llama-server reasoning formats.
+const (
+	ReasoningAuto           = "auto"
+	ReasoningNone           = "none"
+	ReasoningDeepSeek       = "deepseek"
+	ReasoningDeepSeekLegacy = "deepseek-legacy"
+)
+
+// defaultTrainCtx is the context the simulated model was trained with
+// (Qwen3-4B), what both engines fall back to when no context is given.
+const defaultTrainCtx = 40960
+
+// Options configure one simulated engine. ParseArgs fills them from a command
+// line; tests may build them directly (Profile and Mimic are required).
+type Options struct {
+	Mimic   fleet.EngineKind
+	Profile Profile
+	// Seed makes the generated text deterministic (with the request content).
+	Seed uint64
+	// LoadTime is how long the model takes to load: llama-server answers 503
+	// meanwhile, vLLM does not listen yet.
+	LoadTime time.Duration
+
+	Host string
+	Port int
+	// ServedNames are the model names served; the first is the one responses
+	// carry (vLLM --served-model-name, llama-server --alias).
+	ServedNames []string
+	// ModelPath is the weights argument (-m, or vllm serve's positional).
+	ModelPath string
+	// Ctx is the context one request may use: llama-server's per-slot n_ctx,
+	// vLLM's --max-model-len.
+	Ctx int
+	// TotalCtx is llama-server's -c (all slots together); equal to Ctx for vLLM.
+	TotalCtx int
+	// Slots is how many requests run at once; the rest queue FIFO.
+	Slots     int
+	KVUnified bool
+
+	// llama-server behaviour.
+	Jinja           bool
+	ReasoningFormat string
+	// MetricsEnabled is llama-server's --metrics; vLLM always serves /metrics.
+	MetricsEnabled bool
+	SlotsEndpoint  bool
+
+	// vLLM behaviour.
+	ReasoningParser   string
+	AutoToolChoice    bool
+	ToolCallParser    string
+	ForceIncludeUsage bool
+
+	// ThinkingByDefault is false when the server was started with
+	// chat template kwargs {"enable_thinking": false}.
+	ThinkingByDefault bool
+
+	// EngineArgs are the engine's own arguments as given.
+	EngineArgs []string
+	Logger     *slog.Logger
+}
+
+// ModelID is the name responses carry.
+func (o Options) ModelID() string {
+	if len(o.ServedNames) > 0 {
+		return o.ServedNames[0]
+	}
+	return o.ModelPath
+}
+
+// ParseArgs parses `fleet sim` arguments: the sim's own flags, then after
+// "--" the mimicked engine's own argv (without the binary), parsed the way
+// that engine would.
+func ParseArgs(args []string) (Options, error) {
+	fs := flag.NewFlagSet("fleet sim", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	mimic := fs.String("mimic", "", "engine to mimic: vllm or llamacpp (default: the profile's)")
+	profileName := fs.String("profile", "", "speed and platform profile")
+	seed := fs.Uint64("seed", 1, "seed of the generated text")
+	loadTime := fs.String("load-time", "", "model load time (default: the profile's)")
+	host := fs.String("host", "", "listen host (overrides the engine's --host)")
+	port := fs.Int("port", -1, "listen port (overrides the engine's --port)")
+	servedName := fs.String("served-name", "", "model name served (overrides -a / --served-model-name)")
+	ctxSize := fs.Int("ctx", 0, "context size (overrides -c / --max-model-len)")
+	slots := fs.Int("slots", 0, "concurrent requests (overrides -np / --max-num-seqs)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return Options{}, fmt.Errorf("usage: fleet sim --profile NAME [--mimic vllm|llamacpp] [--seed N] [--load-time DUR] [--host H --port P --served-name ID --ctx N --slots N] [-- ENGINE ARGS...]")
+		}
+		return Options{}, fmt.Errorf("fleet sim: %w (put the engine's own arguments after \"--\")", err)
+	}
+	if *profileName == "" {
+		return Options{}, fmt.Errorf("fleet sim: --profile is required: use one of %s", strings.Join(ProfileNames(), ", "))
+	}
+	prof, err := LookupProfile(*profileName)
+	if err != nil {
+		return Options{}, err
+	}
+	kind := prof.Mimic
+	if *mimic != "" {
+		kind = fleet.EngineKind(*mimic)
+	}
+	if kind != fleet.EngineVLLM && kind != fleet.EngineLlamaCpp {
+		return Options{}, fmt.Errorf("fleet sim: --mimic %q is not supported: use vllm or llamacpp", kind)
+	}
+	opts := Options{Mimic: kind, Profile: prof, Seed: *seed, LoadTime: prof.LoadTime, EngineArgs: fs.Args()}
+	if *loadTime != "" {
+		d, err := time.ParseDuration(*loadTime)
+		if err != nil || d < 0 {
+			return Options{}, fmt.Errorf("fleet sim: --load-time %q is not a duration: use e.g. 2s or 500ms", *loadTime)
+		}
+		opts.LoadTime = d
+	}
+	var explicitSlots int
+	if kind == fleet.EngineLlamaCpp {
+		explicitSlots, err = parseLlamaArgs(fs.Args(), &opts)
+	} else {
+		explicitSlots, err = parseVLLMArgs(fs.Args(), &opts)
+	}
+	if err != nil {
+		return Options{}, err
+	}
+	// The sim's own flags win over the engine's.
+	if *host != "" {
+		opts.Host = *host
+	}
+	if *port >= 0 {
+		if *port > 65535 {
+			return Options{}, fmt.Errorf("fleet sim: --port %d is out of range: use 0-65535", *port)
+		}
+		opts.Port = *port
+	}
+	if *servedName != "" {
+		opts.ServedNames = []string{*servedName}
+	}
+	if *ctxSize < 0 || *slots < 0 {
+		return Options{}, fmt.Errorf("fleet sim: --ctx and --slots must be positive")
+	}
+	if *ctxSize > 0 {
+		opts.TotalCtx = *ctxSize
+	}
+	if *slots > 0 {
+		explicitSlots = *slots
+	}
+	finishDerived(&opts, explicitSlots)
+	return opts, nil
+}
+
+// finishDerived fills what follows from the parsed flags: defaults, the
+// served name, and llama-server's per-slot context split.
+func finishDerived(o *Options, explicitSlots int) {
+	if o.Host == "" {
+		// Both engines could bind every interface; a simulator never needs to.
+		o.Host = "127.0.0.1"
+	}
+	if o.ModelPath == "" {
+		if len(o.ServedNames) > 0 {
+			o.ModelPath = o.ServedNames[0]
+		} else {
+			o.ModelPath = "Qwen3-4B-Q4_K_M.gguf"
+		}
+	}
+	if len(o.ServedNames) == 0 {
+		o.ServedNames = []string{o.ModelPath}
+	}
+	if o.TotalCtx <= 0 {
+		o.TotalCtx = defaultTrainCtx
+	}
+	o.Slots = o.Profile.Slots
+	if o.Slots <= 0 {
+		o.Slots = 4
+	}
+	if explicitSlots > 0 {
+		o.Slots = explicitSlots
+	}
+	o.Ctx = o.TotalCtx
+	if o.Mimic == fleet.EngineLlamaCpp && explicitSlots > 0 && !o.KVUnified {
+		// An explicit -np without --kv-unified splits -c across the slots,
+		// exactly the pitfall the real server has.
+		o.Ctx = o.TotalCtx / o.Slots
+	}
+}
+
+// argScanner walks an engine argv: "--flag value", "--flag=value", bare
+// flags, and positionals. An unknown flag followed by a token that is not a
+// flag consumes it as its value, so any real recipe passes through.
+type argScanner struct {
+	args []string
+	i    int
+}
+
+func isValueToken(s string) bool {
+	if !strings.HasPrefix(s, "-") || s == "-" {
+		return true
+	}
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
+}
+
+// next returns the next flag name (without its value) or positional.
+func (s *argScanner) next() (name, inline string, hasInline, ok bool) {
+	if s.i >= len(s.args) {
+		return "", "", false, false
+	}
+	tok := s.args[s.i]
+	s.i++
+	if strings.HasPrefix(tok, "-") && !isValueToken(tok) {
+		if k, v, found := strings.Cut(tok, "="); found {
+			return k, v, true, true
+		}
+	}
+	return tok, "", false, true
+}
+
+// value takes the flag's value, inline or the next token.
+func (s *argScanner) value(flagName, inline string, hasInline bool) (string, error) {
+	if hasInline {
+		return inline, nil
+	}
+	if s.i >= len(s.args) || !isValueToken(s.args[s.i]) {
+		return "", fmt.Errorf("engine flag %s needs a value", flagName)
+	}
+	v := s.args[s.i]
+	s.i++
+	return v, nil
+}
+
+// skipUnknown consumes an unknown flag's value when one follows.
+func (s *argScanner) skipUnknown(hasInline bool) {
+	if !hasInline && s.i < len(s.args) && isValueToken(s.args[s.i]) {
+		s.i++
+	}
+}
+
+func positiveInt(flagName, v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("engine flag %s: %q is not a positive integer", flagName, v)
+	}
+	return n, nil
+}
+
+func portNumber(flagName, v string) (int, error) {
+	n, err := strconv.Atoi(v)
+	if err != nil || n < 0 || n > 65535 {
+		return 0, fmt.Errorf("engine flag %s: %q is not a port number (0-65535)", flagName, v)
+	}
+	return n, nil
+}
+
+// thinkingFromKwargs reads enable_thinking from a chat template kwargs JSON.
+func thinkingFromKwargs(flagName, v string) (bool, error) {
+	var kw map[string]any
+	if err := json.Unmarshal([]byte(v), &kw); err != nil {
+		return false, fmt.Errorf("engine flag %s: %q is not a JSON object: %w", flagName, v, err)
+	}
+	if b, ok := kw["enable_thinking"].(bool); ok {
+		return b, nil
+	}
+	return true, nil
+}
+
+func parseLlamaArgs(args []string, o *Options) (explicitSlots int, err error) {
+	o.Port = 8080
+	o.Jinja = true
+	o.ReasoningFormat = ReasoningAuto
+	o.SlotsEndpoint = true
+	o.ThinkingByDefault = true
+	s := &argScanner{args: args}
+	for {
+		name, inline, hasInline, ok := s.next()
+		if !ok {
+			break
+		}
+		var v string
+		switch name {
+		case "-m", "--model", "-hf", "--hf-repo", "-a", "--alias", "-c", "--ctx-size", "--host", "--port",
+			"-np", "--parallel", "--reasoning-format", "--chat-template-kwargs":
+			if v, err = s.value(name, inline, hasInline); err != nil {
+				return 0, err
+			}
+		}
+		switch name {
+		case "-m", "--model", "-hf", "--hf-repo":
+			o.ModelPath = v
+		case "-a", "--alias":
+			o.ServedNames = nil
+			for _, a := range strings.Split(v, ",") {
+				if a = strings.TrimSpace(a); a != "" {
+					o.ServedNames = append(o.ServedNames, a)
+				}
+			}
+		case "-c", "--ctx-size":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 0 {
+				return 0, fmt.Errorf("engine flag %s: %q is not a context size (0 = from the model)", name, v)
+			}
+			o.TotalCtx = n
+		case "--host":
+			o.Host = v
+		case "--port":
+			if o.Port, err = portNumber(name, v); err != nil {
+				return 0, err
+			}
+		case "-np", "--parallel":
+			n, err := strconv.Atoi(v)
+			if err != nil || n == 0 || n < -1 {
+				return 0, fmt.Errorf("engine flag %s: %q is not a slot count (-1 = auto)", name, v)
+			}
+			if n > 0 {
+				explicitSlots = n
+			} else {
+				// Auto: the profile's slots, with a unified KV cache.
+				explicitSlots, o.KVUnified = 0, true
+			}
+		case "-kvu", "--kv-unified":
+			o.KVUnified = true
+		case "-no-kvu", "--no-kv-unified":
+			o.KVUnified = false
+		case "--jinja":
+			o.Jinja = true
+		case "--no-jinja":
+			o.Jinja = false
+		case "--reasoning-format":
+			switch v {
+			case ReasoningAuto, ReasoningNone, ReasoningDeepSeek, ReasoningDeepSeekLegacy:
+				o.ReasoningFormat = v
+			default:
+				return 0, fmt.Errorf("engine flag --reasoning-format: %q is not one of none, deepseek, deepseek-legacy, auto", v)
+			}
+		case "--chat-template-kwargs":
+			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
+				return 0, err
+			}
+		case "--metrics":
+			o.MetricsEnabled = true
+		case "--slots":
+			o.SlotsEndpoint = true
+		case "--no-slots":
+			o.SlotsEndpoint = false
+		default:
+			if strings.HasPrefix(name, "-") {
+				s.skipUnknown(hasInline)
+			}
+		}
+	}
+	return explicitSlots, nil
+}
+
+// parseModelLen reads vLLM's --max-model-len, which also takes 16k (×1000)
+// and 16K (×1024).
+func parseModelLen(v string) (int, error) {
+	mult := 1
+	num := v
+	switch {
+	case strings.HasSuffix(v, "k"):
+		mult, num = 1000, strings.TrimSuffix(v, "k")
+	case strings.HasSuffix(v, "K"):
+		mult, num = 1024, strings.TrimSuffix(v, "K")
+	}
+	n, err := strconv.Atoi(num)
+	if err != nil || n <= 0 {
+		return 0, fmt.Errorf("engine flag --max-model-len: %q is not a length (e.g. 16384 or 16K)", v)
+	}
+	return n * mult, nil
+}
+
+func parseVLLMArgs(args []string, o *Options) (explicitSlots int, err error) {
+	o.Port = 8000
+	o.ThinkingByDefault = true
+	o.MetricsEnabled = true
+	if len(args) > 0 && args[0] == "serve" {
+		args = args[1:]
+	}
+	s := &argScanner{args: args}
+	for {
+		name, inline, hasInline, ok := s.next()
+		if !ok {
+			break
+		}
+		var v string
+		switch name {
+		case "--model", "--max-model-len", "--host", "--port", "--max-num-seqs", "--reasoning-parser",
+			"--tool-call-parser", "--default-chat-template-kwargs":
+			if v, err = s.value(name, inline, hasInline); err != nil {
+				return 0, err
+			}
+		}
+		switch name {
+		case "--model":
+			o.ModelPath = v
+		case "--served-model-name":
+			// nargs='+': every following non-flag token is a name.
+			o.ServedNames = nil
+			if hasInline {
+				o.ServedNames = append(o.ServedNames, inline)
+			}
+			for s.i < len(s.args) && !strings.HasPrefix(s.args[s.i], "-") {
+				o.ServedNames = append(o.ServedNames, s.args[s.i])
+				s.i++
+			}
+			if len(o.ServedNames) == 0 {
+				return 0, fmt.Errorf("engine flag --served-model-name needs at least one name")
+			}
+		case "--max-model-len":
+			if o.TotalCtx, err = parseModelLen(v); err != nil {
+				return 0, err
+			}
+		case "--host":
+			o.Host = v
+		case "--port":
+			if o.Port, err = portNumber(name, v); err != nil {
+				return 0, err
+			}
+		case "--max-num-seqs":
+			if explicitSlots, err = positiveInt(name, v); err != nil {
+				return 0, err
+			}
+		case "--reasoning-parser":
+			o.ReasoningParser = v
+		case "--enable-auto-tool-choice":
+			o.AutoToolChoice = true
+		case "--tool-call-parser":
+			o.ToolCallParser = v
+		case "--enable-force-include-usage":
+			o.ForceIncludeUsage = true
+		case "--default-chat-template-kwargs":
+			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
+				return 0, err
+			}
+		default:
+			if !strings.HasPrefix(name, "-") {
+				if o.ModelPath == "" {
+					o.ModelPath = name
+				}
+				continue
+			}
+			s.skipUnknown(hasInline)
+		}
+	}
+	if o.AutoToolChoice && o.ToolCallParser == "" {
+		return 0, fmt.Errorf("engine flag --enable-auto-tool-choice needs --tool-call-parser (e.g. hermes)")
+	}
+	return explicitSlots, nil
+}

@@ -1,0 +1,388 @@
+package sim
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// job is one generation request: it waits for a slot, prefills, decodes at
+// the profile's pace and writes the answer in the mimicked engine's shape.
+type job struct {
+	s            *Server
+	w            http.ResponseWriter
+	r            *http.Request
+	plan         plan
+	promptTokens int
+	stream       bool
+	includeUsage bool
+	chat         bool
+	placement    reasoningPlacement
+
+	id      string
+	created int64
+
+	content, reasoning, toolArgs strings.Builder
+	generated                    int
+	toolStarted                  bool
+	streaming                    bool
+	writeErr                     error
+
+	prefill, decode time.Duration
+}
+
+func (j *job) run() {
+	s := j.s
+	ctx := j.r.Context()
+	arrival := time.Now()
+	j.created = arrival.Unix()
+	j.id = j.newID()
+	if j.stream && !s.llama() {
+		// vLLM sends headers and the role chunk before the request is scheduled.
+		j.startStream()
+	}
+	slot, err := s.pool.acquire(ctx, j.promptTokens, len(j.plan.pieces))
+	if err != nil {
+		s.metrics.finish("abort", j.promptTokens, 0, 0, time.Since(arrival).Seconds())
+		s.log.Debug("request gave up while queued", "id", j.id, "err", err)
+		return
+	}
+	defer s.pool.release(slot)
+	queued := time.Since(arrival)
+
+	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens)
+	if err := sleepCtx(ctx, j.prefill); err != nil {
+		j.abort(arrival, "client gone during prefill")
+		return
+	}
+	first := time.Now()
+	s.metrics.prefilled(j.promptTokens, queued.Seconds(), j.prefill.Seconds(), first.Sub(arrival).Seconds())
+	if j.stream && s.llama() {
+		j.startStream()
+	}
+	var pc pacer
+	last := first
+	for i, p := range j.plan.pieces {
+		busy := s.pool.busy()
+		if i > 0 {
+			if err := pc.wait(ctx, s.opts.Profile.TokenDelay(busy)); err != nil {
+				j.abort(arrival, "client gone while decoding")
+				return
+			}
+		}
+		now := time.Now()
+		s.metrics.token(now.Sub(last).Seconds(), busy, i == 0)
+		last = now
+		s.pool.progress(slot)
+		j.generated++
+		j.emit(p, i == len(j.plan.pieces)-1)
+		if j.writeErr != nil {
+			j.abort(arrival, "write failed: "+j.writeErr.Error())
+			return
+		}
+	}
+	j.decode = time.Since(first)
+	j.finish()
+	s.metrics.finish(j.plan.finish, j.promptTokens, j.generated, j.decode.Seconds(), time.Since(arrival).Seconds())
+}
+
+func (j *job) abort(arrival time.Time, why string) {
+	j.s.metrics.finish("abort", j.promptTokens, j.generated, time.Since(arrival).Seconds(), time.Since(arrival).Seconds())
+	j.s.log.Debug("request aborted", "id", j.id, "reason", why, "generated", j.generated)
+}
+
+func (j *job) newID() string {
+	prefix := "cmpl-"
+	if j.chat {
+		prefix = "chatcmpl-"
+	}
+	if j.s.llama() {
+		return prefix + j.s.newID(32, false)
+	}
+	return prefix + j.s.newID(32, true)
+}
+
+func (j *job) object() string {
+	switch {
+	case j.chat && j.stream:
+		return "chat.completion.chunk"
+	case j.chat:
+		return "chat.completion"
+	}
+	return "text_completion"
+}
+
+func (j *job) startStream() {
+	h := j.w.Header()
+	if j.s.llama() {
+		h.Set("Content-Type", "text/event-stream")
+	} else {
+		h.Set("Content-Type", "text/event-stream; charset=utf-8")
+	}
+	h.Set("Cache-Control", "no-cache")
+	j.w.WriteHeader(http.StatusOK)
+	j.streaming = true
+	if j.chat {
+		role := obj{{"role", "assistant"}, {"content", ""}}
+		if j.s.llama() {
+			role = obj{{"role", "assistant"}, {"content", nil}}
+		}
+		j.sendChoice(role, "")
+	} else {
+		j.flush()
+	}
+}
+
+// sendEvent writes one SSE event and flushes it at once: the router is
+// tested for not buffering, so the sim must not buffer either.
+func (j *job) sendEvent(payload []byte) {
+	if j.writeErr != nil {
+		return
+	}
+	if _, err := fmt.Fprintf(j.w, "data: %s\n\n", payload); err != nil {
+		j.writeErr = err
+		return
+	}
+	j.flush()
+}
+
+func (j *job) flush() {
+	if err := http.NewResponseController(j.w).Flush(); err != nil && j.writeErr == nil {
+		j.writeErr = err
+	}
+}
+
+// envelope wraps choices in the engine's chunk or response object.
+func (j *job) envelope(choices []any, extra obj) obj {
+	s := j.s
+	if s.llama() {
+		o := obj{{"choices", choices}, {"created", j.created}, {"id", j.id}, {"model", s.opts.ModelID()},
+			{"system_fingerprint", s.fingerprint()}, {"object", j.object()}}
+		return append(o, extra...)
+	}
+	o := obj{{"id", j.id}, {"object", j.object()}, {"created", j.created}, {"model", s.opts.ModelID()},
+		{"system_fingerprint", s.fingerprint()}, {"choices", choices}}
+	return append(o, extra...)
+}
+
+// sendChoice streams one chunk whose choice carries delta (chat) or text
+// (completions) and, when finish is set, the finish reason.
+func (j *job) sendChoice(delta obj, finish string) {
+	var fr any
+	if finish != "" {
+		fr = finish
+	}
+	var choice obj
+	switch {
+	case j.s.llama() && j.chat:
+		choice = obj{{"finish_reason", fr}, {"index", 0}, {"delta", delta}}
+	case j.s.llama():
+		choice = obj{{"text", deltaText(delta)}, {"index", 0}, {"logprobs", nil}, {"finish_reason", fr}}
+	case j.chat:
+		choice = obj{{"index", 0}, {"delta", delta}, {"logprobs", nil}, {"finish_reason", fr}}
+		if finish != "" {
+			choice = append(choice, field{"stop_reason", nil})
+		}
+	default:
+		choice = obj{{"index", 0}, {"text", deltaText(delta)}, {"logprobs", nil}, {"finish_reason", fr}, {"stop_reason", nil}}
+	}
+	var extra obj
+	if finish != "" && j.s.llama() {
+		extra = obj{{"timings", j.timings()}}
+	}
+	j.sendEvent(marshal(j.envelope([]any{choice}, extra)))
+}
+
+func deltaText(delta obj) string {
+	for _, f := range delta {
+		if f.k == "content" {
+			if s, ok := f.v.(string); ok {
+				return s
+			}
+		}
+	}
+	return ""
+}
+
+// delta renders one piece for the stream; nil when the piece shows nothing
+// (a <think> tag when thoughts go to their own field).
+func (j *job) delta(p piece) obj {
+	switch p.kind {
+	case pieceThinkTag:
+		if j.placement == thoughtsField {
+			return nil
+		}
+		return obj{{"content", p.text}}
+	case pieceReasoning:
+		switch j.placement {
+		case thoughtsInline:
+			return obj{{"content", p.text}}
+		case thoughtsBoth:
+			return obj{{"content", p.text}, {"reasoning_content", p.text}}
+		}
+		return obj{{j.s.reasoningKey(), p.text}}
+	case pieceToolArgs:
+		call := obj{{"index", 0}, {"function", obj{{"arguments", p.text}}}}
+		if !j.toolStarted {
+			j.toolStarted = true
+			call = obj{{"index", 0}, {"id", j.plan.tool.id}, {"type", "function"},
+				{"function", obj{{"name", j.plan.tool.name}, {"arguments", p.text}}}}
+		}
+		return obj{{"tool_calls", []any{call}}}
+	}
+	return obj{{"content", p.text}}
+}
+
+func (j *job) accumulate(p piece) {
+	switch p.kind {
+	case pieceThinkTag:
+		if j.placement != thoughtsField {
+			j.content.WriteString(p.text)
+		}
+	case pieceReasoning:
+		if j.placement != thoughtsField {
+			j.content.WriteString(p.text)
+		}
+		if j.placement != thoughtsInline {
+			j.reasoning.WriteString(p.text)
+		}
+	case pieceToolArgs:
+		j.toolArgs.WriteString(p.text)
+	default:
+		j.content.WriteString(p.text)
+	}
+}
+
+func (j *job) emit(p piece, last bool) {
+	j.accumulate(p)
+	if !j.stream {
+		return
+	}
+	d := j.delta(p)
+	if !j.s.llama() && last {
+		// vLLM carries the finish reason on the chunk of the last token.
+		if d == nil {
+			d = obj{}
+		}
+		j.sendChoice(d, j.plan.finish)
+		return
+	}
+	if d != nil {
+		j.sendChoice(d, "")
+	}
+}
+
+func (j *job) usage() obj {
+	if j.s.llama() {
+		return obj{{"completion_tokens", j.generated}, {"prompt_tokens", j.promptTokens},
+			{"total_tokens", j.promptTokens + j.generated}, {"prompt_tokens_details", obj{{"cached_tokens", 0}}}}
+	}
+	return obj{{"prompt_tokens", j.promptTokens}, {"total_tokens", j.promptTokens + j.generated},
+		{"completion_tokens", j.generated}, {"prompt_tokens_details", nil}}
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+func perSecond(n int, d time.Duration) float64 {
+	if d <= 0 {
+		return 0
+	}
+	return float64(n) / d.Seconds()
+}
+
+func perTokenMS(n int, d time.Duration) float64 {
+	if n <= 0 {
+		return 0
+	}
+	return ms(d) / float64(n)
+}
+
+func (j *job) timings() obj {
+	return obj{
+		{"cache_n", 0},
+		{"prompt_n", j.promptTokens}, {"prompt_ms", ms(j.prefill)},
+		{"prompt_per_token_ms", perTokenMS(j.promptTokens, j.prefill)},
+		{"prompt_per_second", perSecond(j.promptTokens, j.prefill)},
+		{"predicted_n", j.generated}, {"predicted_ms", ms(j.decode)},
+		{"predicted_per_token_ms", perTokenMS(j.generated, j.decode)},
+		{"predicted_per_second", perSecond(j.generated, j.decode)},
+	}
+}
+
+func (j *job) finish() {
+	if j.stream {
+		j.finishStream()
+		return
+	}
+	var choice obj
+	llama := j.s.llama()
+	if j.chat {
+		choice = j.chatChoice()
+	} else if llama {
+		choice = obj{{"text", j.content.String()}, {"index", 0}, {"logprobs", nil}, {"finish_reason", j.plan.finish}}
+	} else {
+		choice = obj{{"index", 0}, {"text", j.content.String()}, {"logprobs", nil}, {"finish_reason", j.plan.finish},
+			{"stop_reason", nil}, {"prompt_logprobs", nil}}
+	}
+	extra := obj{{"usage", j.usage()}}
+	if llama {
+		extra = append(extra, field{"timings", j.timings()})
+	}
+	writeJSON(j.w, http.StatusOK, j.envelope([]any{choice}, extra))
+}
+
+func (j *job) chatChoice() obj {
+	var calls []any
+	if j.plan.tool != nil && j.plan.structuredTool {
+		calls = []any{obj{{"id", j.plan.tool.id}, {"type", "function"},
+			{"function", obj{{"name", j.plan.tool.name}, {"arguments", j.toolArgs.String()}}}}}
+	}
+	content := j.content.String()
+	if j.s.llama() {
+		msg := obj{{"role", "assistant"}}
+		if content == "" && calls != nil {
+			msg = append(msg, field{"content", nil})
+		} else {
+			msg = append(msg, field{"content", content})
+		}
+		if j.placement != thoughtsInline && j.reasoning.Len() > 0 {
+			msg = append(msg, field{"reasoning_content", j.reasoning.String()})
+		}
+		if calls != nil {
+			msg = append(msg, field{"tool_calls", calls})
+		}
+		return obj{{"finish_reason", j.plan.finish}, {"index", 0}, {"message", msg}}
+	}
+	var c, r any
+	if content != "" {
+		c = content
+	}
+	if j.reasoning.Len() > 0 {
+		r = j.reasoning.String()
+	}
+	if calls == nil {
+		calls = []any{}
+	}
+	msg := obj{{"role", "assistant"}, {"content", c}, {"refusal", nil}, {"annotations", nil}, {"audio", nil},
+		{"function_call", nil}, {"tool_calls", calls}, {"reasoning", r}}
+	return obj{{"index", 0}, {"message", msg}, {"logprobs", nil}, {"finish_reason", j.plan.finish}, {"stop_reason", nil}}
+}
+
+func (j *job) finishStream() {
+	if j.s.llama() {
+		j.sendChoice(obj{}, j.plan.finish)
+	}
+	if j.includeUsage {
+		extra := obj{{"usage", j.usage()}}
+		if j.s.llama() {
+			extra = append(extra, field{"timings", j.timings()})
+		}
+		j.sendEvent(marshal(j.envelope([]any{}, extra)))
+	}
+	if j.writeErr == nil {
+		if _, err := fmt.Fprint(j.w, "data: [DONE]\n\n"); err == nil {
+			j.flush()
+		}
+	}
+}

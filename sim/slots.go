@@ -1,0 +1,212 @@
+package sim
+
+import (
+	"context"
+	"sync"
+	"time"
+)
+
+// slotState is what /slots shows of one slot.
+type slotState struct {
+	busy         bool
+	taskID       int64
+	nCtx         int
+	promptTokens int
+	decoded      int
+	remain       int
+}
+
+// waiter is a queued request; ready is closed when a slot is handed to it.
+type waiter struct {
+	ready chan struct{}
+	slot  int
+}
+
+// slotPool hands out a fixed number of slots; requests beyond them wait in
+// FIFO order, as both engines' schedulers do.
+type slotPool struct {
+	mu       sync.Mutex
+	slots    []slotState
+	queue    []*waiter
+	nextTask int64
+}
+
+func newSlotPool(n, nCtx int) *slotPool {
+	p := &slotPool{slots: make([]slotState, n)}
+	for i := range p.slots {
+		p.slots[i].nCtx = nCtx
+		p.slots[i].taskID = -1
+	}
+	return p
+}
+
+// acquire waits for a free slot, FIFO, until ctx ends. A request that gives
+// up while queued leaves the queue at once.
+func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int) (int, error) {
+	p.mu.Lock()
+	if len(p.queue) == 0 {
+		if i := p.freeSlotLocked(); i >= 0 {
+			p.takeLocked(i, promptTokens, remain)
+			p.mu.Unlock()
+			return i, nil
+		}
+	}
+	w := &waiter{ready: make(chan struct{})}
+	p.queue = append(p.queue, w)
+	p.mu.Unlock()
+
+	select {
+	case <-w.ready:
+		p.mu.Lock()
+		p.takeLocked(w.slot, promptTokens, remain)
+		p.mu.Unlock()
+		return w.slot, nil
+	case <-ctx.Done():
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for i, q := range p.queue {
+			if q == w {
+				p.queue = append(p.queue[:i], p.queue[i+1:]...)
+				return -1, ctx.Err()
+			}
+		}
+		// The slot was handed over just as we gave up: pass it on.
+		p.releaseLocked(w.slot)
+		return -1, ctx.Err()
+	}
+}
+
+func (p *slotPool) freeSlotLocked() int {
+	for i := range p.slots {
+		if !p.slots[i].busy {
+			return i
+		}
+	}
+	return -1
+}
+
+func (p *slotPool) takeLocked(i, promptTokens, remain int) {
+	p.nextTask++
+	s := &p.slots[i]
+	s.busy, s.taskID, s.promptTokens, s.decoded, s.remain = true, p.nextTask, promptTokens, 0, remain
+}
+
+func (p *slotPool) release(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.releaseLocked(i)
+}
+
+// releaseLocked frees slot i, handing it straight to the head of the queue
+// so no late arrival can overtake a waiting request.
+func (p *slotPool) releaseLocked(i int) {
+	s := &p.slots[i]
+	s.busy, s.taskID, s.decoded, s.remain = false, -1, 0, 0
+	if len(p.queue) > 0 {
+		w := p.queue[0]
+		p.queue = p.queue[1:]
+		s.busy = true // reserved until the waiter takes it
+		w.slot = i
+		close(w.ready)
+	}
+}
+
+// progress records one decoded token on slot i.
+func (p *slotPool) progress(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slots[i].decoded++
+	if p.slots[i].remain > 0 {
+		p.slots[i].remain--
+	}
+}
+
+// busy is how many requests occupy a slot: the concurrency the speed curve
+// is read at.
+func (p *slotPool) busy() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, s := range p.slots {
+		if s.busy {
+			n++
+		}
+	}
+	return n
+}
+
+type poolStats struct {
+	busy, waiting, size int
+	// tokensInUse is prompt plus decoded tokens over all busy slots.
+	tokensInUse int
+}
+
+func (p *slotPool) stats() poolStats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := poolStats{waiting: len(p.queue), size: len(p.slots)}
+	for _, s := range p.slots {
+		if s.busy {
+			st.busy++
+			st.tokensInUse += s.promptTokens + s.decoded
+		}
+	}
+	return st
+}
+
+func (p *slotPool) snapshot() []slotState {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return append([]slotState(nil), p.slots...)
+}
+
+// pacer spaces one request's tokens by the token delay at the current
+// concurrency. It schedules against deadlines rather than sleeping a fixed
+// delay after each token, so timer overshoot does not pile up over a long
+// answer; if it falls far behind (a starved CPU) it resets instead of
+// bursting.
+type pacer struct {
+	next time.Time
+}
+
+func (pc *pacer) wait(ctx context.Context, delay time.Duration) error {
+	if delay <= 0 {
+		return ctx.Err()
+	}
+	now := time.Now()
+	if pc.next.IsZero() {
+		pc.next = now
+	}
+	pc.next = pc.next.Add(delay)
+	if lag := now.Sub(pc.next); lag > delay {
+		pc.next = now
+		return ctx.Err()
+	}
+	d := time.Until(pc.next)
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// sleepCtx waits d or until ctx ends.
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
