@@ -1,0 +1,409 @@
+package console_test
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"github.com/charmbracelet/x/ansi"
+
+	"fleet"
+	"fleet/console"
+	"fleet/console/consoletest"
+	"fleet/themes"
+)
+
+var (
+	operator = fleet.User{Name: "olga", Role: fleet.RoleOperator}
+	viewer   = fleet.User{Name: "vic", Role: fleet.RoleViewer}
+)
+
+func press(s string) tea.KeyPressMsg {
+	switch s {
+	case "enter":
+		return tea.KeyPressMsg{Code: tea.KeyEnter}
+	case "tab":
+		return tea.KeyPressMsg{Code: tea.KeyTab}
+	case "esc":
+		return tea.KeyPressMsg{Code: tea.KeyEscape}
+	case "space":
+		return tea.KeyPressMsg{Code: tea.KeySpace, Text: " "}
+	case "down":
+		return tea.KeyPressMsg{Code: tea.KeyDown}
+	case "backspace":
+		return tea.KeyPressMsg{Code: tea.KeyBackspace}
+	}
+	r := []rune(s)
+	return tea.KeyPressMsg{Code: r[0], Text: s}
+}
+
+// harness drives a model synchronously: every command it returns is run and
+// its message fed back, except the refresh tick, which would loop forever.
+type harness struct {
+	t *testing.T
+	m tea.Model
+}
+
+func newHarness(t *testing.T, src console.Source, u fleet.User, w, h int) *harness {
+	t.Helper()
+	now := time.Date(2026, 1, 2, 15, 10, 0, 0, time.UTC)
+	m := console.New(src, console.Options{User: u, Width: w, Height: h, Refresh: time.Millisecond,
+		Theme: themes.Dark(), Now: func() time.Time { return now }})
+	hs := &harness{t: t, m: m}
+	hs.run(m.Init())
+	return hs
+}
+
+func (h *harness) run(cmd tea.Cmd) {
+	if cmd == nil {
+		return
+	}
+	msg := cmd()
+	switch msg := msg.(type) {
+	case tea.BatchMsg:
+		for _, c := range msg {
+			h.run(c)
+		}
+	case nil:
+	default:
+		if fmt.Sprintf("%T", msg) == "console.tickMsg" {
+			return
+		}
+		if _, ok := msg.(tea.QuitMsg); ok {
+			return
+		}
+		h.send(msg)
+	}
+}
+
+func (h *harness) send(msg tea.Msg) {
+	m, cmd := h.m.Update(msg)
+	h.m = m
+	h.run(cmd)
+}
+
+func (h *harness) keys(ks ...string) {
+	for _, k := range ks {
+		h.send(press(k))
+	}
+}
+
+func (h *harness) screen() string { return ansi.Strip(h.m.View().Content) }
+
+func (h *harness) refresh() { h.run(func() tea.Msg { return tickMsgFor(h) }) }
+
+// tickMsgFor re-reads the snapshot the way the tick does, through Init's
+// first command (a snapshot fetch is always first).
+func tickMsgFor(h *harness) tea.Msg {
+	cmd := h.m.Init()
+	msg := cmd()
+	if b, ok := msg.(tea.BatchMsg); ok {
+		return b[0]()
+	}
+	return msg
+}
+
+func mustContain(t *testing.T, screen string, wants ...string) {
+	t.Helper()
+	for _, w := range wants {
+		if !strings.Contains(screen, w) {
+			t.Fatalf("screen lacks %q:\n%s", w, screen)
+		}
+	}
+}
+
+func mustNotContain(t *testing.T, screen string, nots ...string) {
+	t.Helper()
+	for _, w := range nots {
+		if strings.Contains(screen, w) {
+			t.Fatalf("screen has %q but should not:\n%s", w, screen)
+		}
+	}
+}
+
+func TestWorkerTableShowsDesignColumns(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), operator, 160, 30)
+	s := h.screen()
+	mustContain(t, s, "Node", "GPU", "Host", "Engine", "Ctx", "State", "Load", "tok/s", "TTFT", "ITL", "Started with",
+		"rig", "8x RTX 3060", "Linux", "vLLM", "ultra", "Apple M1 Ultra", "macOS", "llama.cpp", "max", "Apple M4 Max",
+		"16k", "ready", "3/4", "vllm serve Qwen/Qwen3-4B-AWQ", "llama-server -hf")
+	lines := strings.Split(s, "\n")
+	if len(lines) != 30 {
+		t.Fatalf("screen has %d lines, want 30", len(lines))
+	}
+	for i, l := range lines {
+		if w := ansi.StringWidth(l); w > 160 {
+			t.Fatalf("line %d is %d cells wide, more than the 160 of the window: %q", i, w, l)
+		}
+	}
+}
+
+func TestViewsCycleWithTab(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 140, 30)
+	tests := []struct {
+		want []string
+	}{
+		{[]string{"[nodes]", "Address", "ops@rig.lan:22", "sim:m4max-llamacpp", "GiB", "up"}},
+		{[]string{"[models]", "qwen3-4b (qwen3)", "ctx 16k", "vLLM", "Qwen/Qwen3-4B-AWQ --tensor-parallel-size 1", "llama.cpp", "Qwen/Qwen3-4B-GGUF:Q4_K_M -ngl 99", "profile m4max-llamacpp"}},
+		{[]string{"[events]", "probe slow: 1.2s", "ready after 4.1s", "launched llama-server"}},
+		{[]string{"[workers]", "Started with"}},
+	}
+	for i, tt := range tests {
+		h.keys("tab")
+		mustContain(t, h.screen(), tt.want...)
+		_ = i
+	}
+	// Events are newest first.
+	h.keys("tab", "tab", "tab")
+	s := h.screen()
+	if strings.Index(s, "probe slow") > strings.Index(s, "launched llama-server") {
+		t.Fatalf("events are not newest first:\n%s", s)
+	}
+}
+
+func TestFilter(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 140, 30)
+	h.keys("/", "u", "l", "t")
+	s := h.screen()
+	mustContain(t, s, "ultra", "/ult")
+	mustNotContain(t, s, "8x RTX 3060", "Apple M4 Max")
+	h.keys("enter")
+	mustContain(t, h.screen(), `matching "ult"`)
+	// The filter survives a refresh.
+	h.refresh()
+	mustNotContain(t, h.screen(), "8x RTX 3060")
+	h.keys("esc")
+	mustContain(t, h.screen(), "8x RTX 3060", "Apple M4 Max", "Apple M1 Ultra")
+	// No match says so.
+	h.keys("/", "z", "z", "enter")
+	mustContain(t, h.screen(), `no worker matches "zz"`)
+	h.keys("/", "backspace", "backspace", "enter")
+	mustContain(t, h.screen(), "8x RTX 3060")
+}
+
+func TestHelpListsEveryKey(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 140, 30)
+	h.keys("?")
+	s := h.screen()
+	for _, k := range []string{"enter", "tab", "/", "space", "d ", "u ", "r ", "s ", "b ", "?", "q / ctrl+c", "esc"} {
+		mustContain(t, s, k)
+	}
+	mustContain(t, s, "drain: no new requests", "restart: drain, stop, launch", "[operator] not for you")
+	h.keys("esc")
+	mustContain(t, h.screen(), "Started with")
+}
+
+func TestViewerDangerousKeysSayWhy(t *testing.T) {
+	tests := []struct {
+		key  string
+		want string
+	}{
+		{"d", "drain needs the operator role; you are viewer"},
+		{"r", "restart needs the operator role; you are viewer"},
+		{"u", "undrain needs the operator role; you are viewer"},
+		{"b", "bench needs the operator role; you are viewer"},
+		{"s", "shape needs the operator role; you are viewer"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.key, func(t *testing.T) {
+			src := consoletest.Demo()
+			h := newHarness(t, src, viewer, 160, 30)
+			h.keys(tt.key)
+			s := h.screen()
+			mustContain(t, s, tt.want)
+			mustNotContain(t, s, "y yes")
+			h.keys("y")
+			if a := src.Actions(); len(a) != 0 {
+				t.Fatalf("a viewer's %q reached the hub: %+v", tt.key, a)
+			}
+		})
+	}
+}
+
+func TestOperatorDrainConfirmsAndShowsProgress(t *testing.T) {
+	src := consoletest.Demo()
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("down") // ultra, with 3 requests in flight
+	h.keys("d")
+	s := h.screen()
+	mustContain(t, s, "Drain ultra/qwen3-4b?", "3 requests in flight will finish first", "after 5 min", "y yes", "n no")
+	if len(src.Actions()) != 0 {
+		t.Fatal("drain ran before it was confirmed")
+	}
+	h.keys("y")
+	acts := src.Actions()
+	if len(acts) != 1 || acts[0].Kind != console.ActionDrain || len(acts[0].Targets) != 1 || acts[0].Targets[0] != "ultra/qwen3-4b" {
+		t.Fatalf("actions = %+v, want one drain of ultra/qwen3-4b", acts)
+	}
+	h.refresh()
+	mustContain(t, h.screen(), "draining ultra/qwen3-4b: 3 in flight", "draining")
+	src.SetInFlight("ultra/qwen3-4b", 0)
+	h.refresh()
+	s = h.screen()
+	mustContain(t, s, "ultra/qwen3-4b drained: no requests in flight")
+	mustNotContain(t, s, "draining ultra/qwen3-4b:")
+}
+
+func TestConfirmNoCancels(t *testing.T) {
+	src := consoletest.Demo()
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("r")
+	mustContain(t, h.screen(), "Restart rig/qwen3-4b?", "then launches again")
+	h.keys("x") // anything but y/n does nothing
+	mustContain(t, h.screen(), "Restart rig/qwen3-4b?")
+	h.keys("n")
+	mustContain(t, h.screen(), "restart cancelled")
+	if len(src.Actions()) != 0 {
+		t.Fatalf("cancelled restart reached the hub: %+v", src.Actions())
+	}
+}
+
+func TestMarksShapeAndUndrain(t *testing.T) {
+	src := consoletest.Demo()
+	src.Reply = "field           rig            ultra\nreasoning       inline <think> reasoning_content"
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("s")
+	mustContain(t, h.screen(), "mark exactly two with space (0 marked)")
+	h.keys("space", "space")
+	mustContain(t, h.screen(), "2 marked")
+	h.keys("s")
+	s := h.screen()
+	mustContain(t, s, "shape rig/qwen3-4b vs ultra/qwen3-4b", "reasoning       inline <think> reasoning_content")
+	h.keys("esc")
+	// Marks apply to u.
+	h.keys("space", "u")
+	acts := src.Actions()
+	last := acts[len(acts)-1]
+	if last.Kind != console.ActionUndrain || strings.Join(last.Targets, ",") != "rig/qwen3-4b,ultra/qwen3-4b,max/qwen3-4b" {
+		t.Fatalf("last action = %+v, want undrain of the three marked workers", last)
+	}
+}
+
+func TestActionErrorIsShown(t *testing.T) {
+	src := consoletest.Demo()
+	src.Err = errors.New("drain needs the operator role; you are viewer")
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("d", "y")
+	mustContain(t, h.screen(), "drain rig/qwen3-4b failed: drain needs the operator role")
+}
+
+func TestDetail(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 120, 50)
+	h.keys("down", "down", "enter")
+	s := h.screen()
+	mustContain(t, s, "max/qwen3-4b", "PID 3003", "port 8003", "memory 3.0 GiB", "simulated yes",
+		"Started with:", "llama-server -hf Qwen/Qwen3-4B-GGUF:Q4_K_M", "Simulated; really runs:", "fleet sim --mimic llamacpp",
+		"TTFT history", "ITL history", "Log (last lines):", "INFO loading model for max/qwen3-4b", "Recent events:", "probe slow")
+	h.keys("esc")
+	mustContain(t, h.screen(), "Started with")
+}
+
+func TestResizeReflows(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 160, 30)
+	mustContain(t, h.screen(), "Started with")
+	h.send(tea.WindowSizeMsg{Width: 90, Height: 12})
+	s := h.screen()
+	lines := strings.Split(s, "\n")
+	if len(lines) != 12 {
+		t.Fatalf("after resize the screen has %d lines, want 12", len(lines))
+	}
+	for i, l := range lines {
+		if ansi.StringWidth(l) > 90 {
+			t.Fatalf("line %d wider than 90 after resize: %q", i, l)
+		}
+	}
+	mustContain(t, s, "ultra", "TTFT")
+}
+
+func TestScrollingKeepsCursorVisible(t *testing.T) {
+	h := newHarness(t, consoletest.Many(1000), viewer, 160, 20)
+	for i := 0; i < 40; i++ {
+		h.keys("j")
+	}
+	s := h.screen()
+	// Row 40 is gpu-010/model-0; the first rows have scrolled away.
+	mustContain(t, s, "gpu-010/model-0")
+	mustNotContain(t, s, "gpu-000/model-0")
+	h.keys("G")
+	mustContain(t, h.screen(), "gpu-249/model-3")
+	h.keys("g")
+	mustContain(t, h.screen(), "gpu-000/model-0")
+}
+
+func TestSparkAndChart(t *testing.T) {
+	tests := []struct {
+		name    string
+		samples []float64
+		width   int
+		hi      float64
+		want    string
+	}{
+		{"empty", nil, 4, 10, "    "},
+		{"short history is padded left", []float64{0, 10}, 4, 10, "  ▁█"},
+		{"keeps the newest", []float64{10, 0, 5, 10}, 3, 10, "▁▄█"},
+		{"clamps above hi", []float64{50}, 1, 10, "█"},
+		{"zero hi", []float64{1, 2}, 2, 0, "▁▁"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := console.Spark(tt.samples, tt.width, tt.hi); got != tt.want {
+				t.Fatalf("Spark = %q, want %q", got, tt.want)
+			}
+		})
+	}
+	rows := console.Chart([]float64{0, 5, 10}, 3, 2, 10)
+	if len(rows) != 2 || rows[0] != "  █" || rows[1] != " ██" {
+		t.Fatalf("Chart rows = %q", rows)
+	}
+	if b := console.SparkBound([]float64{100, 200}, 50); b != 250 {
+		t.Fatalf("SparkBound = %v, want 250", b)
+	}
+	if b := console.SparkBound(nil, 50); b != 50 {
+		t.Fatalf("SparkBound floor = %v, want 50", b)
+	}
+}
+
+// firstSnapshot runs the model's first command (the snapshot read) and feeds
+// its message back, the way the program does.
+func firstSnapshot(m tea.Model) tea.Model {
+	msg := m.Init()()
+	if b, ok := msg.(tea.BatchMsg); ok {
+		msg = b[0]()
+	}
+	m, _ = m.Update(msg)
+	return m
+}
+
+// BenchmarkRenderTable1000 measures one frame of the worker table with 1,000
+// workers in a 200x50 window, the cursor mid-table: what every refresh and
+// keystroke costs to draw.
+func BenchmarkRenderTable1000(b *testing.B) {
+	src := consoletest.Many(1000)
+	m := firstSnapshot(console.New(src, console.Options{User: viewer, Width: 200, Height: 50, Theme: themes.Dark()}))
+	for i := 0; i < 500; i++ {
+		m, _ = m.Update(press("j"))
+	}
+	screen := ansi.Strip(m.View().Content)
+	if got := strings.Count(screen, "gpu-"); got != 46 {
+		b.Fatalf("frame shows %d worker rows, want 46:\n%s", got, screen)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		_ = m.View()
+	}
+}
+
+// BenchmarkRefresh1000 measures a live refresh with 1,000 workers: taking the
+// new snapshot (filter, column layout, trackers) and drawing the frame after it.
+func BenchmarkRefresh1000(b *testing.B) {
+	src := consoletest.Many(1000)
+	m := firstSnapshot(console.New(src, console.Options{User: viewer, Width: 200, Height: 50, Theme: themes.Dark()}))
+	b.ReportAllocs()
+	for b.Loop() {
+		m = firstSnapshot(m)
+		_ = m.View()
+	}
+}
