@@ -4,8 +4,11 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
@@ -81,8 +84,12 @@ func runnerCases(t *testing.T, tr Transport) {
 	t.Run("cancel stops a long command", func(t *testing.T) {
 		cctx, ccancel := context.WithCancel(ctx)
 		done := make(chan error, 1)
-		go func() { done <- tr.Run(cctx, []string{"sleep", "600"}, nil, nil, nil) }()
-		time.Sleep(300 * time.Millisecond)
+		// A shell with a child, so the whole tree must go, not just the top.
+		marker := fmt.Sprintf("%d", 700000+time.Now().UnixNano()%100000)
+		go func() {
+			done <- tr.Run(cctx, []string{"sh", "-c", "sleep $1; echo unreachable", "sh", marker}, nil, nil, nil)
+		}()
+		waitFor(t, func() bool { return len(processesWithArgs("sleep", marker)) > 0 }, "the command to start")
 		ccancel()
 		select {
 		case err := <-done:
@@ -92,6 +99,9 @@ func runnerCases(t *testing.T, tr Transport) {
 		case <-time.After(20 * time.Second):
 			t.Fatal("Run did not return after its context was cancelled")
 		}
+		// The node is this machine in every transport test, so its process
+		// table is ours to read.
+		waitFor(t, func() bool { return len(processesWithArgs("sleep", marker)) == 0 }, "the cancelled command to die")
 	})
 	t.Run("dial a port on the node", func(t *testing.T) {
 		ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -215,5 +225,34 @@ func TestParseSSHAddress(t *testing.T) {
 	}
 	if u, hp, err := ParseSSHAddress("rig"); err != nil || u == "" || hp != "rig:22" {
 		t.Errorf("no user: %q %q %v", u, hp, err)
+	}
+}
+
+// processesWithArgs lists PIDs whose command line is exactly argv.
+func processesWithArgs(argv ...string) []int {
+	want := strings.Join(argv, "\x00") + "\x00"
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err == nil && string(raw) == want {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func waitFor(t *testing.T, cond func() bool, what string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

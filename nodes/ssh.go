@@ -1,6 +1,7 @@
 package nodes
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -326,8 +327,10 @@ func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, 
 		return fmt.Errorf("node %s: opening a session: %w", t.node.Name, err)
 	}
 	defer sess.Close()
-	sess.Stdin, sess.Stdout, sess.Stderr = stdin, stdout, stderr
-	if err := sess.Start(ShellQuote(argv)); err != nil {
+	pid := &pidFilter{w: stderr, ready: make(chan struct{})}
+	sess.Stdin, sess.Stdout, sess.Stderr = stdin, stdout, pid
+	wrapped := append([]string{"sh", "-c", runWrapper, "fleet-run"}, argv...)
+	if err := sess.Start(ShellQuote(wrapped)); err != nil {
 		return fmt.Errorf("node %s: starting %s: %w", t.node.Name, argv[0], err)
 	}
 	done := make(chan error, 1)
@@ -335,11 +338,11 @@ func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, 
 	select {
 	case err = <-done:
 	case <-ctx.Done():
-		_ = sess.Signal(ssh.SIGKILL)
+		t.killRemote(client, pid)
 		sess.Close()
 		select {
 		case <-done:
-		case <-time.After(2 * time.Second):
+		case <-time.After(5 * time.Second):
 		}
 		return fmt.Errorf("node %s: %s: %w", t.node.Name, argv[0], context.Cause(ctx))
 	}
@@ -357,6 +360,98 @@ func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, 
 	// No exit status: the connection went away under the command.
 	t.drop(client)
 	return fmt.Errorf("node %s: connection lost while running %s: %w", t.node.Name, argv[0], err)
+}
+
+// runWrapper reports the command's PID on stderr before becoming the
+// command. sshd cannot be relied on to deliver signals (OpenSSH refuses them
+// for root sessions and older servers ignore them) and closing a session does
+// not end a process that is not writing, so a cancelled command is killed by
+// PID from a second session.
+const runWrapper = `printf '@@fleet-pid %s\n' "$$" >&2; exec "$@"`
+
+// killTreeScript stops a process, kills its descendants, then kills it;
+// stopping first keeps it from spawning more while the tree is walked.
+const killTreeScript = `kill_tree() {
+	kill -STOP "$1" 2>/dev/null
+	for c in $(ps -A -o pid= -o ppid= | awk -v p="$1" '$2 == p { print $1 }'); do kill_tree "$c"; done
+	kill -KILL "$1" 2>/dev/null
+}
+case $1 in ''|*[!0-9]*|0|1) exit 64 ;; esac
+kill_tree "$1"`
+
+// killRemote kills a cancelled command on the node, if it reported its PID.
+func (t *sshTransport) killRemote(client *ssh.Client, pid *pidFilter) {
+	select {
+	case <-pid.ready:
+	default:
+		return // never started: nothing to kill
+	}
+	if pid.pid <= 1 {
+		return
+	}
+	sess, err := client.NewSession()
+	if err != nil {
+		t.logger.Warn("cannot open a session to kill a cancelled command", "pid", pid.pid, "err", err)
+		return
+	}
+	defer sess.Close()
+	done := make(chan error, 1)
+	go func() {
+		done <- sess.Run(ShellQuote([]string{"sh", "-c", killTreeScript, "fleet-kill", strconv.Itoa(pid.pid)}))
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.logger.Warn("killing a cancelled command failed", "pid", pid.pid, "err", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.logger.Warn("killing a cancelled command timed out", "pid", pid.pid)
+	}
+}
+
+// pidFilter takes the wrapper's "@@fleet-pid N" first line off a command's
+// stderr and passes everything after it through.
+type pidFilter struct {
+	w     io.Writer
+	line  []byte
+	pid   int
+	ready chan struct{}
+	done  bool
+}
+
+func (f *pidFilter) Write(p []byte) (int, error) {
+	n := len(p)
+	if !f.done {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			f.line = append(f.line, p...)
+			if len(f.line) > 64 { // not our line: give it back untouched
+				f.done = true
+				close(f.ready)
+				return n, f.forward(f.line)
+			}
+			return n, nil
+		}
+		f.line = append(f.line, p[:i+1]...)
+		p = p[i+1:]
+		f.done = true
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(string(f.line)), "@@fleet-pid "); ok {
+			f.pid, _ = strconv.Atoi(rest)
+		} else if err := f.forward(f.line); err != nil {
+			close(f.ready)
+			return n, err
+		}
+		close(f.ready)
+	}
+	return n, f.forward(p)
+}
+
+func (f *pidFilter) forward(p []byte) error {
+	if f.w == nil || len(p) == 0 {
+		return nil
+	}
+	_, err := f.w.Write(p)
+	return err
 }
 
 func (t *sshTransport) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
