@@ -1,0 +1,80 @@
+package router
+
+import (
+	"errors"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's Prometheus series. Labels stay bounded: models and
+// backends come from the fleet file, keys from the api_keys table.
+type metrics struct {
+	requests    *prometheus.CounterVec
+	inFlight    *prometheus.GaugeVec
+	ttft        *prometheus.HistogramVec
+	itl         *prometheus.HistogramVec
+	e2e         *prometheus.HistogramVec
+	retries     *prometheus.CounterVec
+	queueDepth  *prometheus.GaugeVec
+	queueWait   *prometheus.HistogramVec
+	keyRequests *prometheus.CounterVec
+}
+
+// latencyBuckets span a loopback embedding (1 ms) to a starved 27B answer (2 min).
+var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_requests_total", Help: "Requests answered, by model, backend (empty when none was chosen) and HTTP status.",
+		}, []string{"model", "backend", "status"}),
+		inFlight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleet_router_in_flight", Help: "Requests currently forwarded to each backend.",
+		}, []string{"backend"}),
+		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fleet_router_ttft_seconds", Help: "Time from the request reaching the router to the first response byte.", Buckets: latencyBuckets,
+		}, []string{"model", "backend"}),
+		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fleet_router_itl_seconds", Help: "Mean time per output token after the first, per request.", Buckets: latencyBuckets,
+		}, []string{"model", "backend"}),
+		e2e: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fleet_router_e2e_seconds", Help: "Time from the request reaching the router to the last response byte.", Buckets: latencyBuckets,
+		}, []string{"model", "backend"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_retries_total", Help: "Requests re-sent to another backend after a failure before the first byte.",
+		}, []string{"model"}),
+		queueDepth: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "fleet_router_queue_depth", Help: "Requests waiting in the router for a backend slot.",
+		}, []string{"model"}),
+		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name: "fleet_router_queue_wait_seconds", Help: "Time requests spent waiting in the router's queue.", Buckets: latencyBuckets,
+		}, []string{"model"}),
+		keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_key_requests_total", Help: "Requests per API key name.",
+		}, []string{"key"}),
+	}
+	m.requests = register(reg, m.requests)
+	m.inFlight = register(reg, m.inFlight)
+	m.ttft = register(reg, m.ttft)
+	m.itl = register(reg, m.itl)
+	m.e2e = register(reg, m.e2e)
+	m.retries = register(reg, m.retries)
+	m.queueDepth = register(reg, m.queueDepth)
+	m.queueWait = register(reg, m.queueWait)
+	m.keyRequests = register(reg, m.keyRequests)
+	return m
+}
+
+// register adopts an identical collector already in reg, so two routers (a
+// hub restart in-process, tests) can share one registry.
+func register[C prometheus.Collector](reg prometheus.Registerer, c C) C {
+	if err := reg.Register(c); err != nil {
+		var are prometheus.AlreadyRegisteredError
+		if errors.As(err, &are) {
+			if existing, ok := are.ExistingCollector.(C); ok {
+				return existing
+			}
+		}
+	}
+	return c
+}

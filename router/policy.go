@@ -1,0 +1,207 @@
+package router
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"time"
+)
+
+// Policy names.
+const (
+	PolicyFleet          = "fleet"
+	PolicyP2CLeastLoaded = "p2c-least-loaded"
+	PolicyRoundRobin     = "round-robin"
+	PolicyRandom         = "random"
+	PolicyLeastLoaded    = "least-loaded"
+)
+
+// PolicyNames lists the policies NewPolicy knows, the recommended one first.
+var PolicyNames = []string{PolicyFleet, PolicyP2CLeastLoaded, PolicyRoundRobin, PolicyRandom, PolicyLeastLoaded}
+
+// Job is what the scheduler knows about a request before it runs.
+type Job struct {
+	PromptTokens int
+	// OutputTokens is the expected output: max_tokens when it is smaller
+	// than what the model usually answers, else that usual length.
+	OutputTokens int
+	// NeedContext is what the worker must hold: prompt + max_tokens.
+	NeedContext int
+}
+
+// Candidate is an eligible backend as a policy sees it: it serves the model,
+// is not draining or cooling down, and the request fits its context. It may
+// be full (InFlight >= Slots); a policy may choose to wait for it.
+type Candidate struct {
+	Name     string
+	InFlight int
+	Slots    int
+	Speed    *SpeedModel
+	// NextFree is the predicted time until one of its requests ends; it
+	// matters only when the backend is full.
+	NextFree time.Duration
+}
+
+func (c Candidate) free() bool { return c.InFlight < c.Slots }
+
+// Policy picks a backend for a job. It is called under the router's lock
+// (or by the simulator in virtual time) and must not block.
+type Policy interface {
+	Name() string
+	// Choose returns the index in cands to send the job to now, or -1 to
+	// leave it waiting until a slot frees. It must not return a full
+	// candidate.
+	Choose(job Job, cands []Candidate, rng *rand.Rand) int
+}
+
+// NewPolicy returns a fresh policy by name (policies may keep state, like
+// round-robin's cursor, so each router or simulation run needs its own).
+func NewPolicy(name string) (Policy, error) {
+	switch name {
+	case PolicyFleet, "":
+		return &fleetPolicy{p2cAbove: 16}, nil
+	case PolicyP2CLeastLoaded:
+		return p2cPolicy{}, nil
+	case PolicyRoundRobin:
+		return &roundRobinPolicy{}, nil
+	case PolicyRandom:
+		return randomPolicy{}, nil
+	case PolicyLeastLoaded:
+		return leastLoadedPolicy{}, nil
+	}
+	return nil, fmt.Errorf("unknown scheduling policy %q; use one of %v", name, PolicyNames)
+}
+
+func newRNG(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// freeIndexes appends the indexes of candidates with a free slot to buf.
+func freeIndexes(buf []int, cands []Candidate) []int {
+	for i, c := range cands {
+		if c.free() {
+			buf = append(buf, i)
+		}
+	}
+	return buf
+}
+
+func loadRatio(c Candidate) float64 { return float64(c.InFlight) / float64(max(c.Slots, 1)) }
+
+// leastLoadedPolicy takes the backend with the lowest in-flight/slots.
+type leastLoadedPolicy struct{}
+
+func (leastLoadedPolicy) Name() string { return PolicyLeastLoaded }
+
+func (leastLoadedPolicy) Choose(_ Job, cands []Candidate, _ *rand.Rand) int {
+	best := -1
+	for i, c := range cands {
+		if c.free() && (best < 0 || loadRatio(c) < loadRatio(cands[best])) {
+			best = i
+		}
+	}
+	return best
+}
+
+// p2cPolicy is the seed's router: two random backends with a free slot, the
+// less loaded one wins, whatever its speed.
+type p2cPolicy struct{}
+
+func (p2cPolicy) Name() string { return PolicyP2CLeastLoaded }
+
+func (p2cPolicy) Choose(_ Job, cands []Candidate, rng *rand.Rand) int {
+	var buf [16]int
+	free := freeIndexes(buf[:0], cands)
+	switch len(free) {
+	case 0:
+		return -1
+	case 1:
+		return free[0]
+	}
+	a := rng.IntN(len(free))
+	b := rng.IntN(len(free) - 1)
+	if b >= a {
+		b++
+	}
+	if loadRatio(cands[free[b]]) < loadRatio(cands[free[a]]) {
+		return free[b]
+	}
+	return free[a]
+}
+
+// roundRobinPolicy cycles through the backends with a free slot.
+type roundRobinPolicy struct{ next int }
+
+func (*roundRobinPolicy) Name() string { return PolicyRoundRobin }
+
+func (p *roundRobinPolicy) Choose(_ Job, cands []Candidate, _ *rand.Rand) int {
+	for k := range cands {
+		i := (p.next + k) % len(cands)
+		if cands[i].free() {
+			p.next = i + 1
+			return i
+		}
+	}
+	return -1
+}
+
+// randomPolicy picks uniformly among backends with a free slot.
+type randomPolicy struct{}
+
+func (randomPolicy) Name() string { return PolicyRandom }
+
+func (randomPolicy) Choose(_ Job, cands []Candidate, rng *rand.Rand) int {
+	var buf [16]int
+	free := freeIndexes(buf[:0], cands)
+	if len(free) == 0 {
+		return -1
+	}
+	return free[rng.IntN(len(free))]
+}
+
+// fleetPolicy sends a job where it is predicted to finish first. A full
+// backend competes too, at the time until its next slot frees plus its
+// completion time at full load: when that wins, the job waits for it rather
+// than going to a slow idle worker (the seed's 27B-at-8-tok/s failure).
+// Above p2cAbove candidates it compares two random ones, keeping the
+// decision O(1) for large pools.
+type fleetPolicy struct{ p2cAbove int }
+
+func (*fleetPolicy) Name() string { return PolicyFleet }
+
+func (p *fleetPolicy) cost(job Job, c Candidate) time.Duration {
+	if c.free() {
+		return c.Speed.Completion(c.InFlight+1, job)
+	}
+	return c.NextFree + c.Speed.Completion(c.Slots, job)
+}
+
+func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
+	if len(cands) > p.p2cAbove {
+		var buf [16]int
+		free := freeIndexes(buf[:0], cands)
+		switch len(free) {
+		case 0:
+			return -1
+		case 1:
+			return free[0]
+		}
+		a := free[rng.IntN(len(free))]
+		b := free[rng.IntN(len(free))]
+		if p.cost(job, cands[b]) < p.cost(job, cands[a]) {
+			return b
+		}
+		return a
+	}
+	best := -1
+	var bestCost time.Duration
+	for i, c := range cands {
+		cost := p.cost(job, c)
+		if best < 0 || cost < bestCost {
+			best, bestCost = i, cost
+		}
+	}
+	if best >= 0 && !cands[best].free() {
+		return -1
+	}
+	return best
+}

@@ -1,0 +1,532 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"syscall"
+	"time"
+
+	"fleet"
+)
+
+// hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never forwarded.
+var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
+	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
+	if req.Method != http.MethodGet && req.Method != http.MethodHead {
+		writeError(w, http.StatusMethodNotAllowed, errTypeInvalidRequest, codeMethodNotAllows, "", "use GET /v1/models", 0)
+		return
+	}
+	if _, ok := r.authorize(w, req); !ok {
+		return
+	}
+	type card struct {
+		ID      string `json:"id"`
+		Object  string `json:"object"`
+		Created int64  `json:"created"`
+		OwnedBy string `json:"owned_by"`
+	}
+	r.mu.Lock()
+	data := make([]card, 0, len(r.models))
+	seen := map[string]bool{}
+	addCard := func(id string) {
+		if !seen[id] {
+			seen[id] = true
+			data = append(data, card{ID: id, Object: "model", OwnedBy: "fleet"})
+		}
+	}
+	for _, m := range r.models {
+		addCard(m.ID)
+		for _, a := range m.Aliases {
+			addCard(a)
+		}
+	}
+	for _, b := range r.backends {
+		addCard(b.cfg.Model)
+	}
+	r.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	_ = json.NewEncoder(w).Encode(struct {
+		Object string `json:"object"`
+		Data   []card `json:"data"`
+	}{"list", data})
+}
+
+// resolve maps a requested name to a model ID. Models known only from a
+// backend (no SetModels yet) resolve to themselves.
+func (r *Router) resolveLocked(name string) (string, bool) {
+	if id, ok := r.names[name]; ok {
+		return id, true
+	}
+	for _, b := range r.backends {
+		if b.cfg.Model == name {
+			return name, true
+		}
+	}
+	return "", false
+}
+
+// authorize checks the API key when the router has a KeyVerifier.
+func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bool) {
+	if r.opts.Keys == nil {
+		return "", true
+	}
+	auth := req.Header.Get("Authorization")
+	key, ok := cutPrefixFold(auth, "Bearer ")
+	if !ok || key == "" {
+		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
+			"no API key: send \"Authorization: Bearer KEY\" (an admin creates one with `fleet key create NAME`)", 0)
+		return "", false
+	}
+	name, valid, err := r.opts.Keys.VerifyAPIKey(req.Context(), key)
+	if err != nil {
+		r.log.Error("api key check failed", "err", err)
+		writeError(w, http.StatusInternalServerError, errTypeServer, "", "", "the router could not check the API key; retry, and tell the operator if it persists", 0)
+		return "", false
+	}
+	if !valid {
+		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
+			"the API key is not valid (revoked or mistyped); ask an admin for a key (`fleet key create NAME`)", 0)
+		return "", false
+	}
+	r.metrics.keyRequests.WithLabelValues(name).Inc()
+	return name, true
+}
+
+func cutPrefixFold(s, prefix string) (string, bool) {
+	if len(s) < len(prefix) || !equalFold(s[:len(prefix)], prefix) {
+		return "", false
+	}
+	return s[len(prefix):], true
+}
+
+func equalFold(a, b string) bool { return bytes.EqualFold([]byte(a), []byte(b)) }
+
+func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
+	arrived := time.Now()
+	if req.Method != http.MethodPost {
+		writeError(w, http.StatusMethodNotAllowed, errTypeInvalidRequest, codeMethodNotAllows, "",
+			fmt.Sprintf("%s takes POST with a JSON body", req.URL.Path), 0)
+		return
+	}
+	if _, ok := r.authorize(w, req); !ok {
+		return
+	}
+	body, err := readBody(w, req, r.opts.MaxBodyBytes)
+	if err != nil {
+		var tooBig *http.MaxBytesError
+		if errors.As(err, &tooBig) {
+			r.countStatus("", "", http.StatusRequestEntityTooLarge)
+			writeError(w, http.StatusRequestEntityTooLarge, errTypeInvalidRequest, codeBodyTooLarge, "",
+				fmt.Sprintf("request body is over the router's limit of %d bytes; send a smaller request", r.opts.MaxBodyBytes), 0)
+			return
+		}
+		r.log.Debug("reading request body failed", "err", err)
+		r.countStatus("", "", 499)
+		return
+	}
+	info, err := parseRequest(body)
+	if err != nil {
+		var rerr *requestError
+		errors.As(err, &rerr)
+		r.countStatus("", "", http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, errTypeInvalidRequest, rerr.code, rerr.param, rerr.msg, 0)
+		return
+	}
+	r.mu.Lock()
+	model, known := r.resolveLocked(info.Model)
+	// Context fit is judged on what the client may ask for (max_tokens is
+	// a promise the worker must hold), the schedule on what it usually gets.
+	job := Job{PromptTokens: info.PromptTokens, NeedContext: info.PromptTokens + info.MaxTokens}
+	if known {
+		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
+	}
+	r.mu.Unlock()
+	if !known {
+		r.countStatus(info.Model, "", http.StatusNotFound)
+		writeError(w, http.StatusNotFound, errTypeInvalidRequest, codeModelNotFound, "model",
+			fmt.Sprintf("the model %q does not exist here; GET /v1/models lists the models this fleet serves", info.Model), 0)
+		return
+	}
+	var excluded []string
+	var lastErr error
+	for attempt := 0; ; attempt++ {
+		f, err := r.acquire(req.Context(), model, job, excluded)
+		if err != nil {
+			r.answerSchedError(w, req, model, err, lastErr)
+			return
+		}
+		res := r.forward(w, req, f, body, info, arrived)
+		if !res.retry {
+			return
+		}
+		lastErr = res.err
+		excluded = append(excluded, f.b.cfg.Name)
+		if attempt >= r.opts.MaxRetries {
+			r.countStatus(model, f.b.cfg.Name, http.StatusBadGateway)
+			writeError(w, http.StatusBadGateway, errTypeServer, codeUpstreamFailed, "",
+				fmt.Sprintf("%d worker(s) of model %q failed before answering (last: %v); retry later", attempt+1, model, lastErr), r.opts.RetryAfter)
+			return
+		}
+		r.metrics.retries.WithLabelValues(model).Inc()
+		r.log.Info("retrying request on another worker", "model", model, "failed", f.b.cfg.Name, "attempt", attempt+1, "err", res.err)
+	}
+}
+
+func (r *Router) answerSchedError(w http.ResponseWriter, req *http.Request, model string, err, lastErr error) {
+	var serr *schedError
+	if !errors.As(err, &serr) {
+		// The client went away while queued: nobody to answer.
+		r.countStatus(model, "", 499)
+		return
+	}
+	msg := serr.msg
+	if lastErr != nil {
+		msg += fmt.Sprintf(" (a worker failed before answering: %v)", lastErr)
+	}
+	var retry time.Duration
+	if serr.retryAfter {
+		retry = r.opts.RetryAfter
+	}
+	r.countStatus(model, "", serr.status)
+	writeError(w, serr.status, serr.typ, serr.code, "", msg, retry)
+}
+
+func (r *Router) countStatus(model, backend string, status int) {
+	r.metrics.requests.WithLabelValues(model, backend, strconv.Itoa(status)).Inc()
+}
+
+func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+	if req.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	rd := http.MaxBytesReader(w, req.Body, limit)
+	if req.ContentLength > 0 {
+		buf := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		// A lying Content-Length must not smuggle bytes past the limit.
+		var one [1]byte
+		if n, _ := rd.Read(one[:]); n > 0 {
+			return nil, fmt.Errorf("body longer than its Content-Length")
+		}
+		return buf, nil
+	}
+	return io.ReadAll(rd)
+}
+
+// forwardResult tells serveInference whether to try another backend.
+type forwardResult struct {
+	retry bool
+	err   error
+}
+
+// forward sends the body to f's backend and streams the answer back.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, info requestInfo, arrived time.Time) forwardResult {
+	b := f.b
+	ctx := req.Context()
+	u := b.base
+	u.Path = req.URL.Path
+	u.RawQuery = req.URL.RawQuery
+	out := &http.Request{
+		Method:        http.MethodPost,
+		URL:           &u,
+		Proto:         "HTTP/1.1",
+		ProtoMajor:    1,
+		ProtoMinor:    1,
+		Header:        make(http.Header, len(req.Header)),
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Host:          b.cfg.Addr,
+	}
+	out = out.WithContext(ctx)
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	for k, v := range req.Header {
+		out.Header[k] = v
+	}
+	for _, h := range hopHeaders {
+		out.Header.Del(h)
+	}
+	if r.opts.Keys != nil {
+		// The router's key is not the engine's business.
+		out.Header.Del("Authorization")
+	}
+
+	sent := time.Now()
+	resp, err := b.transport.RoundTrip(out)
+	if err != nil {
+		r.release(f, nil)
+		if ctx.Err() != nil {
+			r.countStatus(f.model, b.cfg.Name, 499)
+			return forwardResult{}
+		}
+		refused := errors.Is(err, syscall.ECONNREFUSED)
+		r.recordFailure(b, refused, err)
+		return forwardResult{retry: true, err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode >= 500 {
+		// Nothing reached the client yet, so another worker may answer.
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		r.release(f, nil)
+		r.recordFailure(b, false, fmt.Errorf("status %s", resp.Status))
+		return forwardResult{retry: true, err: fmt.Errorf("%s answered %s: %s", b.cfg.Name, resp.Status, bytes.TrimSpace(snippet))}
+	}
+
+	h := w.Header()
+	for k, v := range resp.Header {
+		h[k] = v
+	}
+	for _, hh := range hopHeaders {
+		h.Del(hh)
+	}
+	sse := isEventStream(resp.Header.Get("Content-Type"))
+	if sse {
+		// Lengths of streams are not ours to promise, and proxies in
+		// front of us must not buffer.
+		h.Del("Content-Length")
+		h.Set("X-Accel-Buffering", "no")
+	}
+	w.WriteHeader(resp.StatusCode)
+	flusher, _ := w.(http.Flusher)
+	if sse && flusher != nil {
+		flusher.Flush()
+	}
+
+	m := newMeter(sse)
+	bufp := bufPool.Get().(*[]byte)
+	defer bufPool.Put(bufp)
+	buf := *bufp
+	var firstByte time.Time
+	var streamErr, clientErr error
+	for {
+		n, rerr := resp.Body.Read(buf)
+		if n > 0 {
+			now := time.Now()
+			if firstByte.IsZero() {
+				firstByte = now
+			}
+			m.feed(buf[:n], now)
+			if _, werr := w.Write(buf[:n]); werr != nil {
+				clientErr = werr
+				break
+			}
+			if sse && flusher != nil {
+				flusher.Flush()
+			}
+		}
+		if rerr == io.EOF {
+			break
+		}
+		if rerr != nil {
+			if ctx.Err() != nil {
+				clientErr = ctx.Err()
+			} else {
+				streamErr = rerr
+			}
+			break
+		}
+	}
+	end := time.Now()
+
+	status := resp.StatusCode
+	switch {
+	case clientErr != nil:
+		status = 499
+		r.release(f, nil)
+	case streamErr != nil:
+		r.recordFailure(b, false, streamErr)
+		r.release(f, nil)
+		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
+		if sse {
+			_, _ = w.Write(sseErrorEvent(fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
+			if flusher != nil {
+				flusher.Flush()
+			}
+			status = 502
+		} else {
+			r.countStatus(f.model, b.cfg.Name, 502)
+			// A JSON body cut short cannot be mended: cut the connection
+			// so the client sees the failure instead of a truncated body.
+			panic(http.ErrAbortHandler)
+		}
+	default:
+		r.finish(f, m, info, arrived, sent, firstByte, end, status)
+	}
+	r.countStatus(f.model, b.cfg.Name, status)
+	return forwardResult{}
+}
+
+// finish records a completed request: metrics, live stats, the sample, and
+// the speed model.
+func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, firstByte, end time.Time, status int) {
+	if firstByte.IsZero() {
+		firstByte = end
+	}
+	tokens := m.outputTokens()
+	clientTTFT := firstByte.Sub(arrived)
+	e2e := end.Sub(arrived)
+	backendTTFT := firstByte.Sub(sent)
+	var itl time.Duration
+	switch {
+	case m.sse && tokens > 1 && !m.firstData.IsZero():
+		itl = m.lastData.Sub(m.firstData) / time.Duration(tokens-1)
+	case !m.sse && tokens > 1:
+		// A non-streamed answer arrives at once: split its time into the
+		// TTFT the worker would have had and the decode after it.
+		r.mu.Lock()
+		pred := r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, info.PromptTokens)
+		r.mu.Unlock()
+		backendTTFT = min(pred, end.Sub(sent))
+		itl = (end.Sub(sent) - backendTTFT) / time.Duration(tokens-1)
+	}
+	ok := status < 400
+	var o *outcome
+	if ok {
+		o = &outcome{ok: true, ttft: backendTTFT, itl: itl, outputTokens: tokens}
+		f.b.observers.ttft.Observe(clientTTFT.Seconds())
+		f.b.observers.e2e.Observe(e2e.Seconds())
+		if itl > 0 {
+			f.b.observers.itl.Observe(itl.Seconds())
+		}
+		r.mu.Lock()
+		w := r.workerLocked(f.b.cfg.Name)
+		w.ttftHistory.add(ms(clientTTFT))
+		if itl > 0 {
+			w.itlHistory.add(ms(itl))
+		}
+		r.mu.Unlock()
+	}
+	r.release(f, o)
+	if ok && r.opts.OnSample != nil {
+		s := fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: clientTTFT, ITL: itl, E2E: e2e, OutputTokens: tokens}
+		if d := end.Sub(firstByte); tokens > 1 && d > 0 {
+			s.TokPerSec = float64(tokens-1) / d.Seconds()
+		}
+		r.opts.OnSample(s)
+	}
+}
+
+func isEventStream(ct string) bool {
+	return len(ct) >= 17 && equalFold(ct[:17], "text/event-stream")
+}
+
+// meter watches a response go by: SSE data events and their times, and the
+// usage's completion_tokens, without holding the body.
+type meter struct {
+	sse bool
+	// line holds the current SSE line while it is short enough to matter
+	// (data lines of usage chunks are a few hundred bytes).
+	line      []byte
+	overflow  bool
+	events    int
+	firstData time.Time
+	lastData  time.Time
+	usage     int
+	// tail keeps the end of a non-streamed body, where usage sits.
+	tail []byte
+}
+
+const maxMeterLine = 16 << 10
+
+func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1} }
+
+var (
+	dataPrefix      = []byte("data:")
+	donePayload     = []byte("[DONE]")
+	completionField = []byte(`"completion_tokens":`)
+)
+
+func (m *meter) feed(p []byte, now time.Time) {
+	if !m.sse {
+		const keep = 2048
+		m.tail = append(m.tail, p...)
+		if len(m.tail) > keep {
+			m.tail = append(m.tail[:0], m.tail[len(m.tail)-keep:]...)
+		}
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		chunk := p
+		if i >= 0 {
+			chunk = p[:i]
+		}
+		if !m.overflow {
+			if len(m.line)+len(chunk) > maxMeterLine {
+				m.overflow = true
+			} else {
+				m.line = append(m.line, chunk...)
+			}
+		}
+		if i < 0 {
+			return
+		}
+		m.endLine(now)
+		p = p[i+1:]
+	}
+}
+
+func (m *meter) endLine(now time.Time) {
+	line := bytes.TrimRight(m.line, "\r")
+	if payload, ok := bytes.CutPrefix(line, dataPrefix); ok {
+		payload = bytes.TrimSpace(payload)
+		if !bytes.Equal(payload, donePayload) {
+			if n := usageTokens(payload); n >= 0 {
+				m.usage = n
+			}
+			// The usage-only chunk carries no token; every other data
+			// event carries at least one.
+			if !bytes.Contains(payload, []byte(`"choices":[]`)) {
+				m.events++
+				if m.firstData.IsZero() {
+					m.firstData = now
+				}
+				m.lastData = now
+			}
+		}
+	}
+	m.line = m.line[:0]
+	m.overflow = false
+}
+
+// usageTokens finds "completion_tokens":N in p, or -1.
+func usageTokens(p []byte) int {
+	i := bytes.LastIndex(p, completionField)
+	if i < 0 {
+		return -1
+	}
+	rest := bytes.TrimLeft(p[i+len(completionField):], " ")
+	n, digits := 0, 0
+	for _, c := range rest {
+		if c < '0' || c > '9' {
+			break
+		}
+		n = n*10 + int(c-'0')
+		digits++
+	}
+	if digits == 0 {
+		return -1
+	}
+	return n
+}
+
+func (m *meter) outputTokens() int {
+	if !m.sse {
+		return max(usageTokens(m.tail), 0)
+	}
+	if m.usage >= 0 {
+		return m.usage
+	}
+	return m.events
+}

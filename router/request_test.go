@@ -1,0 +1,80 @@
+package router
+
+import (
+	"errors"
+	"testing"
+)
+
+func TestParseRequest(t *testing.T) {
+	cases := []struct {
+		name    string
+		body    string
+		want    requestInfo
+		errCode string
+		param   string
+	}{
+		{"chat", `{"model":"qwen3-4b","messages":[{"role":"user","content":"hello there"}]}`,
+			requestInfo{Model: "qwen3-4b", PromptTokens: 11}, "", ""},
+		{"stream and max_tokens", `{"model":"m","stream":true,"max_tokens":256,"prompt":"abcd"}`,
+			requestInfo{Model: "m", Stream: true, MaxTokens: 256, PromptTokens: 2}, "", ""},
+		{"max_completion_tokens", `{"model":"m","max_completion_tokens":9}`, requestInfo{Model: "m", MaxTokens: 9}, "", ""},
+		{"embedding input", `{"model":"e","input":["a","b"]}`, requestInfo{Model: "e", PromptTokens: 3}, "", ""},
+		{"malformed", `{"model":"m"`, requestInfo{}, codeInvalidJSON, ""},
+		{"empty body", ``, requestInfo{}, codeInvalidJSON, ""},
+		{"array", `[]`, requestInfo{}, codeInvalidJSON, ""},
+		{"missing model", `{"messages":[]}`, requestInfo{}, codeMissingModel, "model"},
+		{"null model", `{"model":null}`, requestInfo{}, codeMissingModel, "model"},
+		{"empty model", `{"model":""}`, requestInfo{}, codeMissingModel, "model"},
+		{"numeric model", `{"model":3}`, requestInfo{}, codeInvalidJSON, "model"},
+		{"stream not bool", `{"model":"m","stream":"yes"}`, requestInfo{}, codeInvalidJSON, "stream"},
+		{"negative max_tokens", `{"model":"m","max_tokens":-1}`, requestInfo{}, "invalid_value", "max_tokens"},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := parseRequest([]byte(tc.body))
+			if tc.errCode != "" {
+				var rerr *requestError
+				if !errors.As(err, &rerr) {
+					t.Fatalf("err %v, want a requestError", err)
+				}
+				if rerr.code != tc.errCode || rerr.param != tc.param || rerr.msg == "" {
+					t.Errorf("got code %q param %q msg %q, want %q %q", rerr.code, rerr.param, rerr.msg, tc.errCode, tc.param)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func FuzzParseRequest(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+		`{"model":"m","max_tokens":1,"prompt":["a","b"]}`,
+		`{"model":null}`, `{"model":1e400}`, `{"stream":true}`, `[]`, ``, `{"model":"\u0000"}`,
+		`{"model":"m","max_tokens":99999999999999999999}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		info, err := parseRequest(body)
+		if err != nil {
+			var rerr *requestError
+			if !errors.As(err, &rerr) || rerr.code == "" || rerr.msg == "" {
+				t.Fatalf("error without an OpenAI code and message: %#v", err)
+			}
+			return
+		}
+		if info.Model == "" {
+			t.Fatal("accepted a request without a model")
+		}
+		if info.MaxTokens < 0 || info.PromptTokens < 0 || info.PromptTokens > len(body) {
+			t.Fatalf("implausible figures %+v for %d bytes", info, len(body))
+		}
+	})
+}

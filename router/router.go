@@ -1,0 +1,486 @@
+// Package router is fleet's embedded OpenAI-compatible proxy: it keeps the
+// set of ready backends, picks one per request, forwards the body untouched,
+// streams the answer back chunk by chunk and measures every request.
+package router
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net"
+	"net/http"
+	"net/url"
+	"slices"
+	"sync"
+	"time"
+
+	"fleet"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+)
+
+// Backend is one ready worker as the router sees it.
+type Backend struct {
+	Name   string // worker name "NODE/MODEL"
+	Model  string // model ID it serves
+	Engine fleet.EngineKind
+	Addr   string // "127.0.0.1:18001" as seen from the node
+	// Dial reaches Addr; nil means a plain net.Dialer, else e.g. an SSH
+	// direct-tcpip tunnel through the node's connection.
+	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
+	Context int // tokens the worker can hold
+	Slots   int // concurrent requests it serves
+}
+
+// Options configure a Router. Zero values pick the defaults documented on
+// each field.
+type Options struct {
+	Logger *slog.Logger
+	// MaxBodyBytes caps a request body (default 16 MiB); larger gets 413.
+	MaxBodyBytes int64
+	// Registerer receives the router's metrics. Nil means a private registry.
+	// When it is also a prometheus.Gatherer, /metrics serves it.
+	Registerer prometheus.Registerer
+	// OnSample gets one Sample{Kind:"request"} per forwarded request.
+	OnSample func(fleet.Sample)
+	// QueueTimeout is how long a request may wait for a free slot before a
+	// 429 (default 30 s).
+	QueueTimeout time.Duration
+	// QueueSize bounds the waiting requests per model (default 256).
+	QueueSize int
+	// RetryAfter is the hint sent with 503 and 429 (default 2 s).
+	RetryAfter time.Duration
+	// ExtraConns is how many connections beyond Slots the router may open to
+	// one backend (default 2): llama-server's HTTP pool is slots+4 threads,
+	// and a keep-alive connection beyond it stalls.
+	ExtraConns int
+	// MaxRetries bounds re-sends after a failure before the first byte
+	// (default 2; -1 disables retries).
+	MaxRetries int
+	// Policy names the scheduling policy: "fleet" (default),
+	// "p2c-least-loaded", "round-robin", "random", "least-loaded".
+	Policy string
+	// FailureThreshold failures within FailureWindow cool a backend down
+	// (defaults 3 and 30 s). A refused connection cools it down at once.
+	FailureThreshold int
+	FailureWindow    time.Duration
+	// Cooldown is how long a failing backend rests before a health probe may
+	// bring it back (default 5 s).
+	Cooldown time.Duration
+	// Keys, when set, requires "Authorization: Bearer KEY" on /v1 requests.
+	Keys KeyVerifier
+	// Seed makes the random policies reproducible (0 = time-based).
+	Seed uint64
+}
+
+// KeyVerifier checks an API key; name is what metrics count the key under.
+type KeyVerifier interface {
+	VerifyAPIKey(ctx context.Context, key string) (name string, ok bool, err error)
+}
+
+func (o Options) withDefaults() Options {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.MaxBodyBytes <= 0 {
+		o.MaxBodyBytes = 16 << 20
+	}
+	if o.QueueTimeout <= 0 {
+		o.QueueTimeout = 30 * time.Second
+	}
+	if o.QueueSize <= 0 {
+		o.QueueSize = 256
+	}
+	if o.RetryAfter <= 0 {
+		o.RetryAfter = 2 * time.Second
+	}
+	if o.ExtraConns <= 0 {
+		o.ExtraConns = 2
+	}
+	switch {
+	case o.MaxRetries < 0:
+		o.MaxRetries = 0
+	case o.MaxRetries == 0:
+		o.MaxRetries = 2
+	}
+	if o.FailureThreshold <= 0 {
+		o.FailureThreshold = 3
+	}
+	if o.FailureWindow <= 0 {
+		o.FailureWindow = 30 * time.Second
+	}
+	if o.Cooldown <= 0 {
+		o.Cooldown = 5 * time.Second
+	}
+	return o
+}
+
+// BackendStats are a backend's live figures for the console.
+type BackendStats struct {
+	Name     string
+	Model    string
+	InFlight int
+	Slots    int
+	Draining bool
+	// Cooling is true while the backend rests after failures.
+	Cooling bool
+	// TokPerSec is the per-request decode speed a new request would get at
+	// the backend's current load; TTFTms and ITLms likewise.
+	TokPerSec float64
+	TTFTms    float64
+	ITLms     float64
+	// Recent per-request measurements, oldest first.
+	TTFTHistory []float64
+	ITLHistory  []float64
+}
+
+// backend is a Backend plus the router's connection pool for it. The mutable
+// fields are guarded by Router.mu.
+type backend struct {
+	cfg       Backend
+	base      url.URL
+	transport *http.Transport
+	observers backendObservers
+
+	// requests forwarded to it and not yet finished, with their predicted
+	// end, so the scheduler knows when the next slot frees.
+	active map[*flight]struct{}
+}
+
+type backendObservers struct {
+	ttft, itl, e2e prometheus.Observer
+	inFlight       prometheus.Gauge
+}
+
+// worker is what the router remembers about a name across SetBackends
+// calls: load, drain flag, failures and measured speed.
+type worker struct {
+	inFlight     int
+	drained      bool
+	failures     []time.Time
+	coolingUntil time.Time
+	probing      bool
+	speed        *SpeedModel
+	ttftHistory  ring
+	itlHistory   ring
+	lastUsed     time.Time
+	// area is ∫in-flight dt up to areaAt, in request-seconds.
+	area   float64
+	areaAt time.Time
+}
+
+// Router is the OpenAI-compatible proxy. It is safe for concurrent use.
+type Router struct {
+	opts     Options
+	log      *slog.Logger
+	metrics  *metrics
+	gatherer prometheus.Gatherer
+	policy   Policy
+	handler  http.Handler
+
+	mu       sync.Mutex
+	models   []fleet.Model
+	names    map[string]string // ID or alias → model ID
+	backends []*backend        // the ready set, in the order given
+	workers  map[string]*worker
+	queues   map[string]*queue // by model ID
+	// changed is closed (and replaced) whenever a request finishes, so
+	// WaitIdle can sleep without polling.
+	changed chan struct{}
+	rng     *rand.Rand
+	// outputs is a per-model running estimate of output tokens, for
+	// requests that do not say max_tokens.
+	outputs map[string]*estimate
+}
+
+// New builds a router with no models and no backends.
+func New(opts Options) *Router {
+	opts = opts.withDefaults()
+	r := &Router{
+		opts:    opts,
+		log:     opts.Logger,
+		names:   map[string]string{},
+		workers: map[string]*worker{},
+		queues:  map[string]*queue{},
+		changed: make(chan struct{}),
+		outputs: map[string]*estimate{},
+	}
+	reg := opts.Registerer
+	if reg == nil {
+		private := prometheus.NewRegistry()
+		reg, r.gatherer = private, private
+	} else if g, ok := reg.(prometheus.Gatherer); ok {
+		r.gatherer = g
+	} else {
+		r.gatherer = prometheus.DefaultGatherer
+	}
+	r.metrics = newMetrics(reg)
+	seed := opts.Seed
+	if seed == 0 {
+		seed = uint64(time.Now().UnixNano())
+	}
+	r.rng = newRNG(seed)
+	policy, err := NewPolicy(opts.Policy)
+	if err != nil {
+		r.log.Warn("unknown router policy; using fleet", "policy", opts.Policy, "err", err)
+		policy, _ = NewPolicy(PolicyFleet)
+	}
+	r.policy = policy
+	r.handler = r.routes()
+	return r
+}
+
+// Handler serves the OpenAI endpoints, /metrics and /healthz.
+func (r *Router) Handler() http.Handler { return r.handler }
+
+func (r *Router) routes() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("/v1/chat/completions", r.serveInference)
+	mux.HandleFunc("/v1/completions", r.serveInference)
+	mux.HandleFunc("/v1/embeddings", r.serveInference)
+	mux.HandleFunc("/v1/models", r.serveModels)
+	mux.Handle("/metrics", promhttp.HandlerFor(r.gatherer, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"status":"ok"}`))
+	})
+	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		writeError(w, http.StatusNotFound, errTypeInvalidRequest, "unknown_url", "",
+			fmt.Sprintf("no endpoint %s %s; the router serves POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models", req.Method, req.URL.Path), 0)
+	})
+	return mux
+}
+
+// SetModels replaces the known models. A known model with no ready backend
+// answers 503; a name no model has answers 404.
+func (r *Router) SetModels(models []fleet.Model) {
+	names := map[string]string{}
+	for _, m := range models {
+		names[m.ID] = m.ID
+		for _, a := range m.Aliases {
+			if _, taken := names[a]; !taken {
+				names[a] = m.ID
+			}
+		}
+	}
+	r.mu.Lock()
+	r.models = slices.Clone(models)
+	r.names = names
+	r.mu.Unlock()
+}
+
+// SetBackends replaces the ready set. Requests in flight on a removed backend
+// finish on it; a backend whose address is unchanged keeps its connections.
+func (r *Router) SetBackends(bs []Backend) {
+	r.mu.Lock()
+	old := map[string]*backend{}
+	for _, b := range r.backends {
+		old[b.cfg.Name] = b
+	}
+	next := make([]*backend, 0, len(bs))
+	for _, cfg := range bs {
+		if cfg.Slots <= 0 {
+			cfg.Slots = 1
+		}
+		if b, ok := old[cfg.Name]; ok && b.cfg.Addr == cfg.Addr && sameDial(b.cfg.Dial, cfg.Dial) && b.cfg.Slots == cfg.Slots {
+			b.cfg = cfg
+			next = append(next, b)
+			delete(old, cfg.Name)
+			continue
+		}
+		next = append(next, r.newBackend(cfg))
+	}
+	r.backends = next
+	for _, b := range next {
+		w := r.workerLocked(b.cfg.Name)
+		// A worker that comes back from the hub is ready by the hub's own
+		// probe, which is at least as good as ours.
+		w.coolingUntil = time.Time{}
+		w.failures = w.failures[:0]
+	}
+	models := r.queuedModelsLocked()
+	r.mu.Unlock()
+	// Removed backends: close their idle connections now; busy ones close
+	// when their response body is done.
+	for _, b := range old {
+		b.transport.CloseIdleConnections()
+	}
+	for _, m := range models {
+		r.dispatch(m)
+	}
+}
+
+// sameDial reports whether two dial functions are the same function value.
+// Funcs are not comparable in Go; comparing their code pointer via fmt is
+// the usual trick and errs on the side of "different" (a new transport).
+func sameDial(a, b func(context.Context, string, string) (net.Conn, error)) bool {
+	if a == nil || b == nil {
+		return a == nil && b == nil
+	}
+	return fmt.Sprintf("%p", a) == fmt.Sprintf("%p", b)
+}
+
+func (r *Router) newBackend(cfg Backend) *backend {
+	dial := cfg.Dial
+	if dial == nil {
+		d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
+		dial = d.DialContext
+	}
+	conns := cfg.Slots + r.opts.ExtraConns
+	t := &http.Transport{
+		DialContext:         dial,
+		MaxConnsPerHost:     conns,
+		MaxIdleConnsPerHost: conns,
+		MaxIdleConns:        conns,
+		IdleConnTimeout:     90 * time.Second,
+		// Bodies pass through untouched: never ask the engine for gzip on
+		// the client's behalf.
+		DisableCompression: true,
+		ForceAttemptHTTP2:  false,
+	}
+	labels := prometheus.Labels{"model": cfg.Model, "backend": cfg.Name}
+	return &backend{
+		cfg:       cfg,
+		base:      url.URL{Scheme: "http", Host: cfg.Addr},
+		transport: t,
+		active:    map[*flight]struct{}{},
+		observers: backendObservers{
+			ttft:     r.metrics.ttft.With(labels),
+			itl:      r.metrics.itl.With(labels),
+			e2e:      r.metrics.e2e.With(labels),
+			inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
+		},
+	}
+}
+
+func (r *Router) workerLocked(name string) *worker {
+	w, ok := r.workers[name]
+	if !ok {
+		w = &worker{speed: NewSpeedModel(SpeedPrior{})}
+		r.workers[name] = w
+	}
+	return w
+}
+
+// Drain stops new requests to the named backend; requests in flight finish.
+// It holds across SetBackends until Undrain.
+func (r *Router) Drain(name string) {
+	r.mu.Lock()
+	r.workerLocked(name).drained = true
+	r.mu.Unlock()
+}
+
+// Undrain lets the named backend take requests again.
+func (r *Router) Undrain(name string) {
+	r.mu.Lock()
+	r.workerLocked(name).drained = false
+	models := r.queuedModelsLocked()
+	r.mu.Unlock()
+	for _, m := range models {
+		r.dispatch(m)
+	}
+}
+
+// InFlight is the number of requests being served by the named backend.
+func (r *Router) InFlight(name string) int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.workers[name]; ok {
+		return w.inFlight
+	}
+	return 0
+}
+
+// WaitIdle returns when the named backend has no request in flight, or with
+// ctx's error when ctx ends first.
+func (r *Router) WaitIdle(ctx context.Context, name string) error {
+	for {
+		r.mu.Lock()
+		n := 0
+		if w, ok := r.workers[name]; ok {
+			n = w.inFlight
+		}
+		ch := r.changed
+		r.mu.Unlock()
+		if n == 0 {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("waiting for %s to finish %d request(s): %w", name, n, ctx.Err())
+		case <-ch:
+		}
+	}
+}
+
+// Stats returns live figures for every backend of the ready set.
+func (r *Router) Stats() []BackendStats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	now := time.Now()
+	out := make([]BackendStats, 0, len(r.backends))
+	for _, b := range r.backends {
+		w := r.workerLocked(b.cfg.Name)
+		load := max(w.inFlight, 1)
+		ttft := w.speed.TTFT(load, 0)
+		itl := w.speed.ITL(load)
+		st := BackendStats{
+			Name:        b.cfg.Name,
+			Model:       b.cfg.Model,
+			InFlight:    w.inFlight,
+			Slots:       b.cfg.Slots,
+			Draining:    w.drained,
+			Cooling:     now.Before(w.coolingUntil),
+			TTFTms:      ms(ttft),
+			ITLms:       ms(itl),
+			TTFTHistory: w.ttftHistory.values(),
+			ITLHistory:  w.itlHistory.values(),
+		}
+		if itl > 0 {
+			st.TokPerSec = float64(time.Second) / float64(itl)
+		}
+		out = append(out, st)
+	}
+	return out
+}
+
+// SeedSpeed teaches the scheduler a worker's speed from a bench or from the
+// engine's own metrics before the router has measured traffic on it.
+func (r *Router) SeedSpeed(name string, points ...SpeedPoint) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workerLocked(name)
+	for _, p := range points {
+		w.speed.Seed(p)
+	}
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// ring keeps the most recent measurements for sparklines.
+type ring struct {
+	buf  [historyLen]float64
+	next int
+	full bool
+}
+
+const historyLen = 60
+
+func (h *ring) add(v float64) {
+	h.buf[h.next] = v
+	h.next++
+	if h.next == historyLen {
+		h.next, h.full = 0, true
+	}
+}
+
+func (h *ring) values() []float64 {
+	if !h.full {
+		return slices.Clone(h.buf[:h.next])
+	}
+	out := make([]float64, 0, historyLen)
+	out = append(out, h.buf[h.next:]...)
+	return append(out, h.buf[:h.next]...)
+}

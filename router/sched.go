@@ -1,0 +1,349 @@
+package router
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"time"
+)
+
+// flight is one request forwarded to one backend.
+type flight struct {
+	b     *backend
+	model string
+	job   Job
+	start time.Time
+	// predictedEnd feeds the scheduler's "next free slot" estimate.
+	predictedEnd time.Time
+	// startConcurrency and area0 let the speed model see the load this
+	// request ran under: the backend's in-flight count at start, and the
+	// integral of in-flight over time at start.
+	startConcurrency int
+	area0            float64
+}
+
+// waiter is a request queued for a slot.
+type waiter struct {
+	job      Job
+	excluded []string
+	enqueued time.Time
+	// done receives the flight, or nil when the backends went away.
+	done chan *flight
+}
+
+type queue struct{ waiters []*waiter }
+
+// schedError is a reason no backend could be given, with the answer it maps to.
+type schedError struct {
+	status     int
+	typ, code  string
+	msg        string
+	retryAfter bool
+}
+
+func (e *schedError) Error() string { return e.msg }
+
+// loadArea tracks ∫in-flight dt per worker (in request-seconds) so a request
+// can learn the mean concurrency it ran under.
+func (w *worker) advanceArea(now time.Time) {
+	if !w.areaAt.IsZero() {
+		w.area += float64(w.inFlight) * now.Sub(w.areaAt).Seconds()
+	}
+	w.areaAt = now
+}
+
+// candidatesLocked lists the backends a job may go to. It also reports why
+// there are none: no ready backend for the model, or none with the context.
+func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
+	serving, fitting := 0, 0
+	cands, backs := buf[:0], bs[:0]
+	for _, b := range r.backends {
+		if b.cfg.Model != model {
+			continue
+		}
+		w := r.workerLocked(b.cfg.Name)
+		if w.drained {
+			continue
+		}
+		serving++
+		if b.cfg.Context > 0 && job.NeedContext > b.cfg.Context {
+			continue
+		}
+		fitting++
+		if slices.Contains(excluded, b.cfg.Name) {
+			continue
+		}
+		if !w.coolingUntil.IsZero() {
+			if now.After(w.coolingUntil) && !w.probing {
+				w.probing = true
+				go r.probe(b)
+			}
+			continue
+		}
+		c := Candidate{Name: b.cfg.Name, InFlight: w.inFlight, Slots: b.cfg.Slots, Speed: w.speed}
+		if w.inFlight >= b.cfg.Slots {
+			c.NextFree = r.nextFreeLocked(b, w, now)
+		}
+		cands = append(cands, c)
+		backs = append(backs, b)
+	}
+	if len(cands) > 0 {
+		return cands, backs, nil
+	}
+	switch {
+	case serving == 0:
+		return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
+			msg: fmt.Sprintf("model %q has no ready worker right now; retry later (the console's worker table shows why)", model)}
+	case fitting == 0:
+		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
+			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no ready worker of %q holds that many; shorten the prompt or lower max_tokens",
+				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model)}
+	}
+	return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
+		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
+}
+
+// nextFreeLocked predicts when the earliest request on a full backend ends.
+func (r *Router) nextFreeLocked(b *backend, w *worker, now time.Time) time.Duration {
+	next := time.Duration(-1)
+	for f := range b.active {
+		left := f.predictedEnd.Sub(now)
+		if next < 0 || left < next {
+			next = left
+		}
+	}
+	// An overdue request ends "soon", not "now": a token's time keeps an
+	// overrun from looking like a free slot.
+	return max(next, w.speed.ITL(b.cfg.Slots))
+}
+
+// takeLocked starts a flight on b.
+func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *flight {
+	w := r.workerLocked(b.cfg.Name)
+	w.advanceArea(now)
+	w.inFlight++
+	w.lastUsed = now
+	b.observers.inFlight.Inc()
+	f := &flight{b: b, model: model, job: job, start: now, startConcurrency: w.inFlight, area0: w.area}
+	f.predictedEnd = now.Add(w.speed.Completion(w.inFlight, job))
+	b.active[f] = struct{}{}
+	return f
+}
+
+// acquire finds a backend for the job now, or queues until one frees, the
+// queue times out, or ctx ends.
+func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []string) (*flight, error) {
+	now := time.Now()
+	var cbuf [8]Candidate
+	var bbuf [8]*backend
+	r.mu.Lock()
+	cands, backs, serr := r.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
+	if serr != nil {
+		r.mu.Unlock()
+		return nil, serr
+	}
+	q := r.queues[model]
+	if q == nil || len(q.waiters) == 0 {
+		if i := r.policy.Choose(job, cands, r.rng); i >= 0 {
+			f := r.takeLocked(backs[i], model, job, now)
+			r.mu.Unlock()
+			return f, nil
+		}
+	}
+	if q == nil {
+		q = &queue{}
+		r.queues[model] = q
+	}
+	if len(q.waiters) >= r.opts.QueueSize {
+		r.mu.Unlock()
+		return nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
+			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, len(q.waiters))}
+	}
+	wt := &waiter{job: job, excluded: excluded, enqueued: now, done: make(chan *flight, 1)}
+	q.waiters = append(q.waiters, wt)
+	r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+	r.mu.Unlock()
+
+	timer := time.NewTimer(r.opts.QueueTimeout)
+	defer timer.Stop()
+	var cause error
+	select {
+	case f := <-wt.done:
+		r.metrics.queueWait.WithLabelValues(model).Observe(time.Since(now).Seconds())
+		if f == nil {
+			return nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
+				msg: fmt.Sprintf("the workers of model %q went away while the request waited; retry later", model)}
+		}
+		return f, nil
+	case <-ctx.Done():
+		cause = ctx.Err()
+	case <-timer.C:
+		cause = &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueTimeout, retryAfter: true,
+			msg: fmt.Sprintf("model %q: no worker slot freed within %s; retry later or add workers", model, r.opts.QueueTimeout)}
+	}
+	r.mu.Lock()
+	if i := slices.Index(q.waiters, wt); i >= 0 {
+		q.waiters = slices.Delete(q.waiters, i, i+1)
+		r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+		r.mu.Unlock()
+		r.metrics.queueWait.WithLabelValues(model).Observe(time.Since(now).Seconds())
+		return nil, cause
+	}
+	r.mu.Unlock()
+	// Dispatched while we were giving up: hand the slot back.
+	if f := <-wt.done; f != nil {
+		r.release(f, nil)
+	}
+	return nil, cause
+}
+
+// dispatch gives freed slots to queued requests, in FIFO order: the head
+// waits until the policy sends it somewhere, and nobody overtakes it.
+func (r *Router) dispatch(model string) {
+	now := time.Now()
+	var cbuf [8]Candidate
+	var bbuf [8]*backend
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	q := r.queues[model]
+	if q == nil {
+		return
+	}
+	for len(q.waiters) > 0 {
+		head := q.waiters[0]
+		cands, backs, serr := r.candidatesLocked(model, head.job, head.excluded, now, cbuf[:], bbuf[:])
+		if serr != nil {
+			head.done <- nil
+		} else {
+			i := r.policy.Choose(head.job, cands, r.rng)
+			if i < 0 {
+				break
+			}
+			head.done <- r.takeLocked(backs[i], model, head.job, now)
+		}
+		q.waiters = q.waiters[1:]
+	}
+	r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+}
+
+func (r *Router) queuedModelsLocked() []string {
+	var models []string
+	for m, q := range r.queues {
+		if len(q.waiters) > 0 {
+			models = append(models, m)
+		}
+	}
+	return models
+}
+
+// outcome is what a finished flight tells the scheduler.
+type outcome struct {
+	ok           bool
+	ttft         time.Duration // from dispatch to first byte
+	itl          time.Duration
+	outputTokens int
+}
+
+// release ends a flight, teaches the speed model what it saw and lets the
+// next queued request have the slot.
+func (r *Router) release(f *flight, o *outcome) {
+	now := time.Now()
+	r.mu.Lock()
+	w := r.workerLocked(f.b.cfg.Name)
+	w.advanceArea(now)
+	mean := float64(f.startConcurrency)
+	if d := now.Sub(f.start).Seconds(); d > 0 {
+		mean = (w.area - f.area0) / d
+	}
+	w.inFlight--
+	delete(f.b.active, f)
+	f.b.observers.inFlight.Dec()
+	if o != nil && o.ok {
+		w.speed.Observe(f.startConcurrency, mean, f.job.PromptTokens, o.ttft, o.itl)
+		if o.outputTokens > 0 {
+			est := r.outputs[f.model]
+			if est == nil {
+				est = &estimate{}
+				r.outputs[f.model] = est
+			}
+			est.add(float64(o.outputTokens))
+		}
+	}
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+	r.dispatch(f.model)
+}
+
+// expectedOutputLocked is the output length the scheduler plans for.
+func (r *Router) expectedOutputLocked(model string, maxTokens int) int {
+	usual := 256.0
+	if est := r.outputs[model]; est != nil && est.n > 0 {
+		usual = est.v
+	}
+	if maxTokens > 0 && float64(maxTokens) < usual {
+		return maxTokens
+	}
+	return int(usual)
+}
+
+// recordFailure counts a backend failure; a refused connection, or
+// FailureThreshold failures within FailureWindow, cool it down until a
+// health probe passes.
+func (r *Router) recordFailure(b *backend, refused bool, err error) {
+	now := time.Now()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	w := r.workerLocked(b.cfg.Name)
+	cut := now.Add(-r.opts.FailureWindow)
+	w.failures = slices.DeleteFunc(w.failures, func(t time.Time) bool { return t.Before(cut) })
+	w.failures = append(w.failures, now)
+	if (refused || len(w.failures) >= r.opts.FailureThreshold) && w.coolingUntil.IsZero() {
+		w.coolingUntil = now.Add(r.opts.Cooldown)
+		r.log.Warn("backend cooled down after failures; it gets no traffic until a health probe passes",
+			"backend", b.cfg.Name, "failures", len(w.failures), "window", r.opts.FailureWindow, "cooldown", r.opts.Cooldown, "err", err)
+	}
+}
+
+// probe asks a cooled-down backend's /health whether it is back.
+func (r *Router) probe(b *backend) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	err := r.healthCheck(ctx, b)
+	r.mu.Lock()
+	w := r.workerLocked(b.cfg.Name)
+	w.probing = false
+	if err != nil {
+		w.coolingUntil = time.Now().Add(r.opts.Cooldown)
+		r.mu.Unlock()
+		r.log.Info("backend still failing its health probe", "backend", b.cfg.Name, "err", err)
+		return
+	}
+	w.coolingUntil = time.Time{}
+	w.failures = w.failures[:0]
+	r.mu.Unlock()
+	r.log.Info("backend passed its health probe and takes traffic again", "backend", b.cfg.Name)
+	r.dispatch(b.cfg.Model)
+}
+
+func (r *Router) healthCheck(ctx context.Context, b *backend) error {
+	u := b.base
+	u.Path = "/health"
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return fmt.Errorf("building probe: %w", err)
+	}
+	resp, err := b.transport.RoundTrip(req)
+	if err != nil {
+		return fmt.Errorf("probing %s: %w", b.cfg.Addr, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("probing %s: /health answered %s", b.cfg.Addr, resp.Status)
+	}
+	return nil
+}
+
+var errClientGone = errors.New("client went away")
