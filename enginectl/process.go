@@ -1,0 +1,336 @@
+package enginectl
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"path"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Process is an engine launched detached on a node.
+type Process struct {
+	PID int
+	// PGID is the engine's process group; the engine leads its own session,
+	// so it equals PID. Stop signals the whole group.
+	PGID      int
+	StartedAt time.Time
+	LogPath   string
+	PIDPath   string
+	// ServedName is the model name the engine's /v1/models must list for
+	// WaitReady to call it ready; "" accepts any listed model. Set it from
+	// the worker's model when rebuilding a Process for an adopted engine.
+	ServedName string
+}
+
+// FileStem is the name of a worker's files in the node's state dir:
+// "<node>-<model>" with anything but letters, digits, '.', '_' and '-'
+// replaced, so a model ID like "org/model" cannot climb out of the folder.
+func FileStem(node, model string) string {
+	clean := func(s string) string {
+		s = unsafeFileChars.ReplaceAllString(s, "_")
+		return strings.TrimLeft(s, ".")
+	}
+	return clean(node) + "-" + clean(model)
+}
+
+var unsafeFileChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
+
+// Start launches cmd detached: in its own session and process group, stdin
+// from /dev/null, stdout and stderr to <StateDir>/<node>-<model>.log (the
+// previous log kept as .log.1), with a pid file and an argv file beside it.
+// The engine outlives the Runner's session. Env travels as `env K=V … cmd`.
+// Start does not wait for readiness: call WaitReady.
+func Start(ctx context.Context, r Runner, spec Spec, cmd Command, opts ...Option) (Process, error) {
+	o := applyOptions(opts)
+	if len(cmd.LaunchArgv) == 0 {
+		return Process{}, errors.New("start: the command is empty; build it with BuildCommand")
+	}
+	argv := slices.Clone(cmd.LaunchArgv)
+	if len(cmd.Env) > 0 {
+		env := []string{"env"}
+		for _, k := range slices.Sorted(maps.Keys(cmd.Env)) {
+			if !envKey.MatchString(k) {
+				return Process{}, fmt.Errorf("start: env name %q is not a valid variable name", k)
+			}
+			env = append(env, k+"="+cmd.Env[k])
+		}
+		argv = append(env, argv...)
+	}
+	stem := FileStem(spec.Node.Name, spec.Model.ID)
+	args := append([]string{spec.StateDir, stem, cmd.LaunchArgv[0]}, argv...)
+	started := time.Now()
+	out, err := runScript(ctx, r, "start", args...)
+	if err != nil {
+		return Process{}, fmt.Errorf("start %s on node %s: %w", path.Base(cmd.Bin), spec.Node.Name, err)
+	}
+	kv := keyValues(out)
+	pid, err := strconv.Atoi(kv["pid"])
+	if err != nil || pid <= 1 {
+		return Process{}, fmt.Errorf("start %s on node %s: the launcher printed no PID (output %q)", path.Base(cmd.Bin), spec.Node.Name, out)
+	}
+	p := Process{PID: pid, PGID: pid, StartedAt: started, LogPath: kv["log"], PIDPath: kv["pidfile"], ServedName: cmd.ServedName}
+	o.logger.Info("engine launched", "node", spec.Node.Name, "model", spec.Model.ID, "pid", pid, "log", p.LogPath, "argv", strings.Join(cmd.Argv, " "))
+	return p, nil
+}
+
+func keyValues(out []byte) map[string]string {
+	kv := map[string]string{}
+	for line := range strings.Lines(string(out)) {
+		if k, v, ok := strings.Cut(strings.TrimRight(line, "\n"), "="); ok {
+			kv[k] = v
+		}
+	}
+	return kv
+}
+
+// procState is a process as the node reports it.
+type procState struct {
+	State string
+	PPID  int
+	PGID  int
+}
+
+// stat reports a live (non-zombie) process, ok=false when it is gone.
+func stat(ctx context.Context, r Runner, pid int) (procState, bool, error) {
+	out, err := runScript(ctx, r, "stat", strconv.Itoa(pid))
+	if err != nil {
+		return procState{}, false, err
+	}
+	f := strings.Fields(string(out))
+	if len(f) < 3 {
+		return procState{}, false, nil
+	}
+	ppid, _ := strconv.Atoi(f[1])
+	pgid, _ := strconv.Atoi(f[2])
+	if f[0] == "Z" || f[0] == "X" {
+		return procState{}, false, nil
+	}
+	return procState{State: f[0], PPID: ppid, PGID: pgid}, true, nil
+}
+
+// Alive reports whether PID runs on the node (a zombie counts as gone).
+func Alive(ctx context.Context, r Runner, pid int) (bool, error) {
+	_, ok, err := stat(ctx, r, pid)
+	return ok, err
+}
+
+// groupMembers lists the live PIDs of a process group.
+func groupMembers(ctx context.Context, r Runner, pgid int) ([]int, error) {
+	out, err := runScript(ctx, r, "group", strconv.Itoa(pgid))
+	if err != nil {
+		return nil, err
+	}
+	var pids []int
+	for line := range strings.Lines(string(out)) {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if pid, err := strconv.Atoi(f[0]); err == nil {
+			pids = append(pids, pid)
+		}
+	}
+	return pids, nil
+}
+
+// Stop ends the engine: TERM to its whole process group (vLLM's engine
+// core and workers included), KILL after grace, then confirms nothing of the
+// group is left. Stopping an engine that is already gone succeeds.
+func Stop(ctx context.Context, r Runner, p Process, grace time.Duration, opts ...Option) error {
+	o := applyOptions(opts)
+	if p.PID <= 1 {
+		return fmt.Errorf("stop: PID %d is not an engine process", p.PID)
+	}
+	pgid := p.PGID
+	if pgid == 0 {
+		pgid = p.PID
+	}
+	return stopGroup(ctx, r, p.PID, pgid, grace, o)
+}
+
+func stopGroup(ctx context.Context, r Runner, pid, pgid int, grace time.Duration, o options) error {
+	members, err := groupMembers(ctx, r, pgid)
+	if err != nil {
+		return fmt.Errorf("stop PID %d: %w", pid, err)
+	}
+	if len(members) == 0 {
+		o.logger.Info("engine already gone", "pid", pid, "pgid", pgid)
+		return nil
+	}
+	o.logger.Info("stopping engine", "pid", pid, "pgid", pgid, "members", members, "grace", grace)
+	if _, err := runScript(ctx, r, "signal", "TERM", strconv.Itoa(pgid)); err != nil {
+		return fmt.Errorf("stop PID %d: %w", pid, err)
+	}
+	gone, err := waitGroupGone(ctx, r, pgid, grace, o.pollInterval)
+	if err != nil || gone {
+		return err
+	}
+	members, _ = groupMembers(ctx, r, pgid)
+	o.logger.Warn("engine ignored TERM; killing it", "pid", pid, "pgid", pgid, "members", members, "grace", grace)
+	if _, err := runScript(ctx, r, "signal", "KILL", strconv.Itoa(pgid)); err != nil {
+		return fmt.Errorf("stop PID %d: %w", pid, err)
+	}
+	// KILL cannot be ignored; what is left after this is stuck in the kernel
+	// (uninterruptible I/O) and worth an operator's attention.
+	gone, err = waitGroupGone(ctx, r, pgid, 10*time.Second, o.pollInterval)
+	if err != nil {
+		return err
+	}
+	if !gone {
+		members, _ = groupMembers(ctx, r, pgid)
+		return fmt.Errorf("stop PID %d: processes %v of group %d survive KILL; check them on the node (ps -o pid,stat,args -g %d)", pid, members, pgid, pgid)
+	}
+	return nil
+}
+
+func waitGroupGone(ctx context.Context, r Runner, pgid int, within, every time.Duration) (bool, error) {
+	deadline := time.Now().Add(within)
+	for {
+		members, err := groupMembers(ctx, r, pgid)
+		if err != nil {
+			return false, fmt.Errorf("stop process group %d: %w", pgid, err)
+		}
+		if len(members) == 0 {
+			return true, nil
+		}
+		if !time.Now().Before(deadline) {
+			return false, nil
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("stop process group %d: %w", pgid, ctx.Err())
+		case <-time.After(every):
+		}
+	}
+}
+
+// procInfo is what the node says a process runs.
+type procInfo struct {
+	Exe  string
+	Argv []string
+	// Args is the space-joined command line when the node cannot give the
+	// exact argv (ps -o args= on macOS).
+	Args string
+	Home string
+}
+
+func readArgv(ctx context.Context, r Runner, pid int) (procInfo, bool, error) {
+	out, err := runScript(ctx, r, "argv", strconv.Itoa(pid))
+	if err != nil {
+		if code, ok := ExitCode(err); ok && code == 3 {
+			return procInfo{}, false, nil
+		}
+		return procInfo{}, false, err
+	}
+	var info procInfo
+	rest := out
+	for len(rest) > 0 {
+		line, tail, _ := bytes.Cut(rest, []byte("\n"))
+		rest = tail
+		s := string(line)
+		switch {
+		case strings.HasPrefix(s, "home="):
+			info.Home = strings.TrimPrefix(s, "home=")
+		case strings.HasPrefix(s, "exe="):
+			info.Exe = strings.TrimPrefix(s, "exe=")
+		case s == "cmdline":
+			for a := range bytes.SplitSeq(bytes.TrimSuffix(rest, []byte{0}), []byte{0}) {
+				info.Argv = append(info.Argv, string(a))
+			}
+			if len(rest) == 0 {
+				info.Argv = nil
+			}
+			return info, true, nil
+		case s == "args":
+			info.Args = strings.TrimRight(string(rest), "\n")
+			return info, true, nil
+		}
+	}
+	return info, true, nil
+}
+
+// Adopt reports whether p is still our engine: its PID is alive and runs
+// exactly launchArgv (a restarted hub adopts it instead of starting a
+// duplicate). A leading "~/" in launchArgv means the node's home, as at
+// launch. An interpreter in front (python3 /path/vllm serve …) still
+// matches, since that is how the kernel shows script engines.
+func Adopt(ctx context.Context, r Runner, p Process, launchArgv []string, opts ...Option) (bool, error) {
+	o := applyOptions(opts)
+	if p.PID <= 1 || len(launchArgv) == 0 {
+		return false, nil
+	}
+	st, alive, err := stat(ctx, r, p.PID)
+	if err != nil {
+		return false, fmt.Errorf("adopt PID %d: %w", p.PID, err)
+	}
+	if !alive {
+		o.logger.Info("not adopting: engine gone", "pid", p.PID)
+		return false, nil
+	}
+	if p.PGID != 0 && st.PGID != p.PGID {
+		o.logger.Info("not adopting: PID now belongs to another process group", "pid", p.PID, "pgid", st.PGID, "want_pgid", p.PGID)
+		return false, nil
+	}
+	info, alive, err := readArgv(ctx, r, p.PID)
+	if err != nil {
+		return false, fmt.Errorf("adopt PID %d: %w", p.PID, err)
+	}
+	if !alive {
+		return false, nil
+	}
+	want := expandHome(launchArgv, info.Home)
+	if !argvMatches(info, want) {
+		o.logger.Info("not adopting: PID runs something else", "pid", p.PID, "argv", info.Argv, "args", info.Args, "want", want)
+		return false, nil
+	}
+	o.logger.Info("adopting running engine", "pid", p.PID)
+	return true, nil
+}
+
+func expandHome(argv []string, home string) []string {
+	out := make([]string, len(argv))
+	for i, a := range argv {
+		switch {
+		case a == "~" && home != "":
+			out[i] = home
+		case strings.HasPrefix(a, "~/") && home != "":
+			out[i] = strings.TrimSuffix(home, "/") + "/" + a[2:]
+		default:
+			out[i] = a
+		}
+	}
+	return out
+}
+
+// argvMatches compares a live process with the argv we launched. The
+// binary may appear as we passed it or resolved (setsid/env exec by PATH
+// keep argv[0] as given, but a script's interpreter replaces it).
+func argvMatches(info procInfo, want []string) bool {
+	if info.Argv != nil {
+		if slices.Equal(info.Argv, want) {
+			return true
+		}
+		// python3 /home/u/.venv/bin/vllm serve … for want = vllm serve …
+		if n := len(info.Argv) - len(want); n >= 1 && slices.Equal(info.Argv[n+1:], want[1:]) {
+			return path.Base(info.Argv[n]) == path.Base(want[0])
+		}
+		return false
+	}
+	joined := strings.Join(want, " ")
+	if info.Args == joined {
+		return true
+	}
+	tail := strings.Join(want[1:], " ")
+	if tail != "" && strings.HasSuffix(info.Args, " "+tail) {
+		head := strings.Fields(strings.TrimSuffix(info.Args, " "+tail))
+		return len(head) > 0 && path.Base(head[len(head)-1]) == path.Base(want[0])
+	}
+	return false
+}
