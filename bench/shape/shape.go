@@ -43,8 +43,8 @@ const (
 	reasoningPrompt           = "What is 17 multiplied by 23?"
 	toolsPrompt               = "What is the weather in Paris right now? Use the tool."
 	plainPrompt               = "Say hello in one short sentence."
-	defaultMaxTokensReasoning = 1024
-	defaultMaxTokensPlain     = 256
+	defaultMaxTokensReasoning = 512
+	defaultMaxTokensPlain     = 64
 )
 
 // Shape is how one target answers the probes. It is JSON-serialisable so the
@@ -115,8 +115,10 @@ type ClientView struct {
 
 // Options tunes Probe. The zero value is what admission uses.
 type Options struct {
-	// MaxTokens caps the reasoning and tools probes (default 1024: enough
-	// for a small reasoning model to finish thinking about 17×23).
+	// MaxTokens caps the reasoning and tools probes (default 512: a small
+	// reasoning model thinks about 17×23 in a few hundred tokens, and a
+	// thought cut short still shows where the thinking goes). The plain
+	// probe is capped at 64.
 	MaxTokens int
 	Logger    *slog.Logger
 }
