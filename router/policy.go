@@ -26,6 +26,9 @@ type Job struct {
 	OutputTokens int
 	// NeedContext is what the worker must hold: prompt + max_tokens.
 	NeedContext int
+	// Behind is how many requests wait in the queue behind this one: while
+	// it waits for a fast slot, they wait too.
+	Behind int
 }
 
 // Candidate is an eligible backend as a policy sees it: it serves the model,
@@ -172,7 +175,11 @@ func (p *fleetPolicy) cost(job Job, c Candidate) time.Duration {
 	if c.free() {
 		return c.Speed.Completion(c.InFlight+1, job)
 	}
-	return c.NextFree + c.Speed.Completion(c.Slots, job)
+	// Waiting also holds up everyone queued behind: each slot this job
+	// takes from the pool later pushes them back by about one slot
+	// interval (the time a slot takes divided by the slots sharing it).
+	full := c.Speed.Completion(c.Slots, job)
+	return c.NextFree + full + time.Duration(job.Behind)*full/time.Duration(max(c.Slots, 1))
 }
 
 func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {

@@ -213,6 +213,7 @@ func (r *Router) dispatch(model string) {
 	}
 	for len(q.waiters) > 0 {
 		head := q.waiters[0]
+		head.job.Behind = len(q.waiters) - 1
 		cands, backs, serr := r.candidatesLocked(model, head.job, head.excluded, now, cbuf[:], bbuf[:])
 		if serr != nil {
 			head.done <- nil
