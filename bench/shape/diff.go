@@ -54,18 +54,31 @@ func probesLabel(keys []string) string {
 		modes[name][m] = true
 	}
 	both := true
+	shared := map[string]bool{}
 	for _, n := range names {
 		both = both && len(modes[n]) == 2
+		for m := range modes[n] {
+			shared[m] = true
+		}
+	}
+	prompts := func() string {
+		if len(names) == 1 {
+			return names[0] + " prompt"
+		}
+		if len(names) == 3 {
+			return "every prompt"
+		}
+		return strings.Join(names, " and ") + " prompts"
 	}
 	switch {
 	case len(keys) == 1:
 		return strings.Replace(keys[0], ", ", " prompt, ", 1)
-	case both && len(names) == 3:
-		return "every prompt, streamed and not"
-	case both && len(names) == 1:
-		return names[0] + " prompt, streamed and not"
 	case both:
-		return strings.Join(names, " and ") + " prompts, streamed and not"
+		return prompts() + ", streamed and not"
+	case len(shared) == 1:
+		for m := range shared {
+			return prompts() + ", " + m
+		}
 	}
 	return strings.Join(keys, "; ")
 }

@@ -1,0 +1,159 @@
+package shape
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet/bench"
+	"fleet/router/reasoning"
+	"fleet/sim"
+)
+
+// simWorker runs a real sim server in-process, parsed from the sim's argv
+// exactly as `fleet sim` would parse it.
+func simWorker(t *testing.T, args ...string) string {
+	t.Helper()
+	opts, err := sim.ParseArgs(args)
+	if err != nil {
+		t.Fatalf("sim args %q: %v", args, err)
+	}
+	opts.LoadTime = 0
+	s, err := sim.NewServer(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(s.Handler())
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+var (
+	// The seed's rig: vLLM with the Hermes tool parser and no reasoning parser.
+	vllmArgs = []string{"--mimic", "vllm", "--profile", "instant", "--", "serve", "Qwen/Qwen3-4B-AWQ",
+		"--served-model-name", "qwen3-4b", "--max-model-len", "16384", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"}
+	// The seed's Macs before the fix: llama-server with its default --reasoning-format.
+	llamaArgs = []string{"--mimic", "llamacpp", "--profile", "instant", "--", "-m", "Qwen3-4B-Q4_K_M.gguf",
+		"-a", "qwen3-4b", "-c", "16384", "-ngl", "99", "--jinja"}
+	// And after it.
+	llamaNoneArgs = append(append([]string{}, llamaArgs...), "--reasoning-format", "none")
+)
+
+func probeURL(t *testing.T, name, url string) Shape {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	s, err := Probe(ctx, bench.Target{Name: name, BaseURL: url + "/v1", Model: "qwen3-4b"})
+	if err != nil {
+		t.Fatalf("probe %s: %v", name, err)
+	}
+	return s
+}
+
+func materialAspects(r Report) []string {
+	var out []string
+	for _, d := range r.Differences {
+		if d.Material {
+			out = append(out, d.Aspect)
+		}
+	}
+	return out
+}
+
+func TestSimSeedDifference(t *testing.T) {
+	rig := probeURL(t, "rig", simWorker(t, vllmArgs...))
+	ultra := probeURL(t, "ultra", simWorker(t, llamaArgs...))
+	r := Diff(rig, ultra)
+	text := r.Text(120, false)
+	t.Logf("\n%s", text)
+	if r.Verdict != VerdictDiffers {
+		t.Fatalf("vLLM vs llama.cpp default: verdict %s", r.Verdict)
+	}
+	got := materialAspects(r)
+	if len(got) == 0 {
+		t.Error("no material difference reported")
+	}
+	for _, aspect := range got {
+		if aspect != "reasoning" {
+			t.Errorf("material differences %v, want only where the reasoning is", got)
+		}
+	}
+	if !strings.Contains(text, "reasoning in reasoning_content on ultra") || !strings.Contains(text, "inline <think> on rig") {
+		t.Errorf("report does not name the seed's difference")
+	}
+	reasoningProbe := find(t, ultra, ProbeReasoning, false)
+	if reasoningProbe.Client.Content && !reasoningProbe.Client.ReasoningContent {
+		t.Errorf("go-openai view of llama default: %+v", reasoningProbe.Client)
+	}
+
+	fixed := probeURL(t, "ultra", simWorker(t, llamaNoneArgs...))
+	r = Diff(rig, fixed)
+	if r.Verdict != VerdictSame {
+		t.Errorf("with --reasoning-format none the shapes should match:\n%s", r.Text(120, false))
+	}
+}
+
+// normalising proxies to upstream and rewrites reasoning as the router will.
+func normalising(t *testing.T, upstream string, mode reasoning.Mode) string {
+	h := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		req, _ := http.NewRequestWithContext(r.Context(), r.Method, upstream+r.URL.Path, r.Body)
+		req.Header = r.Header.Clone()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadGateway)
+			return
+		}
+		defer resp.Body.Close()
+		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))
+		w.WriteHeader(resp.StatusCode)
+		if !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
+			body, _ := io.ReadAll(resp.Body)
+			if out, err := reasoning.RewriteJSON(body, mode); err == nil {
+				body = out
+			}
+			w.Write(body)
+			return
+		}
+		rw := reasoning.NewStreamRewriter(mode)
+		sc := bufio.NewScanner(resp.Body)
+		for sc.Scan() {
+			payload, ok := strings.CutPrefix(sc.Text(), "data: ")
+			if !ok {
+				continue
+			}
+			for _, ev := range rw.Rewrite([]byte(payload)) {
+				fmt.Fprintf(w, "data: %s\n\n", ev)
+			}
+			w.(http.Flusher).Flush()
+		}
+	})
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	return srv.URL
+}
+
+func TestSimNormalisedShapes(t *testing.T) {
+	vllmURL, llamaURL := simWorker(t, vllmArgs...), simWorker(t, llamaArgs...)
+	for _, mode := range []reasoning.Mode{reasoning.Inline, reasoning.Field} {
+		t.Run(string(mode), func(t *testing.T) {
+			rig := probeURL(t, "rig", normalising(t, vllmURL, mode))
+			ultra := probeURL(t, "ultra", normalising(t, llamaURL, mode))
+			if ok, r := Matches(rig, ultra); !ok {
+				t.Errorf("normalised %s: shapes differ:\n%s", mode, r.Text(120, false))
+			}
+			want := ReasoningInline
+			if mode == reasoning.Field {
+				want = ReasoningContentField
+			}
+			if p := find(t, ultra, ProbeReasoning, true); p.Reasoning != want {
+				t.Errorf("normalised %s: reasoning at %q, want %q", mode, p.Reasoning, want)
+			}
+		})
+	}
+}
