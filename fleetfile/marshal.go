@@ -161,11 +161,15 @@ var plainCandidate = regexp.MustCompile(`^[A-Za-z0-9_./~+-][A-Za-z0-9_./~+=@:-]*
 // block and flow position, and double-quoted otherwise. strconv.Quote's
 // escapes (\n, \t, \x1b, \u2028) are all YAML double-quote escapes.
 func scalar(s string) string {
-	if plainCandidate.MatchString(s) && !strings.HasSuffix(s, ":") && parsesAsText(s) {
+	if plainCandidate.MatchString(s) && !strings.HasSuffix(s, ":") && !yaml11Bool[strings.ToLower(s)] && parsesAsText(s) {
 		return s
 	}
 	return strconv.Quote(s)
 }
+
+// yaml11Bool are words go-yaml reads as text but YAML 1.1 tools read as
+// booleans; quoting them keeps an export unambiguous to other readers.
+var yaml11Bool = map[string]bool{"y": true, "yes": true, "n": true, "no": true, "on": true, "off": true}
 
 func parsesAsText(s string) bool {
 	block, err := parser.ParseBytes([]byte("k: "+s+"\n"), 0)

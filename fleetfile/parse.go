@@ -204,6 +204,20 @@ func (d *decoder) resolve(n ast.Node, where string) (ast.Node, bool) {
 	return nil, false
 }
 
+// peek finds the text of key in a mapping without reporting anything, so
+// errors inside an element can name it even before its keys are checked.
+func (d *decoder) peek(n ast.Node, key string) string {
+	probe := decoder{file: d.file, anchors: d.anchors}
+	entries, _ := probe.mapping(n, "", "", nil)
+	for _, e := range entries {
+		if e.key == key {
+			s, _ := probe.scalar(e.value, "", key)
+			return s
+		}
+	}
+	return ""
+}
+
 // kind names what a node holds, for "must be a list, not a mapping".
 func kind(n ast.Node) string {
 	switch n.(type) {
@@ -393,12 +407,15 @@ func (d *decoder) nodes(n ast.Node, f *fleet.Fleet) map[string]int {
 	if n == nil {
 		return seen
 	}
-	items, ok := d.list(n, "nodes", "nodes", "[{name: rig, address: ops@rig.lan}]")
+	items, ok := d.list(n, "", "nodes", "[{name: rig, address: ops@rig.lan}]")
 	if !ok {
 		return seen
 	}
 	for i, it := range items {
 		where := fmt.Sprintf("node %d", i+1)
+		if name := d.peek(it, "name"); name != "" {
+			where = "node " + name
+		}
 		entries, ok := d.mapping(it, where, "a node", []string{"name", "address", "identity", "endpoint"})
 		if !ok && entries == nil {
 			continue
@@ -409,9 +426,6 @@ func (d *decoder) nodes(n ast.Node, f *fleet.Fleet) map[string]int {
 			if e.key == "name" {
 				node.Name, _ = d.scalar(e.value, where, "name")
 				nameAt = e.value
-				if node.Name != "" {
-					where = "node " + node.Name
-				}
 			}
 		}
 		for _, e := range entries {
@@ -505,7 +519,7 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 	if n == nil {
 		return byID
 	}
-	items, ok := d.list(n, "models", "models", "[{id: qwen3-4b, context: 16384, recipes: {...}}]")
+	items, ok := d.list(n, "", "models", "[{id: qwen3-4b, context: 16384, recipes: {...}}]")
 	if !ok {
 		return byID
 	}
@@ -518,6 +532,9 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 	var aliases []aliasAt
 	for i, it := range items {
 		where := fmt.Sprintf("model %d", i+1)
+		if id := d.peek(it, "id"); id != "" {
+			where = "model " + id
+		}
 		entries, ok := d.mapping(it, where, "a model", []string{"id", "aliases", "context", "memory_gb", "speed_tolerance", "reasoning", "recipes"})
 		if !ok && entries == nil {
 			continue
@@ -528,9 +545,6 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 			if e.key == "id" {
 				m.ID, _ = d.scalar(e.value, where, "id")
 				idAt = e.value
-				if m.ID != "" {
-					where = "model " + m.ID
-				}
 			}
 		}
 		for _, e := range entries {
@@ -682,13 +696,16 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 	if n == nil {
 		return
 	}
-	items, ok := d.list(n, "placements", "placements", "[{model: qwen3-4b, nodes: [rig, ultra]}]")
+	items, ok := d.list(n, "", "placements", "[{model: qwen3-4b, nodes: [rig, ultra]}]")
 	if !ok {
 		return
 	}
 	placed := map[[2]string]int{}
 	for i, it := range items {
 		where := fmt.Sprintf("placement %d", i+1)
+		if model := d.peek(it, "model"); model != "" {
+			where = fmt.Sprintf("placement %d (model %s)", i+1, model)
+		}
 		entries, ok := d.mapping(it, where, "a placement", []string{"model", "node", "nodes", "engine"})
 		if !ok && entries == nil {
 			continue
@@ -727,9 +744,6 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 				}
 			}
 		}
-		if model != "" {
-			where = fmt.Sprintf("placement %d (model %s)", i+1, model)
-		}
 		m, known := models[model]
 		switch {
 		case modelAt == nil:
@@ -740,6 +754,7 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 		switch {
 		case nodeAt != nil && nodesAt != nil:
 			d.errorf(nodesAt, where, "give either node: or nodes:, not both")
+			targets = nil
 		case nodeAt == nil && nodesAt == nil:
 			d.errorf(it, where, "missing 'node' or 'nodes' (where the model runs)")
 		}
