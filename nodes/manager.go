@@ -1,0 +1,686 @@
+package nodes
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// ManagerOptions configure a Manager. Zero durations take the defaults in
+// their comments.
+type ManagerOptions struct {
+	Logger *slog.Logger
+	// DataDir is the hub's data dir: local and sim nodes keep engine files
+	// in DataDir/nodes/NAME.
+	DataDir string
+	// FleetBin is the fleet binary simulated engines run as `FleetBin sim …`.
+	FleetBin string
+	// RemoteStateDir is where SSH nodes keep engine pid and log files;
+	// "" is enginectl's default, ~/.fleet on the node.
+	RemoteStateDir string
+
+	ProbeInterval     time.Duration // node probes (default 10s)
+	ReconcileInterval time.Duration // liveness and health of each worker (default 2s)
+	ReadyTimeout      time.Duration // launch to ready (default 10m: weights download)
+	InstallTimeout    time.Duration // engine install (default 30m)
+	StopGrace         time.Duration // TERM to KILL (default 30s, vLLM needs it)
+	// RestartBackoff is the wait before the n-th consecutive relaunch
+	// (default fleet.RestartBackoff: min(10·2^(n−1), 300) s).
+	RestartBackoff func(n int) time.Duration
+	// HealthFailures is how many health checks in a row may fail before a
+	// live engine counts as crashed (default 3).
+	HealthFailures int
+	// PortMin and PortMax bound the ports engines get (default 18000-18999).
+	PortMin, PortMax int
+
+	HostKeys    HostKeyStore
+	SimPlatform func(profile string) (fleet.Platform, error)
+	// SimMimic names the engine a sim profile mimics (sim.Profile.Mimic);
+	// nil lets enginectl read it from the profile's name.
+	SimMimic func(profile string) fleet.EngineKind
+	// Transport tunes SSH connections (timeouts, keepalives). Its Logger,
+	// DataDir, SimPlatform, HostKeys and OnEvent are filled in from here.
+	Transport Options
+	// EngineOptions are passed to every enginectl call (e.g. a faster poll
+	// interval in tests).
+	EngineOptions []enginectl.Option
+
+	// OnWorker receives a copy of a worker at every state change.
+	OnWorker func(fleet.Worker)
+	// OnWorkerRemoved is called once a worker whose placement is gone has
+	// been stopped and forgotten.
+	OnWorkerRemoved func(fleet.Worker)
+	// OnNode receives probe results and up/unreachable changes.
+	OnNode func(fleet.Node)
+	// OnEvent receives launches, adoptions, stale-port stops, install
+	// output lines and failures.
+	OnEvent func(fleet.Event)
+	// Admit is the admission check between probation and ready; an error
+	// rejects the worker with the error's text. nil admits everyone.
+	Admit func(ctx context.Context, w fleet.Worker) error
+}
+
+func (o ManagerOptions) withDefaults() ManagerOptions {
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	def := func(d *time.Duration, v time.Duration) {
+		if *d <= 0 {
+			*d = v
+		}
+	}
+	def(&o.ProbeInterval, 10*time.Second)
+	def(&o.ReconcileInterval, 2*time.Second)
+	def(&o.ReadyTimeout, 10*time.Minute)
+	def(&o.InstallTimeout, 30*time.Minute)
+	def(&o.StopGrace, 30*time.Second)
+	if o.HealthFailures <= 0 {
+		o.HealthFailures = 3
+	}
+	if o.PortMin <= 0 || o.PortMax < o.PortMin {
+		o.PortMin, o.PortMax = 18000, 18999
+	}
+	if o.HostKeys == nil {
+		o.HostKeys = &MemoryHostKeys{}
+	}
+	return o
+}
+
+// Manager keeps every placement's worker in its desired state: it probes
+// nodes, launches, adopts, health-checks and relaunches engines. One
+// goroutine watches each node and one supervises each worker; only that
+// goroutine changes its worker, so callbacks for one worker arrive in order.
+type Manager struct {
+	opts   ManagerOptions
+	logger *slog.Logger
+
+	mu       sync.Mutex
+	desired  fleet.Fleet
+	nodes    map[string]*nodeState
+	workers  map[string]*workerState
+	restored map[string]fleet.Worker
+	wake     chan struct{}
+	runCtx   context.Context
+	wg       sync.WaitGroup
+}
+
+type nodeState struct {
+	node      fleet.Node
+	transport Transport
+	cancel    context.CancelFunc
+	poke      chan struct{}
+	// changed is closed and replaced whenever node.State changes, waking
+	// every worker waiting for the node.
+	changed chan struct{}
+}
+
+type workerState struct {
+	name      string
+	placement fleet.Placement
+	w         fleet.Worker
+	proc      enginectl.Process
+	cancel    context.CancelCauseFunc
+	done      chan struct{}
+	poke      chan struct{}
+
+	// Operator requests, taken by the supervising goroutine.
+	request  string // "stop", "start", "restart", "admit"
+	waiters  []chan error
+	attempt  context.CancelFunc // cancels a launch in progress for a request
+	held     bool               // operator-stopped: stay down until started
+	retiring bool
+}
+
+var errRemoved = errors.New("placement removed")
+
+// NewManager returns a Manager; nothing happens until Run.
+func NewManager(opts ManagerOptions) *Manager {
+	opts = opts.withDefaults()
+	return &Manager{
+		opts:     opts,
+		logger:   opts.Logger,
+		nodes:    map[string]*nodeState{},
+		workers:  map[string]*workerState{},
+		restored: map[string]fleet.Worker{},
+		wake:     make(chan struct{}, 1),
+	}
+}
+
+// SetDesired replaces the declared fleet; Run reconciles towards it.
+func (m *Manager) SetDesired(f fleet.Fleet) {
+	m.mu.Lock()
+	m.desired = f
+	m.mu.Unlock()
+	signal(m.wake)
+}
+
+// Restore hands over the workers the store knew when the hub started. A
+// worker whose PID is still alive running its stored LaunchArgv is adopted
+// (same PID, no second engine); the rest are relaunched.
+func (m *Manager) Restore(ws []fleet.Worker) {
+	m.mu.Lock()
+	for _, w := range ws {
+		m.restored[w.Name()] = w
+	}
+	m.mu.Unlock()
+	signal(m.wake)
+}
+
+// Run reconciles until ctx ends. It leaves engines running when it returns:
+// stopping the hub must not stop the fleet.
+func (m *Manager) Run(ctx context.Context) error {
+	m.mu.Lock()
+	if m.runCtx != nil {
+		m.mu.Unlock()
+		return errors.New("node manager is already running")
+	}
+	m.runCtx = ctx
+	m.mu.Unlock()
+	for {
+		m.sync(ctx)
+		select {
+		case <-ctx.Done():
+			m.wg.Wait()
+			m.mu.Lock()
+			for _, n := range m.nodes {
+				if n.transport != nil {
+					n.transport.Close()
+				}
+			}
+			m.mu.Unlock()
+			return nil
+		case <-m.wake:
+		}
+	}
+}
+
+// Workers returns a copy of every worker, sorted by name.
+func (m *Manager) Workers() []fleet.Worker {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]fleet.Worker, 0, len(m.workers))
+	for _, ws := range m.workers {
+		out = append(out, ws.w)
+	}
+	slices.SortFunc(out, func(a, b fleet.Worker) int { return cmp.Compare(a.Name(), b.Name()) })
+	return out
+}
+
+// Nodes returns a copy of every node, sorted by name.
+func (m *Manager) Nodes() []fleet.Node {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	out := make([]fleet.Node, 0, len(m.nodes))
+	for _, n := range m.nodes {
+		out = append(out, n.node)
+	}
+	slices.SortFunc(out, func(a, b fleet.Node) int { return cmp.Compare(a.Name, b.Name) })
+	return out
+}
+
+// Dialer returns how the router reaches engines of node: through the node's
+// transport (an SSH tunnel to the node's loopback), or, for a node with
+// `endpoint: direct`, straight to the node's host on the engine's port.
+func (m *Manager) Dialer(node string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		m.mu.Lock()
+		n, ok := m.nodes[node]
+		var t Transport
+		var nd fleet.Node
+		if ok {
+			t, nd = n.transport, n.node
+		}
+		m.mu.Unlock()
+		if !ok {
+			return nil, fmt.Errorf("node %s is not part of the fleet", node)
+		}
+		if nd.Endpoint == "direct" && nd.Address != fleet.AddressLocal {
+			if _, sim := nd.SimProfile(); !sim {
+				_, hostPort, err := ParseSSHAddress(nd.Address)
+				if err != nil {
+					return nil, err
+				}
+				host, _, _ := net.SplitHostPort(hostPort)
+				_, port, err := net.SplitHostPort(addr)
+				if err != nil {
+					return nil, fmt.Errorf("dial %q: %w", addr, err)
+				}
+				var d net.Dialer
+				return d.DialContext(ctx, network, net.JoinHostPort(host, port))
+			}
+		}
+		if t == nil {
+			return nil, fmt.Errorf("node %s is not connected: %s", node, cmp.Or(nd.Reason, "not probed yet"))
+		}
+		return t.DialContext(ctx, network, addr)
+	}
+}
+
+// StopWorker stops a worker's engine and keeps it stopped until StartWorker.
+func (m *Manager) StopWorker(ctx context.Context, name string) error {
+	return m.requestWorker(ctx, name, "stop")
+}
+
+// StartWorker launches a stopped (or failed, or rejected) worker now,
+// skipping any restart backoff, and waits until it is ready or fails.
+func (m *Manager) StartWorker(ctx context.Context, name string) error {
+	return m.requestWorker(ctx, name, "start")
+}
+
+// RestartWorker stops the worker's engine and launches it again, waiting
+// until it is ready or fails. The router should drain it first.
+func (m *Manager) RestartWorker(ctx context.Context, name string) error {
+	return m.requestWorker(ctx, name, "restart")
+}
+
+// ForceAdmit makes a rejected worker ready, overriding its admission check
+// (an operator's `admit --force`; the hub audits it).
+func (m *Manager) ForceAdmit(ctx context.Context, name string) error {
+	return m.requestWorker(ctx, name, "admit")
+}
+
+func (m *Manager) requestWorker(ctx context.Context, name, what string) error {
+	m.mu.Lock()
+	ws, ok := m.workers[name]
+	if !ok || ws.retiring {
+		m.mu.Unlock()
+		return fmt.Errorf("no worker %s: workers are named NODE/MODEL, see `fleet workers`", name)
+	}
+	if m.runCtx == nil {
+		m.mu.Unlock()
+		return errors.New("the node manager is not running")
+	}
+	done := make(chan error, 1)
+	// A newer request replaces an older one; its callers learn so.
+	for _, w := range ws.waiters {
+		w <- fmt.Errorf("worker %s: superseded by a %s request", name, what)
+	}
+	ws.request, ws.waiters = what, []chan error{done}
+	if ws.attempt != nil {
+		ws.attempt()
+	}
+	m.mu.Unlock()
+	signal(ws.poke)
+	select {
+	case err := <-done:
+		return err
+	case <-ctx.Done():
+		return fmt.Errorf("worker %s: %s requested, still in progress: %w", name, what, ctx.Err())
+	}
+}
+
+// sync brings node watchers and worker supervisors in line with the desired
+// fleet.
+func (m *Manager) sync(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	wantNodes := map[string]fleet.Node{}
+	for _, n := range m.desired.Nodes {
+		wantNodes[n.Name] = n
+	}
+	for name, ns := range m.nodes {
+		want, ok := wantNodes[name]
+		if ok && want.Address == ns.node.Address && want.Identity == ns.node.Identity {
+			ns.node.Endpoint, ns.node.Drained = want.Endpoint, want.Drained
+			continue
+		}
+		// Gone or re-addressed: drop the old connection.
+		ns.cancel()
+		if ns.transport != nil {
+			ns.transport.Close()
+		}
+		close(ns.changed)
+		delete(m.nodes, name)
+	}
+	for name, n := range wantNodes {
+		if _, ok := m.nodes[name]; ok {
+			continue
+		}
+		nctx, cancel := context.WithCancel(ctx)
+		n.State, n.Reason = fleet.NodeUnknown, ""
+		ns := &nodeState{node: n, cancel: cancel, poke: make(chan struct{}, 1), changed: make(chan struct{})}
+		m.nodes[name] = ns
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.watchNode(nctx, ns)
+		}()
+	}
+
+	wantWorkers := map[string]fleet.Placement{}
+	for _, p := range m.desired.Placements {
+		name := p.Node + "/" + p.Model
+		if _, dup := wantWorkers[name]; dup {
+			m.logger.Warn("two placements of one model on one node; keeping the first", "worker", name)
+			continue
+		}
+		wantWorkers[name] = p
+	}
+	for name, ws := range m.workers {
+		p, ok := wantWorkers[name]
+		if ok && !ws.retiring {
+			if ws.placement != p {
+				ws.placement = p
+				signal(ws.poke)
+			}
+			continue
+		}
+		if !ws.retiring {
+			ws.retiring = true
+			ws.cancel(errRemoved)
+		}
+	}
+	for name, p := range wantWorkers {
+		if _, ok := m.workers[name]; ok {
+			continue
+		}
+		ws := m.newWorkerState(name, p)
+		m.workers[name] = ws
+		m.startSupervisor(ctx, ws)
+	}
+	// Workers the store knew whose placement is gone: stop their engines.
+	for name, w := range m.restored {
+		if _, ok := wantWorkers[name]; ok {
+			continue
+		}
+		if _, ok := m.workers[name]; ok {
+			continue
+		}
+		if _, ok := m.nodes[w.Node]; !ok {
+			continue // its node is gone too: nothing to reach it with
+		}
+		ws := m.newWorkerState(name, fleet.Placement{Node: w.Node, Model: w.Model, Engine: w.Engine})
+		ws.retiring = true
+		m.workers[name] = ws
+		m.startSupervisor(ctx, ws)
+		ws.cancel(errRemoved)
+	}
+}
+
+func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
+	ws := &workerState{name: name, placement: p, poke: make(chan struct{}, 1), done: make(chan struct{})}
+	ws.w = fleet.Worker{Node: p.Node, Model: p.Model, Engine: p.Engine, State: fleet.WorkerPending}
+	if r, ok := m.restored[name]; ok {
+		delete(m.restored, name)
+		ws.w = r
+		if r.PID > 0 && r.State != fleet.WorkerStopped {
+			ws.proc = enginectl.Process{PID: r.PID, PGID: r.PGID, StartedAt: r.StartedAt, ServedName: r.Model}
+		}
+	}
+	return ws
+}
+
+func (m *Manager) startSupervisor(ctx context.Context, ws *workerState) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	ws.cancel = cancel
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(ws.done)
+		m.supervise(wctx, ws)
+		if errors.Is(context.Cause(wctx), errRemoved) && ctx.Err() == nil {
+			m.retire(ctx, ws)
+		}
+	}()
+}
+
+// watchNode connects to a node and probes it every ProbeInterval.
+func (m *Manager) watchNode(ctx context.Context, ns *nodeState) {
+	for {
+		m.probeNode(ctx, ns)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(m.opts.ProbeInterval):
+		case <-ns.poke:
+		}
+	}
+}
+
+func (m *Manager) transportOptions() Options {
+	o := m.opts.Transport
+	o.Logger, o.DataDir, o.SimPlatform, o.HostKeys, o.OnEvent = m.logger, m.opts.DataDir, m.opts.SimPlatform, m.opts.HostKeys, m.opts.OnEvent
+	return o
+}
+
+func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
+	m.mu.Lock()
+	node, t := ns.node, ns.transport
+	m.mu.Unlock()
+	pctx, cancel := context.WithTimeout(ctx, max(m.opts.ProbeInterval, 30*time.Second))
+	defer cancel()
+	var err error
+	if t == nil {
+		t, err = Open(pctx, node, m.transportOptions())
+		if err == nil {
+			m.mu.Lock()
+			if ctx.Err() == nil {
+				ns.transport = t
+			} else {
+				t.Close()
+			}
+			m.mu.Unlock()
+		}
+	}
+	var p fleet.Platform
+	if err == nil {
+		p, err = Probe(pctx, t)
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	m.mu.Lock()
+	prev := ns.node.State
+	if err != nil {
+		ns.node.State, ns.node.Reason = fleet.NodeUnreachable, err.Error()
+	} else {
+		ns.node.State, ns.node.Reason = fleet.NodeUp, ""
+		ns.node.Platform, ns.node.ProbedAt = &p, time.Now()
+	}
+	if prev != ns.node.State {
+		close(ns.changed)
+		ns.changed = make(chan struct{})
+	}
+	if t != nil {
+		if hk, herr := m.opts.HostKeys.PinnedHostKey(ctx, node.Name); herr == nil && hk != "" {
+			ns.node.HostKey = hk
+		}
+	}
+	node = ns.node
+	var affected []*workerState
+	if prev != ns.node.State {
+		for _, ws := range m.workers {
+			if ws.placement.Node == node.Name {
+				affected = append(affected, ws)
+			}
+		}
+	}
+	m.mu.Unlock()
+	for _, ws := range affected {
+		signal(ws.poke)
+	}
+	if prev != node.State {
+		if node.State == fleet.NodeUp {
+			m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable", node.Platform.HostLabel(), node.Platform.GPULabel(), formatBytes(UsableMemory(*node.Platform))))
+		} else {
+			m.event("error", node.Name, "node unreachable: "+node.Reason)
+		}
+		m.logger.Info("node state", "node", node.Name, "state", node.State, "reason", node.Reason)
+	}
+	if m.opts.OnNode != nil {
+		m.opts.OnNode(node)
+	}
+}
+
+// nodeFor returns the worker's node and transport when the node is up.
+func (m *Manager) nodeFor(ws *workerState) (fleet.Node, Transport, <-chan struct{}, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ns, ok := m.nodes[ws.placement.Node]
+	if !ok {
+		never := make(chan struct{})
+		return fleet.Node{Name: ws.placement.Node, State: fleet.NodeUnknown, Reason: "node is not in the fleet"}, nil, never, false
+	}
+	up := ns.node.State == fleet.NodeUp && ns.transport != nil && ns.node.Platform != nil
+	return ns.node, ns.transport, ns.changed, up
+}
+
+// markNodeSuspect asks for an immediate probe after a worker saw its
+// transport fail.
+func (m *Manager) markNodeSuspect(name string) {
+	m.mu.Lock()
+	ns, ok := m.nodes[name]
+	m.mu.Unlock()
+	if ok {
+		signal(ns.poke)
+	}
+}
+
+func (m *Manager) model(id string) (fleet.Model, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, mo := range m.desired.Models {
+		if mo.ID == id {
+			return mo, true
+		}
+	}
+	return fleet.Model{}, false
+}
+
+// stateDir is where the node keeps engine files.
+func (m *Manager) stateDir(t Transport) string {
+	if s, ok := t.(interface{ StateDir() string }); ok {
+		if d := s.StateDir(); d != "" {
+			return d
+		}
+	}
+	return m.opts.RemoteStateDir
+}
+
+// update changes the worker under the lock and reports it.
+func (m *Manager) update(ws *workerState, f func(w *fleet.Worker)) {
+	m.mu.Lock()
+	f(&ws.w)
+	w := ws.w
+	m.mu.Unlock()
+	if m.opts.OnWorker != nil {
+		m.opts.OnWorker(w)
+	}
+}
+
+func (m *Manager) setState(ws *workerState, state fleet.WorkerState, reason string) {
+	m.update(ws, func(w *fleet.Worker) { w.State, w.Reason = state, reason })
+}
+
+func (m *Manager) event(level, subject, msg string) {
+	if m.opts.OnEvent != nil {
+		m.opts.OnEvent(fleet.Event{At: time.Now(), Level: level, Subject: subject, Message: msg})
+	}
+}
+
+// allocatePort picks a port for ws: its previous one when still free of
+// other workers, else the first free one in the range. Ports of workers on
+// the same node are taken; local and sim nodes share this machine, so their
+// workers' ports are all taken for each other, and the port must also be
+// free to bind here.
+func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	onHub := func(n string) bool {
+		ns, ok := m.nodes[n]
+		if !ok {
+			return false
+		}
+		_, sim := ns.node.SimProfile()
+		return sim || ns.node.Address == fleet.AddressLocal
+	}
+	hub := onHub(node.Name)
+	used := map[int]bool{}
+	for _, o := range m.workers {
+		if o == ws || o.w.Port == 0 {
+			continue
+		}
+		if o.placement.Node == node.Name || (hub && onHub(o.placement.Node)) {
+			used[o.w.Port] = true
+		}
+	}
+	free := func(p int) bool {
+		if used[p] || p < m.opts.PortMin || p > m.opts.PortMax {
+			return false
+		}
+		if !hub {
+			return true // enginectl.CheckPort judges a remote port
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+		if err != nil {
+			return false
+		}
+		ln.Close()
+		return true
+	}
+	if ws.w.Port != 0 && free(ws.w.Port) {
+		return ws.w.Port, nil
+	}
+	for p := m.opts.PortMin; p <= m.opts.PortMax; p++ {
+		if free(p) {
+			return p, nil
+		}
+	}
+	return 0, fmt.Errorf("no free port in %d-%d on node %s: widen the port range or remove workers", m.opts.PortMin, m.opts.PortMax, node.Name)
+}
+
+func signal(c chan struct{}) {
+	select {
+	case c <- struct{}{}:
+	default:
+	}
+}
+
+func formatBytes(b uint64) string {
+	const gib = 1 << 30
+	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
+}
+
+// healthy asks the engine's health endpoint through the node's transport.
+func healthy(ctx context.Context, t Transport, port int, engine fleet.EngineKind) error {
+	path := "/health"
+	if engine == fleet.EngineOllama {
+		path = "/api/version"
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: t.DialContext, DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s answered %s", path, resp.Status)
+	}
+	return nil
+}
+
+func logPath(stateDir, node, model string) string {
+	if stateDir == "" {
+		stateDir = "~/.fleet"
+	}
+	return filepath.Join(stateDir, enginectl.FileStem(node, model)+".log")
+}

@@ -1,0 +1,597 @@
+package nodes
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// outcome is why a worker stopped being watched.
+type outcome int
+
+const (
+	outcomeDone     outcome = iota // the supervisor's context ended
+	outcomeRequest                 // an operator request is waiting
+	outcomeNodeDown                // the node cannot be reached
+	outcomeCrashed                 // the engine died or stopped answering
+	outcomeChanged                 // the desired command line changed
+)
+
+// stableReady is how long a worker must stay ready before its consecutive
+// failure count, and so its restart backoff, starts over.
+const stableReady = 10 * time.Minute
+
+// supervise drives one worker through its lifecycle until ctx ends. It is
+// the only writer of ws.w and ws.proc.
+func (m *Manager) supervise(ctx context.Context, ws *workerState) {
+	var (
+		failures     int       // consecutive failed launches or crashes
+		backoffUntil time.Time // no relaunch before this
+		pending      []chan error
+		readySince   time.Time
+	)
+	m.mu.Lock()
+	if ws.w.State == fleet.WorkerStopped {
+		ws.held, ws.proc = true, enginectl.Process{}
+	}
+	m.mu.Unlock()
+	answer := func(err error) {
+		for _, c := range pending {
+			c <- err
+		}
+		pending = nil
+	}
+	defer func() { answer(fmt.Errorf("worker %s: %w", ws.name, cmpErr(context.Cause(ctx), errors.New("supervisor ended")))) }()
+
+	fail := func(reason string) {
+		failures++
+		m.update(ws, func(w *fleet.Worker) { w.State, w.Reason, w.Restarts = fleet.WorkerFailed, reason, w.Restarts+1 })
+		wait := m.opts.restartBackoff(failures)
+		backoffUntil = time.Now().Add(wait)
+		m.event("error", ws.name, fmt.Sprintf("%s; relaunching in %s (attempt %d)", reason, wait.Round(time.Second), failures))
+	}
+
+	for ctx.Err() == nil {
+		req, waiters := m.takeRequest(ws)
+		if req != "" {
+			answer(fmt.Errorf("worker %s: superseded by a %s request", ws.name, req))
+		}
+		switch req {
+		case "stop":
+			err := m.stopEngine(ctx, ws, "stopped by an operator")
+			ws.held = true
+			for _, c := range waiters {
+				c <- err
+			}
+			continue
+		case "restart", "start":
+			if req == "restart" || ws.w.State != fleet.WorkerReady {
+				if err := m.stopEngine(ctx, ws, "restarting"); err != nil {
+					for _, c := range waiters {
+						c <- err
+					}
+					continue
+				}
+			}
+			ws.held, backoffUntil, failures = false, time.Time{}, 0
+			pending = waiters
+		case "admit":
+			var err error
+			if ws.w.State == fleet.WorkerRejected {
+				m.setState(ws, fleet.WorkerReady, "")
+				m.event("warn", ws.name, "admitted by an operator despite its failed admission check")
+			} else {
+				err = fmt.Errorf("worker %s is %s, not rejected: nothing to admit", ws.name, ws.w.State)
+			}
+			for _, c := range waiters {
+				c <- err
+			}
+			continue
+		}
+
+		if ws.held {
+			m.sleep(ctx, ws, nil, 0)
+			continue
+		}
+		node, t, changed, up := m.nodeFor(ws)
+		if !up {
+			reason := fmt.Sprintf("node %s is %s", node.Name, node.State)
+			if node.Reason != "" {
+				reason += ": " + node.Reason
+			}
+			if ws.proc.PID > 0 {
+				reason += "; its engine will be adopted when the node returns"
+			}
+			if ws.w.State != fleet.WorkerFailed || ws.w.Reason != reason {
+				m.setState(ws, fleet.WorkerFailed, reason)
+			}
+			answer(errors.New(reason))
+			m.sleep(ctx, ws, changed, 0)
+			continue
+		}
+		if wait := time.Until(backoffUntil); wait > 0 && len(pending) == 0 {
+			m.sleep(ctx, ws, nil, wait)
+			continue
+		}
+
+		if ws.proc.PID > 0 {
+			adopted, err := m.adopt(ctx, ws, node, t)
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil {
+				if !m.reachable(ctx, t) {
+					m.markNodeSuspect(node.Name)
+					m.sleep(ctx, ws, changed, m.opts.ReconcileInterval)
+					continue
+				}
+				if ws.proc.PID > 0 {
+					fail(fmt.Sprintf("cannot check engine PID %d: %v", ws.proc.PID, err))
+					continue
+				}
+			}
+			if !adopted {
+				ws.proc = enginectl.Process{}
+			}
+		}
+
+		if ws.proc.PID == 0 {
+			actx, cancel := context.WithCancel(ctx)
+			m.mu.Lock()
+			ws.attempt = cancel
+			m.mu.Unlock()
+			err := m.launch(actx, ws, node, t)
+			m.mu.Lock()
+			ws.attempt = nil
+			interrupted := ws.request != ""
+			m.mu.Unlock()
+			cancel()
+			if ctx.Err() != nil {
+				return
+			}
+			if err != nil && interrupted && actx.Err() != nil {
+				continue // an operator request cut the launch short
+			}
+			if err != nil {
+				answer(err)
+				if !m.reachable(ctx, t) {
+					m.markNodeSuspect(node.Name)
+					m.sleep(ctx, ws, changed, m.opts.ReconcileInterval)
+					continue
+				}
+				fail(err.Error())
+				continue
+			}
+			answer(nil)
+		} else {
+			answer(nil)
+		}
+		readySince = time.Now()
+
+		out, reason := m.monitor(ctx, ws, node, t)
+		if time.Since(readySince) >= stableReady {
+			failures = 0
+		}
+		switch out {
+		case outcomeDone:
+			return
+		case outcomeRequest:
+		case outcomeNodeDown:
+			m.markNodeSuspect(node.Name)
+			m.setState(ws, fleet.WorkerFailed, fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason))
+		case outcomeChanged:
+			m.event("info", ws.name, "the desired command line changed ("+reason+"); restarting the engine with the new one")
+			if err := m.stopEngine(ctx, ws, "restarting with the new command line"); err != nil {
+				fail(fmt.Sprintf("stopping engine PID %d for its new command line: %v", ws.proc.PID, err))
+			}
+		case outcomeCrashed:
+			if ws.proc.PID > 0 {
+				// Alive but not answering: it must go before a new one starts.
+				_ = m.stopEngine(ctx, ws, "")
+			}
+			fail(reason)
+		}
+	}
+}
+
+func cmpErr(err, fallback error) error {
+	if err != nil {
+		return err
+	}
+	return fallback
+}
+
+func (o ManagerOptions) restartBackoff(n int) time.Duration {
+	if o.RestartBackoff != nil {
+		return o.RestartBackoff(n)
+	}
+	return fleet.RestartBackoff(n)
+}
+
+func (m *Manager) takeRequest(ws *workerState) (string, []chan error) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	r, w := ws.request, ws.waiters
+	ws.request, ws.waiters = "", nil
+	return r, w
+}
+
+func (m *Manager) hasRequest(ws *workerState) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return ws.request != ""
+}
+
+// sleep waits for d (forever when 0), a poke, a node change or ctx.
+func (m *Manager) sleep(ctx context.Context, ws *workerState, changed <-chan struct{}, d time.Duration) {
+	var timer <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		timer = t.C
+	}
+	select {
+	case <-ctx.Done():
+	case <-ws.poke:
+	case <-changed:
+	case <-timer:
+	}
+}
+
+// reachable tells a node problem from an engine problem after an error.
+func (m *Manager) reachable(ctx context.Context, t Transport) bool {
+	rctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+	defer cancel()
+	return t.Run(rctx, []string{"true"}, nil, nil, nil) == nil
+}
+
+func (m *Manager) spec(node fleet.Node, model fleet.Model, engine fleet.EngineKind, port int, t Transport) enginectl.Spec {
+	spec := enginectl.Spec{Node: node, Model: model, Engine: engine, Port: port, FleetBin: m.opts.FleetBin, StateDir: m.stateDir(t)}
+	if m.opts.SimMimic != nil {
+		profile, _ := node.SimProfile()
+		if r, ok := model.Recipes[engine]; ok && engine == fleet.EngineSim && r.Profile != "" {
+			profile = r.Profile
+		}
+		if profile != "" {
+			spec.SimMimic = m.opts.SimMimic(profile)
+		}
+	}
+	return spec
+}
+
+// desiredCommand is what the worker should run now on its current port.
+func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) (enginectl.Spec, enginectl.Command, error) {
+	model, ok := m.model(ws.placement.Model)
+	if !ok {
+		return enginectl.Spec{}, enginectl.Command{}, fmt.Errorf("model %s is not defined in the fleet", ws.placement.Model)
+	}
+	engine, err := enginectl.EngineFor(*node.Platform, model, ws.placement.Engine)
+	if err != nil {
+		return enginectl.Spec{}, enginectl.Command{}, err
+	}
+	port := ws.w.Port
+	if port == 0 {
+		port = m.opts.PortMin
+	}
+	spec := m.spec(node, model, engine, port, t)
+	cmd, err := enginectl.BuildCommand(spec)
+	return spec, cmd, err
+}
+
+// launch takes a worker from pending to ready (or rejected): install if
+// needed, clear a stale engine off the port, start detached, wait until our
+// process answers, then the admission check.
+func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
+	eo := m.engineOptions()
+	port, err := m.allocatePort(ws, node)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	ws.w.Port = port
+	m.mu.Unlock()
+	spec, cmd, err := m.desiredCommand(ws, node, t)
+	if err != nil {
+		return err
+	}
+	m.update(ws, func(w *fleet.Worker) {
+		w.State, w.Reason = fleet.WorkerPending, ""
+		w.Engine, w.Port, w.PID, w.PGID = spec.Engine, port, 0, 0
+		w.Argv, w.LaunchArgv, w.Simulated = cmd.Argv, cmd.LaunchArgv, cmd.Simulated
+		w.Context, w.Slots = cmd.Context, cmd.Slots
+	})
+
+	installed, err := enginectl.Installed(ctx, t, cmd)
+	if err != nil {
+		return err
+	}
+	if !installed {
+		m.setState(ws, fleet.WorkerInstalling, "")
+		ictx, cancel := context.WithTimeout(ctx, m.opts.InstallTimeout)
+		lw := &lineEvents{emit: func(line string) { m.event("info", ws.name, "install: "+line) }}
+		err := enginectl.Install(ictx, t, spec, lw, eo...)
+		lw.Flush()
+		cancel()
+		if err != nil {
+			return fmt.Errorf("installing %s on %s failed (see the worker's events for its output): %w", spec.Engine.Label(), node.Name, err)
+		}
+	}
+
+	owner, err := enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
+	if owner.Message != "" {
+		m.event("warn", ws.name, owner.Message)
+	}
+	if err != nil {
+		return err
+	}
+
+	m.setState(ws, fleet.WorkerStarting, "")
+	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
+	if err != nil {
+		return err
+	}
+	ws.proc = proc
+	m.update(ws, func(w *fleet.Worker) {
+		w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt
+	})
+	note := ""
+	if cmd.Simulated {
+		note = fmt.Sprintf(" (simulated: runs %s)", strings.Join(cmd.LaunchArgv, " "))
+	}
+	m.event("info", ws.name, fmt.Sprintf("launched PID %d on port %d: %s%s", proc.PID, port, strings.Join(cmd.Argv, " "), note))
+
+	rctx, cancel := context.WithTimeout(ctx, m.opts.ReadyTimeout)
+	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
+	cancel()
+	if err != nil {
+		if ctx.Err() == nil {
+			// Ours, but not serving: it must not linger holding memory.
+			if serr := m.stopEngine(ctx, ws, ""); serr != nil {
+				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
+			}
+		}
+		return err
+	}
+
+	m.setState(ws, fleet.WorkerProbation, "")
+	if m.opts.Admit != nil {
+		m.mu.Lock()
+		w := ws.w
+		m.mu.Unlock()
+		if err := m.opts.Admit(ctx, w); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			m.setState(ws, fleet.WorkerRejected, err.Error())
+			m.event("warn", ws.name, "rejected: "+err.Error())
+			return nil
+		}
+	}
+	m.setState(ws, fleet.WorkerReady, "")
+	m.event("info", ws.name, fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
+	return nil
+}
+
+// adopt checks whether the engine recorded for ws still runs its stored
+// LaunchArgv and serves; if so the worker is ready again with the same PID.
+func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t Transport) (bool, error) {
+	eo := m.engineOptions()
+	m.mu.Lock()
+	w := ws.w
+	proc := ws.proc
+	m.mu.Unlock()
+	if proc.LogPath == "" {
+		proc.LogPath = logPath(m.stateDir(t), node.Name, w.Model)
+	}
+	ok, err := enginectl.Adopt(ctx, t, proc, w.LaunchArgv, eo...)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		m.event("info", ws.name, fmt.Sprintf("engine PID %d is no longer running its command; launching a new one", proc.PID))
+		return false, nil
+	}
+	if w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected {
+		m.setState(ws, fleet.WorkerStarting, fmt.Sprintf("adopting engine PID %d", proc.PID))
+	}
+	rctx, cancel := context.WithTimeout(ctx, m.opts.ReadyTimeout)
+	defer cancel()
+	ws.proc = proc
+	if err := enginectl.WaitReady(rctx, t, w.Port, proc, w.Engine, eo...); err != nil {
+		if ctx.Err() != nil {
+			return false, err
+		}
+		// It is ours (Adopt checked its argv) but does not serve: stop it so
+		// the relaunch does not run beside it.
+		m.event("warn", ws.name, fmt.Sprintf("engine PID %d runs but does not serve (%v); stopping it and launching a new one", proc.PID, err))
+		if serr := m.stopEngine(ctx, ws, ""); serr != nil {
+			return false, serr
+		}
+		return false, nil
+	}
+	state := fleet.WorkerReady
+	reason := ""
+	if w.State == fleet.WorkerRejected {
+		state, reason = fleet.WorkerRejected, w.Reason
+	}
+	m.setState(ws, state, reason)
+	m.event("info", ws.name, fmt.Sprintf("adopted running engine PID %d on port %d", proc.PID, w.Port))
+	return true, nil
+}
+
+// monitor watches a serving worker until something needs the supervisor.
+func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node, t Transport) (outcome, string) {
+	healthFails := 0
+	tick := time.NewTicker(m.opts.ReconcileInterval)
+	defer tick.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return outcomeDone, ""
+		case <-ws.poke:
+		case <-tick.C:
+		}
+		if ctx.Err() != nil {
+			return outcomeDone, ""
+		}
+		if m.hasRequest(ws) {
+			return outcomeRequest, ""
+		}
+		cur, _, _, up := m.nodeFor(ws)
+		if !up {
+			return outcomeNodeDown, cmpString(cur.Reason, string(cur.State))
+		}
+		if _, cmd, err := m.desiredCommand(ws, cur, t); err != nil {
+			return outcomeChanged, err.Error()
+		} else if !slices.Equal(cmd.Argv, ws.w.Argv) {
+			return outcomeChanged, "now: " + strings.Join(cmd.Argv, " ")
+		}
+		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		alive, err := enginectl.Alive(cctx, t, ws.proc.PID)
+		cancel()
+		if ctx.Err() != nil {
+			return outcomeDone, ""
+		}
+		if err != nil {
+			if !m.reachable(ctx, t) {
+				return outcomeNodeDown, err.Error()
+			}
+			continue
+		}
+		if !alive {
+			pid := ws.proc.PID
+			ws.proc = enginectl.Process{}
+			return outcomeCrashed, fmt.Sprintf("engine PID %d exited", pid)
+		}
+		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err = healthy(hctx, t, ws.w.Port, ws.w.Engine)
+		cancel()
+		if err == nil {
+			healthFails = 0
+			continue
+		}
+		healthFails++
+		if healthFails >= m.opts.HealthFailures {
+			return outcomeCrashed, fmt.Sprintf("engine PID %d failed %d health checks in a row: %v", ws.proc.PID, healthFails, err)
+		}
+	}
+}
+
+func cmpString(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// stopEngine stops the worker's engine, if any. It must finish even while
+// the supervisor is being cancelled, so it gets its own bounded context.
+// state, when set, is recorded as the worker's stopped reason.
+func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string) error {
+	if ws.proc.PID > 0 {
+		_, t, _, up := m.nodeFor(ws)
+		if !up || t == nil {
+			return fmt.Errorf("worker %s: cannot stop engine PID %d: node %s is not reachable", ws.name, ws.proc.PID, ws.placement.Node)
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.StopGrace+30*time.Second)
+		defer cancel()
+		if err := enginectl.Stop(sctx, t, ws.proc, m.opts.StopGrace, m.engineOptions()...); err != nil {
+			return fmt.Errorf("worker %s: %w", ws.name, err)
+		}
+		m.event("info", ws.name, fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
+		ws.proc = enginectl.Process{}
+	}
+	if reason != "" {
+		m.update(ws, func(w *fleet.Worker) {
+			w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, reason, 0, 0
+		})
+	} else {
+		m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID = 0, 0 })
+	}
+	return nil
+}
+
+// retire stops the engine of a worker whose placement is gone, then forgets
+// the worker.
+func (m *Manager) retire(ctx context.Context, ws *workerState) {
+	node, t, _, up := m.nodeFor(ws)
+	if ws.proc.PID > 0 {
+		if !up {
+			m.event("warn", ws.name, fmt.Sprintf("placement removed while node %s is unreachable; engine PID %d may still run there", node.Name, ws.proc.PID))
+		} else {
+			m.mu.Lock()
+			launch := ws.w.LaunchArgv
+			m.mu.Unlock()
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+			cancel()
+			if err == nil && !ours {
+				ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+			}
+			if err := m.stopEngine(ctx, ws, ""); err != nil {
+				m.event("error", ws.name, "placement removed but its engine would not stop: "+err.Error())
+			}
+		}
+	}
+	m.update(ws, func(w *fleet.Worker) { w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, "placement removed", 0, 0 })
+	m.mu.Lock()
+	if m.workers[ws.name] == ws {
+		delete(m.workers, ws.name)
+	}
+	w := ws.w
+	m.mu.Unlock()
+	m.event("info", ws.name, "placement removed: worker stopped and forgotten")
+	if m.opts.OnWorkerRemoved != nil {
+		m.opts.OnWorkerRemoved(w)
+	}
+	signal(m.wake)
+}
+
+func (m *Manager) engineOptions() []enginectl.Option {
+	return append([]enginectl.Option{enginectl.WithLogger(m.logger)}, m.opts.EngineOptions...)
+}
+
+// lineEvents turns an installer's output into one event per line.
+type lineEvents struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	emit func(string)
+}
+
+func (l *lineEvents) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	for {
+		line, err := l.buf.ReadString('\n')
+		if err != nil {
+			l.buf.WriteString(line) // incomplete: keep for the next write
+			return len(p), nil
+		}
+		// Progress bars redraw with \r: keep the last state of the line.
+		if i := strings.LastIndexByte(strings.TrimRight(line, "\r\n"), '\r'); i >= 0 {
+			line = line[i+1:]
+		}
+		if s := strings.TrimSpace(line); s != "" {
+			l.emit(s)
+		}
+	}
+}
+
+// Flush emits a last line that had no newline.
+func (l *lineEvents) Flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := strings.TrimSpace(l.buf.String()); s != "" {
+		l.emit(s)
+	}
+	l.buf.Reset()
+}
