@@ -56,22 +56,25 @@ func (j *job) run() {
 		j.abort(arrival, "client gone during prefill")
 		return
 	}
-	first := time.Now()
-	s.metrics.prefilled(j.promptTokens, queued.Seconds(), j.prefill.Seconds(), first.Sub(arrival).Seconds())
-	if j.stream && s.llama() {
-		j.startStream()
-	}
+	// Every token, the first included, costs one step at the concurrency of
+	// the moment, so llama's predicted_per_second reads the profile's speed.
+	decodeStart := time.Now()
 	var pc pacer
-	last := first
+	last := decodeStart
 	for i, p := range j.plan.pieces {
 		busy := s.pool.busy()
-		if i > 0 {
-			if err := pc.wait(ctx, s.opts.Profile.TokenDelay(busy)); err != nil {
-				j.abort(arrival, "client gone while decoding")
-				return
-			}
+		if err := pc.wait(ctx, s.opts.Profile.TokenDelay(busy)); err != nil {
+			j.abort(arrival, "client gone while decoding")
+			return
 		}
 		now := time.Now()
+		if i == 0 {
+			s.metrics.prefilled(j.promptTokens, queued.Seconds(), j.prefill.Seconds(), now.Sub(arrival).Seconds())
+			if j.stream && s.llama() {
+				// llama-server sends headers and the role chunk with the first token.
+				j.startStream()
+			}
+		}
 		s.metrics.token(now.Sub(last).Seconds(), busy, i == 0)
 		last = now
 		s.pool.progress(slot)
@@ -82,7 +85,7 @@ func (j *job) run() {
 			return
 		}
 	}
-	j.decode = time.Since(first)
+	j.decode = time.Since(decodeStart)
 	j.finish()
 	s.metrics.finish(j.plan.finish, j.promptTokens, j.generated, j.decode.Seconds(), time.Since(arrival).Seconds())
 }
