@@ -89,7 +89,7 @@ func Installed(ctx context.Context, r Runner, cmd Command) (bool, error) {
 	if err == nil {
 		return true, nil
 	}
-	if code, ok := ExitCode(err); ok && code != 0 && code < 64 {
+	if code, ok := ExitCode(err); ok && code == 1 {
 		return false, nil
 	}
 	return false, fmt.Errorf("is %s installed: %w", cmd.Bin, err)

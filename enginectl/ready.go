@@ -51,6 +51,10 @@ func WaitReady(ctx context.Context, r Runner, port int, p Process, engine fleet.
 			o.logger.Info("engine ready", "pid", p.PID, "port", port)
 			return nil
 		}
+		if ctx.Err() != nil {
+			// A check the deadline interrupted says nothing about the engine.
+			return fmt.Errorf("engine PID %d on port %d not ready (%s): %w", p.PID, port, last, ctx.Err())
+		}
 		if step != last {
 			o.logger.Debug("engine not ready yet", "pid", p.PID, "port", port, "state", step)
 			last = step

@@ -161,6 +161,9 @@ func BuildCommand(spec Spec) (Command, error) {
 	}
 
 	profile, simNode := spec.Node.SimProfile()
+	if !simNode {
+		profile = "" // SimProfile hands back the whole address when it is not sim:
+	}
 	if simNode && profile == "" {
 		return Command{}, fmt.Errorf("node %s: address %q names no sim profile (sim:PROFILE)", spec.Node.Name, spec.Node.Address)
 	}

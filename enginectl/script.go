@@ -158,8 +158,9 @@ tail)
 	[ -f "$f" ] && tail -n "$1" "$f"
 	;;
 which)
-	# which BIN: the path BIN resolves to, exit 1 when it does not.
-	command -v "$(expand_home "$1")"
+	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
+	# says 127, which a transport could also mean).
+	command -v "$(expand_home "$1")" || exit 1
 	;;
 *)
 	echo "fleet-enginectl: unknown operation $op" >&2; exit 64

@@ -1,0 +1,150 @@
+package enginectl
+
+import (
+	"bytes"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"fleet"
+)
+
+func TestInstalled(t *testing.T) {
+	home, _ := os.UserHomeDir()
+	tests := []struct {
+		bin  string
+		want bool
+	}{
+		{fakeEngine, true},
+		{"sh", true},
+		{"/nonexistent/llama-server", false},
+		{"surely-no-such-engine-binary", false},
+		{"~/surely/not/here/vllm", false},
+	}
+	if home != "" {
+		// "~/" is the node's home, as in vllm-metal's default binary.
+		dir, err := os.MkdirTemp(home, ".enginectl-test-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		if err := copyFile(fakeEngine, filepath.Join(dir, "vllm")); err != nil {
+			t.Fatal(err)
+		}
+		tests = append(tests, struct {
+			bin  string
+			want bool
+		}{"~/" + filepath.Base(dir) + "/vllm", true})
+	}
+	for _, tc := range tests {
+		got, err := Installed(testCtx(t), LocalRunner{}, Command{Bin: tc.bin})
+		if err != nil || got != tc.want {
+			t.Errorf("Installed(%q) = %v, %v; want %v", tc.bin, got, err, tc.want)
+		}
+	}
+}
+
+func TestInstall(t *testing.T) {
+	dir := t.TempDir()
+	bin := filepath.Join(dir, "bin", "llama-server")
+	counter := filepath.Join(dir, "runs")
+	// A recipe's install: is the operator's own shell command.
+	install := "echo fetching llama.cpp; echo 'a warning' >&2; mkdir -p '" + filepath.Dir(bin) + "' && cp '" + fakeEngine + "' '" + bin + "' && echo run >> '" + counter + "'"
+	spec := testSpec("inst", 18100, dir, bin)
+	r := spec.Model.Recipes[fleet.EngineLlamaCpp]
+	r.Install = install
+	spec.Model.Recipes[fleet.EngineLlamaCpp] = r
+
+	var progress bytes.Buffer
+	if err := Install(testCtx(t), LocalRunner{}, spec, &progress); err != nil {
+		t.Fatalf("Install: %v\n%s", err, progress.String())
+	}
+	for _, want := range []string{"installing llama-server on inst", "fetching llama.cpp", "a warning", "llama-server installed on inst"} {
+		if !strings.Contains(progress.String(), want) {
+			t.Errorf("progress lacks %q:\n%s", want, progress.String())
+		}
+	}
+	progress.Reset()
+	if err := Install(testCtx(t), LocalRunner{}, spec, &progress); err != nil {
+		t.Fatal(err)
+	}
+	if runs, _ := os.ReadFile(counter); strings.Count(string(runs), "run") != 1 {
+		t.Errorf("the installer ran %d times, want once (idempotent)", strings.Count(string(runs), "run"))
+	}
+	if !strings.Contains(progress.String(), "llama-server is installed on inst") {
+		t.Errorf("second Install said %q", progress.String())
+	}
+}
+
+func TestInstallFailures(t *testing.T) {
+	dir := t.TempDir()
+	tests := []struct {
+		name    string
+		install string
+		bin     string
+		errHas  string
+		logHas  string
+	}{
+		{"installer fails", "echo 'no space left' >&2; exit 3", filepath.Join(dir, "a", "llama-server"), "installing llama-server on node f failed", "no space left"},
+		{"installer succeeds but installs nothing", "echo done", filepath.Join(dir, "b", "llama-server"), "still not found; set bin:", "done"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			spec := testSpec("f", 18101, dir, tc.bin)
+			r := spec.Model.Recipes[fleet.EngineLlamaCpp]
+			r.Install = tc.install
+			spec.Model.Recipes[fleet.EngineLlamaCpp] = r
+			var progress bytes.Buffer
+			err := Install(testCtx(t), LocalRunner{}, spec, &progress)
+			if err == nil || !strings.Contains(err.Error(), tc.errHas) {
+				t.Fatalf("Install = %v; want an error containing %q", err, tc.errHas)
+			}
+			if !strings.Contains(progress.String(), tc.logHas) {
+				t.Errorf("progress %q lacks the installer's output %q", progress.String(), tc.logHas)
+			}
+		})
+	}
+	t.Run("simulated without the fleet binary", func(t *testing.T) {
+		spec := testSpec("s", 18102, dir, "")
+		spec.Node.Address = "sim:m4max-llamacpp"
+		spec.FleetBin = filepath.Join(dir, "no-fleet")
+		err := Install(testCtx(t), LocalRunner{}, spec, nil)
+		if err == nil || !strings.Contains(err.Error(), "fleet binary") {
+			t.Fatalf("Install = %v; want a missing-fleet-binary error", err)
+		}
+	})
+}
+
+func TestInstallCommand(t *testing.T) {
+	mac := &fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra"}
+	linux := &fleet.Platform{OS: "linux", Arch: "amd64", GPUs: []fleet.GPU{{Name: "NVIDIA GeForce RTX 3060"}}}
+	tests := []struct {
+		name   string
+		p      *fleet.Platform
+		addr   string
+		engine fleet.EngineKind
+		model  fleet.Model
+		has    string
+	}{
+		{"llama.cpp on macOS uses brew", mac, "ops@ultra", fleet.EngineLlamaCpp, qwen(), "brew install llama.cpp"},
+		{"llama.cpp on Linux without brew says what to do", linux, "ops@rig", fleet.EngineLlamaCpp, qwen(), "set install: in the llamacpp recipe"},
+		{"vLLM on Linux goes into a uv venv", linux, "ops@rig", fleet.EngineVLLM, qwen(), "uv pip install --python \"$HOME/.venv-vllm/bin/python\" vllm"},
+		{"vllm-metal uses its installer", mac, "ops@ultra", fleet.EngineVLLMMetal, qwen(), "vllm-metal/main/install.sh"},
+		{"ollama on macOS", mac, "ops@ultra", fleet.EngineOllama, qwen(), "brew install ollama"},
+		{"ollama on Linux", linux, "ops@rig", fleet.EngineOllama, qwen(), "ollama.com/install.sh"},
+		{"recipe install wins", mac, "ops@ultra", fleet.EngineLlamaCpp, withRecipe(fleet.EngineLlamaCpp, fleet.Recipe{Model: "m.gguf", Install: "port install llama.cpp"}), "port install llama.cpp"},
+		{"simulated nodes install nothing", mac, "sim:m1ultra-llamacpp", fleet.EngineLlamaCpp, qwen(), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := InstallCommand(Spec{Node: fleet.Node{Name: "n", Address: tc.addr, Platform: tc.p}, Model: tc.model, Engine: tc.engine})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if tc.has == "" && got != "" || !strings.Contains(got, tc.has) {
+				t.Errorf("install command %q; want one containing %q", got, tc.has)
+			}
+		})
+	}
+}
