@@ -78,7 +78,7 @@ func Parse(filename string, data []byte) (fleet.Fleet, error) {
 	if !utf8.Valid(data) {
 		return fleet.Fleet{}, fileErr("the file is not UTF-8 text; save it as UTF-8")
 	}
-	file, err := parser.ParseBytes(data, 0)
+	file, err := parseYAML(data)
 	if err != nil {
 		return fleet.Fleet{}, syntaxError(filename, err)
 	}
@@ -106,6 +106,17 @@ func Parse(filename string, data []byte) (fleet.Fleet, error) {
 		return fleet.Fleet{}, errors.Join(errs...)
 	}
 	return f, nil
+}
+
+// parseYAML contains a panic of the third-party parser: a fleet file arrives
+// over `ssh … apply`, and a hostile one must not take the hub down.
+func parseYAML(data []byte) (file *ast.File, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			file, err = nil, fmt.Errorf("the YAML parser failed on this file (%v); simplify the file and report the input", r)
+		}
+	}()
+	return parser.ParseBytes(data, 0)
 }
 
 // syntaxError turns go-yaml's multi-line report into one positioned line.

@@ -240,7 +240,9 @@ func TestParseAccepts(t *testing.T) {
 				return reflect.DeepEqual(f.Models[0].Recipes[fleet.EngineLlamaCpp].Args, []string{"-ngl", "99", "-t", "0x10"})
 			}},
 		{"anchors and aliases", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        args: &common [--jinja]\n      vllm:\n        model: y\n        args: *common", 1),
-			func(f fleet.Fleet) bool { return reflect.DeepEqual(f.Models[0].Recipes[fleet.EngineVLLM].Args, []string{"--jinja"}) }},
+			func(f fleet.Fleet) bool {
+				return reflect.DeepEqual(f.Models[0].Recipes[fleet.EngineVLLM].Args, []string{"--jinja"})
+			}},
 		{"single node and pinned engine", strings.Replace(validBase, "    nodes: [rig, ultra]\n", "    node: ultra\n    engine: llamacpp\n", 1),
 			func(f fleet.Fleet) bool {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "ultra", Engine: fleet.EngineLlamaCpp}})
