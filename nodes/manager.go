@@ -421,6 +421,11 @@ func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
 		if r.PID > 0 && r.State != fleet.WorkerStopped {
 			ws.proc = enginectl.Process{PID: r.PID, PGID: r.PGID, StartedAt: r.StartedAt, ServedName: r.Model}
 		}
+		// What the store said is history until the engine is checked: a
+		// restored worker is not ready before it has been adopted.
+		if ws.w.State != fleet.WorkerStopped && ws.w.State != fleet.WorkerRejected {
+			ws.w.State, ws.w.Reason = fleet.WorkerStarting, "checking the engine recorded before the hub restarted"
+		}
 	}
 	return ws
 }

@@ -49,7 +49,9 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		}
 		pending = nil
 	}
-	defer func() { answer(fmt.Errorf("worker %s: %w", ws.name, cmpErr(context.Cause(ctx), errors.New("supervisor ended")))) }()
+	defer func() {
+		answer(fmt.Errorf("worker %s: %w", ws.name, cmpErr(context.Cause(ctx), errors.New("supervisor ended"))))
+	}()
 
 	fail := func(reason string) {
 		failures++
@@ -541,7 +543,9 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 			}
 		}
 	}
-	m.update(ws, func(w *fleet.Worker) { w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, "placement removed", 0, 0 })
+	m.update(ws, func(w *fleet.Worker) {
+		w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, "placement removed", 0, 0
+	})
 	m.mu.Lock()
 	if m.workers[ws.name] == ws {
 		delete(m.workers, ws.name)

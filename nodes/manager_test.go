@@ -1,0 +1,527 @@
+package nodes
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// fakeEngine is enginectl's test engine (enginectl/testdata/fakeengine), a
+// real HTTP server that takes a real engine's argv and serves /health and
+// /v1/models under its -a/--served-model-name. It stands in for both
+// llama-server (through a recipe's bin:) and `fleet sim` (as FleetBin).
+var fakeEngine string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "nodes-test-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fakeEngine = filepath.Join(dir, "fakeengine")
+	build := exec.Command("go", "build", "-o", fakeEngine, "fleet/enginectl/testdata/fakeengine")
+	build.Stderr = os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building the fake engine:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// recorder keeps what the manager reported.
+type recorder struct {
+	mu      sync.Mutex
+	workers []fleet.Worker
+	nodes   []fleet.Node
+	events  []fleet.Event
+	removed []fleet.Worker
+}
+
+func (r *recorder) worker(w fleet.Worker) { r.mu.Lock(); r.workers = append(r.workers, w); r.mu.Unlock() }
+func (r *recorder) node(n fleet.Node)     { r.mu.Lock(); r.nodes = append(r.nodes, n); r.mu.Unlock() }
+func (r *recorder) event(e fleet.Event)   { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
+func (r *recorder) remove(w fleet.Worker) { r.mu.Lock(); r.removed = append(r.removed, w); r.mu.Unlock() }
+
+func (r *recorder) sawState(name string, s fleet.WorkerState) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, w := range r.workers {
+		if w.Name() == name && w.State == s {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *recorder) eventLike(sub string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, e := range r.events {
+		if strings.Contains(e.Message, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+func (r *recorder) dump() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var b strings.Builder
+	for _, e := range r.events {
+		fmt.Fprintf(&b, "  event %s %s: %s\n", e.Level, e.Subject, e.Message)
+	}
+	for _, w := range r.workers {
+		fmt.Fprintf(&b, "  worker %s %s pid=%d port=%d %s\n", w.Name(), w.State, w.PID, w.Port, w.Reason)
+	}
+	return b.String()
+}
+
+func m4max(string) (fleet.Platform, error) {
+	return fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M4 Max", MemTotalBytes: 64 << 30, MemFreeBytes: 40 << 30}, nil
+}
+
+func testModel(args ...string) fleet.Model {
+	return fleet.Model{
+		ID:      "qwen3-4b",
+		Context: 16384,
+		Recipes: map[fleet.EngineKind]fleet.Recipe{
+			fleet.EngineLlamaCpp: {Model: "Qwen/Qwen3-4B-GGUF:Q4_K_M", Args: append([]string{"--jinja", "--reasoning-format", "none"}, args...)},
+		},
+	}
+}
+
+// localModel runs the fake engine as llama-server on a real (non-sim) node.
+func localModel(args ...string) fleet.Model {
+	m := testModel(args...)
+	r := m.Recipes[fleet.EngineLlamaCpp]
+	r.Bin = fakeEngine
+	m.Recipes[fleet.EngineLlamaCpp] = r
+	return m
+}
+
+type harness struct {
+	t      *testing.T
+	m      *Manager
+	rec    *recorder
+	cancel context.CancelFunc
+	done   chan error
+	data   string
+}
+
+func newHarness(t *testing.T, data string, mutate func(*ManagerOptions)) *harness {
+	t.Helper()
+	rec := &recorder{}
+	opts := ManagerOptions{
+		DataDir:           data,
+		FleetBin:          fakeEngine,
+		ProbeInterval:     300 * time.Millisecond,
+		ReconcileInterval: 200 * time.Millisecond,
+		ReadyTimeout:      30 * time.Second,
+		StopGrace:         5 * time.Second,
+		PortMin:           freePort(t),
+		SimPlatform:       m4max,
+		RestartBackoff:    func(int) time.Duration { return 100 * time.Millisecond },
+		EngineOptions:     []enginectl.Option{enginectl.WithPollInterval(50 * time.Millisecond)},
+		OnWorker:          rec.worker,
+		OnNode:            rec.node,
+		OnEvent:           rec.event,
+		OnWorkerRemoved:   rec.remove,
+	}
+	opts.PortMax = opts.PortMin + 50
+	if mutate != nil {
+		mutate(&opts)
+	}
+	return &harness{t: t, m: NewManager(opts), rec: rec, data: data}
+}
+
+func (h *harness) run() {
+	ctx, cancel := context.WithCancel(context.Background())
+	h.cancel = cancel
+	h.done = make(chan error, 1)
+	go func() { h.done <- h.m.Run(ctx) }()
+	h.t.Cleanup(h.stop)
+}
+
+// stop ends Run the way a hub shutdown does; engines stay up.
+func (h *harness) stop() {
+	if h.cancel == nil {
+		return
+	}
+	h.cancel()
+	h.cancel = nil
+	select {
+	case <-h.done:
+	case <-time.After(60 * time.Second):
+		h.t.Fatal("Run did not return after its context ended")
+	}
+}
+
+func (h *harness) worker(name string) (fleet.Worker, bool) {
+	for _, w := range h.m.Workers() {
+		if w.Name() == name {
+			return w, true
+		}
+	}
+	return fleet.Worker{}, false
+}
+
+// waitWorker waits until the worker satisfies cond.
+func (h *harness) waitWorker(name, what string, cond func(fleet.Worker) bool) fleet.Worker {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		if w, ok := h.worker(name); ok && cond(w) {
+			return w
+		}
+		if time.Now().After(deadline) {
+			w, _ := h.worker(name)
+			h.t.Fatalf("worker %s never became %s; now %+v\n%s", name, what, w, h.rec.dump())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (h *harness) waitReady(name string) fleet.Worker {
+	h.t.Helper()
+	return h.waitWorker(name, "ready", func(w fleet.Worker) bool { return w.State == fleet.WorkerReady })
+}
+
+func alive(pid int) bool {
+	if pid <= 0 {
+		return false
+	}
+	raw, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "stat"))
+	if err != nil {
+		return false
+	}
+	rest := string(raw)
+	if i := strings.LastIndex(rest, ") "); i >= 0 {
+		rest = rest[i+2:]
+	}
+	return !strings.HasPrefix(rest, "Z")
+}
+
+// enginesOnPort counts live fake engines started with --port port.
+func enginesOnPort(port int) []int {
+	var pids []int
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "cmdline"))
+		if err != nil {
+			continue
+		}
+		args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
+		if len(args) == 0 || args[0] != fakeEngine || !alive(pid) {
+			continue
+		}
+		if i := slices.Index(args, "--port"); i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(port) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+func killEngine(t *testing.T, pid int) {
+	t.Helper()
+	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
+		t.Fatalf("kill %d: %v", pid, err)
+	}
+}
+
+// cleanupEngines kills every engine the test left running: Run leaves them
+// up by design.
+func cleanupEngines(t *testing.T, h *harness) {
+	t.Cleanup(func() {
+		for _, w := range h.rec.workers {
+			for _, pid := range enginesOnPort(w.Port) {
+				syscall.Kill(-pid, syscall.SIGKILL)
+			}
+		}
+	})
+}
+
+func modelsVia(t *testing.T, m *Manager, w fleet.Worker) []string {
+	t.Helper()
+	hc := &http.Client{Transport: &http.Transport{DialContext: m.Dialer(w.Node)}, Timeout: 10 * time.Second}
+	resp, err := hc.Get("http://127.0.0.1:" + strconv.Itoa(w.Port) + "/v1/models")
+	if err != nil {
+		t.Fatalf("GET /v1/models through the node's dialer: %v", err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	var list struct {
+		Data []struct {
+			ID string `json:"id"`
+		} `json:"data"`
+	}
+	if err := json.Unmarshal(body, &list); err != nil {
+		t.Fatalf("/v1/models: %v: %s", err, body)
+	}
+	var ids []string
+	for _, d := range list.Data {
+		ids = append(ids, d.ID)
+	}
+	return ids
+}
+
+func simFleet(model fleet.Model, nodes ...string) fleet.Fleet {
+	f := fleet.Fleet{Models: []fleet.Model{model}}
+	for _, n := range nodes {
+		f.Nodes = append(f.Nodes, fleet.Node{Name: n, Address: "sim:m4max-llamacpp"})
+		f.Placements = append(f.Placements, fleet.Placement{Model: model.ID, Node: n})
+	}
+	return f
+}
+
+func TestManagerLaunchCrashRelaunchAndAdopt(t *testing.T) {
+	data := t.TempDir()
+	h := newHarness(t, data, nil)
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max", "ultra"))
+	h.run()
+
+	w := h.waitReady("max/qwen3-4b")
+	u := h.waitReady("ultra/qwen3-4b")
+	if !alive(w.PID) || w.PGID != w.PID {
+		t.Errorf("worker PID %d / PGID %d: want a live process leading its own group", w.PID, w.PGID)
+	}
+	if w.Port == u.Port {
+		t.Errorf("two sim nodes on one machine got the same port %d", w.Port)
+	}
+	if w.Argv[0] != "llama-server" || !slices.Contains(w.Argv, "--reasoning-format") || !w.Simulated {
+		t.Errorf("Argv = %q (simulated %v): want the llama-server command line the real engine would run", w.Argv, w.Simulated)
+	}
+	if w.LaunchArgv[0] != fakeEngine || w.LaunchArgv[1] != "sim" {
+		t.Errorf("LaunchArgv = %q: want the fleet binary's sim command", w.LaunchArgv)
+	}
+	if ids := modelsVia(t, h.m, w); !slices.Contains(ids, "qwen3-4b") {
+		t.Errorf("/v1/models through the dialer lists %q", ids)
+	}
+	for _, s := range []fleet.WorkerState{fleet.WorkerPending, fleet.WorkerStarting, fleet.WorkerProbation, fleet.WorkerReady} {
+		if !h.rec.sawState(w.Name(), s) {
+			t.Errorf("OnWorker never reported %s", s)
+		}
+	}
+	if !h.rec.eventLike("launched PID " + strconv.Itoa(w.PID)) {
+		t.Errorf("no launch event:\n%s", h.rec.dump())
+	}
+	pidFile := filepath.Join(NodeStateDir(data, "max"), enginectl.FileStem("max", "qwen3-4b")+".pid")
+	if _, err := os.Stat(pidFile); err != nil {
+		t.Errorf("sim node's pid file is not in its state dir under the data dir: %v", err)
+	}
+	nodes := h.m.Nodes()
+	if len(nodes) != 2 || nodes[0].State != fleet.NodeUp || nodes[0].Platform == nil || nodes[0].Platform.Chip != "Apple M4 Max" {
+		t.Errorf("nodes = %+v", nodes)
+	}
+
+	// Crash: the worker leaves ready and comes back with a new engine.
+	killEngine(t, w.PID)
+	h.waitWorker(w.Name(), "failed after the crash", func(x fleet.Worker) bool { return x.State != fleet.WorkerReady || x.PID != w.PID })
+	re := h.waitWorker(w.Name(), "ready again", func(x fleet.Worker) bool { return x.State == fleet.WorkerReady && x.PID != w.PID })
+	if !h.rec.sawState(w.Name(), fleet.WorkerFailed) || re.Restarts < 1 {
+		t.Errorf("crash not reported as failed with a restart: restarts %d\n%s", re.Restarts, h.rec.dump())
+	}
+	if !h.rec.eventLike(fmt.Sprintf("engine PID %d exited", w.PID)) {
+		t.Errorf("no event names the crashed PID:\n%s", h.rec.dump())
+	}
+
+	// The hub stops: engines keep running.
+	before := h.m.Workers()
+	h.stop()
+	for _, x := range before {
+		if !alive(x.PID) {
+			t.Fatalf("stopping the manager killed engine %s PID %d", x.Name(), x.PID)
+		}
+	}
+
+	// A new hub restores the stored workers and adopts them: same PIDs, no
+	// second engine on any port.
+	h2 := newHarness(t, data, func(o *ManagerOptions) { o.PortMin, o.PortMax = h.m.opts.PortMin, h.m.opts.PortMax })
+	cleanupEngines(t, h2)
+	h2.m.Restore(before)
+	h2.m.SetDesired(simFleet(testModel(), "max", "ultra"))
+	h2.run()
+	for _, x := range before {
+		got := h2.waitReady(x.Name())
+		if got.PID != x.PID {
+			t.Errorf("%s: PID %d after restart, want the adopted %d\n%s", x.Name(), got.PID, x.PID, h2.rec.dump())
+		}
+		if n := enginesOnPort(x.Port); len(n) != 1 {
+			t.Errorf("%s: %d engines on port %d after restart, want 1: %v", x.Name(), len(n), x.Port, n)
+		}
+	}
+	if !h2.rec.eventLike("adopted running engine") {
+		t.Errorf("no adoption event:\n%s", h2.rec.dump())
+	}
+
+	// A restored worker whose engine died meanwhile is relaunched.
+	h2.stop()
+	dead := h2.m.Workers()
+	killEngine(t, dead[0].PID)
+	h3 := newHarness(t, data, func(o *ManagerOptions) { o.PortMin, o.PortMax = h.m.opts.PortMin, h.m.opts.PortMax })
+	cleanupEngines(t, h3)
+	h3.m.Restore(dead)
+	h3.m.SetDesired(simFleet(testModel(), "max", "ultra"))
+	h3.run()
+	got := h3.waitReady(dead[0].Name())
+	if got.PID == dead[0].PID {
+		t.Errorf("a dead engine's PID %d was reported as adopted", got.PID)
+	}
+	other := h3.waitReady(dead[1].Name())
+	if other.PID != dead[1].PID {
+		t.Errorf("the live engine was not adopted: PID %d, want %d", other.PID, dead[1].PID)
+	}
+}
+
+func TestManagerRecipeChangeRemovalAndOperatorActions(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	w := h.waitReady("max/qwen3-4b")
+
+	// The recipe gains an argument: the engine restarts with it.
+	h.m.SetDesired(simFleet(testModel("--temp", "0.7"), "max"))
+	re := h.waitWorker(w.Name(), "restarted with the new argv", func(x fleet.Worker) bool {
+		return x.State == fleet.WorkerReady && slices.Contains(x.Argv, "0.7")
+	})
+	if re.PID == w.PID || alive(w.PID) {
+		t.Errorf("old engine PID %d (alive %v) was not replaced (now %d)", w.PID, alive(w.PID), re.PID)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.m.StopWorker(ctx, w.Name()); err != nil {
+		t.Fatal(err)
+	}
+	stopped, _ := h.worker(w.Name())
+	if stopped.State != fleet.WorkerStopped || alive(re.PID) {
+		t.Errorf("after StopWorker: state %s, engine alive %v", stopped.State, alive(re.PID))
+	}
+	if err := h.m.StartWorker(ctx, w.Name()); err != nil {
+		t.Fatalf("StartWorker: %v\n%s", err, h.rec.dump())
+	}
+	started := h.waitReady(w.Name())
+	if err := h.m.RestartWorker(ctx, w.Name()); err != nil {
+		t.Fatalf("RestartWorker: %v", err)
+	}
+	restarted := h.waitReady(w.Name())
+	if restarted.PID == started.PID || alive(started.PID) {
+		t.Errorf("restart kept PID %d", started.PID)
+	}
+	if err := h.m.StopWorker(ctx, "nope/x"); err == nil || !strings.Contains(err.Error(), "no worker nope/x") {
+		t.Errorf("unknown worker: %v", err)
+	}
+	if err := h.m.ForceAdmit(ctx, w.Name()); err == nil {
+		t.Error("ForceAdmit of a ready worker succeeded")
+	}
+
+	// The placement goes: the engine stops and the worker is forgotten.
+	f := simFleet(testModel("--temp", "0.7"), "max")
+	f.Placements = nil
+	h.m.SetDesired(f)
+	deadline := time.Now().Add(60 * time.Second)
+	for len(h.m.Workers()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("worker not removed: %+v", h.m.Workers())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	if alive(restarted.PID) {
+		t.Error("the removed placement's engine still runs")
+	}
+	h.rec.mu.Lock()
+	removed := len(h.rec.removed)
+	h.rec.mu.Unlock()
+	if removed != 1 {
+		t.Errorf("OnWorkerRemoved called %d times", removed)
+	}
+}
+
+func TestManagerAdmissionRejects(t *testing.T) {
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.Admit = func(_ context.Context, w fleet.Worker) error {
+			return fmt.Errorf("single-request speed 20.0 tok/s is below half of the best worker's 90.0 tok/s")
+		}
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	w := h.waitWorker("max/qwen3-4b", "rejected", func(x fleet.Worker) bool { return x.State == fleet.WorkerRejected })
+	if !strings.Contains(w.Reason, "20.0 tok/s") || !alive(w.PID) {
+		t.Errorf("rejected worker: reason %q, engine alive %v", w.Reason, alive(w.PID))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := h.m.ForceAdmit(ctx, w.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if x, _ := h.worker(w.Name()); x.State != fleet.WorkerReady || x.PID != w.PID {
+		t.Errorf("after ForceAdmit: %+v", x)
+	}
+}
+
+func TestManagerLocalNodeAndLaunchFailure(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	cleanupEngines(t, h)
+	// The broken model's engine crashes before it ever listens; the good
+	// one runs on the hub's own machine.
+	broken := localModel("--exit-after", "300ms", "--no-listen")
+	broken.ID = "broken"
+	good := localModel()
+	h.m.SetDesired(fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
+		Models:     []fleet.Model{good, broken},
+		Placements: []fleet.Placement{{Model: good.ID, Node: "hub"}, {Model: broken.ID, Node: "hub"}},
+	})
+	h.run()
+	w := h.waitReady("hub/qwen3-4b")
+	if w.Argv[0] != fakeEngine || w.Simulated {
+		t.Errorf("local worker Argv %q simulated %v", w.Argv, w.Simulated)
+	}
+	b := h.waitWorker("hub/broken", "failed", func(x fleet.Worker) bool { return x.State == fleet.WorkerFailed && x.Restarts >= 1 })
+	if !strings.Contains(b.Reason, "exited before it was ready") {
+		t.Errorf("failure reason %q does not say the engine exited", b.Reason)
+	}
+	if b.Port == w.Port {
+		t.Errorf("two workers of one node share port %d", w.Port)
+	}
+}
+
+func TestManagerUnknownModelFails(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	f := simFleet(testModel(), "max")
+	f.Placements = append(f.Placements, fleet.Placement{Model: "ghost", Node: "max"})
+	h.m.SetDesired(f)
+	h.run()
+	cleanupEngines(t, h)
+	w := h.waitWorker("max/ghost", "failed", func(x fleet.Worker) bool { return x.State == fleet.WorkerFailed })
+	if !strings.Contains(w.Reason, "model ghost is not defined") {
+		t.Errorf("reason %q", w.Reason)
+	}
+	h.waitReady("max/qwen3-4b")
+}
+
+
