@@ -16,6 +16,7 @@ import (
 	"golang.org/x/crypto/ssh"
 
 	"fleet"
+	"fleet/fleetfile"
 )
 
 func openTest(t *testing.T) *Store {
@@ -733,3 +734,28 @@ func TestConcurrentWriters(t *testing.T) {
 }
 
 var _ queryer = (*sql.Tx)(nil)
+
+// TestDemoFleetSurvivesTheDatabase is the contract between fleetfile and
+// store: what the demo file declares is exactly what LoadFleet gives back,
+// so `fleet export` after `serve --demo` reprints the demo.
+func TestDemoFleetSurvivesTheDatabase(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t)
+	demo, err := fleetfile.Parse("demo.yaml", fleetfile.Demo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.ApplyFleet(ctx, demo); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.LoadFleet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(declared(got), demo) {
+		t.Fatalf("demo after a database round trip:\n got %+v\nwant %+v", got, demo)
+	}
+	if p := fleetfile.Diff(got, demo); !p.Empty() {
+		t.Fatalf("re-applying the demo would change:\n%s", p)
+	}
+}
