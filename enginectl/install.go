@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"io"
 	"path"
+	"regexp"
+	"strconv"
 	"strings"
 
 	"fleet"
@@ -151,4 +153,22 @@ func firstLine(s string) string {
 		}
 	}
 	return s
+}
+
+// percent matches the figures installers print as they download: curl's
+// "###### 45.2%", pip and uv bars, brew's curl.
+var percent = regexp.MustCompile(`(?:^|[^0-9.])([0-9]{1,3}(?:\.[0-9]+)?)\s?%`)
+
+// ProgressPercent reads a completion figure (0-100) from one line of an
+// installer's output, for a progress display; ok is false when the line
+// has none. The last figure on the line wins (bars redraw in place).
+func ProgressPercent(line string) (pct float64, ok bool) {
+	ms := percent.FindAllStringSubmatch(line, -1)
+	for i := len(ms) - 1; i >= 0; i-- {
+		v, err := strconv.ParseFloat(ms[i][1], 64)
+		if err == nil && v >= 0 && v <= 100 {
+			return v, true
+		}
+	}
+	return 0, false
 }

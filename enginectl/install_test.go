@@ -148,3 +148,25 @@ func TestInstallCommand(t *testing.T) {
 		})
 	}
 }
+
+func TestProgressPercent(t *testing.T) {
+	tests := []struct {
+		line string
+		want float64
+		ok   bool
+	}{
+		{"######################################## 56.3%", 56.3, true},
+		{"\r###                                        5.0%\r#########     21.4%", 21.4, true},
+		{"Downloading torch (846.0MiB) 100%", 100, true},
+		{"==> Pouring llama.cpp--b6097.arm64_sequoia.bottle.tar.gz", 0, false},
+		{"disk 250% full", 0, false},
+		{"version 1.2.3%", 0, false},
+		{"", 0, false},
+	}
+	for _, tc := range tests {
+		got, ok := ProgressPercent(tc.line)
+		if ok != tc.ok || got != tc.want {
+			t.Errorf("ProgressPercent(%q) = %v, %v; want %v, %v", tc.line, got, ok, tc.want, tc.ok)
+		}
+	}
+}
