@@ -1,0 +1,582 @@
+// Package sshserver serves the fleet console over SSH with wish: public-key
+// authentication against the user table, one Bubble Tea console per
+// interactive session, and the command tree for `ssh host COMMAND`.
+package sshserver
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	tea "charm.land/bubbletea/v2"
+	"charm.land/ssh"
+	"charm.land/wish/v2"
+	bm "charm.land/wish/v2/bubbletea"
+	gossh "golang.org/x/crypto/ssh"
+
+	"fleet"
+	"fleet/console"
+	"fleet/themes"
+)
+
+// UserStore is the user table as the SSH server needs it.
+type UserStore interface {
+	// UserByFingerprint returns the user whose key has the SHA256
+	// fingerprint fp ("SHA256:…"), or an error when there is none.
+	UserByFingerprint(ctx context.Context, fp string) (fleet.User, error)
+	CountUsers(ctx context.Context) (int, error)
+	AddUser(ctx context.Context, u fleet.User) error
+}
+
+// ExecFunc runs one command for an authenticated user and returns the exit
+// status (0 ok, 1 failed, 2 usage). The command tree implements it.
+type ExecFunc func(ctx context.Context, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+
+// Options configure the server.
+type Options struct {
+	// Addr is host:port to listen on (default 127.0.0.1:2222).
+	Addr string
+	// HostKeyPath is the server's private key; created on first start and
+	// reused, so clients never see the host key change.
+	HostKeyPath string
+	Users       UserStore
+	// Audit records who did what; nil drops the entries.
+	Audit func(fleet.AuditEntry)
+	// Source gives the console of user u its data and actions.
+	Source func(u fleet.User) console.Source
+	Exec   ExecFunc
+	// IdleTimeout disconnects a session with no input for that long
+	// (default 30 minutes). The console's own refreshes do not count.
+	IdleTimeout time.Duration
+	// MaxConnsPerIPPerMinute caps new connections from one address
+	// (default 30; negative disables the limit).
+	MaxConnsPerIPPerMinute int
+	Logger                 *slog.Logger
+	// AdminKeysFile is an authorized_keys file whose keys become admins on
+	// start (users that already exist are left alone).
+	AdminKeysFile string
+	// LoopbackBootstrapKeysDir is where to find *.pub keys to admit as the
+	// first admins when the server listens on loopback and no user exists
+	// (the hub user's ~/.ssh). Empty disables it.
+	LoopbackBootstrapKeysDir string
+	// Theme is the server-wide theme name ("" picks from each client's
+	// background colour); a user's own preference wins over it.
+	Theme string
+	// Refresh is the console refresh period (default 500ms).
+	Refresh time.Duration
+}
+
+const (
+	defaultAddr      = "127.0.0.1:2222"
+	defaultIdle      = 30 * time.Minute
+	defaultRateLimit = 30
+	handshakeTimeout = 30 * time.Second
+)
+
+// Server is the SSH console server.
+type Server struct {
+	opts    Options
+	log     *slog.Logger
+	srv     *ssh.Server
+	limiter *connLimiter
+
+	mu       sync.Mutex
+	listener net.Listener
+	closed   bool
+}
+
+type ctxKey struct{ name string }
+
+var (
+	userKey = &ctxKey{"fleet-user"}
+	idleKey = &ctxKey{"fleet-idle"}
+)
+
+// New checks the options and prepares the server; ListenAndServe starts it.
+func New(opts Options) (*Server, error) {
+	if opts.Users == nil {
+		return nil, errors.New("sshserver: no user store: the server cannot tell who may log in")
+	}
+	if opts.Source == nil {
+		return nil, errors.New("sshserver: no console source: sessions would have nothing to show")
+	}
+	if opts.HostKeyPath == "" {
+		return nil, errors.New("sshserver: no host key path: set it inside the data dir so the key survives restarts")
+	}
+	if opts.Addr == "" {
+		opts.Addr = defaultAddr
+	}
+	if _, _, err := net.SplitHostPort(opts.Addr); err != nil {
+		return nil, fmt.Errorf("sshserver: listen address %q is not host:port (e.g. 127.0.0.1:2222): %w", opts.Addr, err)
+	}
+	if opts.IdleTimeout == 0 {
+		opts.IdleTimeout = defaultIdle
+	}
+	if opts.MaxConnsPerIPPerMinute == 0 {
+		opts.MaxConnsPerIPPerMinute = defaultRateLimit
+	}
+	if opts.Theme != "" {
+		if _, err := themes.Named(opts.Theme); err != nil {
+			return nil, fmt.Errorf("sshserver: %w", err)
+		}
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.Audit == nil {
+		opts.Audit = func(fleet.AuditEntry) {}
+	}
+	if err := os.MkdirAll(filepath.Dir(opts.HostKeyPath), 0o700); err != nil {
+		return nil, fmt.Errorf("sshserver: create the host key directory: %w", err)
+	}
+	_, statErr := os.Stat(opts.HostKeyPath)
+	s := &Server{opts: opts, log: opts.Logger, limiter: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute)}
+	srv, err := wish.NewServer(
+		wish.WithAddress(opts.Addr),
+		wish.WithHostKeyPath(opts.HostKeyPath),
+		wish.WithPublicKeyAuth(s.publicKeyAllowed),
+		// The transport-level timeout catches dead clients and idle exec
+		// sessions; the console's own idle watchdog is input-based.
+		wish.WithIdleTimeout(opts.IdleTimeout),
+		ssh.WrapConn(s.rateLimit),
+		wish.WithMiddleware(
+			bm.MiddlewareWithProgramHandler(s.program),
+			s.dispatch,
+			s.identify,
+		),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("sshserver: host key %s: %w", opts.HostKeyPath, err)
+	}
+	if errors.Is(statErr, os.ErrNotExist) {
+		s.log.Info("created SSH host key", "path", opts.HostKeyPath)
+	}
+	srv.HandshakeTimeout = handshakeTimeout
+	// Public keys only: no password, no keyboard-interactive.
+	srv.PasswordHandler = nil
+	srv.KeyboardInteractiveHandler = nil
+	srv.ConnectionFailedCallback = func(conn net.Conn, err error) {
+		s.log.Info("ssh connection refused", "remote", conn.RemoteAddr().String(), "err", err)
+	}
+	s.srv = srv
+	return s, nil
+}
+
+// publicKeyAllowed answers "is this key a user?" during the handshake. It
+// grants nothing: the handshake may ask about keys the client never proves
+// it holds, so identity is derived again from the verified key in identify.
+func (s *Server) publicKeyAllowed(ctx ssh.Context, key ssh.PublicKey) bool {
+	fp := gossh.FingerprintSHA256(key)
+	_, err := s.opts.Users.UserByFingerprint(ctx, fp)
+	if err != nil {
+		s.log.Debug("ssh key not admitted", "remote", ctx.RemoteAddr().String(), "fingerprint", fp, "err", err)
+		return false
+	}
+	return true
+}
+
+// identify re-derives the user from the key the session was authenticated
+// with, and refuses the session when there is none.
+func (s *Server) identify(next ssh.Handler) ssh.Handler {
+	return func(sess ssh.Session) {
+		defer func() {
+			if r := recover(); r != nil {
+				s.log.Error("ssh session panicked", "remote", sess.RemoteAddr().String(), "panic", r)
+				_ = sess.Exit(1)
+			}
+		}()
+		key := sess.PublicKey()
+		if key == nil {
+			wish.Fatalln(sess, "fleet: this server accepts public keys only")
+			return
+		}
+		fp := gossh.FingerprintSHA256(key)
+		u, err := s.opts.Users.UserByFingerprint(sess.Context(), fp)
+		if err != nil {
+			s.log.Warn("ssh session without a user", "remote", sess.RemoteAddr().String(), "fingerprint", fp, "err", err)
+			wish.Fatalln(sess, "fleet: your key is not a console user; ask an admin to run `user add`")
+			return
+		}
+		sess.Context().SetValue(userKey, u)
+		what := "console"
+		if cmd := sess.Command(); len(cmd) > 0 {
+			what = strings.Join(cmd, " ")
+		}
+		s.log.Info("ssh session", "user", u.Name, "role", u.Role, "remote", sess.RemoteAddr().String(), "what", what)
+		start := time.Now()
+		next(sess)
+		s.log.Info("ssh session ended", "user", u.Name, "what", what, "duration", time.Since(start).Round(time.Millisecond))
+	}
+}
+
+func userFrom(sess ssh.Session) (fleet.User, bool) {
+	u, ok := sess.Context().Value(userKey).(fleet.User)
+	return u, ok
+}
+
+// dispatch sends a command to the command tree; a session with a terminal
+// and no command falls through to the console.
+func (s *Server) dispatch(next ssh.Handler) ssh.Handler {
+	return func(sess ssh.Session) {
+		u, ok := userFrom(sess)
+		if !ok {
+			wish.Fatalln(sess, "fleet: not authenticated")
+			return
+		}
+		if cmd := sess.Command(); len(cmd) > 0 {
+			if s.opts.Exec == nil {
+				fmt.Fprintln(sess.Stderr(), "fleet: this server runs the console only; commands are not available")
+				_ = sess.Exit(1)
+				return
+			}
+			code := s.opts.Exec(sess.Context(), u, cmd, sess, sess, sess.Stderr())
+			_ = sess.Exit(code)
+			return
+		}
+		if _, _, hasPty := sess.Pty(); !hasPty {
+			fmt.Fprintln(sess.Stderr(), "fleet: the console needs a terminal (ssh -t), or give a command, e.g. `ssh -p 2222 host workers`")
+			_ = sess.Exit(2)
+			return
+		}
+		var idle atomic.Bool
+		sess.Context().SetValue(idleKey, &idle)
+		next(sess)
+		if idle.Load() {
+			fmt.Fprintf(sess, "fleet: disconnected after %s without input\n", s.opts.IdleTimeout)
+		}
+	}
+}
+
+// program builds the console of one interactive session.
+func (s *Server) program(sess ssh.Session) *tea.Program {
+	u, ok := userFrom(sess)
+	if !ok {
+		return nil
+	}
+	pty, _, _ := sess.Pty()
+	theme := themes.Theme{}
+	for _, name := range []string{u.Theme, s.opts.Theme} {
+		if name == "" {
+			continue
+		}
+		if t, err := themes.Named(name); err == nil {
+			theme = t
+			break
+		}
+		s.log.Warn("ignoring unknown theme", "user", u.Name, "theme", name)
+	}
+	m := console.New(s.opts.Source(u), console.Options{
+		User: u, Theme: theme, Width: pty.Window.Width, Height: pty.Window.Height,
+		Refresh: s.opts.Refresh, Context: sess.Context(), Logger: s.log,
+	})
+	in := &inputClock{r: sess}
+	in.touch()
+	opts := append(bm.MakeOptions(sess), tea.WithInput(in),
+		// The hub owns SIGINT/SIGTERM; a session must not swallow them.
+		tea.WithoutSignalHandler())
+	p := tea.NewProgram(m, opts...)
+	if idle, ok := sess.Context().Value(idleKey).(*atomic.Bool); ok {
+		go s.watchIdle(sess, in, p, idle)
+	}
+	return p
+}
+
+// inputClock remembers when the client last typed, because the console
+// writes every refresh and so never looks idle to the transport.
+type inputClock struct {
+	r    io.Reader
+	last atomic.Int64
+}
+
+func (c *inputClock) touch() { c.last.Store(time.Now().UnixNano()) }
+
+func (c *inputClock) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.touch()
+	}
+	return n, err
+}
+
+func (c *inputClock) idleFor() time.Duration {
+	return time.Since(time.Unix(0, c.last.Load()))
+}
+
+func (s *Server) watchIdle(sess ssh.Session, in *inputClock, p *tea.Program, idle *atomic.Bool) {
+	limit := s.opts.IdleTimeout
+	if limit <= 0 {
+		return
+	}
+	t := time.NewTicker(min(limit/4, 10*time.Second))
+	defer t.Stop()
+	for {
+		select {
+		case <-sess.Context().Done():
+			return
+		case <-t.C:
+			if in.idleFor() >= limit {
+				u, _ := userFrom(sess)
+				s.log.Info("closing idle console", "user", u.Name, "idle", in.idleFor().Round(time.Second))
+				idle.Store(true)
+				p.Quit()
+				return
+			}
+		}
+	}
+}
+
+// rateLimit drops connections from an address that opened too many in the
+// last minute, before any handshake work is spent on them.
+func (s *Server) rateLimit(_ ssh.Context, conn net.Conn) net.Conn {
+	host, _, err := net.SplitHostPort(conn.RemoteAddr().String())
+	if err != nil {
+		host = conn.RemoteAddr().String()
+	}
+	if !s.limiter.allow(host, time.Now()) {
+		s.log.Warn("ssh connection rate limit", "remote", host, "limit_per_minute", s.opts.MaxConnsPerIPPerMinute)
+		return nil
+	}
+	return conn
+}
+
+// ListenAndServe admits the first admins if needed, then serves until ctx
+// ends or Close is called.
+func (s *Server) ListenAndServe(ctx context.Context) error {
+	if err := s.bootstrap(ctx); err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", s.opts.Addr)
+	if err != nil {
+		return fmt.Errorf("sshserver: listen on %s: %w (is another fleet already serving there? change --ssh)", s.opts.Addr, err)
+	}
+	return s.Serve(ctx, ln)
+}
+
+// Serve serves on an existing listener (tests pass 127.0.0.1:0).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		_ = ln.Close()
+		return ssh.ErrServerClosed
+	}
+	s.listener = ln
+	s.mu.Unlock()
+	s.log.Info("ssh console listening", "addr", ln.Addr().String())
+	stop := context.AfterFunc(ctx, func() { _ = s.Close() })
+	defer stop()
+	err := s.srv.Serve(ln)
+	if errors.Is(err, ssh.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("sshserver: %w", err)
+}
+
+// Addr is the address the server listens on once serving.
+func (s *Server) Addr() net.Addr {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.listener == nil {
+		return nil
+	}
+	return s.listener.Addr()
+}
+
+// Close stops listening and ends every session.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return s.srv.Close()
+}
+
+// Shutdown stops listening and waits for sessions to end, up to ctx.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	return s.srv.Shutdown(ctx)
+}
+
+// bootstrap admits the first admins: every key of AdminKeysFile, and when the
+// server is on loopback with no users at all, the hub user's own keys.
+func (s *Server) bootstrap(ctx context.Context) error {
+	if s.opts.AdminKeysFile != "" {
+		keys, err := readAuthorizedKeys(s.opts.AdminKeysFile)
+		if err != nil {
+			return fmt.Errorf("sshserver: admin keys: %w", err)
+		}
+		if len(keys) == 0 {
+			return fmt.Errorf("sshserver: admin keys file %s holds no public key: add lines like those of ~/.ssh/id_ed25519.pub", s.opts.AdminKeysFile)
+		}
+		if err := s.admit(ctx, keys, "admin keys file "+s.opts.AdminKeysFile); err != nil {
+			return err
+		}
+	}
+	if s.opts.LoopbackBootstrapKeysDir == "" || !isLoopback(s.opts.Addr) {
+		return nil
+	}
+	n, err := s.opts.Users.CountUsers(ctx)
+	if err != nil {
+		return fmt.Errorf("sshserver: count console users: %w", err)
+	}
+	if n > 0 {
+		return nil
+	}
+	files, _ := filepath.Glob(filepath.Join(s.opts.LoopbackBootstrapKeysDir, "*.pub"))
+	var keys []authorizedKey
+	for _, f := range files {
+		ks, err := readAuthorizedKeys(f)
+		if err != nil {
+			s.log.Warn("skipping unreadable public key", "file", f, "err", err)
+			continue
+		}
+		keys = append(keys, ks...)
+	}
+	if len(keys) == 0 {
+		s.log.Warn("no console users and no public keys to admit: nobody can log in until `fleet user add` (or --admin-keys)",
+			"looked_in", s.opts.LoopbackBootstrapKeysDir)
+		return nil
+	}
+	s.log.Info("no console users yet and SSH listens on loopback: admitting this account's public keys as admins",
+		"dir", s.opts.LoopbackBootstrapKeysDir, "files", files)
+	return s.admit(ctx, keys, "loopback bootstrap from "+s.opts.LoopbackBootstrapKeysDir)
+}
+
+type authorizedKey struct {
+	key     gossh.PublicKey
+	comment string
+	line    string
+}
+
+func readAuthorizedKeys(path string) ([]authorizedKey, error) {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil, fmt.Errorf("open %s: %w", path, err)
+	}
+	defer f.Close()
+	var out []authorizedKey
+	sc := bufio.NewScanner(f)
+	sc.Buffer(make([]byte, 64*1024), 1<<20)
+	for lineNo := 1; sc.Scan(); lineNo++ {
+		line := strings.TrimSpace(sc.Text())
+		if line == "" || strings.HasPrefix(line, "#") {
+			continue
+		}
+		key, comment, _, _, err := gossh.ParseAuthorizedKey([]byte(line))
+		if err != nil {
+			return nil, fmt.Errorf("%s line %d is not a public key (%w): expected e.g. \"ssh-ed25519 AAAA… alice@laptop\"", path, lineNo, err)
+		}
+		out = append(out, authorizedKey{key: key, comment: comment, line: strings.TrimSpace(string(gossh.MarshalAuthorizedKey(key)))})
+	}
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("read %s: %w", path, err)
+	}
+	return out, nil
+}
+
+func (s *Server) admit(ctx context.Context, keys []authorizedKey, source string) error {
+	used := map[string]int{}
+	for _, k := range keys {
+		fp := gossh.FingerprintSHA256(k.key)
+		if u, err := s.opts.Users.UserByFingerprint(ctx, fp); err == nil {
+			s.log.Debug("admin key already a user", "user", u.Name, "fingerprint", fp)
+			continue
+		}
+		name := userName(k.comment)
+		if used[name]++; used[name] > 1 {
+			name = fmt.Sprintf("%s-%d", name, used[name])
+		}
+		u := fleet.User{Name: name, Role: fleet.RoleAdmin, PublicKey: k.line, Fingerprint: fp}
+		entry := fleet.AuditEntry{At: time.Now(), User: "fleet", Action: "user add", Target: name + " (admin)", Outcome: "ok"}
+		if err := s.opts.Users.AddUser(ctx, u); err != nil {
+			entry.Outcome = "failed: " + err.Error()
+			s.opts.Audit(entry)
+			return fmt.Errorf("sshserver: admit %s from %s: %w", name, source, err)
+		}
+		s.opts.Audit(entry)
+		s.log.Info("admitted admin", "user", name, "fingerprint", fp, "from", source)
+	}
+	return nil
+}
+
+// userName makes a user name from a key comment ("alice@laptop" → "alice").
+func userName(comment string) string {
+	name, _, _ := strings.Cut(strings.TrimSpace(comment), "@")
+	name = strings.Map(func(r rune) rune {
+		switch {
+		case r >= 'a' && r <= 'z', r >= 'A' && r <= 'Z', r >= '0' && r <= '9', r == '-', r == '_', r == '.':
+			return r
+		}
+		return -1
+	}, name)
+	if name == "" {
+		return "admin"
+	}
+	return name
+}
+
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// connLimiter counts connections per address over a sliding window.
+type connLimiter struct {
+	max    int
+	window time.Duration
+	mu     sync.Mutex
+	seen   map[string][]time.Time
+	sweep  time.Time
+}
+
+func newConnLimiter(max int, window time.Duration) *connLimiter {
+	return &connLimiter{max: max, window: window, seen: map[string][]time.Time{}}
+}
+
+func (l *connLimiter) allow(addr string, now time.Time) bool {
+	if l.max < 0 {
+		return true
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	cut := now.Add(-l.window)
+	// Forget quiet addresses now and then so the map stays small.
+	if now.Sub(l.sweep) > l.window {
+		for a, ts := range l.seen {
+			if len(ts) == 0 || ts[len(ts)-1].Before(cut) {
+				delete(l.seen, a)
+			}
+		}
+		l.sweep = now
+	}
+	ts := l.seen[addr]
+	i := 0
+	for i < len(ts) && ts[i].Before(cut) {
+		i++
+	}
+	ts = ts[i:]
+	if len(ts) >= l.max {
+		l.seen[addr] = ts
+		return false
+	}
+	l.seen[addr] = append(ts, now)
+	return true
+}
