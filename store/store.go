@@ -186,7 +186,7 @@ func toJSON(v any) (string, error) {
 	return string(b), nil
 }
 
-// isConstraint reports a UNIQUE or PRIMARY KEY violation.
+// isUnique reports a UNIQUE or PRIMARY KEY violation.
 func isUnique(err error) bool {
 	var se sqlite3.Error
 	return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
