@@ -377,4 +377,7 @@ type Snapshot struct {
 	Nodes   []Node       `json:"nodes"`
 	Models  []Model      `json:"models"`
 	Events  []Event      `json:"events"`
+	// Audit is the recent audit trail (who did what), newest last; the
+	// console's events view shows it beside the events.
+	Audit []AuditEntry `json:"audit,omitempty"`
 }

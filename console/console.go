@@ -153,7 +153,8 @@ type Model struct {
 	workerIdx []int
 	nodeIdx   []int
 	modelIdx  []int
-	eventIdx  []int // newest first
+	events    []fleet.Event // snapshot events plus the audit trail
+	eventIdx  []int         // into events, newest first
 	haystack  []string
 	layout    workerLayout
 
@@ -301,12 +302,21 @@ func (m *Model) apply(s fleet.Snapshot) {
 			w.Name(), w.GPU, w.Host, w.Engine.Label(), string(w.State), strings.Join(w.Argv, " "),
 		}, " ")))
 	}
+	// The events view shows the audit trail interleaved with the events, so
+	// "who drained ultra" sits next to "ultra drained".
+	m.events = append(m.events[:0], s.Events...)
+	for _, a := range s.Audit {
+		m.events = append(m.events, fleet.Event{
+			ID: a.ID, At: a.At, Level: "audit", Subject: a.Target,
+			Message: fmt.Sprintf("%s by %s: %s", a.Action, a.User, a.Outcome),
+		})
+	}
 	m.eventIdx = m.eventIdx[:0]
-	for i := range s.Events {
+	for i := range m.events {
 		m.eventIdx = append(m.eventIdx, i)
 	}
 	sort.SliceStable(m.eventIdx, func(a, b int) bool {
-		return s.Events[m.eventIdx[a]].At.After(s.Events[m.eventIdx[b]].At)
+		return m.events[m.eventIdx[a]].At.After(m.events[m.eventIdx[b]].At)
 	})
 	m.refilter()
 	if cursorName != "" {
@@ -346,7 +356,7 @@ func (m *Model) refilter() {
 	if f = strings.ToLower(m.filter[viewEvents]); f != "" {
 		kept := m.eventIdx[:0]
 		for _, i := range m.eventIdx {
-			e := m.snap.Events[i]
+			e := m.events[i]
 			if strings.Contains(strings.ToLower(e.Level+" "+e.Subject+" "+e.Message), f) {
 				kept = append(kept, i)
 			}

@@ -3,6 +3,7 @@ package console_test
 import (
 	"errors"
 	"fmt"
+	"image/color"
 	"strings"
 	"testing"
 	"time"
@@ -148,7 +149,7 @@ func TestViewsCycleWithTab(t *testing.T) {
 	}{
 		{[]string{"[nodes]", "Address", "ops@rig.lan:22", "sim:m4max-llamacpp", "GiB", "up"}},
 		{[]string{"[models]", "qwen3-4b (qwen3)", "ctx 16k", "vLLM", "Qwen/Qwen3-4B-AWQ --tensor-parallel-size 1", "llama.cpp", "Qwen/Qwen3-4B-GGUF:Q4_K_M -ngl 99", "profile m4max-llamacpp"}},
-		{[]string{"[events]", "probe slow: 1.2s", "ready after 4.1s", "launched llama-server"}},
+		{[]string{"[events]", "probe slow: 1.2s", "ready after 4.1s", "launched llama-server", "audit", "drain by vic: denied: drain needs the operator role"}},
 		{[]string{"[workers]", "Started with"}},
 	}
 	for i, tt := range tests {
@@ -405,5 +406,27 @@ func BenchmarkRefresh1000(b *testing.B) {
 	for b.Loop() {
 		m = firstSnapshot(m)
 		_ = m.View()
+	}
+}
+
+// Without a chosen theme the console follows the client's background: the
+// light palette's title colour (#005f87) appears only after a light reply.
+func TestThemeFollowsBackground(t *testing.T) {
+	src := consoletest.Demo()
+	m := firstSnapshot(console.New(src, console.Options{User: viewer, Width: 120, Height: 20}))
+	const lightTitle = "0;95;135"
+	if strings.Contains(m.View().Content, lightTitle) {
+		t.Fatal("dark default already uses the light title colour")
+	}
+	m, _ = m.Update(tea.BackgroundColorMsg{Color: color.White})
+	if !strings.Contains(m.View().Content, lightTitle) {
+		t.Fatal("a light background did not switch to the light theme")
+	}
+	// A chosen theme is kept whatever the terminal says.
+	m = firstSnapshot(console.New(src, console.Options{User: viewer, Width: 120, Height: 20, Theme: themes.HighContrast()}))
+	before := m.View().Content
+	m, _ = m.Update(tea.BackgroundColorMsg{Color: color.White})
+	if strings.Contains(m.View().Content, lightTitle) || !strings.Contains(before, "\x1b[") {
+		t.Fatal("a chosen theme was overridden by the background colour")
 	}
 }

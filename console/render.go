@@ -580,7 +580,7 @@ func (m *Model) renderEvents() []string {
 	out := []string{t.Header.Render(fit(" Time     Level Subject              Message", m.width))}
 	end := min(m.offset[viewEvents]+m.pageRows(), len(m.eventIdx))
 	for pos := m.offset[viewEvents]; pos < end; pos++ {
-		e := m.snap.Events[m.eventIdx[pos]]
+		e := m.events[m.eventIdx[pos]]
 		if pos == m.cursor[viewEvents] {
 			out = append(out, t.Selected.Render(fit(" "+eventLine(e, m.width-1), m.width)))
 			continue
@@ -665,7 +665,7 @@ func (m *Model) renderDetail() []string {
 	out = append(out, label("Recent events:"))
 	n := 0
 	for _, i := range m.eventIdx {
-		e := m.snap.Events[i]
+		e := m.events[i]
 		if e.Subject != w.Name() && e.Subject != w.Node {
 			continue
 		}

@@ -76,6 +76,9 @@ func Demo() *Source {
 			{ID: 2, At: start.Add(time.Second), Level: "info", Subject: "ultra/qwen3-4b", Message: "ready after 4.1s"},
 			{ID: 3, At: start.Add(2 * time.Second), Level: "warn", Subject: "max", Message: "probe slow: 1.2s"},
 		},
+		Audit: []fleet.AuditEntry{
+			{ID: 1, At: start.Add(3 * time.Second), User: "vic", Action: "drain", Target: "rig/qwen3-4b", Outcome: "denied: drain needs the operator role"},
+		},
 	}}
 	s.SetInFlight("ultra/qwen3-4b", 3)
 	return s
@@ -130,6 +133,7 @@ func (s *Source) Snapshot() fleet.Snapshot {
 		s.snap.Workers[i].ITLHistory = lastN(w.ITLHistory, 120)
 	}
 	out.Events = slices.Clone(s.snap.Events)
+	out.Audit = slices.Clone(s.snap.Audit)
 	return out
 }
 
