@@ -419,16 +419,8 @@ func (s *Store) Nodes(ctx context.Context) ([]fleet.Node, error) {
 
 // updateNode runs one UPDATE on a node and turns "no row" into ErrNotFound.
 func (s *Store) updateNode(ctx context.Context, what, name, query string, args ...any) error {
-	res, err := s.db.ExecContext(ctx, query, append(args, name)...)
-	if err != nil {
-		return fmt.Errorf("set %s of node %s: %w", what, name, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("set %s of node %s: %w", what, name, err)
-	} else if n == 0 {
-		return fmt.Errorf("set %s of node %q: %w; `fleet nodes` lists the declared ones", what, name, ErrNotFound)
-	}
-	return nil
+	return s.execOne(ctx, fmt.Sprintf("set %s of node %s", what, name), fmt.Sprintf("node %q", name),
+		"; `fleet nodes` lists the declared ones", query, append(args, name)...)
 }
 
 // SetNodeProbe records what a probe learned about a node.

@@ -104,12 +104,12 @@ func (s *Store) UserByFingerprint(ctx context.Context, fp string) (fleet.User, e
 
 // RemoveUser revokes a user's access.
 func (s *Store) RemoveUser(ctx context.Context, name string) error {
-	return s.execOne(ctx, "remove user "+name, "user "+name, `DELETE FROM users WHERE name = ?`, name)
+	return s.execOne(ctx, "remove user "+name, "user "+name, "", `DELETE FROM users WHERE name = ?`, name)
 }
 
 // SetUserTheme remembers a user's console theme.
 func (s *Store) SetUserTheme(ctx context.Context, name, theme string) error {
-	return s.execOne(ctx, "set theme of user "+name, "user "+name, `UPDATE users SET theme = ? WHERE name = ?`, theme, name)
+	return s.execOne(ctx, "set theme of user "+name, "user "+name, "", `UPDATE users SET theme = ? WHERE name = ?`, theme, name)
 }
 
 // CountUsers says how many users exist; zero means the console is open to
@@ -122,8 +122,9 @@ func (s *Store) CountUsers(ctx context.Context) (int, error) {
 	return n, nil
 }
 
-// execOne runs a statement that must touch exactly one row named by what.
-func (s *Store) execOne(ctx context.Context, doing, what, query string, args ...any) error {
+// execOne runs a statement that must touch exactly one row, and says which
+// name was missing (with hint, an operator's next step) when none was.
+func (s *Store) execOne(ctx context.Context, doing, missing, hint, query string, args ...any) error {
 	res, err := s.db.ExecContext(ctx, query, args...)
 	if err != nil {
 		return fmt.Errorf("%s: %w", doing, err)
@@ -133,7 +134,7 @@ func (s *Store) execOne(ctx context.Context, doing, what, query string, args ...
 		return fmt.Errorf("%s: %w", doing, err)
 	}
 	if n == 0 {
-		return fmt.Errorf("%s: %s: %w", doing, what, ErrNotFound)
+		return fmt.Errorf("%s: %s: %w%s", doing, missing, ErrNotFound, hint)
 	}
 	return nil
 }
@@ -242,6 +243,6 @@ func (s *Store) APIKeys(ctx context.Context) ([]APIKey, error) {
 
 // RevokeAPIKey stops a router key from working; it stays listed as revoked.
 func (s *Store) RevokeAPIKey(ctx context.Context, name string) error {
-	return s.execOne(ctx, "revoke API key "+name, "live API key "+name,
+	return s.execOne(ctx, "revoke API key "+name, "live API key "+name, "",
 		`UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked = 0`, s.now().UnixNano(), name)
 }

@@ -127,14 +127,6 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 
 // DeleteWorker forgets the worker of model on node.
 func (s *Store) DeleteWorker(ctx context.Context, node, model string) error {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM workers WHERE node = ? AND model = ?`, node, model)
-	if err != nil {
-		return fmt.Errorf("delete worker %s/%s: %w", node, model, err)
-	}
-	if n, err := res.RowsAffected(); err != nil {
-		return fmt.Errorf("delete worker %s/%s: %w", node, model, err)
-	} else if n == 0 {
-		return fmt.Errorf("delete worker %s/%s: %w; `fleet workers` lists the existing ones", node, model, ErrNotFound)
-	}
-	return nil
+	return s.execOne(ctx, "delete worker "+node+"/"+model, "worker "+node+"/"+model,
+		"; `fleet workers` lists the existing ones", `DELETE FROM workers WHERE node = ? AND model = ?`, node, model)
 }
