@@ -3,6 +3,7 @@ package enginectl
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -240,5 +241,40 @@ func TestSimulatedEngineLaunch(t *testing.T) {
 	}
 	if ok, err := Adopt(ctx, LocalRunner{}, p, cmd.Argv); err != nil || ok {
 		t.Errorf("Adopt against the displayed (not launched) argv = %v, %v; want false", ok, err)
+	}
+}
+
+// Data reaches the engine byte for byte: env values and arguments with
+// spaces, quotes, globs and command substitutions are never run as shell.
+func TestHostileDataStaysData(t *testing.T) {
+	hostile := []string{"it's a \"test\"", "$(touch /tmp/enginectl-pwned)", "`id`", "*", "a\nb", "", "~user", "; exit 1"}
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			port := freePort(t)
+			spec := testSpec("hostile-"+v.name, port, t.TempDir(), fakeEngine, append([]string{"--note"}, hostile...)...)
+			r := spec.Model.Recipes[fleet.EngineLlamaCpp]
+			r.Env = map[string]string{"FAKE_ENGINE_NOTE": "$(id) 'q' \"dq\" ${HOME}"}
+			spec.Model.Recipes[fleet.EngineLlamaCpp] = r
+			p, cmd := startEngine(t, v.r, spec)
+			if err := WaitReady(ctx, v.r, port, p, fleet.EngineLlamaCpp, fast...); err != nil {
+				t.Fatal(err)
+			}
+			log, _ := os.ReadFile(p.LogPath)
+			if want := fmt.Sprintf("args %q", cmd.LaunchArgv[1:]); !strings.Contains(string(log), want) {
+				t.Errorf("engine saw other arguments than we passed:\nlog: %s\nwant %s", log, want)
+			}
+			if want := fmt.Sprintf("FAKE_ENGINE_NOTE=%q", r.Env["FAKE_ENGINE_NOTE"]); !strings.Contains(string(log), want) {
+				t.Errorf("engine saw another env value:\nlog: %s\nwant %s", log, want)
+			}
+			if _, err := os.Stat("/tmp/enginectl-pwned"); err == nil {
+				t.Error("an argument was run as a command")
+			}
+			if ok, err := Adopt(ctx, v.r, p, cmd.LaunchArgv, fast...); v.name != "no-proc" && (err != nil || !ok) {
+				// ps -o args= joins argv with spaces, so the no-/proc path
+				// cannot tell "a b" from "a" "b"; exact argv needs /proc.
+				t.Errorf("Adopt = %v, %v", ok, err)
+			}
+		})
 	}
 }

@@ -102,12 +102,14 @@ signal)
 	sig=$1; pg=$2
 	case $pg in ''|*[!0-9]*|0|1) echo "refusing to signal process group '$pg'" >&2; exit 64 ;; esac
 	[ "$pg" = "$(own_pgid)" ] && { echo "refusing to signal process group $pg: it is the controller's own" >&2; exit 64; }
-	kill -s "$sig" -- "-$pg" 2>/dev/null || [ -z "$(group_members "$pg")" ]
+	kill -s "$sig" -- "-$pg" 2>/dev/null || [ -z "$(group_members "$pg")" ] ||
+		{ echo "cannot send $sig to process group $pg (does it belong to another user?)" >&2; exit 1; }
 	;;
 signalpid)
 	# signalpid SIG PID: signal one process.
 	case $2 in ''|*[!0-9]*|0|1) echo "refusing to signal PID '$2'" >&2; exit 64 ;; esac
-	kill -s "$1" "$2" 2>/dev/null || [ -z "$(stat_fields "$2")" ]
+	kill -s "$1" "$2" 2>/dev/null || [ -z "$(stat_fields "$2")" ] ||
+		{ echo "cannot send $1 to PID $2 (does it belong to another user?)" >&2; exit 1; }
 	;;
 argv)
 	# argv PID: the node's home, the executable, then the argv of PID.

@@ -99,6 +99,7 @@ func parse(args []string) config {
 func main() {
 	c := parse(os.Args[1:])
 	fmt.Printf("fakeengine pid %d args %q\n", os.Getpid(), os.Args[1:])
+	fmt.Printf("FAKE_ENGINE_NOTE=%q\n", os.Getenv("FAKE_ENGINE_NOTE"))
 	sigs := make(chan os.Signal, 1)
 	if c.ignoreTerm {
 		signal.Ignore(syscall.SIGTERM)
