@@ -169,9 +169,12 @@ func finishDerived(o *Options, explicitSlots int) {
 		o.Host = "127.0.0.1"
 	}
 	if o.ModelPath == "" {
-		if len(o.ServedNames) > 0 {
+		switch {
+		case len(o.ServedNames) > 0:
 			o.ModelPath = o.ServedNames[0]
-		} else {
+		case o.Mimic == fleet.EngineVLLM:
+			o.ModelPath = "Qwen/Qwen3-4B"
+		default:
 			o.ModelPath = "Qwen3-4B-Q4_K_M.gguf"
 		}
 	}
