@@ -157,3 +157,22 @@ func TestSimNormalisedShapes(t *testing.T) {
 		})
 	}
 }
+
+// TestSimVLLMReasoningParser: vLLM ≥ 0.17 with a reasoning parser puts the
+// thinking in "reasoning", which go-openai has no field for.
+func TestSimVLLMReasoningParser(t *testing.T) {
+	gpu := probeURL(t, "gpu", simWorker(t, append(append([]string{}, vllmArgs...), "--reasoning-parser", "qwen3")...))
+	mac := probeURL(t, "mac", simWorker(t, llamaArgs...))
+	p := find(t, gpu, ProbeReasoning, false)
+	if p.Reasoning != ReasoningField || p.Client.ReasoningContent {
+		t.Errorf("vLLM parser: reasoning at %q, go-openai saw reasoning_content %v", p.Reasoning, p.Client.ReasoningContent)
+	}
+	if !strings.Contains(strings.Join(p.Client.Hidden, ","), "choices[].message.reasoning") {
+		t.Errorf("hidden fields %v do not name choices[].message.reasoning", p.Client.Hidden)
+	}
+	r := Diff(gpu, mac)
+	text := r.Text(400, false) // wide: one finding per line
+	if r.Verdict != VerdictDiffers || !strings.Contains(text, "reasoning in reasoning (go-openai cannot see it) on gpu") {
+		t.Errorf("diff does not say go-openai misses vLLM's reasoning:\n%s", text)
+	}
+}
