@@ -1,0 +1,437 @@
+// Package cli is the command tree that operators type: the same commands
+// answer `fleet workers` on the hub machine (through the hub's control
+// socket) and `ssh -p 2222 hub workers` (through the SSH server). It holds no
+// state and enforces nothing itself: every action goes to the Hub, which
+// checks the caller's role and writes the audit line.
+package cli
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"fleet"
+)
+
+// Hub is what the commands need from the running hub.
+type Hub interface {
+	Snapshot(ctx context.Context) fleet.Snapshot
+	// Act drains, undrains or restarts the named workers or nodes.
+	Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error)
+	Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (string, error)
+	Export(ctx context.Context, u fleet.User) ([]byte, error)
+	Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error)
+	Audit(ctx context.Context, u fleet.User, limit int) ([]fleet.AuditEntry, error)
+	AddUser(ctx context.Context, u fleet.User, nu fleet.User) error
+	RemoveUser(ctx context.Context, u fleet.User, name string) error
+	Users(ctx context.Context, u fleet.User) ([]fleet.User, error)
+}
+
+// Exit statuses: 0 ok, 1 the command failed, 2 it was typed wrong.
+const (
+	ExitOK    = 0
+	ExitFail  = 1
+	ExitUsage = 2
+)
+
+type usageError struct{ error }
+
+// Run executes one command line for user u and returns its exit status.
+func Run(ctx context.Context, h Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	root := newRoot(h, u, stdin)
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return ExitOK
+	}
+	fmt.Fprintf(stderr, "fleet: %v\n", err)
+	var ue usageError
+	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") {
+		fmt.Fprintln(stderr, "run 'help' for the list of commands")
+		return ExitUsage
+	}
+	return ExitFail
+}
+
+func newRoot(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
+	root := &cobra.Command{
+		Use:           "fleet",
+		Short:         "drive the fleet: workers, nodes, models, drain, restart, apply",
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
+	root.CompletionOptions.DisableDefaultCmd = true
+	Attach(root, h, u, stdin)
+	return root
+}
+
+// Attach adds the hub commands to root, so the local binary can offer the
+// same tree next to its own serve/sim commands.
+func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
+	var asJSON bool
+	jsonFlag := func(c *cobra.Command) *cobra.Command {
+		c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
+		return c
+	}
+	root.AddCommand(
+		jsonFlag(&cobra.Command{
+			Use:   "workers",
+			Short: "list workers: node, GPU, host, engine, context, state, and the exact command line",
+			Args:  noArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				ws := h.Snapshot(c.Context()).Workers
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), ws)
+				}
+				return printWorkers(c.OutOrStdout(), ws)
+			},
+		}),
+		jsonFlag(&cobra.Command{
+			Use:   "nodes",
+			Short: "list nodes with their platform and state",
+			Args:  noArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				ns := h.Snapshot(c.Context()).Nodes
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), ns)
+				}
+				return printNodes(c.OutOrStdout(), ns)
+			},
+		}),
+		jsonFlag(&cobra.Command{
+			Use:   "models",
+			Short: "list models with their recipe per engine",
+			Args:  noArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				ms := h.Snapshot(c.Context()).Models
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), ms)
+				}
+				return printModels(c.OutOrStdout(), ms)
+			},
+		}),
+		eventsCmd(h),
+		auditCmd(h, u),
+		actCmd(h, u, "drain", "stop sending new requests to workers (a node name means all its workers); in-flight ones finish"),
+		actCmd(h, u, "undrain", "let drained workers take requests again"),
+		actCmd(h, u, "restart", "drain, stop and relaunch workers; prints the new command line"),
+		applyCmd(h, u, stdin),
+		&cobra.Command{
+			Use:   "export",
+			Short: "print the current fleet as a fleet file that applies back to the same state",
+			Args:  noArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				data, err := h.Export(c.Context(), u)
+				if err != nil {
+					return err
+				}
+				_, err = c.OutOrStdout().Write(data)
+				return err
+			},
+		},
+		jsonFlag(&cobra.Command{
+			Use:   "whoami",
+			Short: "print the user and role this session acts as",
+			Args:  noArgs,
+			RunE: func(c *cobra.Command, _ []string) error {
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), map[string]string{"name": u.Name, "role": string(u.Role), "fingerprint": u.Fingerprint})
+				}
+				fmt.Fprintf(c.OutOrStdout(), "%s (%s)\n", u.Name, u.Role)
+				return nil
+			},
+		}),
+		userCmd(h, u, stdin),
+	)
+}
+
+func noArgs(c *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", c.Name(), args)}
+	}
+	return nil
+}
+
+func actCmd(h Hub, u fleet.User, kind, short string) *cobra.Command {
+	return &cobra.Command{
+		Use:   kind + " NODE|NODE/MODEL...",
+		Short: short,
+		Args: func(c *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usageError{fmt.Errorf("%s needs at least one node or worker name (see 'workers')", kind)}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			msg, err := h.Act(c.Context(), u, kind, args)
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), msg)
+			return nil
+		},
+	}
+}
+
+func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
+	var dryRun bool
+	var filename string
+	c := &cobra.Command{
+		Use:   "apply",
+		Short: "make the fleet match a fleet file read from standard input (adds, changes, removes)",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			data, err := io.ReadAll(io.LimitReader(stdin, 4<<20))
+			if err != nil {
+				return fmt.Errorf("reading the fleet file from standard input: %w", err)
+			}
+			if len(strings.TrimSpace(string(data))) == 0 {
+				return usageError{errors.New("apply reads a fleet file on standard input and got nothing; try: apply < fleet.yaml")}
+			}
+			msg, err := h.Apply(c.Context(), u, filename, data, dryRun)
+			if err != nil {
+				return err
+			}
+			fmt.Fprint(c.OutOrStdout(), msg)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
+	c.Flags().StringVar(&filename, "filename", "stdin", "name used for the file in error messages")
+	return c
+}
+
+func eventsCmd(h Hub) *cobra.Command {
+	var follow, asJSON bool
+	var limit int
+	var subject string
+	c := &cobra.Command{
+		Use:   "events",
+		Short: "print recent events (launches, probes, drains, failures); --follow keeps printing",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			ctx := c.Context()
+			var after int64
+			for {
+				evs, err := h.Events(ctx, subject, after, limit)
+				if err != nil {
+					return err
+				}
+				for _, e := range evs {
+					if asJSON {
+						if err := json.NewEncoder(c.OutOrStdout()).Encode(e); err != nil {
+							return err
+						}
+					} else {
+						fmt.Fprintf(c.OutOrStdout(), "%s %-5s %-20s %s\n", e.At.Local().Format("15:04:05"), e.Level, e.Subject, e.Message)
+					}
+					after = e.ID
+				}
+				if !follow {
+					return nil
+				}
+				select {
+				case <-ctx.Done():
+					return nil
+				case <-time.After(500 * time.Millisecond):
+				}
+			}
+		},
+	}
+	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events until interrupted")
+	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
+	c.Flags().IntVar(&limit, "limit", 50, "how many recent events")
+	c.Flags().StringVar(&subject, "subject", "", "only events of this node or worker")
+	return c
+}
+
+func auditCmd(h Hub, u fleet.User) *cobra.Command {
+	var asJSON bool
+	var limit int
+	c := &cobra.Command{
+		Use:   "audit",
+		Short: "who did what, when, to what, and how it ended",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			es, err := h.Audit(c.Context(), u, limit)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), es)
+			}
+			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "WHEN\tUSER\tACTION\tTARGET\tOUTCOME")
+			for _, e := range es {
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.Local().Format(time.DateTime), e.User, e.Action, e.Target, e.Outcome)
+			}
+			return tw.Flush()
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.Flags().IntVar(&limit, "limit", 50, "how many recent entries")
+	return c
+}
+
+func userCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
+	c := &cobra.Command{Use: "user", Short: "manage console users (admin)"}
+	var role string
+	add := &cobra.Command{
+		Use:   "add NAME --role viewer|operator|admin < key.pub",
+		Short: "add a user with the public key read from standard input",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("user add takes one NAME")}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			key, err := io.ReadAll(io.LimitReader(stdin, 16<<10))
+			if err != nil {
+				return fmt.Errorf("reading the public key from standard input: %w", err)
+			}
+			r := fleet.Role(role)
+			if !r.Allows(fleet.RoleViewer) {
+				return usageError{fmt.Errorf("unknown role %q: use viewer, operator or admin", role)}
+			}
+			if err := h.AddUser(c.Context(), u, fleet.User{Name: args[0], Role: r, PublicKey: strings.TrimSpace(string(key))}); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "added %s (%s)\n", args[0], r)
+			return nil
+		},
+	}
+	add.Flags().StringVar(&role, "role", "viewer", "viewer, operator or admin")
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list users and their roles",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			us, err := h.Users(c.Context(), u)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), us)
+			}
+			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tROLE\tKEY")
+			for _, x := range us {
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", x.Name, x.Role, x.Fingerprint)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	rm := &cobra.Command{
+		Use:   "rm NAME",
+		Short: "remove a user",
+		Args: func(_ *cobra.Command, args []string) error {
+			if len(args) != 1 {
+				return usageError{errors.New("user rm takes one NAME")}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			if err := h.RemoveUser(c.Context(), u, args[0]); err != nil {
+				return err
+			}
+			fmt.Fprintf(c.OutOrStdout(), "removed %s\n", args[0])
+			return nil
+		},
+	}
+	c.AddCommand(add, list, rm)
+	return c
+}
+
+func writeJSON(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tMODEL\tGPU\tHOST\tENGINE\tCTX\tSTATE\tLOAD\tTOK/S\tPID\tPORT\tSTARTED WITH")
+	for _, x := range ws {
+		state := string(x.State)
+		if x.Drained && x.State == fleet.WorkerReady {
+			state = "drained"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%d\t%d\t%s\n",
+			x.Node, x.Model, x.GPU, x.Host, x.Engine.Label(), ctxLabel(x.Context), state,
+			x.InFlight, x.Slots, tokS(x.TokPerSec), x.PID, x.Port, strings.Join(x.Argv, " "))
+	}
+	return tw.Flush()
+}
+
+func printNodes(w io.Writer, ns []fleet.Node) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tMEMORY FREE/TOTAL\tDRAINED")
+	for _, n := range ns {
+		host, gpu, mem := "?", "?", "?"
+		if n.Platform != nil {
+			host, gpu = n.Platform.HostLabel(), n.Platform.GPULabel()
+			mem = fmt.Sprintf("%.1f/%.1f GiB", gib(n.Platform.MemFreeBytes), gib(n.Platform.MemTotalBytes))
+		}
+		state := string(n.State)
+		if n.Reason != "" {
+			state += " (" + n.Reason + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, mem, n.Drained)
+	}
+	return tw.Flush()
+}
+
+func printModels(w io.Writer, ms []fleet.Model) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "MODEL\tALIASES\tCTX\tMEMORY\tENGINE\tWEIGHTS\tARGS")
+	for _, m := range ms {
+		first := true
+		for _, k := range fleet.EngineKinds {
+			r, ok := m.Recipes[k]
+			if !ok {
+				continue
+			}
+			id, aliases, ctx, mem := "", "", "", ""
+			if first {
+				id, aliases, ctx, mem = m.ID, strings.Join(m.Aliases, ","), ctxLabel(m.Context), fmt.Sprintf("%g GB", m.MemoryGB)
+				first = false
+			}
+			weights := r.Model
+			if k == fleet.EngineSim {
+				weights = "profile " + r.Profile
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", id, aliases, ctx, mem, k, weights, strings.Join(r.Args, " "))
+		}
+	}
+	return tw.Flush()
+}
+
+func ctxLabel(n int) string {
+	if n >= 1024 && n%1024 == 0 {
+		return fmt.Sprintf("%dk", n/1024)
+	}
+	return fmt.Sprint(n)
+}
+
+func tokS(v float64) string {
+	if v <= 0 {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+func gib(b uint64) float64 { return float64(b) / (1 << 30) }

@@ -1,0 +1,283 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// fleetBin is the fleet binary built once for the end-to-end tests.
+var fleetBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "fleet-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	fleetBin = filepath.Join(dir, "fleet")
+	build := exec.Command("go", "build", "-o", fleetBin, ".")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "building fleet for the end-to-end tests:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// hubProc is a `fleet serve` child process.
+type hubProc struct {
+	cmd  *exec.Cmd
+	data string
+	http string
+}
+
+func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc {
+	t.Helper()
+	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
+	args := append([]string{"--data", data, "serve", "--demo", "--http", h.http}, extra...)
+	h.cmd = exec.Command(fleetBin, args...)
+	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cmd.Stdout, h.cmd.Stderr = out, out
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if h.cmd.ProcessState == nil {
+			h.cmd.Process.Signal(syscall.SIGTERM)
+			h.cmd.Wait()
+		}
+		out.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("hub log:\n%s", b)
+		}
+	})
+	return h
+}
+
+// fleetCmd runs a hub command through the control socket.
+func fleetCmd(t *testing.T, data string, args ...string) (string, int) {
+	t.Helper()
+	cmd := exec.Command(fleetBin, append([]string{"--data", data}, args...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), code
+}
+
+func workersJSON(t *testing.T, data string) []fleet.WorkerView {
+	t.Helper()
+	out, code := fleetCmd(t, data, "workers", "--json")
+	if code != 0 {
+		return nil
+	}
+	var ws []fleet.WorkerView
+	if err := json.Unmarshal([]byte(out), &ws); err != nil {
+		t.Fatalf("workers --json is not JSON: %v\n%s", err, out)
+	}
+	return ws
+}
+
+// waitReady waits until n workers are ready and returns them.
+func waitReady(t *testing.T, data string, n int, within time.Duration) []fleet.WorkerView {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var ws []fleet.WorkerView
+	for time.Now().Before(deadline) {
+		ws = workersJSON(t, data)
+		ready := 0
+		for _, w := range ws {
+			if w.State == fleet.WorkerReady {
+				ready++
+			}
+		}
+		if ready == n {
+			return ws
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	t.Fatalf("%d workers not ready within %s: %+v", n, within, ws)
+	return nil
+}
+
+// killEngines stops the detached engines a test left behind.
+func killEngines(ws []fleet.WorkerView) {
+	for _, w := range ws {
+		if w.PGID > 0 {
+			syscall.Kill(-w.PGID, syscall.SIGKILL)
+		}
+		if w.PID > 0 {
+			syscall.Kill(w.PID, syscall.SIGKILL)
+		}
+	}
+}
+
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+// countSims counts running simulated engines launched from this data dir.
+func countSims(t *testing.T, data string) int {
+	t.Helper()
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	n := 0
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(b), "\x00")
+		if len(argv) > 1 && strings.HasPrefix(argv[0], data) && argv[1] == "sim" {
+			n++
+		}
+	}
+	return n
+}
+
+// streamChat sends a streamed chat completion and returns the SSE data
+// payloads with the time each arrived.
+func streamChat(t *testing.T, base string, maxTokens int) ([]string, []time.Time) {
+	t.Helper()
+	body := fmt.Sprintf(`{"model":"qwen3-4b","stream":true,"stream_options":{"include_usage":true},"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		t.Fatalf("stream: HTTP %d: %s", resp.StatusCode, b)
+	}
+	var events []string
+	var at []time.Time
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if data, ok := strings.CutPrefix(line, "data: "); ok {
+			events = append(events, data)
+			at = append(at, time.Now())
+		}
+	}
+	return events, at
+}
+
+func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
+	data := t.TempDir()
+	port := freePort(t)
+	h := startHub(t, data, port)
+	base := "http://" + h.http
+	var ws []fleet.WorkerView
+	t.Cleanup(func() { killEngines(ws) })
+
+	// Within 15 s /v1/models lists the model (the issue's promise for a fresh clone).
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		resp, err := http.Get(base + "/v1/models")
+		if err == nil {
+			b, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode == 200 && strings.Contains(string(b), `"qwen3-4b"`) {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("/v1/models did not list qwen3-4b within 15 s (err %v)", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	ws = waitReady(t, data, 3, 30*time.Second)
+	byNode := map[string]fleet.WorkerView{}
+	for _, w := range ws {
+		byNode[w.Node] = w
+	}
+	if byNode["rig"].Engine != fleet.EngineVLLM || byNode["ultra"].Engine != fleet.EngineLlamaCpp || byNode["max"].Engine != fleet.EngineLlamaCpp {
+		t.Fatalf("engines not chosen from the platforms: %+v", ws)
+	}
+	if got := strings.Join(byNode["ultra"].Argv, " "); !strings.HasPrefix(got, "llama-server ") || !strings.Contains(got, "--reasoning-format none") {
+		t.Errorf("ultra's command line is not the llama-server one: %s", got)
+	}
+	if got := strings.Join(byNode["rig"].Argv, " "); !strings.HasPrefix(got, "vllm serve Qwen/Qwen3-4B-AWQ") || !strings.Contains(got, "--max-model-len 16384") {
+		t.Errorf("rig's command line is not the vLLM one: %s", got)
+	}
+	if byNode["max"].GPU != "Apple M4 Max" || byNode["max"].Host != "macOS" || byNode["rig"].GPU != "8x RTX 3060" {
+		t.Errorf("platform labels: %+v", byNode)
+	}
+
+	// A streamed chat completion arrives chunk by chunk, with a final usage chunk.
+	events, at := streamChat(t, base, 24)
+	if len(events) < 10 || events[len(events)-1] != "[DONE]" {
+		t.Fatalf("stream: %d events, last %q", len(events), events[len(events)-1])
+	}
+	if !strings.Contains(events[len(events)-2], `"usage"`) || !strings.Contains(events[len(events)-2], `"choices":[]`) {
+		t.Errorf("no final usage chunk: %s", events[len(events)-2])
+	}
+	if !at[len(at)-1].After(at[0]) {
+		t.Errorf("all chunks arrived at once: the stream was buffered")
+	}
+
+	// kill -9 the hub: engines keep running.
+	pids := map[string]int{}
+	for _, w := range ws {
+		pids[w.Name()] = w.PID
+	}
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+	for name, pid := range pids {
+		if !alive(pid) {
+			t.Fatalf("engine %s (PID %d) died with the hub", name, pid)
+		}
+	}
+
+	// The same command again adopts them: same PIDs, no second engine.
+	h2 := startHub(t, data, port)
+	ws = waitReady(t, data, 3, 30*time.Second)
+	for _, w := range ws {
+		if pids[w.Name()] != w.PID {
+			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])
+		}
+	}
+	if n := countSims(t, data); n != 3 {
+		t.Errorf("%d simulated engines running after the restart, want 3", n)
+	}
+	if events, _ := streamChat(t, "http://"+h2.http, 8); len(events) < 3 {
+		t.Errorf("router does not serve after adoption")
+	}
+}

@@ -1,0 +1,178 @@
+// Command fleet is the hub (`fleet serve`), the simulated engine (`fleet
+// sim`), and a client for every hub command (`fleet workers`, `fleet drain
+// ultra`, …), which it sends to the running hub through the control socket
+// in the data dir. Over SSH the hub answers the same commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"strings"
+	"syscall"
+
+	"github.com/spf13/cobra"
+
+	"fleet"
+	"fleet/cli"
+	"fleet/hub"
+	"fleet/sim"
+)
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+func defaultDataDir() string {
+	if d := os.Getenv("XDG_DATA_HOME"); d != "" {
+		return filepath.Join(d, "fleet")
+	}
+	if home, err := os.UserHomeDir(); err == nil {
+		return filepath.Join(home, ".local", "share", "fleet")
+	}
+	return ".fleet"
+}
+
+func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	var dataDir string
+	root := &cobra.Command{
+		Use:           "fleet",
+		Short:         "a terminal-first console for a heterogeneous LLM inference fleet",
+		SilenceErrors: true,
+		SilenceUsage:  true,
+	}
+	root.CompletionOptions.DisableDefaultCmd = true
+	root.PersistentFlags().StringVar(&dataDir, "data", defaultDataDir(), "data dir: the SQLite database, the hub's control socket and keys")
+	root.SetArgs(args)
+	root.SetIn(stdin)
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+
+	exit := cli.ExitOK
+	root.AddCommand(serveCmd(&dataDir), simCmd())
+	// Every hub command runs inside the hub; locally it is forwarded through
+	// the control socket with the arguments as typed.
+	for _, c := range hubCommands() {
+		fwd := &cobra.Command{
+			Use:                c.Use,
+			Short:              c.Short + " (runs in the hub)",
+			DisableFlagParsing: true,
+			RunE: func(cmd *cobra.Command, rest []string) error {
+				// Flag parsing is off so the hub parses its own flags;
+				// --data, typed anywhere, is this process's.
+				fwdArgs, fwdIn, err := localArgs(cmd.Name(), rest, stdin, &dataDir)
+				if err != nil {
+					return err
+				}
+				exit = hub.RunOrExit(cmd.Context(), dataDir, append([]string{cmd.Name()}, fwdArgs...), fwdIn, stdout, stderr)
+				return nil
+			},
+		}
+		root.AddCommand(fwd)
+	}
+	if err := root.ExecuteContext(ctx); err != nil {
+		fmt.Fprintf(stderr, "fleet: %v\n", err)
+		if strings.HasPrefix(err.Error(), "unknown") {
+			return cli.ExitUsage
+		}
+		return cli.ExitFail
+	}
+	return exit
+}
+
+// hubCommands lists the command tree the hub serves, for help and routing.
+func hubCommands() []*cobra.Command {
+	tmp := &cobra.Command{Use: "fleet"}
+	cli.Attach(tmp, nil, fleet.User{}, nil)
+	return tmp.Commands()
+}
+
+// localArgs adapts what only makes sense on this side of the socket: the
+// --data flag belongs to this process, and `apply -f FILE` reads the file
+// here and sends it as standard input, named for error messages. Only the
+// commands that read standard input get it.
+func localArgs(name string, args []string, stdin io.Reader, dataDir *string) ([]string, io.Reader, error) {
+	var out []string
+	var file string
+	for i := 0; i < len(args); i++ {
+		a := args[i]
+		switch {
+		case a == "--data" && i+1 < len(args):
+			*dataDir = args[i+1]
+			i++
+		case strings.HasPrefix(a, "--data="):
+			*dataDir = strings.TrimPrefix(a, "--data=")
+		case name == "apply" && (a == "-f" || a == "--file"):
+			if i+1 >= len(args) {
+				return nil, nil, errors.New("apply -f needs a file name; or pipe the file: fleet apply < fleet.yaml")
+			}
+			file = args[i+1]
+			i++
+		case name == "apply" && strings.HasPrefix(a, "--file="):
+			file = strings.TrimPrefix(a, "--file=")
+		default:
+			out = append(out, a)
+		}
+	}
+	switch {
+	case file != "":
+		f, err := os.Open(file)
+		if err != nil {
+			return nil, nil, fmt.Errorf("opening the fleet file: %w", err)
+		}
+		return append(out, "--filename", filepath.Base(file)), f, nil
+	case name == "apply" || name == "user":
+		return out, stdin, nil
+	}
+	return out, nil, nil
+}
+
+func serveCmd(dataDir *string) *cobra.Command {
+	var opts hub.Options
+	var logLevel string
+	c := &cobra.Command{
+		Use:   "serve",
+		Short: "run the hub: router, node manager, control socket (and the SSH console)",
+		Args:  cobra.NoArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			var level slog.Level
+			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
+				return fmt.Errorf("--log-level %q: use debug, info, warn or error", logLevel)
+			}
+			opts.Logger = slog.New(slog.NewTextHandler(c.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
+			opts.DataDir = *dataDir
+			h, err := hub.Open(c.Context(), opts)
+			if err != nil {
+				return err
+			}
+			defer h.Close()
+			return h.Run(c.Context(), func(addr string) {
+				fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
+			})
+		},
+	}
+	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
+	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
+	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	return c
+}
+
+func simCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:                "sim --mimic vllm|llamacpp --profile NAME [-- ENGINE ARGS]",
+		Short:              "run a simulated vLLM or llama-server worker (a real HTTP server)",
+		DisableFlagParsing: true,
+		RunE: func(c *cobra.Command, args []string) error {
+			return sim.Main(c.Context(), args, c.OutOrStdout(), c.ErrOrStderr())
+		},
+	}
+}

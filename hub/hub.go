@@ -1,0 +1,715 @@
+// Package hub composes the store, the node manager and the router into the
+// running fleet hub, and offers the actions (drain, restart, apply, …) that
+// the console, SSH exec and the local CLI all call. Roles are enforced and
+// audited here, on the server side, in one place.
+package hub
+
+import (
+	"context"
+	"crypto/sha256"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"slices"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"fleet"
+	"fleet/cli"
+	"fleet/fleetfile"
+	"fleet/nodes"
+	"fleet/router"
+	"fleet/sim"
+	"fleet/store"
+)
+
+// Options configure a hub.
+type Options struct {
+	DataDir  string
+	HTTPAddr string // the router, e.g. 127.0.0.1:8080
+	// FleetFile is applied at start when set; Demo applies the built-in demo fleet.
+	FleetFile string
+	Demo      bool
+	Logger    *slog.Logger
+	// FleetBin is the fleet binary simulated engines run from; "" copies the
+	// running executable into the data dir.
+	FleetBin string
+	// DrainTimeout bounds how long a drain waits for in-flight requests.
+	DrainTimeout time.Duration
+	// ProbeInterval and ReconcileInterval pace the node manager (0 = its defaults).
+	ProbeInterval     time.Duration
+	ReconcileInterval time.Duration
+}
+
+// Hub is the running fleet hub.
+type Hub struct {
+	opts   Options
+	log    *slog.Logger
+	store  *store.Store
+	mgr    *nodes.Manager
+	router *router.Router
+
+	mu      sync.Mutex
+	workers map[string]fleet.Worker // by worker name, as the manager last reported
+	nodes   map[string]fleet.Node
+	models  []fleet.Model
+
+	samples chan fleet.Sample
+}
+
+// LocalAdmin is who acts through the control socket: the hub's own OS user.
+func LocalAdmin() fleet.User {
+	name := os.Getenv("USER")
+	if name == "" {
+		name = "local"
+	}
+	return fleet.User{Name: name + "@hub", Role: fleet.RoleAdmin}
+}
+
+// Open prepares a hub: opens (and migrates) the database, applies the demo or
+// fleet file, and restores the workers the database knew.
+func Open(ctx context.Context, opts Options) (*Hub, error) {
+	if opts.Logger == nil {
+		opts.Logger = slog.New(slog.DiscardHandler)
+	}
+	if opts.DrainTimeout == 0 {
+		opts.DrainTimeout = 5 * time.Minute
+	}
+	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
+		return nil, fmt.Errorf("creating the data dir %s: %w", opts.DataDir, err)
+	}
+	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fleet.db"))
+	if err != nil {
+		return nil, err
+	}
+	h := &Hub{
+		opts:    opts,
+		log:     opts.Logger,
+		store:   st,
+		workers: map[string]fleet.Worker{},
+		nodes:   map[string]fleet.Node{},
+		samples: make(chan fleet.Sample, 4096),
+	}
+	if h.opts.FleetBin == "" {
+		bin, err := installSelf(opts.DataDir)
+		if err != nil {
+			st.Close()
+			return nil, err
+		}
+		h.opts.FleetBin = bin
+	}
+	switch {
+	case opts.FleetFile != "":
+		data, err := os.ReadFile(opts.FleetFile)
+		if err != nil {
+			st.Close()
+			return nil, fmt.Errorf("reading the fleet file: %w", err)
+		}
+		if _, err := h.apply(ctx, filepath.Base(opts.FleetFile), data, false); err != nil {
+			st.Close()
+			return nil, err
+		}
+	case opts.Demo:
+		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
+			st.Close()
+			return nil, err
+		}
+	}
+	h.router = router.New(router.Options{
+		Logger:     opts.Logger.With("component", "router"),
+		Registerer: prometheus.NewRegistry(),
+		OnSample: func(s fleet.Sample) {
+			select {
+			case h.samples <- s:
+			default: // the store is behind; a lost sample costs a sparkline point, not a request
+			}
+		},
+	})
+	h.mgr = nodes.NewManager(nodes.ManagerOptions{
+		Logger:            opts.Logger.With("component", "nodes"),
+		DataDir:           opts.DataDir,
+		FleetBin:          h.opts.FleetBin,
+		ProbeInterval:     opts.ProbeInterval,
+		ReconcileInterval: opts.ReconcileInterval,
+		HostKeys:          hostKeys{st},
+		SimPlatform: func(profile string) (fleet.Platform, error) {
+			p, err := sim.LookupProfile(profile)
+			if err != nil {
+				return fleet.Platform{}, err
+			}
+			return p.Platform, nil
+		},
+		OnWorker: h.onWorker,
+		OnNode:   h.onNode,
+		OnEvent:  h.onEvent,
+	})
+	f, err := st.LoadFleet(ctx)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	for _, n := range f.Nodes {
+		h.nodes[n.Name] = n
+	}
+	h.models = f.Models
+	h.router.SetModels(f.Models)
+	known, err := st.Workers(ctx)
+	if err != nil {
+		st.Close()
+		return nil, err
+	}
+	for _, w := range known {
+		h.workers[w.Name()] = w
+	}
+	h.mgr.SetDesired(f)
+	h.mgr.Restore(known)
+	return h, nil
+}
+
+// installSelf copies the running executable to DATA/bin/fleet so simulated
+// engines run from a path that outlives `go run`'s temporary build, which
+// lets a restarted hub recognise (and adopt) them by their argv. The copy is
+// replaced atomically only when the content changed: running engines keep
+// their old inode.
+func installSelf(dataDir string) (string, error) {
+	self, err := os.Executable()
+	if err != nil {
+		return "", fmt.Errorf("finding the fleet executable to run simulated engines from: %w", err)
+	}
+	data, err := os.ReadFile(self)
+	if err != nil {
+		return "", fmt.Errorf("reading the fleet executable %s: %w", self, err)
+	}
+	dst := filepath.Join(dataDir, "bin", "fleet")
+	if old, err := os.ReadFile(dst); err == nil && sha256.Sum256(old) == sha256.Sum256(data) {
+		return dst, nil
+	}
+	if err := os.MkdirAll(filepath.Dir(dst), 0o700); err != nil {
+		return "", fmt.Errorf("creating %s: %w", filepath.Dir(dst), err)
+	}
+	tmp := dst + ".new"
+	if err := os.WriteFile(tmp, data, 0o700); err != nil {
+		return "", fmt.Errorf("installing the fleet binary for simulated engines: %w", err)
+	}
+	if err := os.Rename(tmp, dst); err != nil {
+		return "", fmt.Errorf("installing the fleet binary for simulated engines: %w", err)
+	}
+	return dst, nil
+}
+
+// Close releases the database. Engines keep running: a hub that stops must
+// not take the fleet down with it.
+func (h *Hub) Close() error { return h.store.Close() }
+
+// Router exposes the HTTP handler of the embedded router.
+func (h *Hub) Router() http.Handler { return h.router.Handler() }
+
+// Run serves the router and the control socket and keeps the nodes
+// reconciled until ctx is cancelled.
+func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	ctl, err := listenControl(h.opts.DataDir)
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", h.opts.HTTPAddr)
+	if err != nil {
+		ctl.Close()
+		return fmt.Errorf("the router cannot listen on %s: %w (pass another --http address)", h.opts.HTTPAddr, err)
+	}
+	srv := &http.Server{
+		Handler:           h.router.Handler(),
+		ReadHeaderTimeout: 10 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+	}
+	var wg sync.WaitGroup
+	errc := make(chan error, 3)
+	wg.Add(4)
+	go func() {
+		defer wg.Done()
+		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			errc <- fmt.Errorf("router: %w", err)
+			cancel()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		serveControl(ctx, ctl, h.execLocal, h.log)
+	}()
+	go func() {
+		defer wg.Done()
+		if err := h.mgr.Run(ctx); err != nil && ctx.Err() == nil {
+			errc <- fmt.Errorf("node manager: %w", err)
+			cancel()
+		}
+	}()
+	go func() {
+		defer wg.Done()
+		h.flushSamples(ctx)
+	}()
+	h.log.Info("hub running", "router", ln.Addr().String(), "data", h.opts.DataDir)
+	if ready != nil {
+		ready(ln.Addr().String())
+	}
+	<-ctx.Done()
+	shutdown, stop := context.WithTimeout(context.Background(), 5*time.Second)
+	defer stop()
+	_ = srv.Shutdown(shutdown)
+	wg.Wait()
+	select {
+	case err := <-errc:
+		return err
+	default:
+		return nil
+	}
+}
+
+func (h *Hub) execLocal(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.Run(ctx, h, LocalAdmin(), args, stdin, stdout, stderr)
+}
+
+// Exec runs one command line for an SSH user.
+func (h *Hub) Exec(ctx context.Context, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.Run(ctx, h, u, args, stdin, stdout, stderr)
+}
+
+// flushSamples batches the router's measurements into the store, so a
+// request never waits on SQLite.
+func (h *Hub) flushSamples(ctx context.Context) {
+	t := time.NewTicker(time.Second)
+	defer t.Stop()
+	var batch []fleet.Sample
+	flush := func() {
+		if len(batch) == 0 {
+			return
+		}
+		if err := h.store.AddSamples(context.WithoutCancel(ctx), batch); err != nil {
+			h.log.Warn("could not store request samples", "n", len(batch), "err", err)
+		}
+		batch = batch[:0]
+	}
+	for {
+		select {
+		case s := <-h.samples:
+			batch = append(batch, s)
+			if len(batch) >= 512 {
+				flush()
+			}
+		case <-t.C:
+			flush()
+		case <-ctx.Done():
+			flush()
+			return
+		}
+	}
+}
+
+func (h *Hub) onWorker(w fleet.Worker) {
+	h.mu.Lock()
+	if old, ok := h.workers[w.Name()]; ok {
+		w.Drained = old.Drained // the drain flag is the hub's, not the manager's
+	}
+	h.workers[w.Name()] = w
+	h.mu.Unlock()
+	if _, err := h.store.SaveWorker(context.Background(), w); err != nil {
+		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
+	}
+	h.syncRouter()
+}
+
+func (h *Hub) onNode(n fleet.Node) {
+	h.mu.Lock()
+	h.nodes[n.Name] = n
+	h.mu.Unlock()
+	ctx := context.Background()
+	if n.Platform != nil {
+		if err := h.store.SetNodeProbe(ctx, n.Name, *n.Platform, n.ProbedAt); err != nil {
+			h.log.Warn("could not persist node probe", "node", n.Name, "err", err)
+		}
+	}
+	if err := h.store.SetNodeState(ctx, n.Name, n.State, n.Reason); err != nil {
+		h.log.Warn("could not persist node state", "node", n.Name, "err", err)
+	}
+}
+
+func (h *Hub) onEvent(e fleet.Event) {
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	if _, err := h.store.AddEvent(context.Background(), e); err != nil {
+		h.log.Warn("could not store event", "subject", e.Subject, "err", err)
+	}
+}
+
+// syncRouter hands the router the ready set, with drained workers marked.
+func (h *Hub) syncRouter() {
+	h.mu.Lock()
+	var bs []router.Backend
+	var drained []string
+	for name, w := range h.workers {
+		if w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining {
+			continue
+		}
+		bs = append(bs, router.Backend{
+			Name:    name,
+			Model:   w.Model,
+			Engine:  w.Engine,
+			Addr:    net.JoinHostPort("127.0.0.1", fmt.Sprint(w.Port)),
+			Dial:    h.mgr.Dialer(w.Node),
+			Context: w.Context,
+			Slots:   w.Slots,
+		})
+		if w.Drained || w.State == fleet.WorkerDraining {
+			drained = append(drained, name)
+		}
+	}
+	h.mu.Unlock()
+	h.router.SetBackends(bs)
+	for _, name := range drained {
+		h.router.Drain(name)
+	}
+}
+
+// Snapshot is the fleet as the console shows it now.
+func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
+	stats := map[string]router.BackendStats{}
+	for _, s := range h.router.Stats() {
+		stats[s.Name] = s
+	}
+	h.mu.Lock()
+	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.models)}
+	for _, n := range h.nodes {
+		snap.Nodes = append(snap.Nodes, n)
+	}
+	for name, w := range h.workers {
+		v := fleet.WorkerView{Worker: w, Host: "?", GPU: "?"}
+		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
+			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
+		}
+		if s, ok := stats[name]; ok {
+			v.InFlight = s.InFlight
+			v.TokPerSec, v.TTFTms, v.ITLms = s.TokPerSec, s.TTFTms, s.ITLms
+			v.TTFTHistory, v.ITLHistory = s.TTFTHistory, s.ITLHistory
+		}
+		snap.Workers = append(snap.Workers, v)
+	}
+	h.mu.Unlock()
+	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
+	sort.Slice(snap.Workers, func(i, j int) bool { return snap.Workers[i].Name() < snap.Workers[j].Name() })
+	if evs, err := h.store.Events(ctx, "", 0, 100); err == nil {
+		snap.Events = evs
+	}
+	return snap
+}
+
+// audit writes one audit line; a failure to audit is logged loudly because
+// the action already happened.
+func (h *Hub) audit(u fleet.User, action, target, outcome string) {
+	err := h.store.AddAudit(context.Background(), fleet.AuditEntry{At: time.Now(), User: u.Name, Action: action, Target: target, Outcome: outcome})
+	if err != nil {
+		h.log.Error("could not write the audit line", "user", u.Name, "action", action, "target", target, "err", err)
+	}
+}
+
+// authorize refuses (and audits the refusal of) an action the user's role
+// does not allow.
+func (h *Hub) authorize(u fleet.User, need fleet.Role, action, target string) error {
+	if u.Role.Allows(need) {
+		return nil
+	}
+	h.audit(u, action, target, "denied: needs "+string(need))
+	return fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, need, u.Name, roleName(u.Role))
+}
+
+func roleName(r fleet.Role) string {
+	if r == "" {
+		return "nobody"
+	}
+	return string(r)
+}
+
+// resolve turns names typed by an operator into worker names: a node name is
+// every worker on it; NODE/MODEL is one worker.
+func (h *Hub) resolve(targets []string) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, t := range targets {
+		if _, ok := h.workers[t]; ok {
+			out = append(out, t)
+			continue
+		}
+		var found bool
+		for name, w := range h.workers {
+			if w.Node == t {
+				out = append(out, name)
+				found = true
+			}
+		}
+		if !found {
+			known := make([]string, 0, len(h.workers))
+			for name := range h.workers {
+				known = append(known, name)
+			}
+			sort.Strings(known)
+			return nil, fmt.Errorf("no worker or node named %q; known workers: %s", t, strings.Join(known, ", "))
+		}
+	}
+	sort.Strings(out)
+	return slices.Compact(out), nil
+}
+
+// Act drains, undrains or restarts workers, after checking the role.
+func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error) {
+	target := strings.Join(targets, " ")
+	switch kind {
+	case "drain", "undrain", "restart":
+	default:
+		return "", fmt.Errorf("unknown action %q: use drain, undrain or restart", kind)
+	}
+	if err := h.authorize(u, fleet.RoleOperator, kind, target); err != nil {
+		return "", err
+	}
+	names, err := h.resolve(targets)
+	if err != nil {
+		h.audit(u, kind, target, "failed: "+err.Error())
+		return "", err
+	}
+	var msgs []string
+	for _, name := range names {
+		var msg string
+		switch kind {
+		case "drain":
+			msg, err = h.drain(name)
+		case "undrain":
+			msg, err = h.undrain(name)
+		case "restart":
+			msg, err = h.restart(ctx, name)
+		}
+		if err != nil {
+			h.audit(u, kind, name, "failed: "+err.Error())
+			return strings.Join(msgs, "\n"), err
+		}
+		h.audit(u, kind, name, "ok")
+		msgs = append(msgs, msg)
+	}
+	return strings.Join(msgs, "\n"), nil
+}
+
+func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
+	h.mu.Lock()
+	w, ok := h.workers[name]
+	if ok {
+		w.Drained = drained
+		h.workers[name] = w
+	}
+	h.mu.Unlock()
+	if !ok {
+		return w, fmt.Errorf("worker %s is gone", name)
+	}
+	if _, err := h.store.SaveWorker(context.Background(), w); err != nil {
+		return w, fmt.Errorf("recording the drain of %s: %w", name, err)
+	}
+	return w, nil
+}
+
+func (h *Hub) drain(name string) (string, error) {
+	if _, err := h.setDrained(name, true); err != nil {
+		return "", err
+	}
+	h.router.Drain(name)
+	inflight := h.router.InFlight(name)
+	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: fmt.Sprintf("draining: no new requests; %d in flight", inflight)})
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), h.opts.DrainTimeout)
+		defer cancel()
+		if err := h.router.WaitIdle(ctx, name); err != nil {
+			h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("drain timed out after %s with %d requests still in flight", h.opts.DrainTimeout, h.router.InFlight(name))})
+			return
+		}
+		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "drained: no requests in flight"})
+	}()
+	return fmt.Sprintf("draining %s: no new requests; %d in flight will finish (timeout %s)", name, inflight, h.opts.DrainTimeout), nil
+}
+
+func (h *Hub) undrain(name string) (string, error) {
+	if _, err := h.setDrained(name, false); err != nil {
+		return "", err
+	}
+	h.router.Undrain(name)
+	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "undrained: taking requests"})
+	return fmt.Sprintf("%s takes requests again", name), nil
+}
+
+func (h *Hub) restart(ctx context.Context, name string) (string, error) {
+	if _, err := h.drain(name); err != nil {
+		return "", err
+	}
+	wait, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
+	err := h.router.WaitIdle(wait, name)
+	cancel()
+	if err != nil {
+		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "restart: drain timed out; stopping with requests in flight"})
+	}
+	if err := h.mgr.RestartWorker(ctx, name); err != nil {
+		return "", fmt.Errorf("restarting %s: %w", name, err)
+	}
+	if _, err := h.setDrained(name, false); err != nil {
+		return "", err
+	}
+	h.router.Undrain(name)
+	h.mu.Lock()
+	w := h.workers[name]
+	h.mu.Unlock()
+	return fmt.Sprintf("restarted %s: %s", name, strings.Join(w.Argv, " ")), nil
+}
+
+// Apply makes the declared fleet match a fleet file.
+func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (string, error) {
+	action := "apply"
+	if dryRun {
+		action = "apply --dry-run"
+	}
+	if err := h.authorize(u, fleet.RoleAdmin, action, filename); err != nil {
+		return "", err
+	}
+	plan, err := h.apply(ctx, filename, data, dryRun)
+	if err != nil {
+		h.audit(u, action, filename, "failed: "+err.Error())
+		return "", err
+	}
+	if !dryRun {
+		h.audit(u, action, filename, "ok")
+	}
+	return plan, nil
+}
+
+func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bool) (string, error) {
+	next, err := fleetfile.Parse(filename, data)
+	if err != nil {
+		return "", err
+	}
+	cur, err := h.store.LoadFleet(ctx)
+	if err != nil {
+		return "", err
+	}
+	plan := fleetfile.Diff(cur, next)
+	if dryRun {
+		if plan.Empty() {
+			return "no changes\n", nil
+		}
+		return plan.String(), nil
+	}
+	if !plan.Empty() {
+		if err := h.store.ApplyFleet(ctx, next); err != nil {
+			return "", err
+		}
+	}
+	if h.mgr != nil { // nil while Open applies the start-up file
+		applied, err := h.store.LoadFleet(ctx)
+		if err != nil {
+			return "", err
+		}
+		h.mu.Lock()
+		h.models = applied.Models
+		for _, n := range applied.Nodes {
+			if old, ok := h.nodes[n.Name]; ok && n.Platform == nil {
+				n.Platform = old.Platform
+			}
+			h.nodes[n.Name] = n
+		}
+		for name := range h.nodes {
+			if !slices.ContainsFunc(applied.Nodes, func(n fleet.Node) bool { return n.Name == name }) {
+				delete(h.nodes, name)
+			}
+		}
+		h.mu.Unlock()
+		h.router.SetModels(applied.Models)
+		h.mgr.SetDesired(applied)
+	}
+	if plan.Empty() {
+		return "no changes\n", nil
+	}
+	return plan.String(), nil
+}
+
+// Export prints the declared fleet as a fleet file.
+func (h *Hub) Export(ctx context.Context, u fleet.User) ([]byte, error) {
+	f, err := h.store.LoadFleet(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return fleetfile.Marshal(f)
+}
+
+// Events lists recent events, oldest first.
+func (h *Hub) Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error) {
+	return h.store.Events(ctx, subject, afterID, limit)
+}
+
+// Audit lists recent audit entries; operators and admins may read it.
+func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) ([]fleet.AuditEntry, error) {
+	if !u.Role.Allows(fleet.RoleOperator) {
+		return nil, fmt.Errorf("permission denied: reading the audit log needs the operator role; you are %s", roleName(u.Role))
+	}
+	return h.store.Audit(ctx, limit)
+}
+
+// AddUser adds a console user (admin only).
+func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
+	if err := h.authorize(u, fleet.RoleAdmin, "user add", nu.Name); err != nil {
+		return err
+	}
+	if err := h.store.AddUser(ctx, nu); err != nil {
+		h.audit(u, "user add", nu.Name, "failed: "+err.Error())
+		return err
+	}
+	h.audit(u, "user add", nu.Name+" ("+string(nu.Role)+")", "ok")
+	return nil
+}
+
+// RemoveUser removes a console user (admin only).
+func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
+	if err := h.authorize(u, fleet.RoleAdmin, "user rm", name); err != nil {
+		return err
+	}
+	if err := h.store.RemoveUser(ctx, name); err != nil {
+		h.audit(u, "user rm", name, "failed: "+err.Error())
+		return err
+	}
+	h.audit(u, "user rm", name, "ok")
+	return nil
+}
+
+// Users lists console users (admin only).
+func (h *Hub) Users(ctx context.Context, u fleet.User) ([]fleet.User, error) {
+	if !u.Role.Allows(fleet.RoleAdmin) {
+		return nil, fmt.Errorf("permission denied: listing users needs the admin role; you are %s", roleName(u.Role))
+	}
+	return h.store.Users(ctx)
+}
+
+// hostKeys backs the SSH transport's host-key pinning with the store.
+type hostKeys struct{ st *store.Store }
+
+func (k hostKeys) PinnedHostKey(ctx context.Context, node string) (string, error) {
+	n, err := k.st.Node(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	return n.HostKey, nil
+}
+
+func (k hostKeys) PinHostKey(ctx context.Context, node, key string) error {
+	return k.st.SetNodeHostKey(ctx, node, key)
+}
