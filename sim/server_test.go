@@ -865,3 +865,40 @@ func (b *syncBuffer) String() string {
 }
 
 func fleetKind(s string) fleet.EngineKind { return fleet.EngineKind(s) }
+
+// Each chunk must reach the client as it is made: the first token arrives
+// while the request is still decoding.
+func TestStreamIsFlushedPerChunk(t *testing.T) {
+	for _, mimic := range []string{"llamacpp", "vllm"} {
+		t.Run(mimic, func(t *testing.T) {
+			p := Profile{Name: "four-per-second", Curve: []SpeedPoint{{1, 4}}, Slots: 1}
+			srv, err := NewServer(Options{Mimic: fleetKind(mimic), Profile: p, ServedNames: []string{"m"}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			ts := httptest.NewServer(srv.Handler())
+			defer ts.Close()
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			raw, _ := json.Marshal(chat("x", map[string]any{"model": "m", "max_tokens": 1000, "stream": true,
+				"chat_template_kwargs": map[string]any{"enable_thinking": false}}))
+			req, _ := http.NewRequestWithContext(ctx, "POST", ts.URL+"/v1/chat/completions", bytes.NewReader(raw))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			for sc.Scan() {
+				if strings.Contains(sc.Text(), `"content":"`) && !strings.Contains(sc.Text(), `"content":""`) {
+					break
+				}
+			}
+			if st := srv.pool.stats(); st.busy != 1 {
+				t.Fatalf("first token arrived but the request is not decoding (busy %d): chunks are buffered", st.busy)
+			}
+			cancel()
+			waitFor(t, "slot freed after disconnect", func() bool { return srv.pool.stats().busy == 0 })
+		})
+	}
+}
