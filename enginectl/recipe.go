@@ -52,8 +52,8 @@ type Command struct {
 	ServedName string
 	// Context is the context length each request may use.
 	Context int
-	// Slots is how many requests the engine serves at once; 0 means the
-	// engine's own default (vLLM sizes max-num-seqs by hardware).
+	// Slots is how many requests the engine serves at once: the recipe's
+	// -np / --max-num-seqs, else the engine's documented default.
 	Slots int
 }
 
@@ -67,7 +67,10 @@ const (
 	// explicitly so the router and the "Started with" column agree.
 	defaultLlamaSlots  = 4
 	defaultOllamaSlots = 4
-	loopback           = "127.0.0.1"
+	// vLLM's OpenAI server defaults --max-num-seqs to 256 on most GPUs; the
+	// router needs a figure, and vLLM queues anything beyond its batch itself.
+	defaultVLLMSlots = 256
+	loopback         = "127.0.0.1"
 )
 
 // ownedFlags are the flags BuildCommand sets itself: a recipe repeating one
@@ -307,7 +310,7 @@ func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, port in
 	// checkpoints by itself, and forcing "awq" is ~5× slower. A recipe that
 	// passes it anyway is kept as written.
 	argv = append(argv, r.Args...)
-	slots := 0
+	slots := defaultVLLMSlots
 	if v, ok := flagValue(r.Args, "--max-num-seqs"); ok {
 		n, err := strconv.Atoi(v)
 		if err != nil || n < 1 {

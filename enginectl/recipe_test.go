@@ -52,7 +52,7 @@ func TestBuildCommand(t *testing.T) {
 			spec: Spec{Node: localNode, Model: qwen(), Engine: fleet.EngineVLLM, Port: 18001},
 			argv: "vllm serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --max-model-len 16384 --host 127.0.0.1 --port 18001 " +
 				"--tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes",
-			served: "qwen3-4b",
+			slots: 256, served: "qwen3-4b",
 		},
 		{
 			name:  "vllm keeps --quantization awq when the recipe says so",
@@ -64,7 +64,7 @@ func TestBuildCommand(t *testing.T) {
 			name: "vllm with bin and env",
 			spec: Spec{Node: localNode, Model: withRecipe(fleet.EngineVLLM, fleet.Recipe{Model: "Qwen/Qwen3-4B-AWQ", Bin: "/opt/vllm/bin/vllm", Env: map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}}), Engine: fleet.EngineVLLM, Port: 8000},
 			argv: "/opt/vllm/bin/vllm serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --max-model-len 16384 --host 127.0.0.1 --port 8000",
-			env:  map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, served: "qwen3-4b",
+			env:  map[string]string{"CUDA_VISIBLE_DEVICES": "0,1"}, slots: 256, served: "qwen3-4b",
 		},
 		{
 			name:  "vllm-metal runs from its venv",
@@ -132,7 +132,7 @@ func TestBuildCommand(t *testing.T) {
 				"--tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes",
 			launch: "/usr/local/bin/fleet sim --mimic vllm --profile rtx3060-vllm -- serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b " +
 				"--max-model-len 16384 --host 127.0.0.1 --port 18006 --tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes",
-			served: "qwen3-4b", simulated: true,
+			slots: 256, served: "qwen3-4b", simulated: true,
 		},
 		{
 			name:   "sim engine on a local node maps to the profile's mimic",
@@ -146,7 +146,7 @@ func TestBuildCommand(t *testing.T) {
 			spec:   Spec{Node: localNode, Model: withRecipe(fleet.EngineSim, fleet.Recipe{Profile: "instant"}), Engine: fleet.EngineSim, Port: 18008, FleetBin: "/bin/fleet", SimMimic: fleet.EngineVLLM},
 			argv:   "vllm serve qwen3-4b --served-model-name qwen3-4b --max-model-len 16384 --host 127.0.0.1 --port 18008",
 			launch: "/bin/fleet sim --mimic vllm --profile instant -- serve qwen3-4b --served-model-name qwen3-4b --max-model-len 16384 --host 127.0.0.1 --port 18008",
-			served: "qwen3-4b", simulated: true,
+			slots:  256, served: "qwen3-4b", simulated: true,
 		},
 
 		// Bad input: a clear error, no command.
