@@ -281,3 +281,70 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 		t.Errorf("router does not serve after adoption")
 	}
 }
+
+// requestsTo reads the router's request counter for one backend.
+func requestsTo(t *testing.T, base, backend string) int {
+	t.Helper()
+	resp, err := http.Get(base + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	n := 0
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		line := sc.Text()
+		if strings.HasPrefix(line, "fleet_router_requests_total{") && strings.Contains(line, `backend="`+backend+`"`) {
+			var v float64
+			fmt.Sscan(line[strings.LastIndexByte(line, ' ')+1:], &v)
+			n += int(v)
+		}
+	}
+	return n
+}
+
+func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
+	data := t.TempDir()
+	h := startHub(t, data, freePort(t))
+	base := "http://" + h.http
+	var ws []fleet.WorkerView
+	t.Cleanup(func() { killEngines(workersJSON(t, data)); killEngines(ws) })
+	ws = waitReady(t, data, 3, 30*time.Second)
+	var ultra fleet.WorkerView
+	for _, w := range ws {
+		if w.Node == "ultra" {
+			ultra = w
+		}
+	}
+	if err := syscall.Kill(-ultra.PGID, syscall.SIGKILL); err != nil {
+		t.Fatalf("killing ultra's engine group %d: %v", ultra.PGID, err)
+	}
+	// Its worker leaves the ready set…
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		var state fleet.WorkerState
+		for _, w := range workersJSON(t, data) {
+			if w.Node == "ultra" {
+				state = w.State
+			}
+		}
+		if state != fleet.WorkerReady {
+			t.Logf("ultra is %s after its engine died", state)
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("ultra still ready 20 s after its engine was killed")
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	// …and the router stops sending to it: every request succeeds elsewhere.
+	before := requestsTo(t, base, ultra.Name())
+	for i := 0; i < 6; i++ {
+		if events, _ := streamChat(t, base, 4); events[len(events)-1] != "[DONE]" {
+			t.Fatalf("request %d did not complete after ultra died", i)
+		}
+	}
+	if after := requestsTo(t, base, ultra.Name()); after != before {
+		t.Errorf("router sent %d requests to the dead worker", after-before)
+	}
+}
