@@ -30,11 +30,14 @@ type term struct {
 
 func startTerm(t *testing.T, src console.Source, u fleet.User, w, h int) *term {
 	t.Helper()
-	emu := vt.NewSafeEmulator(w, h)
+	screen := consoletest.NewScreen(w, h)
+	emu := screen.Emu
+	inR, inW := io.Pipe()
+	screen.Pump(inW)
 	ctx, cancel := context.WithCancel(context.Background())
 	m := console.New(src, console.Options{User: u, Width: w, Height: h, Refresh: 50 * time.Millisecond, Context: ctx})
 	p := tea.NewProgram(m,
-		tea.WithInput(emu), tea.WithOutput(onlcr{emu}),
+		tea.WithInput(inR), tea.WithOutput(onlcr{emu}),
 		tea.WithWindowSize(w, h),
 		tea.WithEnvironment([]string{"TERM=xterm-256color"}),
 		tea.WithColorProfile(colorprofile.TrueColor),
@@ -48,7 +51,13 @@ func startTerm(t *testing.T, src console.Source, u fleet.User, w, h int) *term {
 	t.Cleanup(func() {
 		cancel()
 		p.Kill()
-		_ = emu.Close()
+		select {
+		case <-tm.done:
+		case <-time.After(10 * time.Second):
+			t.Error("program did not stop")
+		}
+		_ = inW.Close()
+		screen.Close()
 	})
 	return tm
 }
@@ -136,6 +145,7 @@ func TestTerminalViewsFilterHelpResize(t *testing.T) {
 	tm.typeText("q")
 	select {
 	case err := <-tm.done:
+		tm.done <- err // for the cleanup
 		if err != nil {
 			t.Fatalf("program ended with %v", err)
 		}

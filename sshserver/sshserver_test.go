@@ -542,7 +542,8 @@ func openConsole(t *testing.T, addr string, id identity, w, h int) *ptySession {
 	if err != nil {
 		t.Fatal(err)
 	}
-	emu := vt.NewSafeEmulator(w, h)
+	screen := consoletest.NewScreen(w, h)
+	emu := screen.Emu
 	stdin, err := sess.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -551,16 +552,24 @@ func openConsole(t *testing.T, addr string, id identity, w, h int) *ptySession {
 	if err := sess.RequestPty("xterm-256color", h, w, gossh.TerminalModes{}); err != nil {
 		t.Fatal(err)
 	}
-	go func() { _, _ = io.Copy(stdin, emu) }()
+	screen.Pump(stdin)
 	if err := sess.Shell(); err != nil {
 		t.Fatal(err)
 	}
 	ps := &ptySession{t: t, emu: emu, sess: sess, done: make(chan error, 1)}
-	go func() { ps.done <- sess.Wait() }()
+	waited := make(chan struct{})
+	go func() { ps.done <- sess.Wait(); close(waited) }()
 	t.Cleanup(func() {
 		_ = sess.Close()
 		_ = c.Close()
-		_ = emu.Close()
+		// Wait returns once the session's output copy has stopped, so the
+		// screen is no longer written to when it closes.
+		select {
+		case <-waited:
+		case <-time.After(10 * time.Second):
+			t.Error("session did not end")
+		}
+		screen.Close()
 	})
 	return ps
 }
@@ -697,5 +706,57 @@ func TestTwentyConcurrentSessionsGetLiveUpdates(t *testing.T) {
 	close(errs)
 	for e := range errs {
 		t.Error(e)
+	}
+}
+
+func TestListenAndServeStopsWithContext(t *testing.T) {
+	op := newIdentity(t, "olga", fleet.RoleOperator)
+	dir := t.TempDir()
+	writePub(t, filepath.Join(dir, "home"), "id_ed25519.pub", op)
+	us := newUsers()
+	s, err := New(Options{Addr: "127.0.0.1:0", Users: us, HostKeyPath: filepath.Join(dir, "hk"),
+		Source:                   func(fleet.User) console.Source { return consoletest.Demo() },
+		Exec:                     execTree,
+		LoopbackBootstrapKeysDir: filepath.Join(dir, "home")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- s.ListenAndServe(ctx) }()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.Addr() == nil {
+		if time.Now().After(deadline) {
+			t.Fatal("server never listened")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	// The bootstrap admitted the hub user's key, so it logs in as an admin.
+	out, _, code := run(t, s.Addr().String(), op, "whoami", "")
+	if code != 0 || !strings.HasSuffix(out, " admin\n") {
+		t.Fatalf("whoami = %q exit %d, want the bootstrapped admin", out, code)
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatalf("ListenAndServe after cancel = %v, want nil", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("ListenAndServe did not return after its context ended")
+	}
+	// A busy address is a clear error.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	s2, err := New(Options{Addr: ln.Addr().String(), Users: us, HostKeyPath: filepath.Join(dir, "hk"),
+		Source: func(fleet.User) console.Source { return nil }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s2.ListenAndServe(context.Background()); err == nil || !strings.Contains(err.Error(), "is another fleet already serving there") {
+		t.Fatalf("busy address: %v", err)
 	}
 }
