@@ -148,9 +148,17 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 			}
 			return p.Platform, nil
 		},
-		OnWorker: h.onWorker,
-		OnNode:   h.onNode,
-		OnEvent:  h.onEvent,
+		SimMimic: func(profile string) fleet.EngineKind {
+			p, err := sim.LookupProfile(profile)
+			if err != nil {
+				return ""
+			}
+			return p.Mimic
+		},
+		OnWorker:        h.onWorker,
+		OnWorkerRemoved: h.onWorkerRemoved,
+		OnNode:          h.onNode,
+		OnEvent:         h.onEvent,
 	})
 	f, err := st.LoadFleet(ctx)
 	if err != nil {
@@ -321,8 +329,26 @@ func (h *Hub) onWorker(w fleet.Worker) {
 	}
 	h.workers[w.Name()] = w
 	h.mu.Unlock()
-	if _, err := h.store.SaveWorker(context.Background(), w); err != nil {
+	saved, err := h.store.SaveWorker(context.Background(), w)
+	if err != nil {
 		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
+	} else {
+		h.mu.Lock()
+		if cur, ok := h.workers[w.Name()]; ok {
+			cur.ID = saved.ID
+			h.workers[w.Name()] = cur
+		}
+		h.mu.Unlock()
+	}
+	h.syncRouter()
+}
+
+func (h *Hub) onWorkerRemoved(w fleet.Worker) {
+	h.mu.Lock()
+	delete(h.workers, w.Name())
+	h.mu.Unlock()
+	if err := h.store.DeleteWorker(context.Background(), w.Node, w.Model); err != nil && !errors.Is(err, store.ErrNotFound) {
+		h.log.Warn("could not forget a removed worker", "worker", w.Name(), "err", err)
 	}
 	h.syncRouter()
 }

@@ -348,3 +348,58 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 		t.Errorf("router sent %d requests to the dead worker", after-before)
 	}
 }
+
+func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
+	data := t.TempDir()
+	startHub(t, data, freePort(t))
+	var ws []fleet.WorkerView
+	t.Cleanup(func() { killEngines(ws) })
+	ws = waitReady(t, data, 3, 30*time.Second)
+	var maxPID int
+	for _, w := range ws {
+		if w.Node == "max" {
+			maxPID = w.PID
+		}
+	}
+	exported, code := fleetCmd(t, data, "export")
+	if code != 0 {
+		t.Fatalf("export: exit %d: %s", code, exported)
+	}
+	smaller := strings.Replace(exported, "[rig, ultra, max]", "[rig, ultra]", 1)
+	if smaller == exported {
+		t.Fatalf("export does not list the demo placement as expected:\n%s", exported)
+	}
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	os.WriteFile(file, []byte(smaller), 0o600)
+
+	plan, code := fleetCmd(t, data, "apply", "--dry-run", "-f", file)
+	if code != 0 || !strings.Contains(plan, "- placement qwen3-4b on max") {
+		t.Fatalf("dry run: exit %d:\n%s", code, plan)
+	}
+	if now := workersJSON(t, data); len(now) != 3 {
+		t.Fatalf("a dry run changed the fleet: %d workers", len(now))
+	}
+	// A broken file names the file and line, and changes nothing.
+	bad := filepath.Join(t.TempDir(), "broken.yaml")
+	os.WriteFile(bad, []byte(strings.Replace(smaller, "args:", "agrs:", 1)), 0o600)
+	if out, code := fleetCmd(t, data, "apply", "-f", bad); code != 1 || !strings.Contains(out, "broken.yaml:") || !strings.Contains(out, "unknown key 'agrs'") {
+		t.Fatalf("broken file: exit %d: %s", code, out)
+	}
+	if out, code := fleetCmd(t, data, "apply", "-f", file); code != 0 {
+		t.Fatalf("apply: exit %d: %s", code, out)
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		now := workersJSON(t, data)
+		if len(now) == 2 && !alive(maxPID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("max's worker still listed or its engine (PID %d, alive %v) still running: %+v", maxPID, alive(maxPID), now)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if out, _ := fleetCmd(t, data, "export"); !strings.Contains(out, "[rig, ultra]") {
+		t.Errorf("export after apply:\n%s", out)
+	}
+}
