@@ -64,6 +64,11 @@ type Hub struct {
 	models  []fleet.Model
 
 	samples chan fleet.Sample
+	// refMu serialises setting a model's reference shape, so the first of
+	// several workers admitted at once sets it and the others compare.
+	refMu sync.Mutex
+	// httpAddr is where the router listens, once Run has bound it.
+	httpAddr string
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -155,6 +160,7 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 			}
 			return p.Mimic
 		},
+		Admit:           h.admit,
 		OnWorker:        h.onWorker,
 		OnWorkerRemoved: h.onWorkerRemoved,
 		OnNode:          h.onNode,
@@ -265,6 +271,9 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		defer wg.Done()
 		h.flushSamples(ctx)
 	}()
+	h.mu.Lock()
+	h.httpAddr = ln.Addr().String()
+	h.mu.Unlock()
 	h.log.Info("hub running", "router", ln.Addr().String(), "data", h.opts.DataDir)
 	if ready != nil {
 		ready(ln.Addr().String())
@@ -280,6 +289,12 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	default:
 		return nil
 	}
+}
+
+func (h *Hub) routerAddr() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.httpAddr
 }
 
 func (h *Hub) execLocal(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {

@@ -1,0 +1,408 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"fleet"
+	"fleet/bench"
+	"fleet/bench/shape"
+	"fleet/bench/sweep"
+	"fleet/nodes"
+	"fleet/router"
+	"fleet/store"
+)
+
+// Admission probes are short: enough tokens to show where a reasoning model
+// puts its thinking and to time decoding, not a benchmark.
+const (
+	admissionShapeTokens = 48
+	admissionSpeedTokens = 64
+	defaultTolerance     = 0.5
+)
+
+// workerTarget is a bench target that talks to one worker directly,
+// bypassing the scheduler, through its node's transport (an SSH tunnel for a
+// remote node).
+func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
+	h.mu.Lock()
+	w, ok := h.workers[name]
+	h.mu.Unlock()
+	if !ok {
+		resolved, err := h.resolve([]string{name})
+		if err != nil {
+			return bench.Target{}, w, err
+		}
+		if len(resolved) != 1 {
+			return bench.Target{}, w, fmt.Errorf("%s names %d workers (%s); name one as NODE/MODEL", name, len(resolved), strings.Join(resolved, ", "))
+		}
+		h.mu.Lock()
+		w = h.workers[resolved[0]]
+		h.mu.Unlock()
+	}
+	if w.Port == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerProbation && w.State != fleet.WorkerDraining) {
+		return bench.Target{}, w, fmt.Errorf("worker %s is %s, not answering; wait until it is ready (see 'workers')", w.Name(), w.State)
+	}
+	dial := h.mgr.Dialer(w.Node)
+	client := &http.Client{Transport: &http.Transport{
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return dial(ctx, network, addr) },
+	}}
+	return bench.Target{
+		Name:       w.Node,
+		BaseURL:    fmt.Sprintf("http://127.0.0.1:%d/v1", w.Port),
+		Model:      w.Model,
+		HTTPClient: client,
+	}, w, nil
+}
+
+// Shape probes two workers with the same prompts and diffs their response shapes.
+func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Report, error) {
+	if err := h.authorize(u, fleet.RoleViewer, "shape", a+" "+b); err != nil {
+		return shape.Report{}, err
+	}
+	var shapes [2]shape.Shape
+	var errs [2]error
+	var wg sync.WaitGroup
+	for i, name := range []string{a, b} {
+		t, _, err := h.workerTarget(name)
+		if err != nil {
+			return shape.Report{}, err
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			shapes[i], errs[i] = shape.Probe(ctx, t)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		if err != nil {
+			return shape.Report{}, fmt.Errorf("probing %s: %w", []string{a, b}[i], err)
+		}
+	}
+	return shape.Diff(shapes[0], shapes[1]), nil
+}
+
+// ShapeAll checks every ready worker of a model against its reference shape.
+func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape.Report, error) {
+	if err := h.authorize(u, fleet.RoleViewer, "shape --all", model); err != nil {
+		return nil, err
+	}
+	ref, err := h.referenceShape(ctx, model)
+	if err != nil {
+		return nil, err
+	}
+	var reports []shape.Report
+	for _, w := range h.Snapshot(ctx).Workers {
+		if w.Model != model || w.State != fleet.WorkerReady {
+			continue
+		}
+		t, _, err := h.workerTarget(w.Name())
+		if err != nil {
+			return nil, err
+		}
+		got, err := shape.Probe(ctx, t)
+		if err != nil {
+			return nil, fmt.Errorf("probing %s: %w", w.Name(), err)
+		}
+		reports = append(reports, shape.Diff(ref, got))
+	}
+	return reports, nil
+}
+
+// PinShape makes a worker's current shape its model's reference.
+func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string, error) {
+	if err := h.authorize(u, fleet.RoleAdmin, "shape pin", worker); err != nil {
+		return "", err
+	}
+	t, w, err := h.workerTarget(worker)
+	if err != nil {
+		return "", err
+	}
+	got, err := shape.Probe(ctx, t)
+	if err != nil {
+		return "", fmt.Errorf("probing %s: %w", worker, err)
+	}
+	data, err := json.Marshal(got)
+	if err != nil {
+		return "", err
+	}
+	if err := h.store.SetReferenceShape(ctx, w.Model, data, true); err != nil {
+		return "", err
+	}
+	h.audit(u, "shape pin", w.Name(), "ok")
+	return fmt.Sprintf("the reference shape of %s is now %s's", w.Model, w.Name()), nil
+}
+
+func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, error) {
+	data, _, err := h.store.ReferenceShape(ctx, model)
+	if err != nil {
+		return shape.Shape{}, fmt.Errorf("model %s has no reference shape yet (its first admitted worker sets it; or run 'shape pin WORKER'): %w", model, err)
+	}
+	var ref shape.Shape
+	if err := json.Unmarshal(data, &ref); err != nil {
+		return shape.Shape{}, fmt.Errorf("the stored reference shape of %s is unreadable (run 'shape pin WORKER' to replace it): %w", model, err)
+	}
+	return ref, nil
+}
+
+// BenchOptions choose what a bench run measures.
+type BenchOptions struct {
+	Levels   []int
+	Split    string
+	Requests int
+	Tokens   int
+}
+
+// Bench runs a closed-loop concurrency sweep against a worker (directly) or
+// a model (through the router), stores the result and feeds the samples.
+func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o BenchOptions, progress io.Writer) (sweep.Result, error) {
+	if err := h.authorize(u, fleet.RoleOperator, "bench", target); err != nil {
+		return sweep.Result{}, err
+	}
+	var t bench.Target
+	worker := ""
+	if h.knownModel(target) {
+		t = bench.Target{Name: target + " via router", BaseURL: "http://" + h.routerAddr() + "/v1", Model: target}
+	} else {
+		var w fleet.Worker
+		var err error
+		if t, w, err = h.workerTarget(target); err != nil {
+			return sweep.Result{}, err
+		}
+		worker = w.Name()
+	}
+	opts := sweep.Options{Levels: o.Levels, Split: o.Split, RequestsPerLevel: o.Requests, OutputTokens: o.Tokens, Logger: h.log}
+	if progress != nil {
+		opts.Progress = func(done, total int) {
+			const width = 30
+			filled := width * done / max(total, 1)
+			fmt.Fprintf(progress, "\r[%s%s] %d/%d requests", strings.Repeat("#", filled), strings.Repeat(".", width-filled), done, total)
+			if done == total {
+				fmt.Fprintln(progress)
+			}
+		}
+	}
+	res, err := sweep.Sweep(ctx, t, opts)
+	if err != nil {
+		h.audit(u, "bench", target, "failed: "+err.Error())
+		return res, err
+	}
+	h.audit(u, "bench", target, "ok")
+	if worker != "" {
+		if data, err := json.Marshal(res); err == nil {
+			if err := h.store.AddBenchRun(ctx, worker, data); err != nil {
+				h.log.Warn("could not store the bench run", "worker", worker, "err", err)
+			}
+		}
+		if err := h.store.AddSamples(ctx, res.Samples(worker)); err != nil {
+			h.log.Warn("could not store bench samples", "worker", worker, "err", err)
+		}
+		h.seedSpeed(worker, res)
+	}
+	return res, nil
+}
+
+func (h *Hub) knownModel(name string) bool {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.models {
+		if m.Serves(name) {
+			return true
+		}
+	}
+	return false
+}
+
+func (h *Hub) model(id string) (fleet.Model, bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, m := range h.models {
+		if m.ID == id {
+			return m, true
+		}
+	}
+	return fleet.Model{}, false
+}
+
+// admit is the admission check between probation and ready, the first
+// seed's three rules: enough free memory, single-request speed within the
+// model's tolerance of its best ready worker, and the model's response shape.
+func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
+	m, ok := h.model(w.Model)
+	if !ok {
+		return fmt.Errorf("model %s is no longer declared", w.Model)
+	}
+	if err := h.checkMemory(w, m); err != nil {
+		return err
+	}
+	if err := h.checkSpeed(ctx, w, m); err != nil {
+		return err
+	}
+	return h.checkShape(ctx, w)
+}
+
+func (h *Hub) checkMemory(w fleet.Worker, m fleet.Model) error {
+	if m.MemoryGB <= 0 {
+		return nil
+	}
+	h.mu.Lock()
+	n, ok := h.nodes[w.Node]
+	h.mu.Unlock()
+	if !ok || n.Platform == nil {
+		return nil // not probed yet: the node manager probes before launching
+	}
+	need := uint64(m.MemoryGB * (1 << 30))
+	usable := nodes.UsableMemory(*n.Platform)
+	if usable < need {
+		how := "free memory"
+		if n.Platform.OS == "darwin" {
+			how = "three quarters of free + inactive + speculative memory"
+		} else if len(n.Platform.GPUs) > 0 {
+			how = "free GPU memory"
+		}
+		return fmt.Errorf("memory: %s needs %.1f GB but %s has %.1f GB usable (%s); free memory on the node or place the model elsewhere",
+			m.ID, m.MemoryGB, w.Node, float64(usable)/(1<<30), how)
+	}
+	return nil
+}
+
+// singleRequestSpeed is one request's decode speed on a target.
+func singleRequestSpeed(ctx context.Context, t bench.Target) (float64, error) {
+	res, err := sweep.Sweep(ctx, t, sweep.Options{Levels: []int{1}, RequestsPerLevel: 1, Warmup: -1, OutputTokens: admissionSpeedTokens})
+	if err != nil {
+		return 0, err
+	}
+	if len(res.Levels) == 0 || res.Levels[0].Failed > 0 || res.Levels[0].PerRequestTokPerS <= 0 {
+		return 0, fmt.Errorf("the speed probe on %s failed: %v", t.Name, res.Levels)
+	}
+	return res.Levels[0].PerRequestTokPerS, nil
+}
+
+func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model) error {
+	// The best ready worker is the one the router measured fastest.
+	var best string
+	var bestSpeed float64
+	h.mu.Lock()
+	candidates := map[string]bool{}
+	for name, o := range h.workers {
+		if o.Model == w.Model && o.State == fleet.WorkerReady && name != w.Name() {
+			candidates[name] = true
+		}
+	}
+	h.mu.Unlock()
+	if len(candidates) == 0 {
+		return nil // the first worker of a model sets the bar
+	}
+	for _, s := range h.router.Stats() {
+		if candidates[s.Name] && (best == "" || s.TokPerSec > bestSpeed) {
+			best, bestSpeed = s.Name, s.TokPerSec
+		}
+	}
+	if best == "" {
+		for name := range candidates {
+			best = name
+		}
+	}
+	mine, _, err := h.workerTarget(w.Name())
+	if err != nil {
+		return err
+	}
+	theirs, _, err := h.workerTarget(best)
+	if err != nil {
+		return nil // the best worker went away meanwhile; nothing to compare with
+	}
+	newSpeed, err := singleRequestSpeed(ctx, mine)
+	if err != nil {
+		return fmt.Errorf("speed: %w", err)
+	}
+	bestSpeed, err = singleRequestSpeed(ctx, theirs)
+	if err != nil {
+		return nil // the reference worker failed its probe; do not blame the newcomer
+	}
+	tol := m.SpeedTolerance
+	if tol <= 0 {
+		tol = defaultTolerance
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request; needs %.0f%%)", newSpeed, bestSpeed, best, tol*100)})
+	if newSpeed < tol*bestSpeed {
+		return fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt; it would slow every request it takes (override: admit --force %s)",
+			newSpeed, tol*100, best, bestSpeed, w.Name())
+	}
+	return nil
+}
+
+func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) error {
+	t, _, err := h.workerTarget(w.Name())
+	if err != nil {
+		return err
+	}
+	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+	if err != nil {
+		return fmt.Errorf("shape: probing: %w", err)
+	}
+	h.refMu.Lock()
+	defer h.refMu.Unlock()
+	data, _, err := h.store.ReferenceShape(ctx, w.Model)
+	if err != nil {
+		if !isNotFound(err) {
+			return fmt.Errorf("shape: %w", err)
+		}
+		// The first admitted worker's shape becomes the model's reference.
+		ref, err := json.Marshal(got)
+		if err != nil {
+			return err
+		}
+		if err := h.store.SetReferenceShape(ctx, w.Model, ref, false); err != nil {
+			return fmt.Errorf("shape: storing the reference: %w", err)
+		}
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: first worker of " + w.Model + ", its shape is the reference"})
+		return nil
+	}
+	var ref shape.Shape
+	if err := json.Unmarshal(data, &ref); err != nil {
+		return fmt.Errorf("shape: the stored reference of %s is unreadable (run 'shape pin WORKER'): %w", w.Model, err)
+	}
+	ok, report := shape.Matches(ref, got)
+	if !ok {
+		h.onEvent(fleet.Event{Level: "error", Subject: w.Name(), Message: "admission shape differs from the reference of " + w.Model + ":\n" + report.Text(100, false)})
+		var what []string
+		for _, d := range report.Differences {
+			if d.Material {
+				what = append(what, d.String())
+			}
+		}
+		return fmt.Errorf("shape: differs from %s's reference: %s (see 'events --subject %s' for the diff)", w.Model, strings.Join(what, "; "), w.Name())
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: same as the reference of " + w.Model})
+	return nil
+}
+
+func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
+
+// seedSpeed hands a bench result to the router's speed model: one point per
+// concurrency level, so the scheduler knows the worker's curve before
+// traffic teaches it.
+func (h *Hub) seedSpeed(worker string, res sweep.Result) {
+	var points []router.SpeedPoint
+	for _, l := range res.Levels {
+		if l.Requests == l.Failed || l.TPOT.Mean <= 0 {
+			continue
+		}
+		points = append(points, router.SpeedPoint{
+			Concurrency:  l.Concurrency,
+			TTFT:         time.Duration(l.TTFT.P50 * float64(time.Millisecond)),
+			PromptTokens: l.PromptTokens / max(l.Requests-l.Failed, 1),
+			ITL:          time.Duration(l.TPOT.Mean * float64(time.Millisecond)),
+		})
+	}
+	h.router.SeedSpeed(worker, points...)
+}
