@@ -1,0 +1,187 @@
+package router
+
+import (
+	"bufio"
+	"context"
+
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+const smallBody = `{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
+
+// benchTargets starts an in-process backend, a bare httputil.ReverseProxy
+// in front of it, and the router in front of it, all on loopback sockets.
+func benchTargets(b *testing.B, backend http.HandlerFunc, slots int) (direct, proxy, routed string) {
+	b.Helper()
+	be := httptest.NewServer(backend)
+	b.Cleanup(be.Close)
+	u, _ := url.Parse(be.URL)
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.FlushInterval = -1
+	ps := httptest.NewServer(rp)
+	b.Cleanup(ps.Close)
+	r := New(Options{})
+	r.SetModels(testModels())
+	r.SetBackends([]Backend{{Name: "bench/qwen3-4b", Model: "qwen3-4b", Addr: be.Listener.Addr().String(), Context: 16384, Slots: slots}})
+	rs := httptest.NewServer(r.Handler())
+	b.Cleanup(rs.Close)
+	return be.URL, ps.URL, rs.URL
+}
+
+func benchClient(conns int) *http.Client {
+	return &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: conns, MaxConnsPerHost: conns, DisableCompression: true}}
+}
+
+func roundTrip(b *testing.B, c *http.Client, base, body string) time.Duration {
+	start := time.Now()
+	resp, err := c.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
+	if err != nil {
+		b.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		b.Fatalf("status %d", resp.StatusCode)
+	}
+	return time.Since(start)
+}
+
+func pctl(d []time.Duration, q float64) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[int(q*float64(len(s)-1))]
+}
+
+// BenchmarkOverheadSmall sends a small non-streamed request one at a time,
+// interleaving direct, bare reverse proxy and router so that noise on the
+// shared machine hits all three alike, and reports what each proxy adds.
+func BenchmarkOverheadSmall(b *testing.B) {
+	direct, proxy, routed := benchTargets(b, okJSON, 4)
+	c := benchClient(4)
+	for _, base := range []string{direct, proxy, routed} {
+		for range 200 { // warm connections and caches
+			roundTrip(b, c, base, smallBody)
+		}
+	}
+	var d, p, r []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		d = append(d, roundTrip(b, c, direct, smallBody))
+		p = append(p, roundTrip(b, c, proxy, smallBody))
+		r = append(r, roundTrip(b, c, routed, smallBody))
+	}
+	b.StopTimer()
+	us := func(x time.Duration) float64 { return float64(x) / float64(time.Microsecond) }
+	proxyAdd50, proxyAdd99 := pctl(p, .5)-pctl(d, .5), pctl(p, .99)-pctl(d, .99)
+	routerAdd50, routerAdd99 := pctl(r, .5)-pctl(d, .5), pctl(r, .99)-pctl(d, .99)
+	b.ReportMetric(us(pctl(d, .5)), "direct-p50-µs")
+	b.ReportMetric(us(proxyAdd50), "proxy-added-p50-µs")
+	b.ReportMetric(us(proxyAdd99), "proxy-added-p99-µs")
+	b.ReportMetric(us(routerAdd50), "router-added-p50-µs")
+	b.ReportMetric(us(routerAdd99), "router-added-p99-µs")
+	if proxyAdd50 > 0 {
+		b.ReportMetric(float64(routerAdd50)/float64(proxyAdd50), "router/proxy-p50")
+	}
+}
+
+// BenchmarkAllocs reports allocations per small request, direct and through
+// the router; the difference is what the router allocates (client and
+// backend allocations are in both).
+func BenchmarkAllocs(b *testing.B) {
+	direct, _, routed := benchTargets(b, okJSON, 4)
+	for _, tc := range []struct{ name, base string }{{"direct", direct}, {"router", routed}} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := benchClient(1)
+			roundTrip(b, c, tc.base, smallBody)
+			b.ReportAllocs()
+			for b.Loop() {
+				roundTrip(b, c, tc.base, smallBody)
+			}
+		})
+	}
+}
+
+// tokenStream is a backend that streams 128 tokens 5 ms apart.
+func tokenStream(w http.ResponseWriter, req *http.Request) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	f := w.(http.Flusher)
+	t := time.NewTicker(5 * time.Millisecond)
+	defer t.Stop()
+	for i := range 128 {
+		if i > 0 {
+			select {
+			case <-t.C:
+			case <-req.Context().Done():
+				return
+			}
+		}
+		_, _ = io.WriteString(w, sseEvent("tok"))
+		f.Flush()
+	}
+	_, _ = io.WriteString(w, `data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":128,"total_tokens":131}}`+"\n\ndata: [DONE]\n\n")
+	f.Flush()
+}
+
+// streams runs n concurrent streams to completion and returns the events
+// received per second.
+func streams(b *testing.B, c *http.Client, base string, n int) float64 {
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	events := 0
+	start := time.Now()
+	for range n {
+		wg.Go(func() {
+			req, _ := http.NewRequestWithContext(context.Background(), "POST", base+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b","stream":true}`))
+			resp, err := c.Do(req)
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			sc := bufio.NewScanner(resp.Body)
+			k := 0
+			for sc.Scan() {
+				if strings.HasPrefix(sc.Text(), "data: {\"choices\":[{") {
+					k++
+				}
+			}
+			mu.Lock()
+			events += k
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	if events != n*128 {
+		b.Fatalf("got %d token events, want %d", events, n*128)
+	}
+	return float64(events) / time.Since(start).Seconds()
+}
+
+// BenchmarkStreams64 compares token throughput of 64 concurrent streams of
+// 128 tokens 5 ms apart, direct and through the router.
+func BenchmarkStreams64(b *testing.B) {
+	const n = 64
+	direct, _, routed := benchTargets(b, tokenStream, n)
+	c := benchClient(n)
+	streams(b, c, direct, n)
+	streams(b, c, routed, n)
+	var d, r float64
+	b.ResetTimer()
+	for b.Loop() {
+		d += streams(b, c, direct, n)
+		r += streams(b, c, routed, n)
+	}
+	b.StopTimer()
+	b.ReportMetric(d/float64(b.N), "direct-tok/s")
+	b.ReportMetric(r/float64(b.N), "router-tok/s")
+	b.ReportMetric(r/d, "router/direct")
+}
