@@ -18,6 +18,9 @@ import (
 	"github.com/spf13/cobra"
 
 	"fleet"
+	"fleet/bench/shape"
+	"fleet/bench/sweep"
+	"fleet/store"
 )
 
 // Hub is what the commands need from the running hub.
@@ -32,6 +35,24 @@ type Hub interface {
 	AddUser(ctx context.Context, u fleet.User, nu fleet.User) error
 	RemoveUser(ctx context.Context, u fleet.User, name string) error
 	Users(ctx context.Context, u fleet.User) ([]fleet.User, error)
+
+	Shape(ctx context.Context, u fleet.User, a, b string) (shape.Report, error)
+	ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape.Report, error)
+	PinShape(ctx context.Context, u fleet.User, worker string) (string, error)
+	Bench(ctx context.Context, u fleet.User, target string, o BenchOptions, progress io.Writer) (sweep.Result, error)
+	ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error)
+	TrustNode(ctx context.Context, u fleet.User, node string) (string, error)
+	CreateKey(ctx context.Context, u fleet.User, name string) (string, error)
+	Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error)
+	RevokeKey(ctx context.Context, u fleet.User, name string) error
+}
+
+// BenchOptions choose what a bench run measures.
+type BenchOptions struct {
+	Levels   []int
+	Split    string
+	Requests int
+	Tokens   int
 }
 
 // Exit statuses: 0 ok, 1 the command failed, 2 it was typed wrong.
@@ -153,6 +174,11 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			},
 		}),
 		userCmd(h, u, stdin),
+		shapeCmd(h, u),
+		benchCmd(h, u),
+		admitCmd(h, u),
+		nodeCmd(h, u),
+		keyCmd(h, u),
 	)
 }
 

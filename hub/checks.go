@@ -14,6 +14,7 @@ import (
 
 	"fleet"
 	"fleet/bench"
+	"fleet/cli"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
 	"fleet/nodes"
@@ -154,17 +155,9 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 	return ref, nil
 }
 
-// BenchOptions choose what a bench run measures.
-type BenchOptions struct {
-	Levels   []int
-	Split    string
-	Requests int
-	Tokens   int
-}
-
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
-func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o BenchOptions, progress io.Writer) (sweep.Result, error) {
+func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.BenchOptions, progress io.Writer) (sweep.Result, error) {
 	if err := h.authorize(u, fleet.RoleOperator, "bench", target); err != nil {
 		return sweep.Result{}, err
 	}

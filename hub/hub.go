@@ -754,3 +754,80 @@ func (k hostKeys) PinnedHostKey(ctx context.Context, node string) (string, error
 func (k hostKeys) PinHostKey(ctx context.Context, node, key string) error {
 	return k.st.SetNodeHostKey(ctx, node, key)
 }
+
+// ForceAdmit overrides a failed admission check (operator; audited).
+func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error) {
+	if err := h.authorize(u, fleet.RoleOperator, "admit --force", worker); err != nil {
+		return "", err
+	}
+	names, err := h.resolve([]string{worker})
+	if err != nil {
+		h.audit(u, "admit --force", worker, "failed: "+err.Error())
+		return "", err
+	}
+	for _, name := range names {
+		if err := h.mgr.ForceAdmit(ctx, name); err != nil {
+			h.audit(u, "admit --force", name, "failed: "+err.Error())
+			return "", fmt.Errorf("admitting %s: %w", name, err)
+		}
+		h.audit(u, "admit --force", name, "ok")
+		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "admitted by " + u.Name + " over its failed admission check"})
+	}
+	return fmt.Sprintf("admitted %s over its admission check", strings.Join(names, ", ")), nil
+}
+
+// TrustNode forgets a node's pinned host key so the next connection pins the
+// key the node presents now (admin; audited). It is how an operator accepts
+// a reinstalled machine after the hub refused its changed key.
+func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string, error) {
+	if err := h.authorize(u, fleet.RoleAdmin, "node trust", node); err != nil {
+		return "", err
+	}
+	n, err := h.store.Node(ctx, node)
+	if err != nil {
+		h.audit(u, "node trust", node, "failed: "+err.Error())
+		return "", err
+	}
+	if err := h.store.SetNodeHostKey(ctx, node, ""); err != nil {
+		h.audit(u, "node trust", node, "failed: "+err.Error())
+		return "", err
+	}
+	h.audit(u, "node trust", node, "ok (was "+nodes.HostKeyFingerprint(n.HostKey)+")")
+	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
+	return fmt.Sprintf("node %s: pinned host key cleared; the next connection records the new one", node), nil
+}
+
+// CreateKey creates a router API key and returns it; only its hash is kept.
+func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (string, error) {
+	if err := h.authorize(u, fleet.RoleAdmin, "key create", name); err != nil {
+		return "", err
+	}
+	key, err := h.store.CreateAPIKey(ctx, name)
+	if err != nil {
+		h.audit(u, "key create", name, "failed: "+err.Error())
+		return "", err
+	}
+	h.audit(u, "key create", name, "ok")
+	return key, nil
+}
+
+// Keys lists router API keys (names and dates, never the keys).
+func (h *Hub) Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error) {
+	if !u.Role.Allows(fleet.RoleAdmin) {
+		return nil, fmt.Errorf("permission denied: listing API keys needs the admin role; you are %s", roleName(u.Role))
+	}
+	return h.store.APIKeys(ctx)
+}
+
+// RevokeKey revokes a router API key at once.
+func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
+	if err := h.authorize(u, fleet.RoleAdmin, "key revoke", name); err != nil {
+		return err
+	}
+	if err := h.store.RevokeAPIKey(ctx, name); err != nil {
+		h.audit(u, "key revoke", name, "failed: "+err.Error())
+		return err
+	}
+	h.audit(u, "key revoke", name, "ok")
+	return nil
+}

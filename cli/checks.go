@@ -1,0 +1,223 @@
+package cli
+
+import (
+	"errors"
+	"fmt"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"fleet"
+	"fleet/bench/sweep"
+)
+
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(c *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s takes %s; see '%s --help'", c.CommandPath(), what, c.CommandPath())}
+		}
+		return nil
+	}
+}
+
+func shapeCmd(h Hub, u fleet.User) *cobra.Command {
+	var asJSON bool
+	var all string
+	c := &cobra.Command{
+		Use:   "shape A B | shape --all MODEL",
+		Short: "send the same probes to two workers and diff their response shapes (what a client would notice)",
+		Args: func(c *cobra.Command, args []string) error {
+			if all == "" && len(args) != 2 {
+				return usageError{errors.New("shape takes two workers (NODE or NODE/MODEL), or --all MODEL")}
+			}
+			if all != "" && len(args) != 0 {
+				return usageError{errors.New("shape --all MODEL takes no other arguments")}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			if all != "" {
+				reports, err := h.ShapeAll(c.Context(), u, all)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), reports)
+				}
+				differs := 0
+				for _, r := range reports {
+					fmt.Fprintln(c.OutOrStdout(), r.Text(120, false))
+					if r.Verdict != "same" {
+						differs++
+					}
+				}
+				if differs > 0 {
+					return fmt.Errorf("%d of %d workers of %s differ from its reference shape", differs, len(reports), all)
+				}
+				return nil
+			}
+			r, err := h.Shape(c.Context(), u, args[0], args[1])
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), r)
+			}
+			fmt.Fprintln(c.OutOrStdout(), r.Text(120, false))
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
+	c.Flags().StringVar(&all, "all", "", "check every ready worker of this model against its reference shape")
+	pin := &cobra.Command{
+		Use:   "pin WORKER",
+		Short: "make this worker's shape its model's reference (admin)",
+		Args:  exactArgs(1, "one worker"),
+		RunE: func(c *cobra.Command, args []string) error {
+			msg, err := h.PinShape(c.Context(), u, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), msg)
+			return nil
+		},
+	}
+	c.AddCommand(pin)
+	return c
+}
+
+func benchCmd(h Hub, u fleet.User) *cobra.Command {
+	var o BenchOptions
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "bench NODE|NODE/MODEL|MODEL",
+		Short: "closed-loop concurrency sweep against a worker (direct) or a model (through the router)",
+		Long: `bench sends the same prompts to any machine at 1, 2 and 4 concurrent requests (by default),
+discards a warm-up request, and prints the seed's table. A worker is measured directly,
+bypassing the scheduler; a model name is measured through the router.
+
+` + sweep.Definitions,
+		Args: exactArgs(1, "one worker or model"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if o.Split != sweep.SplitChat && o.Split != sweep.SplitAgent {
+				return usageError{fmt.Errorf("--split %q: use chat or agent", o.Split)}
+			}
+			res, err := h.Bench(c.Context(), u, args[0], o, c.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), res)
+			}
+			fmt.Fprint(c.OutOrStdout(), res.Text())
+			return nil
+		},
+	}
+	c.Flags().IntSliceVar(&o.Levels, "levels", []int{1, 2, 4}, "concurrency levels")
+	c.Flags().StringVar(&o.Split, "split", sweep.SplitChat, "chat (256-token answers) or agent (~4.6K-token prompts, ~70-token answers)")
+	c.Flags().IntVar(&o.Requests, "requests", 0, "requests per level (default 2×level, at least 3)")
+	c.Flags().IntVar(&o.Tokens, "tokens", 0, "output tokens per request (default 256 chat, 70 agent)")
+	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	return c
+}
+
+func admitCmd(h Hub, u fleet.User) *cobra.Command {
+	var force bool
+	c := &cobra.Command{
+		Use:   "admit --force WORKER",
+		Short: "let a rejected worker take traffic despite its failed admission check (operator, audited)",
+		Args:  exactArgs(1, "one worker"),
+		RunE: func(c *cobra.Command, args []string) error {
+			if !force {
+				return usageError{errors.New("admit overrides an admission check; say so with --force")}
+			}
+			msg, err := h.ForceAdmit(c.Context(), u, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), msg)
+			return nil
+		},
+	}
+	c.Flags().BoolVar(&force, "force", false, "required: override the failed check")
+	return c
+}
+
+func nodeCmd(h Hub, u fleet.User) *cobra.Command {
+	c := &cobra.Command{Use: "node", Short: "node maintenance"}
+	c.AddCommand(&cobra.Command{
+		Use:   "trust NODE",
+		Short: "accept a node's new host key after it was reinstalled (admin)",
+		Args:  exactArgs(1, "one node"),
+		RunE: func(c *cobra.Command, args []string) error {
+			msg, err := h.TrustNode(c.Context(), u, args[0])
+			if err != nil {
+				return err
+			}
+			fmt.Fprintln(c.OutOrStdout(), msg)
+			return nil
+		},
+	})
+	return c
+}
+
+func keyCmd(h Hub, u fleet.User) *cobra.Command {
+	c := &cobra.Command{Use: "key", Short: "router API keys (admin)"}
+	var asJSON bool
+	list := &cobra.Command{
+		Use:   "list",
+		Short: "list API keys by name (the keys themselves are never stored)",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			keys, err := h.Keys(c.Context(), u)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), keys)
+			}
+			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED")
+			for _, k := range keys {
+				revoked := "-"
+				if !k.Revoked.IsZero() {
+					revoked = k.Revoked.Local().Format(time.DateTime)
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked)
+			}
+			return tw.Flush()
+		},
+	}
+	list.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	c.AddCommand(
+		&cobra.Command{
+			Use:   "create NAME",
+			Short: "create a key for a client; it is printed once and only its hash is kept",
+			Args:  exactArgs(1, "one NAME"),
+			RunE: func(c *cobra.Command, args []string) error {
+				key, err := h.CreateKey(c.Context(), u, args[0])
+				if err != nil {
+					return err
+				}
+				fmt.Fprintln(c.OutOrStdout(), key)
+				fmt.Fprintln(c.ErrOrStderr(), "this key is shown once; clients send it as 'Authorization: Bearer KEY'")
+				return nil
+			},
+		},
+		list,
+		&cobra.Command{
+			Use:   "revoke NAME",
+			Short: "revoke a key at once",
+			Args:  exactArgs(1, "one NAME"),
+			RunE: func(c *cobra.Command, args []string) error {
+				if err := h.RevokeKey(c.Context(), u, args[0]); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.OutOrStdout(), "revoked %s\n", args[0])
+				return nil
+			},
+		},
+	)
+	return c
+}
