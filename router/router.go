@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"fleet"
@@ -142,6 +143,9 @@ type backend struct {
 	cfg       Backend
 	base      url.URL
 	transport *http.Transport
+	// dial is the current way to reach Addr; the transport reads it on
+	// every new connection.
+	dial      atomic.Pointer[dialFunc]
 	observers backendObservers
 
 	// requests forwarded to it and not yet finished, with their predicted
@@ -284,8 +288,11 @@ func (r *Router) SetBackends(bs []Backend) {
 		if cfg.Slots <= 0 {
 			cfg.Slots = 1
 		}
-		if b, ok := old[cfg.Name]; ok && b.cfg.Addr == cfg.Addr && sameDial(b.cfg.Dial, cfg.Dial) && b.cfg.Slots == cfg.Slots {
+		if b, ok := old[cfg.Name]; ok && b.cfg.Addr == cfg.Addr && b.cfg.Slots == cfg.Slots {
+			// Same engine: keep its connections, but dial new ones through
+			// the Dial given now (an SSH tunnel may have been re-established).
 			b.cfg = cfg
+			b.setDial(cfg.Dial)
 			next = append(next, b)
 			delete(old, cfg.Name)
 			continue
@@ -312,25 +319,24 @@ func (r *Router) SetBackends(bs []Backend) {
 	}
 }
 
-// sameDial reports whether two dial functions are the same function value.
-// Funcs are not comparable in Go; comparing their code pointer via fmt is
-// the usual trick and errs on the side of "different" (a new transport).
-func sameDial(a, b func(context.Context, string, string) (net.Conn, error)) bool {
-	if a == nil || b == nil {
-		return a == nil && b == nil
-	}
-	return fmt.Sprintf("%p", a) == fmt.Sprintf("%p", b)
-}
+type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
 
-func (r *Router) newBackend(cfg Backend) *backend {
-	dial := cfg.Dial
+func (b *backend) setDial(dial dialFunc) {
 	if dial == nil {
 		d := &net.Dialer{Timeout: 5 * time.Second, KeepAlive: 30 * time.Second}
 		dial = d.DialContext
 	}
+	b.dial.Store(&dial)
+}
+
+func (r *Router) newBackend(cfg Backend) *backend {
+	b := &backend{}
+	b.setDial(cfg.Dial)
 	conns := cfg.Slots + r.opts.ExtraConns
 	t := &http.Transport{
-		DialContext:         dial,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			return (*b.dial.Load())(ctx, network, addr)
+		},
 		MaxConnsPerHost:     conns,
 		MaxIdleConnsPerHost: conns,
 		MaxIdleConns:        conns,
@@ -341,18 +347,17 @@ func (r *Router) newBackend(cfg Backend) *backend {
 		ForceAttemptHTTP2:  false,
 	}
 	labels := prometheus.Labels{"model": cfg.Model, "backend": cfg.Name}
-	return &backend{
-		cfg:       cfg,
-		base:      url.URL{Scheme: "http", Host: cfg.Addr},
-		transport: t,
-		active:    map[*flight]struct{}{},
-		observers: backendObservers{
-			ttft:     r.metrics.ttft.With(labels),
-			itl:      r.metrics.itl.With(labels),
-			e2e:      r.metrics.e2e.With(labels),
-			inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
-		},
+	b.cfg = cfg
+	b.base = url.URL{Scheme: "http", Host: cfg.Addr}
+	b.transport = t
+	b.active = map[*flight]struct{}{}
+	b.observers = backendObservers{
+		ttft:     r.metrics.ttft.With(labels),
+		itl:      r.metrics.itl.With(labels),
+		e2e:      r.metrics.e2e.With(labels),
+		inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
 	}
+	return b
 }
 
 func (r *Router) workerLocked(name string) *worker {

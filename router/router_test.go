@@ -771,3 +771,25 @@ func TestHealthz(t *testing.T) {
 		t.Errorf("status %d", resp.StatusCode)
 	}
 }
+
+func TestSetBackendsUsesTheNewDial(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	_, b := startBackend(t, "ultra/qwen3-4b", 4, okJSON)
+	first, second := &countingDial{dials: map[string]int{}}, &countingDial{dials: map[string]int{}}
+	b.Dial = first.dial
+	r, rsrv := startRouter(t, Options{}, b)
+	resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
+	resp.Body.Close()
+	// The tunnel was re-established: new connections go through the new one.
+	b.Dial = second.dial
+	r.SetBackends([]Backend{b})
+	r.mu.Lock()
+	r.backends[0].transport.CloseIdleConnections()
+	r.mu.Unlock()
+	resp = post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
+	resp.Body.Close()
+	if first.count(b.Addr) != 1 || second.count(b.Addr) != 1 {
+		t.Errorf("dials: first %d, second %d; want 1 and 1", first.count(b.Addr), second.count(b.Addr))
+	}
+}
