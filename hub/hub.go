@@ -5,6 +5,7 @@
 package hub
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -29,6 +30,7 @@ import (
 	"fleet/nodes"
 	"fleet/router"
 	"fleet/sim"
+	"fleet/sshserver"
 	"fleet/store"
 )
 
@@ -45,6 +47,15 @@ type Options struct {
 	FleetBin string
 	// DrainTimeout bounds how long a drain waits for in-flight requests.
 	DrainTimeout time.Duration
+	// SSHAddr is where the console is served over SSH ("" = no console).
+	SSHAddr string
+	// AdminKeysFile is an authorized_keys file whose keys become admins.
+	AdminKeysFile string
+	// Theme is the console's server-wide theme ("" = from each client's background).
+	Theme string
+	// SSHMaxConnsPerIPPerMinute limits new SSH connections per address
+	// (0 = the server's default; negative disables).
+	SSHMaxConnsPerIPPerMinute int
 	// ProbeInterval and ReconcileInterval pace the node manager (0 = its defaults).
 	ProbeInterval     time.Duration
 	ReconcileInterval time.Duration
@@ -246,8 +257,44 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 	}
+	var console *sshserver.Server
+	if h.opts.SSHAddr != "" {
+		home, _ := os.UserHomeDir()
+		bootstrap := ""
+		if home != "" {
+			bootstrap = filepath.Join(home, ".ssh")
+		}
+		console, err = sshserver.New(sshserver.Options{
+			Addr:                     h.opts.SSHAddr,
+			HostKeyPath:              filepath.Join(h.opts.DataDir, "ssh_host_ed25519_key"),
+			Users:                    h.store,
+			Audit:                    func(e fleet.AuditEntry) { h.audit(fleet.User{Name: e.User}, e.Action, e.Target, e.Outcome) },
+			Source:                   h.ConsoleSource,
+			Exec:                     h.Exec,
+			MaxConnsPerIPPerMinute:   h.opts.SSHMaxConnsPerIPPerMinute,
+			Logger:                   h.log.With("component", "ssh"),
+			AdminKeysFile:            h.opts.AdminKeysFile,
+			LoopbackBootstrapKeysDir: bootstrap,
+			Theme:                    h.opts.Theme,
+		})
+		if err != nil {
+			ctl.Close()
+			ln.Close()
+			return err
+		}
+	}
 	var wg sync.WaitGroup
-	errc := make(chan error, 3)
+	errc := make(chan error, 4)
+	if console != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := console.ListenAndServe(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("ssh console: %w", err)
+				cancel()
+			}
+		}()
+	}
 	wg.Add(4)
 	go func() {
 		defer wg.Done()
@@ -738,6 +785,15 @@ func (h *Hub) Users(ctx context.Context, u fleet.User) ([]fleet.User, error) {
 		return nil, fmt.Errorf("permission denied: listing users needs the admin role; you are %s", roleName(u.Role))
 	}
 	return h.store.Users(ctx)
+}
+
+// WorkerLog returns the last lines of a worker's engine log.
+func (h *Hub) WorkerLog(ctx context.Context, name string, lines int) ([]string, error) {
+	var buf bytes.Buffer
+	if err := h.mgr.WorkerLog(ctx, name, lines, &buf); err != nil {
+		return nil, fmt.Errorf("reading the log of %s: %w (%s)", name, err, strings.TrimSpace(buf.String()))
+	}
+	return strings.Split(strings.TrimRight(buf.String(), "\n"), "\n"), nil
 }
 
 // hostKeys backs the SSH transport's host-key pinning with the store.

@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -61,7 +62,11 @@ type hubProc struct {
 func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc {
 	t.Helper()
 	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
-	args := append([]string{"--data", data, "serve", "--demo", "--http", h.http}, extra...)
+	args := []string{"--data", data, "serve", "--demo", "--http", h.http}
+	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--ssh") }) {
+		args = append(args, "--ssh=") // no console unless the test asks for one
+	}
+	args = append(args, extra...)
 	h.cmd = exec.Command(fleetBin, args...)
 	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
 	if err != nil {

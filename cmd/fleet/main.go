@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -156,12 +157,20 @@ func serveCmd(dataDir *string) *cobra.Command {
 			defer h.Close()
 			return h.Run(c.Context(), func(addr string) {
 				fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
+				if opts.SSHAddr != "" {
+					host, port, _ := net.SplitHostPort(opts.SSHAddr)
+					fmt.Fprintf(c.OutOrStdout(), "console: ssh -p %s %s\n", port, host)
+				}
 			})
 		},
 	}
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
+	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins")
+	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
+	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "new SSH connections allowed per client address per minute (0: default 30; negative: no limit)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
 }

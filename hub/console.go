@@ -1,0 +1,80 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"fleet"
+	"fleet/cli"
+	"fleet/console"
+)
+
+// consoleSource is one SSH user's view of the hub for the console: the
+// snapshot it renders and the actions its keys trigger, as that user.
+type consoleSource struct {
+	h *Hub
+	u fleet.User
+}
+
+// ConsoleSource gives user u's console its data and actions.
+func (h *Hub) ConsoleSource(u fleet.User) console.Source { return consoleSource{h: h, u: u} }
+
+func (s consoleSource) Snapshot() fleet.Snapshot {
+	ctx := context.Background()
+	snap := s.h.Snapshot(ctx)
+	if s.u.Role.Allows(fleet.RoleOperator) {
+		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
+			snap.Audit = audit
+		}
+	}
+	return snap
+}
+
+// Do returns at once for actions that take long (the console follows their
+// progress in the snapshots); shape answers with the diff to show.
+func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error) {
+	switch a.Kind {
+	case console.ActionDrain, console.ActionUndrain:
+		return s.h.Act(ctx, s.u, a.Kind, a.Targets)
+	case console.ActionRestart:
+		if err := s.h.authorize(s.u, fleet.RoleOperator, "restart", strings.Join(a.Targets, " ")); err != nil {
+			return "", err
+		}
+		go func() {
+			if _, err := s.h.Act(context.WithoutCancel(ctx), s.u, "restart", a.Targets); err != nil {
+				s.h.onEvent(fleet.Event{Level: "error", Subject: strings.Join(a.Targets, " "), Message: "restart failed: " + err.Error()})
+			}
+		}()
+		return fmt.Sprintf("restarting %s: drain, stop, launch (see its state and events)", strings.Join(a.Targets, ", ")), nil
+	case console.ActionShape:
+		if len(a.Targets) != 2 {
+			return "", fmt.Errorf("shape compares two workers: mark two with space, then press s")
+		}
+		r, err := s.h.Shape(ctx, s.u, a.Targets[0], a.Targets[1])
+		if err != nil {
+			return "", err
+		}
+		return r.Text(120, true), nil
+	case console.ActionBench:
+		if err := s.h.authorize(s.u, fleet.RoleOperator, "bench", strings.Join(a.Targets, " ")); err != nil {
+			return "", err
+		}
+		for _, t := range a.Targets {
+			go func() {
+				res, err := s.h.Bench(context.WithoutCancel(ctx), s.u, t, cli.BenchOptions{}, nil)
+				if err != nil {
+					s.h.onEvent(fleet.Event{Level: "error", Subject: t, Message: "bench failed: " + err.Error()})
+					return
+				}
+				s.h.onEvent(fleet.Event{Level: "info", Subject: t, Message: "bench:\n" + res.Text()})
+			}()
+		}
+		return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil
+	}
+	return "", fmt.Errorf("unknown action %q", a.Kind)
+}
+
+func (s consoleSource) WorkerLog(ctx context.Context, worker string, lines int) ([]string, error) {
+	return s.h.WorkerLog(ctx, worker, lines)
+}
