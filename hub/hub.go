@@ -481,6 +481,9 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 	}
 	for name, w := range h.workers {
 		v := fleet.WorkerView{Worker: w, Host: "?", GPU: "?"}
+		if w.Drained && w.State == fleet.WorkerReady {
+			v.State = fleet.WorkerDraining // ready ⇄ draining: the hub's drain flag is the state people see
+		}
 		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
 			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
 		}
