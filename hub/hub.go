@@ -47,6 +47,11 @@ type Options struct {
 	FleetBin string
 	// DrainTimeout bounds how long a drain waits for in-flight requests.
 	DrainTimeout time.Duration
+	// Policy is the router's scheduling policy ("" = fleet).
+	Policy string
+	// RequireKeys makes the router demand an API key even on loopback; a
+	// non-loopback HTTPAddr always does.
+	RequireKeys bool
 	// SSHAddr is where the console is served over SSH ("" = no console).
 	SSHAddr string
 	// AdminKeysFile is an authorized_keys file whose keys become admins.
@@ -140,9 +145,23 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 			return nil, err
 		}
 	}
+	var keys router.KeyVerifier
+	if opts.RequireKeys || !isLoopback(opts.HTTPAddr) {
+		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
+			st.Close()
+			return nil, err
+		}
+		keys = st
+	}
+	if _, err := router.NewPolicy(cmpOr(opts.Policy, "fleet")); err != nil {
+		st.Close()
+		return nil, fmt.Errorf("--policy: %w", err)
+	}
 	h.router = router.New(router.Options{
 		Logger:     opts.Logger.With("component", "router"),
 		Registerer: prometheus.NewRegistry(),
+		Policy:     opts.Policy,
+		Keys:       keys,
 		OnSample: func(s fleet.Sample) {
 			select {
 			case h.samples <- s:
@@ -198,6 +217,43 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	h.mgr.SetDesired(f)
 	h.mgr.Restore(known)
 	return h, nil
+}
+
+func cmpOr(a, b string) string {
+	if a != "" {
+		return a
+	}
+	return b
+}
+
+// isLoopback reports whether addr only listens on this machine.
+func isLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// requireKeys refuses to open the router to a network without a single API
+// key to check: that would be an open inference endpoint on the LAN.
+func requireKeys(ctx context.Context, st *store.Store, addr string) error {
+	keys, err := st.APIKeys(ctx)
+	if err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if k.Revoked.IsZero() {
+			return nil
+		}
+	}
+	return fmt.Errorf("the router would listen on %s and require API keys, but none exists; "+
+		"start the hub on loopback first (fleet serve --http 127.0.0.1:8080), create one with 'fleet key create NAME', "+
+		"then restart with --http %s", addr, addr)
 }
 
 // installSelf copies the running executable to DATA/bin/fleet so simulated

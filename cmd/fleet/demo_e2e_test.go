@@ -408,3 +408,51 @@ func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
 		t.Errorf("export after apply:\n%s", out)
 	}
 }
+
+func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
+	data := t.TempDir()
+	// Open on the LAN with no key: refused before anything listens.
+	out, err := exec.Command(fleetBin, "--data", data, "serve", "--http", "0.0.0.0:0", "--ssh=").CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "fleet key create") {
+		t.Fatalf("a hub open on the LAN without keys started, or did not say how to make one: %v\n%s", err, out)
+	}
+	port := freePort(t)
+	h := startHub(t, data, port)
+	var ws []fleet.WorkerView
+	t.Cleanup(func() { killEngines(ws) })
+	ws = waitReady(t, data, 3, 30*time.Second)
+	key, code := fleetCmd(t, data, "key", "create", "ci")
+	key = strings.TrimSpace(strings.Split(key, "\n")[0])
+	if code != 0 || !strings.HasPrefix(key, "fk-") {
+		t.Fatalf("key create: exit %d: %q", code, key)
+	}
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	h.cmd.Wait()
+	h = startHub(t, data, port, "--require-keys")
+	ws = waitReady(t, data, 3, 30*time.Second)
+	body := `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	for _, tc := range []struct {
+		key  string
+		want int
+	}{{"", 401}, {"fk-wrong", 401}, {key, 200}} {
+		req, _ := http.NewRequest("POST", "http://"+h.http+"/v1/chat/completions", strings.NewReader(body))
+		if tc.key != "" {
+			req.Header.Set("Authorization", "Bearer "+tc.key)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != tc.want {
+			t.Errorf("key %q: HTTP %d, want %d: %s", tc.key, resp.StatusCode, tc.want, b)
+		}
+		if tc.want == 401 && !strings.Contains(string(b), `"error"`) {
+			t.Errorf("401 is not OpenAI-shaped: %s", b)
+		}
+	}
+	if out, code := fleetCmd(t, data, "key", "list"); code != 0 || !strings.Contains(out, "ci") || strings.Contains(out, key) {
+		t.Errorf("key list (must name the key, never show it): exit %d\n%s", code, out)
+	}
+}

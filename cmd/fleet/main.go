@@ -58,7 +58,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 
 	exit := cli.ExitOK
-	root.AddCommand(serveCmd(&dataDir), simCmd())
+	root.AddCommand(serveCmd(&dataDir), simCmd(), simulateCmd())
 	// Every hub command runs inside the hub; locally it is forwarded through
 	// the control socket with the arguments as typed.
 	for _, c := range hubCommands() {
@@ -167,6 +167,8 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion), p2c-least-loaded, round-robin, random")
+	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses)")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins")
 	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
