@@ -14,9 +14,9 @@ import (
 
 	"fleet"
 	"fleet/bench"
-	"fleet/cli"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
+	"fleet/cli"
 	"fleet/nodes"
 	"fleet/router"
 	"fleet/store"
