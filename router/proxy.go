@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/router/reasoning"
 )
 
 // hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never forwarded.
@@ -150,6 +151,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	if known {
 		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
 	}
+	mode := r.normalisationLocked(model, req.URL.Path)
 	r.mu.Unlock()
 	if !known {
 		r.countStatus(info.Model, "", http.StatusNotFound)
@@ -165,7 +167,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			r.answerSchedError(w, req, model, err, lastErr)
 			return
 		}
-		res := r.forward(w, req, f, body, info, arrived)
+		res := r.forward(w, req, f, body, info, mode, arrived)
 		if !res.retry {
 			return
 		}
@@ -231,8 +233,9 @@ type forwardResult struct {
 	err   error
 }
 
-// forward sends the body to f's backend and streams the answer back.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, info requestInfo, arrived time.Time) forwardResult {
+// forward sends the body to f's backend and streams the answer back,
+// normalised to mode when mode is not Off.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, info requestInfo, mode reasoning.Mode, arrived time.Time) forwardResult {
 	b := f.b
 	ctx := req.Context()
 	u := b.base
@@ -261,6 +264,10 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		// The router's key is not the engine's business.
 		out.Header.Del("Authorization")
 	}
+	if mode != reasoning.Off {
+		// The router reads the answer to rewrite it, so it must come plain.
+		out.Header.Del("Accept-Encoding")
+	}
 
 	sent := time.Now()
 	resp, err := b.transport.RoundTrip(out)
@@ -283,6 +290,43 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		return forwardResult{retry: true, err: fmt.Errorf("%s answered %s: %s", b.cfg.Name, resp.Status, bytes.TrimSpace(snippet))}
 	}
 
+	sse := isEventStream(resp.Header.Get("Content-Type"))
+	rewrite := mode != reasoning.Off && rewritable(resp)
+	m := newMeter(sse)
+	var upstream io.Reader = resp.Body
+	var firstByte time.Time
+	// rewritten, when set, is the whole non-streamed answer to send.
+	var rewritten []byte
+	if rewrite && !sse {
+		raw, err := readForRewrite(resp.Body)
+		if err != nil {
+			r.release(f, nil)
+			if ctx.Err() != nil {
+				r.countStatus(f.model, b.cfg.Name, 499)
+				return forwardResult{}
+			}
+			// Nothing reached the client yet, so another worker may answer.
+			r.recordFailure(b, false, err)
+			return forwardResult{retry: true, err: fmt.Errorf("%s failed while sending its answer: %w", b.cfg.Name, err)}
+		}
+		firstByte = time.Now()
+		out, rerr := rewriteJSONBody(raw, mode)
+		switch {
+		case errors.Is(rerr, errBodyOverLimit):
+			r.log.Warn("answer passed through without reasoning normalisation", "backend", b.cfg.Name, "err", rerr)
+			upstream = io.MultiReader(bytes.NewReader(raw), resp.Body)
+		case rerr != nil:
+			r.log.Warn("answer passed through without reasoning normalisation", "backend", b.cfg.Name, "err", rerr)
+			rewritten = raw
+		default:
+			rewritten = out
+		}
+		if rewritten != nil {
+			// The meter only needs the tail, where usage sits.
+			m.feed(raw[max(0, len(raw)-2048):], firstByte)
+		}
+	}
+
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
@@ -290,7 +334,9 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	for _, hh := range hopHeaders {
 		h.Del(hh)
 	}
-	sse := isEventStream(resp.Header.Get("Content-Type"))
+	if rewritten != nil {
+		h.Set("Content-Length", strconv.Itoa(len(rewritten)))
+	}
 	if sse {
 		// Lengths of streams are not ours to promise, and proxies in
 		// front of us must not buffer.
@@ -303,21 +349,32 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		flusher.Flush()
 	}
 
-	m := newMeter(sse)
+	var streamErr, clientErr error
+	if rewritten != nil {
+		_, clientErr = w.Write(rewritten)
+		// Nothing left to read: the loop below sees EOF at once.
+		upstream = http.NoBody
+	}
+	var norm *sseNormaliser
+	if rewrite && sse {
+		norm = newSSENormaliser(mode)
+	}
 	bufp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bufp)
 	buf := *bufp
-	var firstByte time.Time
-	var streamErr, clientErr error
-	for {
-		n, rerr := resp.Body.Read(buf)
+	for clientErr == nil {
+		n, rerr := upstream.Read(buf)
 		if n > 0 {
 			now := time.Now()
 			if firstByte.IsZero() {
 				firstByte = now
 			}
 			m.feed(buf[:n], now)
-			if _, werr := w.Write(buf[:n]); werr != nil {
+			chunk := buf[:n]
+			if norm != nil {
+				chunk = norm.feed(chunk)
+			}
+			if _, werr := w.Write(chunk); werr != nil {
 				clientErr = werr
 				break
 			}
@@ -326,6 +383,13 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			}
 		}
 		if rerr == io.EOF {
+			if norm != nil {
+				if _, werr := w.Write(norm.finish()); werr != nil {
+					clientErr = werr
+				} else if flusher != nil {
+					flusher.Flush()
+				}
+			}
 			break
 		}
 		if rerr != nil {

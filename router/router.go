@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/router/reasoning"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -184,10 +185,12 @@ type Router struct {
 	policy   Policy
 	handler  http.Handler
 
-	mu       sync.Mutex
-	models   []fleet.Model
-	names    map[string]string // ID or alias → model ID
-	backends []*backend        // the ready set, in the order given
+	mu     sync.Mutex
+	models []fleet.Model
+	names  map[string]string // ID or alias → model ID
+	// modes holds the models whose responses are normalised; absent is Off.
+	modes    map[string]reasoning.Mode
+	backends []*backend // the ready set, in the order given
 	workers  map[string]*worker
 	queues   map[string]*queue // by model ID
 	// changed is closed (and replaced) whenever a request finishes, so
@@ -258,8 +261,20 @@ func (r *Router) routes() http.Handler {
 }
 
 // SetModels replaces the known models. A known model with no ready backend
-// answers 503; a name no model has answers 404.
-func (r *Router) SetModels(models []fleet.Model) {
+// answers 503; a name no model has answers 404. A model whose Reasoning is
+// "inline" or "field" has its chat completions normalised to that shape on
+// every worker. An unknown Reasoning value is an error and changes nothing.
+func (r *Router) SetModels(models []fleet.Model) error {
+	modes := map[string]reasoning.Mode{}
+	for _, m := range models {
+		mode, err := reasoning.ParseMode(m.Reasoning)
+		if err != nil {
+			return fmt.Errorf("model %q: %w (the router kept its previous models)", m.ID, err)
+		}
+		if mode != reasoning.Off {
+			modes[m.ID] = mode
+		}
+	}
 	names := map[string]string{}
 	for _, m := range models {
 		names[m.ID] = m.ID
@@ -272,7 +287,12 @@ func (r *Router) SetModels(models []fleet.Model) {
 	r.mu.Lock()
 	r.models = slices.Clone(models)
 	r.names = names
+	r.modes = modes
 	r.mu.Unlock()
+	for id, mode := range modes {
+		r.log.Info("normalising reasoning in chat completions", "model", id, "shape", string(mode))
+	}
+	return nil
 }
 
 // SetBackends replaces the ready set. Requests in flight on a removed backend
