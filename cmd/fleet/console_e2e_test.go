@@ -93,14 +93,23 @@ type tmuxServer struct {
 
 func newTmux(t *testing.T) *tmuxServer {
 	t.Helper()
-	s := &tmuxServer{t: t, sock: fmt.Sprintf("fleet-e2e-%d-%d", os.Getpid(), time.Now().UnixNano())}
-	t.Cleanup(func() { _ = exec.Command("tmux", "-L", s.sock, "kill-server").Run() })
+	// A socket path of our own (not -L, whose socket tmux leaves behind in
+	// /tmp/tmux-UID), short enough for a unix socket address.
+	dir, err := os.MkdirTemp("", "fleet-tmux")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := &tmuxServer{t: t, sock: filepath.Join(dir, "sock")}
+	t.Cleanup(func() {
+		_ = exec.Command("tmux", "-S", s.sock, "kill-server").Run()
+		os.RemoveAll(dir)
+	})
 	return s
 }
 
 func (s *tmuxServer) tmux(args ...string) string {
 	s.t.Helper()
-	out, err := exec.Command("tmux", append([]string{"-L", s.sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
+	out, err := exec.Command("tmux", append([]string{"-S", s.sock, "-f", "/dev/null"}, args...)...).CombinedOutput()
 	if err != nil {
 		s.t.Fatalf("tmux %s: %v\n%s", strings.Join(args, " "), err, out)
 	}
