@@ -54,10 +54,18 @@ type recorder struct {
 	removed []fleet.Worker
 }
 
-func (r *recorder) worker(w fleet.Worker) { r.mu.Lock(); r.workers = append(r.workers, w); r.mu.Unlock() }
-func (r *recorder) node(n fleet.Node)     { r.mu.Lock(); r.nodes = append(r.nodes, n); r.mu.Unlock() }
-func (r *recorder) event(e fleet.Event)   { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
-func (r *recorder) remove(w fleet.Worker) { r.mu.Lock(); r.removed = append(r.removed, w); r.mu.Unlock() }
+func (r *recorder) worker(w fleet.Worker) {
+	r.mu.Lock()
+	r.workers = append(r.workers, w)
+	r.mu.Unlock()
+}
+func (r *recorder) node(n fleet.Node)   { r.mu.Lock(); r.nodes = append(r.nodes, n); r.mu.Unlock() }
+func (r *recorder) event(e fleet.Event) { r.mu.Lock(); r.events = append(r.events, e); r.mu.Unlock() }
+func (r *recorder) remove(w fleet.Worker) {
+	r.mu.Lock()
+	r.removed = append(r.removed, w)
+	r.mu.Unlock()
+}
 
 func (r *recorder) sawState(name string, s fleet.WorkerState) bool {
 	r.mu.Lock()
@@ -254,7 +262,10 @@ func killEngine(t *testing.T, pid int) {
 // up by design.
 func cleanupEngines(t *testing.T, h *harness) {
 	t.Cleanup(func() {
-		for _, w := range h.rec.workers {
+		h.rec.mu.Lock()
+		ws := slices.Clone(h.rec.workers)
+		h.rec.mu.Unlock()
+		for _, w := range ws {
 			for _, pid := range enginesOnPort(w.Port) {
 				syscall.Kill(-pid, syscall.SIGKILL)
 			}
@@ -523,5 +534,3 @@ func TestManagerUnknownModelFails(t *testing.T) {
 	}
 	h.waitReady("max/qwen3-4b")
 }
-
-

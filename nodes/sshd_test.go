@@ -147,6 +147,12 @@ func (s *testSSHD) start() {
 		s.t.Fatalf("starting sshd: %v", err)
 	}
 	s.t.Cleanup(s.kill)
+	log := s.stderr
+	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			s.t.Logf("sshd log:\n%s", log.String())
+		}
+	})
 	deadline := time.Now().Add(15 * time.Second)
 	for {
 		c, err := net.DialTimeout("tcp", s.addr(), time.Second)
@@ -161,14 +167,22 @@ func (s *testSSHD) start() {
 	}
 }
 
-// kill ends sshd and every session process it forked, the way a machine
-// losing its sshd (or its power) ends all of them: sshd's per-connection
-// children leave its process group, so they are found by parentage.
+// kill ends sshd and every per-connection sshd it forked, so every client
+// connection drops at once, as when a node loses its sshd. Those children
+// leave its process group, so they are found by parentage. The commands the
+// sessions ran are left to notice on their own: killing them mid-way can
+// strand lock files of the user's shell start-up (pyenv's rehash lock made
+// every later SSH command wait a minute).
 func (s *testSSHD) kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	pids := append(descendants(s.cmd.Process.Pid), s.cmd.Process.Pid)
+	pids := []int{s.cmd.Process.Pid}
+	for _, pid := range descendants(s.cmd.Process.Pid) {
+		if comm, err := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "comm")); err == nil && strings.HasPrefix(string(comm), "sshd") {
+			pids = append(pids, pid)
+		}
+	}
 	for _, pid := range pids {
 		_ = syscall.Kill(pid, syscall.SIGKILL)
 	}

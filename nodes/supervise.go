@@ -104,6 +104,14 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 		node, t, changed, up := m.nodeFor(ws)
+		if !up && node.State == fleet.NodeUnknown {
+			// Not probed yet: nothing has failed.
+			if ws.w.State != fleet.WorkerPending && ws.w.State != fleet.WorkerStarting {
+				m.setState(ws, fleet.WorkerPending, "waiting for node "+node.Name+" to be probed")
+			}
+			m.sleep(ctx, ws, changed, 0)
+			continue
+		}
 		if !up {
 			reason := fmt.Sprintf("node %s is %s", node.Name, node.State)
 			if node.Reason != "" {
