@@ -53,8 +53,11 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		return bench.Target{}, w, fmt.Errorf("worker %s is %s, not answering; wait until it is ready (see 'workers')", w.Name(), w.State)
 	}
 	dial := h.mgr.Dialer(w.Node)
+	// Checks are occasional: no keep-alive, so a per-call client leaves no
+	// idle connection (or SSH channel) behind.
 	client := &http.Client{Transport: &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) { return dial(ctx, network, addr) },
+		DialContext:       func(ctx context.Context, network, addr string) (net.Conn, error) { return dial(ctx, network, addr) },
+		DisableKeepAlives: true,
 	}}
 	return bench.Target{
 		Name:       w.Node,
@@ -268,20 +271,36 @@ func (h *Hub) checkMemory(w fleet.Worker, m fleet.Model) error {
 	return nil
 }
 
-// singleRequestSpeed is one request's decode speed on a target.
-func singleRequestSpeed(ctx context.Context, t bench.Target) (float64, error) {
+// singleRequestSpeed measures one request's decode speed on a worker and
+// teaches the router's speed model what it saw, so a new worker's curve
+// starts from a measurement rather than a prior.
+func (h *Hub) singleRequestSpeed(ctx context.Context, worker string) (float64, error) {
+	t, _, err := h.workerTarget(worker)
+	if err != nil {
+		return 0, err
+	}
 	res, err := sweep.Sweep(ctx, t, sweep.Options{Levels: []int{1}, RequestsPerLevel: 1, Warmup: -1, OutputTokens: admissionSpeedTokens})
 	if err != nil {
 		return 0, err
 	}
 	if len(res.Levels) == 0 || res.Levels[0].Failed > 0 || res.Levels[0].PerRequestTokPerS <= 0 {
-		return 0, fmt.Errorf("the speed probe on %s failed: %v", t.Name, res.Levels)
+		msg := "no answer"
+		if len(res.Levels) > 0 && len(res.Levels[0].Errors) > 0 {
+			msg = strings.Join(res.Levels[0].Errors, "; ")
+		}
+		return 0, fmt.Errorf("the speed probe on %s failed: %s", worker, msg)
 	}
+	h.seedSpeed(worker, res)
 	return res.Levels[0].PerRequestTokPerS, nil
 }
 
 func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model) error {
-	// The best ready worker is the one the router measured fastest.
+	newSpeed, err := h.singleRequestSpeed(ctx, w.Name())
+	if err != nil {
+		return fmt.Errorf("speed: %w", err)
+	}
+	// The best ready worker is the one the router predicts fastest for one
+	// request; it is measured again now, with the same prompt.
 	var best string
 	var bestSpeed float64
 	h.mu.Lock()
@@ -293,7 +312,8 @@ func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model) err
 	}
 	h.mu.Unlock()
 	if len(candidates) == 0 {
-		return nil // the first worker of a model sets the bar
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request; first ready worker of %s, it sets the bar", newSpeed, w.Model)})
+		return nil
 	}
 	for _, s := range h.router.Stats() {
 		if candidates[s.Name] && (best == "" || s.TokPerSec > bestSpeed) {
@@ -305,19 +325,7 @@ func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model) err
 			best = name
 		}
 	}
-	mine, _, err := h.workerTarget(w.Name())
-	if err != nil {
-		return err
-	}
-	theirs, _, err := h.workerTarget(best)
-	if err != nil {
-		return nil // the best worker went away meanwhile; nothing to compare with
-	}
-	newSpeed, err := singleRequestSpeed(ctx, mine)
-	if err != nil {
-		return fmt.Errorf("speed: %w", err)
-	}
-	bestSpeed, err = singleRequestSpeed(ctx, theirs)
+	bestSpeed, err = h.singleRequestSpeed(ctx, best)
 	if err != nil {
 		return nil // the reference worker failed its probe; do not blame the newcomer
 	}
