@@ -6,6 +6,7 @@ package hub
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -98,7 +99,7 @@ func LocalAdmin() fleet.User {
 
 // Open prepares a hub: opens (and migrates) the database, applies the demo or
 // fleet file, and restores the workers the database knew.
-func Open(ctx context.Context, opts Options) (*Hub, error) {
+func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -112,6 +113,11 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	if err != nil {
 		return nil, err
 	}
+	defer func() {
+		if err != nil {
+			st.Close()
+		}
+	}()
 	h := &Hub{
 		opts:    opts,
 		log:     opts.Logger,
@@ -123,7 +129,6 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	if h.opts.FleetBin == "" {
 		bin, err := installSelf(opts.DataDir)
 		if err != nil {
-			st.Close()
 			return nil, err
 		}
 		h.opts.FleetBin = bin
@@ -132,29 +137,24 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	case opts.FleetFile != "":
 		data, err := os.ReadFile(opts.FleetFile)
 		if err != nil {
-			st.Close()
 			return nil, fmt.Errorf("reading the fleet file: %w", err)
 		}
 		if _, err := h.apply(ctx, filepath.Base(opts.FleetFile), data, false); err != nil {
-			st.Close()
 			return nil, err
 		}
 	case opts.Demo:
 		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
-			st.Close()
 			return nil, err
 		}
 	}
 	var keys router.KeyVerifier
 	if opts.RequireKeys || !isLoopback(opts.HTTPAddr) {
 		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
-			st.Close()
 			return nil, err
 		}
 		keys = st
 	}
-	if _, err := router.NewPolicy(cmpOr(opts.Policy, "fleet")); err != nil {
-		st.Close()
+	if _, err := router.NewPolicy(cmp.Or(opts.Policy, "fleet")); err != nil {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = router.New(router.Options{
@@ -198,7 +198,6 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	})
 	f, err := st.LoadFleet(ctx)
 	if err != nil {
-		st.Close()
 		return nil, err
 	}
 	for _, n := range f.Nodes {
@@ -208,7 +207,6 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	h.router.SetModels(f.Models)
 	known, err := st.Workers(ctx)
 	if err != nil {
-		st.Close()
 		return nil, err
 	}
 	for _, w := range known {
@@ -217,13 +215,6 @@ func Open(ctx context.Context, opts Options) (*Hub, error) {
 	h.mgr.SetDesired(f)
 	h.mgr.Restore(known)
 	return h, nil
-}
-
-func cmpOr(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // isLoopback reports whether addr only listens on this machine.
