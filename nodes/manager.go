@@ -141,6 +141,9 @@ type workerState struct {
 	attempt  context.CancelFunc // cancels a launch in progress for a request
 	held     bool               // operator-stopped: stay down until started
 	retiring bool
+	// strangerPorts are ports fleet picked for this worker and found held
+	// by a process that is not an engine of ours; allocatePort skips them.
+	strangerPorts map[int]bool
 }
 
 var errRemoved = errors.New("placement removed")
@@ -623,6 +626,9 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 		if o.placement.Node == node.Name || (hub && onHub(o.placement.Node)) {
 			used[o.w.Port] = true
 		}
+	}
+	for p := range ws.strangerPorts {
+		used[p] = true
 	}
 	free := func(p int) bool {
 		if used[p] || p < m.opts.PortMin || p > m.opts.PortMax {

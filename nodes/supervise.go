@@ -301,6 +301,7 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 // process answers, then the admission check.
 func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
 	eo := m.engineOptions()
+	prevPort := ws.w.Port
 	port, err := m.allocatePort(ws, node)
 	if err != nil {
 		return err
@@ -336,6 +337,33 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	}
 
 	owner, err := enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
+	// A remote node's ports cannot be test-bound from the hub, so a port
+	// fleet just picked may turn out to belong to an unrelated service.
+	// Nobody asked for that port: leave the stranger alone and take the
+	// next one, instead of failing on it forever. The worker's own previous
+	// port is different: a stranger there is refused (the seed's bug).
+	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort && tries < 16; tries++ {
+		m.event("warn", ws.name, err.Error()+"; leaving it alone and taking another port")
+		m.mu.Lock()
+		if ws.strangerPorts == nil {
+			ws.strangerPorts = map[int]bool{}
+		}
+		ws.strangerPorts[port] = true
+		m.mu.Unlock()
+		if port, err = m.allocatePort(ws, node); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		ws.w.Port = port
+		m.mu.Unlock()
+		if spec, cmd, err = m.desiredCommand(ws, node, t); err != nil {
+			return err
+		}
+		m.update(ws, func(w *fleet.Worker) {
+			w.Port, w.Argv, w.LaunchArgv = port, cmd.Argv, cmd.LaunchArgv
+		})
+		owner, err = enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
+	}
 	if owner.Message != "" {
 		m.event("warn", ws.name, owner.Message)
 	}
