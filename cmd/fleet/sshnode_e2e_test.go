@@ -1,0 +1,766 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/ed25519"
+	"crypto/rand"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/user"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/crypto/ssh"
+
+	"fleet"
+)
+
+// These tests drive a real OpenSSH sshd on loopback as a remote node of a
+// hub started from a fleet file: the hub reaches it over SSH exactly as it
+// would a machine across the network (probe, launch, tunnel), and the
+// engine it launches there is the sim, run from the hub's fleet binary,
+// which exists on this machine and so on the "remote" one.
+
+const e2eSSHD = "/usr/sbin/sshd"
+
+// loopSSHD is a real sshd on 127.0.0.1 with throwaway keys, configured from
+// a temp dir.
+type loopSSHD struct {
+	t        *testing.T
+	dir      string
+	port     int
+	hostKey  string
+	identity string
+	// home is the node user's $HOME: the node's own, as a separate machine
+	// would have, rather than this machine's account with its shell rc
+	// files (bash sources ~/.bashrc for every sshd command, and a slow or
+	// lock-taking one stalls every command the hub runs). The engine's
+	// ~/.fleet state lands there too.
+	home string
+	cmd  *exec.Cmd
+	log  *syncBuffer
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func writeEd25519(t *testing.T, path string) ssh.PublicKey {
+	t.Helper()
+	_, priv, err := ed25519.GenerateKey(rand.Reader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	block, err := ssh.MarshalPrivateKey(priv, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	signer, err := ssh.NewSignerFromKey(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return signer.PublicKey()
+}
+
+func newLoopSSHD(t *testing.T) *loopSSHD {
+	t.Helper()
+	if _, err := os.Stat(e2eSSHD); err != nil {
+		t.Skipf("OpenSSH server not installed (%s missing): install openssh-server to run the SSH node tests", e2eSSHD)
+	}
+	if os.Geteuid() == 0 {
+		// As root sshd insists on its privilege separation directory.
+		if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
+			t.Skipf("sshd needs /run/sshd when run as root and it cannot be created: %v", err)
+		}
+	}
+	dir := t.TempDir()
+	s := &loopSSHD{t: t, dir: dir, port: freePort(t)}
+	s.home = filepath.Join(dir, "home")
+	if err := os.Mkdir(s.home, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	s.hostKey = filepath.Join(dir, "host_ed25519")
+	writeEd25519(t, s.hostKey)
+	s.identity = filepath.Join(dir, "id_ed25519")
+	pub := writeEd25519(t, s.identity)
+	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), ssh.MarshalAuthorizedKey(pub), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.writeConfig()
+	t.Cleanup(s.kill)
+	return s
+}
+
+func (s *loopSSHD) writeConfig() {
+	cfg := fmt.Sprintf(`Port %d
+ListenAddress 127.0.0.1
+HostKey %s
+AuthorizedKeysFile %s
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+PermitRootLogin prohibit-password
+AllowTcpForwarding yes
+PidFile %s
+StrictModes no
+UsePAM no
+MaxSessions 64
+MaxStartups 64
+LogLevel VERBOSE
+SetEnv HOME=%s
+`, s.port, s.hostKey, filepath.Join(s.dir, "authorized_keys"), filepath.Join(s.dir, "sshd.pid"), s.home)
+	if err := os.WriteFile(filepath.Join(s.dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
+		s.t.Fatal(err)
+	}
+}
+
+// rotateHostKey gives the next start another machine's host key.
+func (s *loopSSHD) rotateHostKey() {
+	s.hostKey = filepath.Join(s.dir, fmt.Sprintf("host_ed25519_%d", time.Now().UnixNano()))
+	writeEd25519(s.t, s.hostKey)
+	s.writeConfig()
+}
+
+func (s *loopSSHD) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+
+func (s *loopSSHD) address() string {
+	u, err := user.Current()
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	return u.Username + "@" + s.addr()
+}
+
+func (s *loopSSHD) start() {
+	s.t.Helper()
+	s.log = &syncBuffer{}
+	s.cmd = exec.Command(e2eSSHD, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
+	s.cmd.Stderr = s.log
+	if err := s.cmd.Start(); err != nil {
+		s.t.Fatalf("starting sshd: %v", err)
+	}
+	log := s.log
+	s.t.Cleanup(func() {
+		if s.t.Failed() {
+			s.t.Logf("sshd log:\n%s", log.String())
+		}
+	})
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		c, err := net.DialTimeout("tcp", s.addr(), time.Second)
+		if err == nil {
+			c.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			s.t.Fatalf("sshd did not listen on %s: %v\nsshd log:\n%s", s.addr(), err, s.log.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// kill ends sshd and every session process it forked, as a machine losing
+// its sshd does. Per-connection children leave sshd's process group, so
+// they are found by parentage. Engines launched detached were reparented
+// away from sshd and survive, as they would on a real node.
+func (s *loopSSHD) kill() {
+	if s.cmd == nil || s.cmd.Process == nil {
+		return
+	}
+	for _, pid := range append(descendantsOf(s.cmd.Process.Pid), s.cmd.Process.Pid) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+func descendantsOf(root int) []int {
+	children := map[int][]int{}
+	entries, _ := os.ReadDir("/proc")
+	for _, e := range entries {
+		pid, err := strconv.Atoi(e.Name())
+		if err != nil {
+			continue
+		}
+		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
+		if err != nil {
+			continue
+		}
+		rest := string(raw)
+		if i := strings.LastIndex(rest, ") "); i >= 0 {
+			rest = rest[i+2:]
+		}
+		f := strings.Fields(rest)
+		if len(f) < 2 {
+			continue
+		}
+		ppid, _ := strconv.Atoi(f[1])
+		children[ppid] = append(children[ppid], pid)
+	}
+	var out []int
+	var walk func(int)
+	walk = func(p int) {
+		for _, c := range children[p] {
+			out = append(out, c)
+			walk(c)
+		}
+	}
+	walk(root)
+	return out
+}
+
+// startFleetHub starts `fleet serve --fleet FILE` (no demo, no console).
+func startFleetHub(t *testing.T, data string, httpPort int, fleetFile string) *hubProc {
+	t.Helper()
+	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
+	h.cmd = exec.Command(fleetBin, "--data", data, "serve", "--fleet", fleetFile, "--http", h.http, "--ssh=", "--log-level", "debug")
+	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.cmd.Stdout, h.cmd.Stderr = out, out
+	if err := h.cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if h.cmd.ProcessState == nil {
+			h.cmd.Process.Signal(syscall.SIGTERM)
+			h.cmd.Wait()
+		}
+		out.Close()
+		if t.Failed() {
+			b, _ := os.ReadFile(out.Name())
+			t.Logf("hub log %s:\n%s", filepath.Base(out.Name()), b)
+		}
+	})
+	return h
+}
+
+// killSimsOf kills every simulated engine run from data's fleet binary:
+// whatever a test left behind, wherever its hub thought it was.
+func killSimsOf(data string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
+		}
+		argv := strings.Split(string(b), "\x00")
+		if len(argv) > 1 && strings.HasPrefix(argv[0], data+"/") && argv[1] == "sim" {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+	}
+}
+
+// sshFleet is a hub whose one node is the loopback sshd.
+type sshFleet struct {
+	sshd     *loopSSHD
+	data     string
+	httpPort int
+	file     string
+	hub      *hubProc
+	node     string
+}
+
+func (f *sshFleet) base() string { return "http://" + f.hub.http }
+
+const sshFleetModel = `models:
+  - id: qwen3-4b
+    context: 16384
+    memory_gb: 1
+    recipes:
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+        args: [--jinja, --reasoning-format, none]
+      sim:
+        profile: m4max-llamacpp
+`
+
+func (f *sshFleet) fleetFile(withPlacement bool) string {
+	s := fmt.Sprintf("nodes:\n  - name: %s\n    address: %s\n    identity: %s\n", f.node, f.sshd.address(), f.sshd.identity) + sshFleetModel
+	if withPlacement {
+		s += fmt.Sprintf("placements:\n  - model: qwen3-4b\n    node: %s\n    engine: sim\n", f.node)
+	}
+	return s
+}
+
+// startSSHFleet starts an sshd and a hub with one placement of the sim engine
+// on it, and registers the cleanup of whatever engine that leaves behind.
+func startSSHFleet(t *testing.T, node string) *sshFleet {
+	t.Helper()
+	f := &sshFleet{sshd: newLoopSSHD(t), data: t.TempDir(), httpPort: freePort(t), node: node}
+	f.sshd.start()
+	f.file = filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(f.file, []byte(f.fleetFile(true)), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	// Registered before the hub so it runs after the hub has stopped and
+	// cannot relaunch anything.
+	t.Cleanup(func() { killSimsOf(f.data) })
+	f.hub = startFleetHub(t, f.data, f.httpPort, f.file)
+	return f
+}
+
+func nodesJSON(t *testing.T, data string) []fleet.Node {
+	t.Helper()
+	out, code := fleetCmd(t, data, "nodes", "--json")
+	if code != 0 {
+		return nil
+	}
+	var ns []fleet.Node
+	if err := json.Unmarshal([]byte(out), &ns); err != nil {
+		t.Fatalf("nodes --json is not JSON: %v\n%s", err, out)
+	}
+	return ns
+}
+
+func eventsJSON(t *testing.T, data, subject string) []fleet.Event {
+	t.Helper()
+	out, code := fleetCmd(t, data, "events", "--json", "--limit", "500", "--subject", subject)
+	if code != 0 {
+		t.Fatalf("events: exit %d: %s", code, out)
+	}
+	var evs []fleet.Event
+	dec := json.NewDecoder(strings.NewReader(out))
+	for {
+		var e fleet.Event
+		if err := dec.Decode(&e); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("events --json: %v\n%s", err, out)
+		}
+		evs = append(evs, e)
+	}
+	return evs
+}
+
+// waitWorker polls `fleet workers --json` until one worker satisfies ok.
+func waitWorker(t *testing.T, data, name, what string, within time.Duration, ok func(fleet.WorkerView) bool) fleet.WorkerView {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last fleet.WorkerView
+	for {
+		for _, w := range workersJSON(t, data) {
+			if w.Name() == name {
+				last = w
+				if ok(w) {
+					return w
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("worker %s not %s within %s; last seen: state %s, reason %q, PID %d", name, what, within, last.State, last.Reason, last.PID)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func waitNode(t *testing.T, data, name, what string, within time.Duration, ok func(fleet.Node) bool) fleet.Node {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var last fleet.Node
+	for {
+		for _, n := range nodesJSON(t, data) {
+			if n.Name == name {
+				last = n
+				if ok(n) {
+					return n
+				}
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("node %s not %s within %s; last seen: state %s, reason %q", name, what, within, last.State, last.Reason)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// chatStream sends a streamed chat completion and reads it to its end,
+// giving up after within (a hang guard: a stream that outlives it is an
+// error). onChunk sees each SSE data payload as it arrives.
+type streamResult struct {
+	status int
+	body   string   // the whole body of a non-200 answer
+	events []string // SSE data payloads
+	err    error    // a transport error reading the stream
+}
+
+func chatStream(base string, maxTokens int, within time.Duration, onChunk func(n int, data string)) streamResult {
+	body := fmt.Sprintf(`{"model":"qwen3-4b","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return streamResult{err: err}
+	}
+	defer resp.Body.Close()
+	r := streamResult{status: resp.StatusCode}
+	if resp.StatusCode != 200 {
+		b, _ := io.ReadAll(resp.Body)
+		r.body = string(b)
+		return r
+	}
+	sc := bufio.NewScanner(resp.Body)
+	for sc.Scan() {
+		if data, ok := strings.CutPrefix(sc.Text(), "data: "); ok {
+			r.events = append(r.events, data)
+			if onChunk != nil {
+				onChunk(len(r.events), data)
+			}
+		}
+	}
+	r.err = sc.Err()
+	return r
+}
+
+// openAIError is the error object of an OpenAI-shaped error body or event.
+func openAIError(payload string) (msg string, ok bool) {
+	var e struct {
+		Error *struct {
+			Message string `json:"message"`
+			Type    string `json:"type"`
+		} `json:"error"`
+	}
+	if json.Unmarshal([]byte(payload), &e) != nil || e.Error == nil || e.Error.Message == "" {
+		return "", false
+	}
+	return e.Error.Message, true
+}
+
+// TestSSHNodeLifecycle: a node reached only over SSH is probed, gets a sim
+// engine launched through SSH, serves a stream through the SSH tunnel,
+// survives a kill -9 of the hub (adopted with the same PID, serving again),
+// and is stopped when an apply removes its placement.
+func TestSSHNodeLifecycle(t *testing.T) {
+	f := startSSHFleet(t, "remote")
+
+	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	n := waitNode(t, f.data, "remote", "probed", 5*time.Second, func(n fleet.Node) bool { return n.Platform != nil })
+	if n.State != fleet.NodeUp || n.Platform.OS != "linux" || n.Platform.MemTotalBytes == 0 || !strings.HasPrefix(n.HostKey, "ssh-ed25519 ") {
+		t.Errorf("node after the SSH probe: state %s, platform %+v, host key %q", n.State, n.Platform, n.HostKey)
+	}
+	if w.Host != "Linux" {
+		t.Errorf("worker host label %q, want Linux from the probe", w.Host)
+	}
+	if !alive(w.PID) {
+		t.Fatalf("engine PID %d is not running", w.PID)
+	}
+	// The engine binds the node's loopback; LaunchArgv is the sim run from
+	// the hub's fleet binary, Argv the llama-server it stands in for.
+	wantBin := filepath.Join(f.data, "bin", "fleet")
+	if len(w.LaunchArgv) < 2 || w.LaunchArgv[0] != wantBin || w.LaunchArgv[1] != "sim" || !w.Simulated {
+		t.Errorf("launch argv %q, want %s sim …", w.LaunchArgv, wantBin)
+	}
+	if got := strings.Join(w.Argv, " "); !strings.HasPrefix(got, "llama-server ") || !strings.Contains(got, "--host 127.0.0.1 --port "+strconv.Itoa(w.Port)) {
+		t.Errorf("argv %q, want llama-server bound to 127.0.0.1:%d", got, w.Port)
+	}
+	if evs := eventsJSON(t, f.data, "remote"); !containsEvent(evs, "pinned on first contact") {
+		t.Errorf("no first-contact host key event for remote: %+v", evs)
+	}
+
+	// A stream routed through the SSH tunnel (direct-tcpip to the node's
+	// 127.0.0.1:PORT) arrives whole.
+	before := requestsTo(t, f.base(), w.Name())
+	r := chatStream(f.base(), 16, 30*time.Second, nil)
+	if r.status != 200 || r.err != nil || len(r.events) < 5 || r.events[len(r.events)-1] != "[DONE]" {
+		t.Fatalf("stream through the tunnel: HTTP %d, err %v, %d events, body %q", r.status, r.err, len(r.events), r.body)
+	}
+	if after := requestsTo(t, f.base(), w.Name()); after != before+1 {
+		t.Errorf("router counted %d requests to %s for one stream", after-before, w.Name())
+	}
+
+	// kill -9 the hub: the engine on the node keeps running…
+	f.hub.cmd.Process.Kill()
+	f.hub.cmd.Wait()
+	if !alive(w.PID) {
+		t.Fatalf("engine PID %d died with the hub", w.PID)
+	}
+	// …and the hub started again adopts it over SSH.
+	f.hub = startFleetHub(t, f.data, f.httpPort, f.file)
+	again := waitWorker(t, f.data, w.Name(), "ready again", 45*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
+	if again.PID != w.PID {
+		t.Errorf("after the hub restart: PID %d, was %d: restarted instead of adopted", again.PID, w.PID)
+	}
+	if n := countSims(t, f.data); n != 1 {
+		t.Errorf("%d engines run after the hub restart, want 1", n)
+	}
+	if evs := eventsJSON(t, f.data, w.Name()); !containsEvent(evs, fmt.Sprintf("adopted running engine PID %d", w.PID)) {
+		t.Errorf("no adoption event: %+v", evs)
+	}
+	if r := chatStream(f.base(), 8, 30*time.Second, nil); r.status != 200 || len(r.events) < 3 || r.events[len(r.events)-1] != "[DONE]" {
+		t.Fatalf("no stream after adoption: HTTP %d, err %v, %d events, body %q", r.status, r.err, len(r.events), r.body)
+	}
+
+	// Stop: apply the same fleet without the placement.
+	without := filepath.Join(t.TempDir(), "without.yaml")
+	os.WriteFile(without, []byte(f.fleetFile(false)), 0o600)
+	if out, code := fleetCmd(t, f.data, "apply", "-f", without); code != 0 || !strings.Contains(out, "placement qwen3-4b on remote") {
+		t.Fatalf("apply without the placement: exit %d:\n%s", code, out)
+	}
+	deadline := time.Now().Add(45 * time.Second)
+	for alive(w.PID) || len(workersJSON(t, f.data)) != 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine PID %d (alive %v) or its worker still there 45 s after its placement was removed: %+v", w.PID, alive(w.PID), workersJSON(t, f.data))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if n := countSims(t, f.data); n != 0 {
+		t.Errorf("%d engines still run after the placement was removed", n)
+	}
+}
+
+func containsEvent(evs []fleet.Event, sub string) bool {
+	for _, e := range evs {
+		if strings.Contains(e.Message, sub) {
+			return true
+		}
+	}
+	return false
+}
+
+// TestSSHNodeChangedHostKeyIsRefused: the same address answering with
+// another host key is refused loudly until an admin trusts it.
+func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
+	f := startSSHFleet(t, "rekeyed")
+	w := waitWorker(t, f.data, "rekeyed/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	pinned := waitNode(t, f.data, "rekeyed", "pinned", 5*time.Second, func(n fleet.Node) bool { return n.HostKey != "" }).HostKey
+
+	// The machine is "reinstalled": same port, another host key.
+	f.sshd.kill()
+	f.sshd.rotateHostKey()
+	f.sshd.start()
+
+	n := waitNode(t, f.data, "rekeyed", "refused for its changed host key", 45*time.Second, func(n fleet.Node) bool {
+		return n.State == fleet.NodeUnreachable && strings.Contains(n.Reason, "host key")
+	})
+	for _, want := range []string{"host key of node rekeyed changed", "was SHA256:", "now SHA256:", "fleet node trust rekeyed"} {
+		if !strings.Contains(n.Reason, want) {
+			t.Errorf("node reason %q does not say %q", n.Reason, want)
+		}
+	}
+	if n.HostKey != pinned {
+		t.Errorf("a refused key replaced the pinned one: %q, was %q", n.HostKey, pinned)
+	}
+	var sawEvent bool
+	for _, e := range eventsJSON(t, f.data, "rekeyed") {
+		if e.Level == "error" && strings.Contains(e.Message, "host key of node rekeyed changed") {
+			sawEvent = true
+		}
+	}
+	if !sawEvent {
+		t.Errorf("no error event about the changed host key")
+	}
+	waitWorker(t, f.data, w.Name(), "out of the ready set", 20*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	if r := chatStream(f.base(), 4, 30*time.Second, nil); r.status == 200 {
+		t.Errorf("a request was served while the only node is refused: %d events", len(r.events))
+	}
+
+	// An admin accepts the new key: the node comes back and its engine,
+	// which never stopped, is adopted.
+	if out, code := fleetCmd(t, f.data, "node", "trust", "rekeyed"); code != 0 {
+		t.Fatalf("node trust: exit %d: %s", code, out)
+	}
+	back := waitWorker(t, f.data, w.Name(), "ready after trust", 60*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
+	if back.PID != w.PID {
+		t.Errorf("after trust: PID %d, want the adopted %d", back.PID, w.PID)
+	}
+	n = waitNode(t, f.data, "rekeyed", "up with the new key pinned", 10*time.Second, func(n fleet.Node) bool { return n.State == fleet.NodeUp })
+	if n.HostKey == pinned || !strings.HasPrefix(n.HostKey, "ssh-ed25519 ") {
+		t.Errorf("pinned key after trust: %q (was %q)", n.HostKey, pinned)
+	}
+	out, _ := fleetCmd(t, f.data, "audit", "--json")
+	if !strings.Contains(out, `"node trust"`) {
+		t.Errorf("node trust is not in the audit trail: %s", out)
+	}
+	if r := chatStream(f.base(), 4, 30*time.Second, nil); r.status != 200 || r.events[len(r.events)-1] != "[DONE]" {
+		t.Errorf("no stream after trust: HTTP %d, %q", r.status, r.body)
+	}
+}
+
+// TestSSHNodeLostMidStream: the node's sshd dies while a long stream flows
+// through its tunnel. The client gets an OpenAI-shaped error, not a hang,
+// and the worker leaves the ready set.
+func TestSSHNodeLostMidStream(t *testing.T) {
+	f := startSSHFleet(t, "flaky")
+	w := waitWorker(t, f.data, "flaky/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+
+	// m4max-llamacpp decodes ~87 tok/s: 4000 tokens would take ~45 s.
+	var killed time.Time
+	r := chatStream(f.base(), 4000, 40*time.Second, func(n int, _ string) {
+		if n == 5 {
+			f.sshd.kill()
+			killed = time.Now()
+		}
+	})
+	if killed.IsZero() {
+		t.Fatalf("the stream never got going: HTTP %d, err %v, %d events, body %q", r.status, r.err, len(r.events), r.body)
+	}
+	if errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatalf("the stream hung after the node's sshd died: %d events, last %q", len(r.events), r.events[len(r.events)-1])
+	}
+	t.Logf("stream ended %v after sshd was killed, with %d events", time.Since(killed).Round(time.Millisecond), len(r.events))
+	var msg string
+	for _, e := range r.events {
+		if m, ok := openAIError(e); ok {
+			msg = m
+		}
+	}
+	if msg == "" {
+		last := ""
+		if len(r.events) > 0 {
+			last = r.events[len(r.events)-1]
+		}
+		t.Errorf("the stream ended without an OpenAI-shaped error event (err %v, last event %q)", r.err, last)
+	} else {
+		t.Logf("error event: %s", msg)
+	}
+	if len(r.events) > 0 && r.events[len(r.events)-1] == "[DONE]" && msg == "" {
+		t.Errorf("a cut stream ended with [DONE], as if complete")
+	}
+
+	gone := waitWorker(t, f.data, w.Name(), "out of the ready set", 30*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	t.Logf("worker is %s: %s", gone.State, gone.Reason)
+	// With its only worker gone, a new request is refused in OpenAI shape
+	// rather than left waiting.
+	r = chatStream(f.base(), 4, 40*time.Second, nil)
+	if errors.Is(r.err, context.DeadlineExceeded) {
+		t.Fatal("a request to a model without a reachable worker hung")
+	}
+	if r.status == 200 {
+		t.Errorf("a request was served with the node down: %d events", len(r.events))
+	} else if _, ok := openAIError(r.body); !ok {
+		t.Errorf("HTTP %d with a body that is not an OpenAI error: %q", r.status, r.body)
+	}
+	if !alive(w.PID) {
+		t.Errorf("the engine died with the node's sshd; it should outlive the connection")
+	}
+}
+
+// TestAdmissionRejectsASlowWorker: a ~10.7 tok/s worker joining a model whose
+// best ready worker does ~90 tok/s is rejected with both figures, until an
+// operator forces it in (audited).
+func TestAdmissionRejectsASlowWorker(t *testing.T) {
+	data := t.TempDir()
+	const nodesFast = `nodes:
+  - name: fast
+    address: sim:rtx3060-vllm
+`
+	const slowNode = `  - name: slow
+    address: sim:m1ultra-27b-starved
+`
+	const models = `models:
+  - id: qwen3-4b
+    context: 16384
+    memory_gb: 3
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+        args: [--jinja, --reasoning-format, none]
+`
+	first := filepath.Join(t.TempDir(), "fast.yaml")
+	os.WriteFile(first, []byte(nodesFast+models+"placements:\n  - model: qwen3-4b\n    nodes: [fast]\n"), 0o600)
+	second := filepath.Join(t.TempDir(), "both.yaml")
+	os.WriteFile(second, []byte(nodesFast+slowNode+models+"placements:\n  - model: qwen3-4b\n    nodes: [fast, slow]\n"), 0o600)
+
+	t.Cleanup(func() { killSimsOf(data) })
+	startFleetHub(t, data, freePort(t), first)
+	waitWorker(t, data, "fast/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+
+	if out, code := fleetCmd(t, data, "apply", "-f", second); code != 0 {
+		t.Fatalf("apply adding the slow node: exit %d:\n%s", code, out)
+	}
+	slow := waitWorker(t, data, "slow/qwen3-4b", "judged", 60*time.Second, func(w fleet.WorkerView) bool {
+		return w.State == fleet.WorkerRejected || w.State == fleet.WorkerReady || w.State == fleet.WorkerFailed
+	})
+	if slow.State != fleet.WorkerRejected {
+		t.Fatalf("the slow worker is %s (%q), want rejected", slow.State, slow.Reason)
+	}
+	t.Logf("rejected: %s", slow.Reason)
+	newSpeed, bestSpeed, ok := speedFigures(slow.Reason)
+	if !ok || !strings.Contains(slow.Reason, "fast/qwen3-4b") {
+		t.Fatalf("the reason does not give both speeds and the best worker: %q", slow.Reason)
+	}
+	if newSpeed < 5 || newSpeed > 16 || bestSpeed < 50 || bestSpeed > 130 {
+		t.Errorf("figures %.1f vs %.1f tok/s are not the profiles' ~10.7 and ~90", newSpeed, bestSpeed)
+	}
+	for _, w := range workersJSON(t, data) {
+		if w.Name() == "fast/qwen3-4b" && w.State != fleet.WorkerReady {
+			t.Errorf("the fast worker is %s after the slow one was judged", w.State)
+		}
+	}
+
+	// An operator overrides it; the audit trail says who.
+	if out, code := fleetCmd(t, data, "admit", "--force", "slow/qwen3-4b"); code != 0 {
+		t.Fatalf("admit --force: exit %d: %s", code, out)
+	}
+	waitWorker(t, data, "slow/qwen3-4b", "ready after admit --force", 20*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	out, code := fleetCmd(t, data, "audit", "--json")
+	if code != 0 {
+		t.Fatalf("audit: exit %d: %s", code, out)
+	}
+	var audit []fleet.AuditEntry
+	if err := json.Unmarshal([]byte(out), &audit); err != nil {
+		t.Fatalf("audit --json is not JSON: %v\n%s", err, out)
+	}
+	var found bool
+	for _, a := range audit {
+		if a.Action == "admit --force" && a.Target == "slow/qwen3-4b" && a.Outcome == "ok" && a.User != "" {
+			found = true
+		}
+	}
+	if !found {
+		t.Errorf("admit --force is not in the audit trail: %+v", audit)
+	}
+}
+
+// speedFigures reads "speed: N tok/s … S tok/s" from a rejection reason.
+func speedFigures(reason string) (newSpeed, best float64, ok bool) {
+	var nums []float64
+	fields := strings.Fields(reason)
+	for i, f := range fields {
+		if f == "tok/s" && i > 0 {
+			if v, err := strconv.ParseFloat(fields[i-1], 64); err == nil {
+				nums = append(nums, v)
+			}
+		}
+	}
+	if len(nums) != 2 {
+		return 0, 0, false
+	}
+	return nums[0], nums[1], true
+}
