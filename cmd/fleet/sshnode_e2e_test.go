@@ -465,9 +465,33 @@ func openAIError(payload string) (msg string, ok bool) {
 // survives a kill -9 of the hub (adopted with the same PID, serving again),
 // and is stopped when an apply removes its placement.
 func TestSSHNodeLifecycle(t *testing.T) {
-	f := startSSHFleet(t, "remote")
+	// A stranger (this test process) listens on the first free port of the
+	// engines' range, which the hub, unable to test-bind ports on a remote
+	// node, will pick: it must leave it alone and take another.
+	var stranger net.Listener
+	for p := 18000; p < 19000 && stranger == nil; p++ {
+		stranger, _ = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+	}
+	if stranger == nil {
+		t.Fatal("no free port in the engines' range 18000-18999")
+	}
+	defer stranger.Close()
+	strangerPort := stranger.Addr().(*net.TCPAddr).Port
 
+	f := startSSHFleet(t, "remote")
 	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	switch {
+	case w.Port == strangerPort:
+		t.Fatalf("the engine reports ready on port %d, which the stranger holds", w.Port)
+	case w.Port > strangerPort:
+		want := fmt.Sprintf("port %d is already in use by PID %d", strangerPort, os.Getpid())
+		if evs := eventsJSON(t, f.data, w.Name()); !containsEvent(evs, want) {
+			t.Errorf("no event naming the stranger on port %d (%q): %+v", strangerPort, want, evs)
+		}
+		t.Logf("engine on port %d; the stranger's port %d was left alone", w.Port, strangerPort)
+	default: // a lower port was freed by another process meanwhile
+		t.Logf("engine took port %d, below the stranger's %d", w.Port, strangerPort)
+	}
 	n := waitNode(t, f.data, "remote", "probed", 5*time.Second, func(n fleet.Node) bool { return n.Platform != nil })
 	if n.State != fleet.NodeUp || n.Platform.OS != "linux" || n.Platform.MemTotalBytes == 0 || !strings.HasPrefix(n.HostKey, "ssh-ed25519 ") {
 		t.Errorf("node after the SSH probe: state %s, platform %+v, host key %q", n.State, n.Platform, n.HostKey)
@@ -562,10 +586,12 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	f.sshd.kill()
 	f.sshd.rotateHostKey()
 	f.sshd.start()
+	rekeyed := time.Now()
 
 	n := waitNode(t, f.data, "rekeyed", "refused for its changed host key", 45*time.Second, func(n fleet.Node) bool {
 		return n.State == fleet.NodeUnreachable && strings.Contains(n.Reason, "host key")
 	})
+	t.Logf("node refused %v after sshd came back with another key: %s", time.Since(rekeyed).Round(time.Millisecond), n.Reason)
 	for _, want := range []string{"host key of node rekeyed changed", "was SHA256:", "now SHA256:", "fleet node trust rekeyed"} {
 		if !strings.Contains(n.Reason, want) {
 			t.Errorf("node reason %q does not say %q", n.Reason, want)
@@ -593,7 +619,9 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	if out, code := fleetCmd(t, f.data, "node", "trust", "rekeyed"); code != 0 {
 		t.Fatalf("node trust: exit %d: %s", code, out)
 	}
+	trusted := time.Now()
 	back := waitWorker(t, f.data, w.Name(), "ready after trust", 60*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
+	t.Logf("worker ready again %v after node trust", time.Since(trusted).Round(time.Millisecond))
 	if back.PID != w.PID {
 		t.Errorf("after trust: PID %d, want the adopted %d", back.PID, w.PID)
 	}
@@ -655,7 +683,9 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 	t.Logf("worker is %s: %s", gone.State, gone.Reason)
 	// With its only worker gone, a new request is refused in OpenAI shape
 	// rather than left waiting.
+	asked := time.Now()
 	r = chatStream(f.base(), 4, 40*time.Second, nil)
+	t.Logf("request with the node down: HTTP %d after %v: %s", r.status, time.Since(asked).Round(time.Millisecond), strings.TrimSpace(r.body))
 	if errors.Is(r.err, context.DeadlineExceeded) {
 		t.Fatal("a request to a model without a reachable worker hung")
 	}
@@ -698,8 +728,10 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 	os.WriteFile(second, []byte(nodesFast+slowNode+models+"placements:\n  - model: qwen3-4b\n    nodes: [fast, slow]\n"), 0o600)
 
 	t.Cleanup(func() { killSimsOf(data) })
+	start := time.Now()
 	startFleetHub(t, data, freePort(t), first)
 	waitWorker(t, data, "fast/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	t.Logf("fast worker ready after %v", time.Since(start).Round(time.Millisecond))
 
 	if out, code := fleetCmd(t, data, "apply", "-f", second); code != 0 {
 		t.Fatalf("apply adding the slow node: exit %d:\n%s", code, out)
@@ -710,7 +742,7 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 	if slow.State != fleet.WorkerRejected {
 		t.Fatalf("the slow worker is %s (%q), want rejected", slow.State, slow.Reason)
 	}
-	t.Logf("rejected: %s", slow.Reason)
+	t.Logf("slow worker rejected after %v: %s", time.Since(start).Round(time.Millisecond), slow.Reason)
 	newSpeed, bestSpeed, ok := speedFigures(slow.Reason)
 	if !ok || !strings.Contains(slow.Reason, "fast/qwen3-4b") {
 		t.Fatalf("the reason does not give both speeds and the best worker: %q", slow.Reason)
