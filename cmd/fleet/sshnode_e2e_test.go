@@ -511,6 +511,11 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	if got := strings.Join(w.Argv, " "); !strings.HasPrefix(got, "llama-server ") || !strings.Contains(got, "--host 127.0.0.1 --port "+strconv.Itoa(w.Port)) {
 		t.Errorf("argv %q, want llama-server bound to 127.0.0.1:%d", got, w.Port)
 	}
+	// The engine's pid and log files are in ~/.fleet on the node, written
+	// through SSH.
+	if _, err := os.Stat(filepath.Join(f.sshd.home, ".fleet", "remote-qwen3-4b.log")); err != nil {
+		t.Errorf("the engine's log is not in the node's ~/.fleet: %v", err)
+	}
 	if evs := eventsJSON(t, f.data, "remote"); !containsEvent(evs, "pinned on first contact") {
 		t.Errorf("no first-contact host key event for remote: %+v", evs)
 	}
@@ -633,8 +638,8 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	if !strings.Contains(out, `"node trust"`) {
 		t.Errorf("node trust is not in the audit trail: %s", out)
 	}
-	if r := chatStream(f.base(), 4, 30*time.Second, nil); r.status != 200 || r.events[len(r.events)-1] != "[DONE]" {
-		t.Errorf("no stream after trust: HTTP %d, %q", r.status, r.body)
+	if r := chatStream(f.base(), 4, 30*time.Second, nil); r.status != 200 || len(r.events) == 0 || r.events[len(r.events)-1] != "[DONE]" {
+		t.Errorf("no stream after trust: HTTP %d, err %v, %d events, body %q", r.status, r.err, len(r.events), r.body)
 	}
 }
 
