@@ -72,12 +72,14 @@ models:
     # Low enough to admit the starved worker (10.7 tok/s against 96).
     speed_tolerance: 0.05
     recipes:
+      # Tool calls must come back in the same shape from both engines, or
+      # admission's reference-shape rule rejects whichever differs.
       vllm:
         model: Qwen/Qwen3-4B-AWQ
-        args: [--max-num-seqs, "8"]
+        args: [--max-num-seqs, "8", --enable-auto-tool-choice, --tool-call-parser, hermes]
       llamacpp:
         model: Qwen3-4B-Q4_K_M.gguf
-        args: [-ngl, "99", --reasoning-format, none]
+        args: [-ngl, "99", --jinja, --reasoning-format, none]
 placements:
   - model: qwen3-4b
     nodes: [wsl, ultra, max, ultra27]
