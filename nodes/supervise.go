@@ -342,14 +342,19 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	// Nobody asked for that port: leave the stranger alone and take the
 	// next one, instead of failing on it forever. The worker's own previous
 	// port is different: a stranger there is refused (the seed's bug).
-	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort && tries < 16; tries++ {
-		m.event("warn", ws.name, err.Error()+"; leaving it alone and taking another port")
+	// Each attempt looks at a bounded number of ports; the skipped ones are
+	// remembered, so the next attempt goes on from where this one stopped.
+	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort; tries++ {
 		m.mu.Lock()
 		if ws.strangerPorts == nil {
 			ws.strangerPorts = map[int]bool{}
 		}
 		ws.strangerPorts[port] = true
 		m.mu.Unlock()
+		if tries == 16 {
+			break
+		}
+		m.event("warn", ws.name, err.Error()+"; leaving it alone and taking another port")
 		if port, err = m.allocatePort(ws, node); err != nil {
 			return err
 		}
