@@ -406,9 +406,7 @@ func waitNode(t *testing.T, data, name, what string, within time.Duration, ok fu
 	}
 }
 
-// chatStream sends a streamed chat completion and reads it to its end,
-// giving up after within (a hang guard: a stream that outlives it is an
-// error). onChunk sees each SSE data payload as it arrives.
+// streamResult is how a streamed chat completion ended.
 type streamResult struct {
 	status int
 	body   string   // the whole body of a non-200 answer
@@ -416,6 +414,9 @@ type streamResult struct {
 	err    error    // a transport error reading the stream
 }
 
+// chatStream sends a streamed chat completion and reads it to its end,
+// giving up after within (a hang guard: a stream that outlives it ends with
+// a deadline error). onChunk sees each SSE data payload as it arrives.
 func chatStream(base string, maxTokens int, within time.Duration, onChunk func(n int, data string)) streamResult {
 	body := fmt.Sprintf(`{"model":"qwen3-4b","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
 	ctx, cancel := context.WithTimeout(context.Background(), within)
