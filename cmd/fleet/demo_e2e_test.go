@@ -59,15 +59,22 @@ type hubProc struct {
 	http string
 }
 
+// startHub starts `fleet serve --demo` with extra flags.
 func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc {
 	t.Helper()
+	return launchHub(t, data, httpPort, append([]string{"--demo"}, extra...)...)
+}
+
+// launchHub starts `fleet serve` on data with the router on httpPort; no
+// SSH console unless the flags ask for one. Its log is printed if the test fails.
+func launchHub(t *testing.T, data string, httpPort int, flags ...string) *hubProc {
+	t.Helper()
 	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
-	args := []string{"--data", data, "serve", "--demo", "--http", h.http}
-	if !slices.ContainsFunc(extra, func(a string) bool { return strings.HasPrefix(a, "--ssh") }) {
-		args = append(args, "--ssh=") // no console unless the test asks for one
+	args := []string{"--data", data, "serve", "--http", h.http}
+	if !slices.ContainsFunc(flags, func(a string) bool { return strings.HasPrefix(a, "--ssh") }) {
+		args = append(args, "--ssh=")
 	}
-	args = append(args, extra...)
-	h.cmd = exec.Command(fleetBin, args...)
+	h.cmd = exec.Command(fleetBin, append(args, flags...)...)
 	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
 	if err != nil {
 		t.Fatal(err)
@@ -84,7 +91,7 @@ func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc
 		out.Close()
 		if t.Failed() {
 			b, _ := os.ReadFile(out.Name())
-			t.Logf("hub log:\n%s", b)
+			t.Logf("hub log %s:\n%s", filepath.Base(out.Name()), b)
 		}
 	})
 	return h

@@ -235,31 +235,10 @@ func runRealtimePolicy(t *testing.T, policy, fleetFile string, arrivals []rtArri
 	return r
 }
 
-// startPolicyHub starts `fleet serve` on a fleet file with a policy, no console.
+// startPolicyHub starts `fleet serve --fleet FILE --policy NAME`.
 func startPolicyHub(t *testing.T, data string, httpPort int, fleetFile, policy string) *hubProc {
 	t.Helper()
-	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
-	h.cmd = exec.Command(fleetBin, "--data", data, "serve", "--fleet", fleetFile, "--policy", policy, "--http", h.http, "--ssh=")
-	out, err := os.Create(filepath.Join(data, "hub.log"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.cmd.Stdout, h.cmd.Stderr = out, out
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h.cmd.ProcessState == nil {
-			h.cmd.Process.Signal(syscall.SIGTERM)
-			h.cmd.Wait()
-		}
-		out.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("hub log:\n%s", b)
-		}
-	})
-	return h
+	return launchHub(t, data, httpPort, "--fleet", fleetFile, "--policy", policy)
 }
 
 // rtWaitAllReady waits until n workers are ready, and gives up at once when

@@ -239,31 +239,10 @@ func descendantsOf(root int) []int {
 	return out
 }
 
-// startFleetHub starts `fleet serve --fleet FILE` (no demo, no console).
+// startFleetHub starts `fleet serve --fleet FILE` (no demo) with debug logs.
 func startFleetHub(t *testing.T, data string, httpPort int, fleetFile string) *hubProc {
 	t.Helper()
-	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
-	h.cmd = exec.Command(fleetBin, "--data", data, "serve", "--fleet", fleetFile, "--http", h.http, "--ssh=", "--log-level", "debug")
-	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.cmd.Stdout, h.cmd.Stderr = out, out
-	if err := h.cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if h.cmd.ProcessState == nil {
-			h.cmd.Process.Signal(syscall.SIGTERM)
-			h.cmd.Wait()
-		}
-		out.Close()
-		if t.Failed() {
-			b, _ := os.ReadFile(out.Name())
-			t.Logf("hub log %s:\n%s", filepath.Base(out.Name()), b)
-		}
-	})
-	return h
+	return launchHub(t, data, httpPort, "--fleet", fleetFile, "--log-level", "debug")
 }
 
 // killSimsOf kills every simulated engine run from data's fleet binary:
