@@ -20,7 +20,8 @@ const smallBody = `{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"
 
 // benchTargets starts an in-process backend, a bare httputil.ReverseProxy
 // in front of it, and the router in front of it, all on loopback sockets.
-func benchTargets(b *testing.B, backend http.HandlerFunc, slots int) (direct, proxy, routed string) {
+// reasoningMode is the model's normalisation setting ("" for off).
+func benchTargets(b *testing.B, backend http.HandlerFunc, slots int, reasoningMode string) (direct, proxy, routed string) {
 	b.Helper()
 	be := httptest.NewServer(backend)
 	b.Cleanup(be.Close)
@@ -30,7 +31,11 @@ func benchTargets(b *testing.B, backend http.HandlerFunc, slots int) (direct, pr
 	ps := httptest.NewServer(rp)
 	b.Cleanup(ps.Close)
 	r := New(Options{})
-	r.SetModels(testModels())
+	models := testModels()
+	models[0].Reasoning = reasoningMode
+	if err := r.SetModels(models); err != nil {
+		b.Fatal(err)
+	}
 	r.SetBackends([]Backend{{Name: "bench/qwen3-4b", Model: "qwen3-4b", Addr: be.Listener.Addr().String(), Context: 16384, Slots: slots}})
 	rs := httptest.NewServer(r.Handler())
 	b.Cleanup(rs.Close)
@@ -65,7 +70,7 @@ func pctl(d []time.Duration, q float64) time.Duration {
 // interleaving direct, bare reverse proxy and router so that noise on the
 // shared machine hits all three alike, and reports what each proxy adds.
 func BenchmarkOverheadSmall(b *testing.B) {
-	direct, proxy, routed := benchTargets(b, okJSON, 4)
+	direct, proxy, routed := benchTargets(b, okJSON, 4, "")
 	c := benchClient(4)
 	for _, base := range []string{direct, proxy, routed} {
 		for range 200 { // warm connections and caches
@@ -95,10 +100,11 @@ func BenchmarkOverheadSmall(b *testing.B) {
 
 // BenchmarkAllocs reports allocations per small request, direct and through
 // the router; the difference is what the router allocates (client and
-// backend allocations are in both).
+// backend allocations are in both). router-inline normalises the answer.
 func BenchmarkAllocs(b *testing.B) {
-	direct, _, routed := benchTargets(b, okJSON, 4)
-	for _, tc := range []struct{ name, base string }{{"direct", direct}, {"router", routed}} {
+	direct, _, routed := benchTargets(b, okJSON, 4, "")
+	_, _, inline := benchTargets(b, okJSON, 4, "inline")
+	for _, tc := range []struct{ name, base string }{{"direct", direct}, {"router", routed}, {"router-inline", inline}} {
 		b.Run(tc.name, func(b *testing.B) {
 			c := benchClient(1)
 			roundTrip(b, c, tc.base, smallBody)
@@ -168,9 +174,15 @@ func streams(b *testing.B, c *http.Client, base string, n int) float64 {
 
 // BenchmarkStreams64 compares token throughput of 64 concurrent streams of
 // 128 tokens 5 ms apart, direct and through the router.
-func BenchmarkStreams64(b *testing.B) {
+func BenchmarkStreams64(b *testing.B) { benchStreams64(b, "") }
+
+// BenchmarkStreams64Inline is BenchmarkStreams64 with the model's streams
+// normalised to inline reasoning: every event is decoded and re-encoded.
+func BenchmarkStreams64Inline(b *testing.B) { benchStreams64(b, "inline") }
+
+func benchStreams64(b *testing.B, reasoningMode string) {
 	const n = 64
-	direct, _, routed := benchTargets(b, tokenStream, n)
+	direct, _, routed := benchTargets(b, tokenStream, n, reasoningMode)
 	c := benchClient(n)
 	streams(b, c, direct, n)
 	streams(b, c, routed, n)
