@@ -45,6 +45,7 @@ type Hub interface {
 	CreateKey(ctx context.Context, u fleet.User, name string) (string, error)
 	Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error)
 	RevokeKey(ctx context.Context, u fleet.User, name string) error
+	SetTheme(ctx context.Context, u fleet.User, name string) error
 }
 
 // BenchOptions choose what a bench run measures.
@@ -174,6 +175,22 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			},
 		}),
 		userCmd(h, u, stdin),
+		&cobra.Command{
+			Use:   "theme dark|light|high-contrast|auto",
+			Short: "choose your console theme (auto follows your terminal's background)",
+			Args:  exactArgs(1, "one theme name"),
+			RunE: func(c *cobra.Command, args []string) error {
+				name := args[0]
+				if name == "auto" {
+					name = ""
+				}
+				if err := h.SetTheme(c.Context(), u, name); err != nil {
+					return err
+				}
+				fmt.Fprintf(c.OutOrStdout(), "theme %s from your next session\n", args[0])
+				return nil
+			},
+		},
 		shapeCmd(h, u),
 		benchCmd(h, u),
 		admitCmd(h, u),

@@ -33,6 +33,7 @@ import (
 	"fleet/sim"
 	"fleet/sshserver"
 	"fleet/store"
+	"fleet/themes"
 )
 
 // Options configure a hub.
@@ -936,4 +937,17 @@ func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
 	}
 	h.audit(u, "key revoke", name, "ok")
 	return nil
+}
+
+// SetTheme stores a user's own console theme ("" = from the terminal's background).
+func (h *Hub) SetTheme(ctx context.Context, u fleet.User, name string) error {
+	if name != "" {
+		if _, err := themes.Named(name); err != nil {
+			return err
+		}
+	}
+	if u.Fingerprint == "" {
+		return fmt.Errorf("%s is not a console user; themes are per SSH user (set one with: ssh -p PORT hub theme NAME)", u.Name)
+	}
+	return h.store.SetUserTheme(ctx, u.Name, name)
 }

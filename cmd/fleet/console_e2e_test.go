@@ -276,6 +276,13 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 	if out, errOut, code := ssh.run(t, adminKey, "accept-new", "whoami"); code != 0 || !strings.Contains(out, "(admin)") {
 		t.Fatalf("admin whoami over ssh: exit %d: %s%s", code, out, errOut)
 	}
+	// A user's own theme is stored for their next session; a wrong name says which exist.
+	if out, errOut, code := ssh.run(t, adminKey, "yes", "theme", "high-contrast"); code != 0 {
+		t.Errorf("theme high-contrast: exit %d: %s%s", code, out, errOut)
+	}
+	if _, errOut, code := ssh.run(t, adminKey, "yes", "theme", "purple"); code != 1 || !strings.Contains(errOut, "light") {
+		t.Errorf("theme purple: exit %d, want 1 naming the themes: %s", code, errOut)
+	}
 	for _, u := range []struct{ name, role, pub string }{{"op", "operator", operatorPub}, {"viewer", "viewer", viewerPub}} {
 		if out, code := fleetCmdIn(t, data, u.pub+"\n", "user", "add", u.name, "--role", u.role); code != 0 {
 			t.Fatalf("user add %s: exit %d: %s", u.name, code, out)
