@@ -1,6 +1,8 @@
 // Package router is fleet's embedded OpenAI-compatible proxy: it keeps the
 // set of ready backends, picks one per request, forwards the body untouched,
-// streams the answer back chunk by chunk and measures every request.
+// streams the answer back chunk by chunk and measures every request. Answers
+// pass through byte for byte, except chat completions of a model that opts
+// into reasoning normalisation, which every worker then answers in one shape.
 package router
 
 import (
