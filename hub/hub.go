@@ -205,7 +205,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		h.nodes[n.Name] = n
 	}
 	h.models = f.Models
-	h.router.SetModels(f.Models)
+	if err := h.router.SetModels(f.Models); err != nil {
+		return nil, err
+	}
 	known, err := st.Workers(ctx)
 	if err != nil {
 		return nil, err
@@ -773,7 +775,10 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 			}
 		}
 		h.mu.Unlock()
-		h.router.SetModels(applied.Models)
+		if err := h.router.SetModels(applied.Models); err != nil {
+			// The fleet file's validation makes this unreachable; say so loudly if not.
+			h.log.Error("the router refused the applied models; it keeps the previous ones", "err", err)
+		}
 		h.mgr.SetDesired(applied)
 	}
 	if plan.Empty() {
