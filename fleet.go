@@ -368,6 +368,18 @@ type WorkerView struct {
 	ITLHistory  []float64 `json:"itl_history_ms,omitempty"`
 	// MemoryBytes is the engine's resident memory when known.
 	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
+	// Bench is the worker's latest bench sweep, one point per concurrency
+	// level, for the console's chart of TTFT and tok/s against concurrency.
+	Bench   []BenchPoint `json:"bench,omitempty"`
+	BenchAt time.Time    `json:"bench_at,omitzero"`
+}
+
+// BenchPoint is one concurrency level of a bench sweep.
+type BenchPoint struct {
+	Concurrency         int     `json:"concurrency"`
+	TotalTokPerSec      float64 `json:"total_tok_s"`
+	PerRequestTokPerSec float64 `json:"per_request_tok_s"`
+	TTFTp50ms           float64 `json:"ttft_p50_ms"`
 }
 
 // Snapshot is everything the console shows at one instant.

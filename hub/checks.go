@@ -203,8 +203,47 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 			h.log.Warn("could not store bench samples", "worker", worker, "err", err)
 		}
 		h.seedSpeed(worker, res)
+		h.mu.Lock()
+		h.bench[worker] = summarise(res)
+		h.mu.Unlock()
 	}
 	return res, nil
+}
+
+// benchSummary is what the console charts of a bench sweep.
+type benchSummary struct {
+	at     time.Time
+	points []fleet.BenchPoint
+}
+
+func summarise(res sweep.Result) benchSummary {
+	b := benchSummary{at: res.StartedAt}
+	for _, l := range res.Levels {
+		b.points = append(b.points, fleet.BenchPoint{
+			Concurrency:         l.Concurrency,
+			TotalTokPerSec:      l.TotalTokPerSec,
+			PerRequestTokPerSec: l.PerRequestTokPerS,
+			TTFTp50ms:           l.TTFT.P50,
+		})
+	}
+	return b
+}
+
+// loadBenchRuns reads each worker's latest stored sweep at start.
+func (h *Hub) loadBenchRuns(ctx context.Context) error {
+	runs, err := h.store.BenchRuns(ctx, "", 0)
+	if err != nil {
+		return err
+	}
+	for _, r := range runs { // newest last: later runs overwrite earlier ones
+		var res sweep.Result
+		if err := json.Unmarshal(r.Run, &res); err != nil {
+			h.log.Warn("skipping an unreadable stored bench run", "worker", r.Worker, "id", r.ID, "err", err)
+			continue
+		}
+		h.bench[r.Worker] = summarise(res)
+	}
+	return nil
 }
 
 func (h *Hub) knownModel(name string) bool {

@@ -80,6 +80,9 @@ type Hub struct {
 	workers map[string]fleet.Worker // by worker name, as the manager last reported
 	nodes   map[string]fleet.Node
 	models  []fleet.Model
+	// bench is each worker's latest bench sweep, kept here so snapshots
+	// (twice a second per console) never parse stored runs.
+	bench map[string]benchSummary
 
 	samples chan fleet.Sample
 	// refMu serialises setting a model's reference shape, so the first of
@@ -125,6 +128,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		store:   st,
 		workers: map[string]fleet.Worker{},
 		nodes:   map[string]fleet.Node{},
+		bench:   map[string]benchSummary{},
 		samples: make(chan fleet.Sample, 4096),
 	}
 	if h.opts.FleetBin == "" {
@@ -214,6 +218,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	for _, w := range known {
 		h.workers[w.Name()] = w
+	}
+	if err := h.loadBenchRuns(ctx); err != nil {
+		return nil, err
 	}
 	h.mgr.SetDesired(f)
 	h.mgr.Restore(known)
@@ -536,6 +543,9 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 		}
 		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
 			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
+		}
+		if b, ok := h.bench[name]; ok {
+			v.Bench, v.BenchAt = b.points, b.at
 		}
 		if s, ok := stats[name]; ok {
 			v.InFlight = s.InFlight
