@@ -1,0 +1,109 @@
+package nodes
+
+import (
+	"bufio"
+	"context"
+	"net/http"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// TestManagerScrapeFakeEngine scrapes a real engine process on the hub's own
+// machine (the fake engine as llama-server, told to report 3 of 4 slots
+// busy) through the node's transport, and checks the refusals.
+func TestManagerScrapeFakeEngine(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	cleanupEngines(t, h)
+	busy := localModel("--running", "3", "--slots", "4")
+	h.m.SetDesired(fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
+		Models:     []fleet.Model{busy},
+		Placements: []fleet.Placement{{Model: busy.ID, Node: "hub"}},
+	})
+	h.run()
+	w := h.waitReady("hub/qwen3-4b")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	l, err := h.m.Scrape(ctx, w.Name())
+	if err != nil {
+		t.Fatalf("Scrape: %v\n%s", err, h.rec.dump())
+	}
+	if l.Running != 3 || l.Slots != 4 || l.Waiting != 0 {
+		t.Errorf("Scrape = %+v; want 3 running of 4 slots, none waiting", l)
+	}
+
+	if _, err := h.m.Scrape(ctx, "hub/ghost"); err == nil || !strings.Contains(err.Error(), "no such worker") {
+		t.Errorf("unknown worker: %v", err)
+	}
+	if err := h.m.StopWorker(ctx, w.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.m.Scrape(ctx, w.Name()); err == nil || !strings.Contains(err.Error(), "the worker is stopped") {
+		t.Errorf("stopped worker: %v", err)
+	}
+}
+
+// TestManagerScrapeRealSimulator runs the real `fleet sim` on a simulated
+// node, puts two requests on its engine behind the manager's back (as
+// another client would) and expects the scrape to see them.
+func TestManagerScrapeRealSimulator(t *testing.T) {
+	bin := filepath.Join(t.TempDir(), "fleet")
+	if out, err := exec.Command("go", "build", "-o", bin, "fleet/enginectl/testdata/fleetsim").CombinedOutput(); err != nil {
+		t.Skipf("the sim package does not build right now, so this test cannot run (the fake-engine test covers Scrape): %v\n%s", err, out)
+	}
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) { o.FleetBin = bin })
+	t.Cleanup(func() {
+		for _, w := range h.m.Workers() {
+			if w.PID > 0 {
+				_ = exec.Command("kill", "-KILL", "-"+strconv.Itoa(w.PID)).Run()
+			}
+		}
+	})
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	w := h.waitReady("max/qwen3-4b")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	idle, err := h.m.Scrape(ctx, w.Name())
+	if err != nil {
+		t.Fatalf("Scrape: %v\n%s", err, h.rec.dump())
+	}
+	if idle.Running != 0 || idle.Slots != 4 {
+		t.Errorf("idle sim: %+v; want nothing running on 4 slots", idle)
+	}
+
+	// Two long streams straight to the engine; each holds a slot until the
+	// test cancels it.
+	streamCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	hc := &http.Client{Transport: &http.Transport{DialContext: h.m.Dialer(w.Node)}}
+	for range 2 {
+		body := `{"model":"qwen3-4b","stream":true,"max_tokens":4000,"messages":[{"role":"user","content":"tell me a long story"}]}`
+		req, _ := http.NewRequestWithContext(streamCtx, http.MethodPost, "http://127.0.0.1:"+strconv.Itoa(w.Port)+"/v1/chat/completions", strings.NewReader(body))
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := hc.Do(req)
+		if err != nil {
+			t.Fatalf("stream to the sim: %v", err)
+		}
+		defer resp.Body.Close()
+		// Wait for the first chunk: the request is then decoding in a slot.
+		if _, err := bufio.NewReader(resp.Body).ReadString('\n'); err != nil {
+			t.Fatalf("first chunk: %v", err)
+		}
+	}
+	busy, err := h.m.Scrape(ctx, w.Name())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if busy.Running != 2 || busy.Slots != 4 {
+		t.Errorf("sim with two streams: %+v; want 2 running on 4 slots", busy)
+	}
+}
