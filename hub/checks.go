@@ -19,6 +19,7 @@ import (
 	"fleet/cli"
 	"fleet/nodes"
 	"fleet/router"
+	"fleet/router/reasoning"
 	"fleet/store"
 )
 
@@ -55,10 +56,20 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 	dial := h.mgr.Dialer(w.Node)
 	// Checks are occasional: no keep-alive, so a per-call client leaves no
 	// idle connection (or SSH channel) behind.
-	client := &http.Client{Transport: &http.Transport{
+	var rt http.RoundTripper = &http.Transport{
 		DialContext:       func(ctx context.Context, network, addr string) (net.Conn, error) { return dial(ctx, network, addr) },
 		DisableKeepAlives: true,
-	}}
+	}
+	// With a normalisation mode on the model, checks see the shape the
+	// router's clients get, not the engine's raw one.
+	if m, ok := h.model(w.Model); ok && m.Reasoning != "" {
+		mode, err := reasoning.ParseMode(m.Reasoning)
+		if err != nil {
+			return bench.Target{}, w, fmt.Errorf("model %s: %w", m.ID, err)
+		}
+		rt = router.NormalisingTransport(rt, mode)
+	}
+	client := &http.Client{Transport: rt}
 	return bench.Target{
 		Name:       w.Node,
 		BaseURL:    fmt.Sprintf("http://127.0.0.1:%d/v1", w.Port),

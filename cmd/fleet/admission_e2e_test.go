@@ -80,3 +80,31 @@ func TestAdmissionRejectsADifferentResponseShape(t *testing.T) {
 		t.Errorf("the router sent %d requests to rejected %s", n, r.Name())
 	}
 }
+
+// With normalisation on the model, the same two engines answer in one shape
+// through the router, so both are admitted and the diff says so.
+func TestNormalisationMakesShapesEqual(t *testing.T) {
+	data := t.TempDir()
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	normalised := strings.Replace(mismatchedShapes, "    context: 16384\n", "    context: 16384\n    reasoning: inline\n", 1)
+	if err := os.WriteFile(file, []byte(normalised), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := launchHub(t, data, freePort(t), "--fleet", file)
+	t.Cleanup(func() { killEngines(workersJSON(t, data)); killSimsOf(data) })
+	waitReady(t, data, 2, 60*time.Second)
+	out, code := fleetCmd(t, data, "shape", "rig", "ultra", "--json")
+	if code != 0 {
+		t.Fatalf("shape: exit %d: %s", code, out)
+	}
+	if !strings.Contains(out, `"verdict": "same"`) {
+		t.Errorf("with reasoning: inline the shapes still differ:\n%s", out)
+	}
+	// And a client of the router reads the thinking inline from either worker.
+	for i := 0; i < 4; i++ {
+		events, _ := streamChat(t, "http://"+h.http, 8)
+		if !strings.Contains(strings.Join(events, ""), `"content":"\u003cthink\u003e`) && !strings.Contains(strings.Join(events, ""), `"content":"<think>`) {
+			t.Fatalf("request %d: no inline <think> in the stream: %v", i, events[:3])
+		}
+	}
+}

@@ -92,7 +92,9 @@ func RewriteJSON(body []byte, mode Mode) ([]byte, error) {
 		if err := json.Unmarshal(choice["message"], &msg); err != nil || msg == nil {
 			continue
 		}
-		if rewriteMessage(msg, mode) {
+		var finish string
+		_ = json.Unmarshal(choice["finish_reason"], &finish)
+		if rewriteMessage(msg, mode, finish == "length") {
 			choice["message"] = mustEncode(msg)
 			changed = true
 		}
@@ -105,14 +107,19 @@ func RewriteJSON(body []byte, mode Mode) ([]byte, error) {
 }
 
 // rewriteMessage normalises one non-streamed message in place and reports
-// whether it changed.
-func rewriteMessage(msg map[string]json.RawMessage, mode Mode) bool {
+// whether it changed. A thought cut off by max_tokens (no answer, finish
+// "length") stays unclosed, as the stream rewriter and vLLM leave it.
+func rewriteMessage(msg map[string]json.RawMessage, mode Mode, cutOff bool) bool {
 	reasoning, hadField := takeReasoning(msg)
 	content, _ := stringField(msg, "content")
 	switch mode {
 	case Inline:
 		if reasoning == "" {
 			return hadField
+		}
+		if cutOff && content == "" {
+			setString(msg, "content", inlineOpen+reasoning)
+			return true
 		}
 		setString(msg, "content", inlineOpen+reasoning+inlineClose+content)
 		return true

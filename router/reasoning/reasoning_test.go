@@ -48,6 +48,7 @@ func TestRewriteJSON(t *testing.T) {
 	plain := completion(`{"role":"assistant","content":"Hello there."}`)
 	truncated := completion(`{"role":"assistant","content":"<think>\nOkay, 17 times"}`)
 	nullReasoning := completion(`{"role":"assistant","content":"Hello there.","reasoning":null}`)
+	cutOff := []byte(strings.Replace(string(llamaDefault), `"finish_reason":"stop"`, `"finish_reason":"length"`, 1))
 
 	tests := []struct {
 		name          string
@@ -62,6 +63,7 @@ func TestRewriteJSON(t *testing.T) {
 		{"inline: both field names from a vLLM in transition", vllmTransition, Inline, inlined, "", false},
 		{"inline: llama-server default, empty content", llamaDefault, Inline, "<think>\n" + thinking + "\n</think>\n\n", "", false},
 		{"inline: llama-server reasoning and answer", llamaAnswer, Inline, inlined, "", false},
+		{"inline: a thought cut off by max_tokens stays open, as in a stream", cutOff, Inline, "<think>\n" + thinking, "", false},
 		{"inline: no reasoning at all", plain, Inline, "Hello there.", "", true},
 		{"inline: null reasoning field is dropped", nullReasoning, Inline, "Hello there.", "", false},
 		{"field: vLLM inline is split", vllmInline, Field, answer, thinking, false},
