@@ -6,6 +6,7 @@ package fleet
 
 import (
 	"fmt"
+	"net"
 	"strings"
 	"time"
 )
@@ -392,4 +393,20 @@ type Snapshot struct {
 	// Audit is the recent audit trail (who did what), newest last; the
 	// console's events view shows it beside the events.
 	Audit []AuditEntry `json:"audit,omitempty"`
+}
+
+// IsLoopbackAddr reports whether a listen address (host:port) is reachable
+// only from this machine. The hub relaxes nothing else on that basis: off
+// loopback the router demands API keys and the console admits no key from
+// the hub user's ~/.ssh by default.
+func IsLoopbackAddr(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }

@@ -153,7 +153,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		}
 	}
 	var keys router.KeyVerifier
-	if opts.RequireKeys || !isLoopback(opts.HTTPAddr) {
+	if opts.RequireKeys || !fleet.IsLoopbackAddr(opts.HTTPAddr) {
 		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
 			return nil, err
 		}
@@ -225,19 +225,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	h.mgr.SetDesired(f)
 	h.mgr.Restore(known)
 	return h, nil
-}
-
-// isLoopback reports whether addr only listens on this machine.
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // requireKeys refuses to open the router to a network without a single API

@@ -423,7 +423,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 			return err
 		}
 	}
-	if s.opts.LoopbackBootstrapKeysDir == "" || !isLoopback(s.opts.Addr) {
+	if s.opts.LoopbackBootstrapKeysDir == "" || !fleet.IsLoopbackAddr(s.opts.Addr) {
 		return nil
 	}
 	n, err := s.opts.Users.CountUsers(ctx)
@@ -524,18 +524,6 @@ func userName(comment string) string {
 		return "admin"
 	}
 	return name
-}
-
-func isLoopback(addr string) bool {
-	host, _, err := net.SplitHostPort(addr)
-	if err != nil {
-		return false
-	}
-	if host == "localhost" {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
 }
 
 // connLimiter counts connections per address over a sliding window.
