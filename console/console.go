@@ -112,10 +112,15 @@ type pendingAction struct {
 	prompt string
 }
 
-// tracker follows a drain or restart until the snapshot shows it finished.
+// tracker follows a drain, restart or bench until the snapshot shows it
+// finished.
 type tracker struct {
 	kind  string
 	since time.Time
+	// benchAt is the worker's BenchAt when the bench was asked for: the hub
+	// answers at once and the sweep lands later, so a new BenchAt is the
+	// sign it finished (the sweep's own start time may precede since).
+	benchAt time.Time
 }
 
 // Messages.
@@ -124,6 +129,7 @@ type (
 	snapshotMsg struct{ snap fleet.Snapshot }
 	actionMsg   struct {
 		action Action
+		sent   time.Time
 		text   string
 		err    error
 	}
@@ -170,6 +176,7 @@ type Model struct {
 	detail       string // worker name shown in the detail
 	detailLog    []string
 	detailLogErr error
+	detailOffset int // lines scrolled past the detail's pinned first line
 	logAt        time.Time
 	logBusy      bool
 	confirm      *pendingAction
@@ -405,8 +412,31 @@ func (m *Model) track() {
 				delete(m.tracking, name)
 				m.setFlash(flashErr, fmt.Sprintf("%s restart ended %s: %s", name, w.State, w.Reason))
 			}
+		case ActionBench:
+			if len(w.Bench) > 0 && !w.BenchAt.Equal(t.benchAt) {
+				delete(m.tracking, name)
+				m.setFlash(flashOK, fmt.Sprintf("bench of %s done: %s (enter shows the chart)", name, benchSummary(w.Bench)))
+			} else if e, ok := m.benchFailure(name, t.since); ok {
+				delete(m.tracking, name)
+				m.setFlash(flashErr, fmt.Sprintf("bench of %s failed: %s", name, firstLine(e.Message)))
+			}
 		}
 	}
+}
+
+// benchFailure finds the hub's word that a bench of the worker asked for at
+// since failed: its "bench failed" event or the audit line of the refusal.
+func (m *Model) benchFailure(name string, since time.Time) (fleet.Event, bool) {
+	for _, e := range m.events {
+		if e.Subject != name || e.At.Before(since) {
+			continue
+		}
+		if strings.HasPrefix(e.Message, "bench failed") ||
+			(e.Level == "audit" && strings.HasPrefix(e.Message, "bench by ") && strings.Contains(e.Message, ": failed")) {
+			return e, true
+		}
+	}
+	return fleet.Event{}, false
 }
 
 func (m *Model) workerByName(name string) (fleet.WorkerView, bool) {
@@ -525,12 +555,12 @@ func describe(names []string) string {
 func (m *Model) do(a Action) tea.Cmd {
 	m.busy++
 	m.setFlash(flashInfo, fmt.Sprintf("%s %s…", a.Kind, describe(a.Targets)))
-	src, parent := m.src, m.opts.Context
+	src, parent, sent := m.src, m.opts.Context, m.opts.Now()
 	return func() tea.Msg {
 		ctx, cancel := context.WithTimeout(parent, actionHangGuard)
 		defer cancel()
 		text, err := src.Do(ctx, a)
-		return actionMsg{action: a, text: text, err: err}
+		return actionMsg{action: a, sent: sent, text: text, err: err}
 	}
 }
 
@@ -542,7 +572,21 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		return nil
 	}
 	switch a.Kind {
-	case ActionShape, ActionBench:
+	case ActionBench:
+		// The hub starts the sweep and answers at once; the figures land in
+		// the snapshot when it is done, and the detail's chart follows.
+		for _, t := range a.Targets {
+			w, _ := m.workerByName(t)
+			m.tracking[t] = tracker{kind: a.Kind, since: msg.sent, benchAt: w.BenchAt}
+		}
+		reply := strings.TrimSpace(msg.text)
+		m.setFlash(flashOK, nonEmpty(firstLine(reply), fmt.Sprintf("bench %s started", describe(a.Targets))))
+		if strings.Contains(reply, "\n") {
+			// A source that answers with the whole table gets it shown.
+			m.showText(fmt.Sprintf("bench %s", strings.Join(a.Targets, ", ")), reply)
+		}
+		m.track()
+	case ActionShape:
 		m.overlay = overlayText
 		m.textTitle = fmt.Sprintf("%s %s", a.Kind, strings.Join(a.Targets, " vs "))
 		m.text = strings.Split(strings.TrimRight(msg.text, "\n"), "\n")
@@ -562,6 +606,18 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		m.setFlash(flashOK, nonEmpty(msg.text, fmt.Sprintf("%s %s done", a.Kind, describe(a.Targets))))
 	}
 	return nil
+}
+
+func (m *Model) showText(title, text string) {
+	m.overlay = overlayText
+	m.textTitle = title
+	m.text = strings.Split(strings.TrimRight(text, "\n"), "\n")
+	m.textOffset = 0
+}
+
+func firstLine(s string) string {
+	line, _, _ := strings.Cut(s, "\n")
+	return line
 }
 
 func nonEmpty(s, fallback string) string {
@@ -647,6 +703,9 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 		case "esc", "q", "enter":
 			m.overlay, m.detail = overlayNone, ""
 			return nil
+		case "down", "j", "up", "k", "pgdown", "pgup", "home", "g", "end", "G":
+			m.scrollDetail(s)
+			return nil
 		case "d", "u", "r", "b", "?":
 			return m.mainKey(s)
 		}
@@ -691,12 +750,19 @@ func (m *Model) mainKey(s string) tea.Cmd {
 			m.setFlash(flashInfo, "marks cleared")
 		}
 	case "enter":
+		if v == viewEvents {
+			if c := m.cursor[v]; c < len(m.eventIdx) {
+				e := m.events[m.eventIdx[c]]
+				m.showText(fmt.Sprintf("%s %s %s", e.At.Format("2006-01-02 15:04:05"), e.Level, e.Subject), e.Message)
+			}
+			return nil
+		}
 		if v != viewWorkers {
 			return nil
 		}
 		if w, ok := m.cursorWorker(); ok {
 			m.overlay, m.detail = overlayDetail, w.Name()
-			m.detailLog, m.detailLogErr = nil, nil
+			m.detailLog, m.detailLogErr, m.detailOffset = nil, nil, 0
 			return m.maybeFetchLog(true)
 		}
 	case "space":
@@ -755,6 +821,28 @@ func (m *Model) mainKey(s string) tea.Cmd {
 	}
 	m.clampAll()
 	return nil
+}
+
+// scrollDetail moves the detail's view; the bound is taken from the lines
+// the detail has now, since a log or bench arriving changes its length.
+func (m *Model) scrollDetail(key string) {
+	limit := m.detailMaxOffset(len(m.detailLines()))
+	page := max(m.bodyHeight()-1, 1)
+	switch key {
+	case "down", "j":
+		m.detailOffset++
+	case "up", "k":
+		m.detailOffset--
+	case "pgdown":
+		m.detailOffset += page
+	case "pgup":
+		m.detailOffset -= page
+	case "home", "g":
+		m.detailOffset = 0
+	case "end", "G":
+		m.detailOffset = limit
+	}
+	m.detailOffset = max(0, min(m.detailOffset, limit))
 }
 
 // ask opens the confirmation for a drain or restart, naming what will happen.

@@ -246,6 +246,9 @@ func (m *Model) renderStatus() string {
 		case ActionRestart:
 			parts = append(parts, t.Warn.Render(fmt.Sprintf("restarting %s: %s, %d in flight (%s)",
 				name, w.State, w.InFlight, elapsed)))
+		case ActionBench:
+			parts = append(parts, t.Info.Render(fmt.Sprintf("benching %s: %s so far (its chart lands in the detail)",
+				name, elapsed)))
 		}
 	}
 	if m.flash != "" {
@@ -292,7 +295,7 @@ func (m *Model) renderHints() string {
 	case m.overlay == overlayConfirm:
 		pairs = [][2]string{{"y", "yes"}, {"n", "no"}}
 	case m.overlay == overlayDetail:
-		pairs = [][2]string{{"esc", "back"}, {"d", "drain"}, {"u", "undrain"}, {"r", "restart"}, {"b", "bench"}, {"?", "help"}}
+		pairs = [][2]string{{"esc", "back"}, {"↑↓", "scroll"}, {"d", "drain"}, {"u", "undrain"}, {"r", "restart"}, {"b", "bench"}, {"?", "help"}}
 	case m.overlay != overlayNone:
 		pairs = [][2]string{{"↑↓", "scroll"}, {"esc", "back"}}
 	default:
@@ -587,16 +590,44 @@ func (m *Model) renderEvents() []string {
 		}
 		msgW := max(m.width-1-9-6-21, 0)
 		out = append(out, " "+t.Muted.Render(e.At.Format("15:04:05"))+" "+t.Level(e.Level).Render(fit(e.Level, 5))+" "+
-			t.Accent.Render(fit(e.Subject, 20))+" "+t.Text.Render(fit(e.Message, msgW)))
+			t.Accent.Render(fit(e.Subject, 20))+" "+t.Text.Render(fit(oneLine(e.Message), msgW)))
 	}
 	return out
 }
 
 func eventLine(e fleet.Event, width int) string {
-	return fit(e.At.Format("15:04:05")+" "+fit(e.Level, 5)+" "+fit(e.Subject, 20)+" "+e.Message, width)
+	return fit(e.At.Format("15:04:05")+" "+fit(e.Level, 5)+" "+fit(e.Subject, 20)+" "+oneLine(e.Message), width)
 }
 
+// oneLine joins a multi-line message (a bench table in an event) so it
+// keeps to its row; enter on the event shows it whole.
+func oneLine(s string) string {
+	if !strings.Contains(s, "\n") {
+		return s
+	}
+	var parts []string
+	for _, l := range strings.Split(s, "\n") {
+		if l = strings.TrimSpace(l); l != "" {
+			parts = append(parts, l)
+		}
+	}
+	return strings.Join(parts, " · ")
+}
+
+// renderDetail shows the detail from the scroll offset on, its first line
+// (name and state) pinned so a scrolled view still says whose it is.
 func (m *Model) renderDetail() []string {
+	lines := m.detailLines()
+	off := min(m.detailOffset, m.detailMaxOffset(len(lines)))
+	if off <= 0 {
+		return lines
+	}
+	return append(lines[:1:1], lines[1+off:]...)
+}
+
+func (m *Model) detailMaxOffset(lines int) int { return max(lines-m.bodyHeight(), 0) }
+
+func (m *Model) detailLines() []string {
 	t := m.theme
 	w, ok := m.workerByName(m.detail)
 	if !ok {
@@ -634,6 +665,7 @@ func (m *Model) renderDetail() []string {
 			out = append(out, "  "+t.Muted.Render(line))
 		}
 	}
+	out = append(out, m.renderBench(w)...)
 	chartW := max(min(m.width-12, 120), 10)
 	for _, c := range []struct {
 		name  string
@@ -711,10 +743,11 @@ func (m *Model) renderText() []string {
 
 // helpEntries lists every key; the SSH layer's docs and the tests use it too.
 var helpEntries = []struct{ key, what, role string }{
-	{"↑ ↓ / k j", "move the cursor", ""},
+	{"↑ ↓ / k j", "move the cursor; scroll the detail or a text panel", ""},
 	{"pgup pgdown", "move a page", ""},
 	{"g G / home end", "first / last row", ""},
-	{"enter", "worker detail: full command line, PID, port, memory, log, history, events", ""},
+	{"enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;", ""},
+	{"", "in the events view, the whole event (a bench's table)", ""},
 	{"tab / shift+tab", "next / previous view: workers → nodes → models → events", ""},
 	{"/", "filter the view as you type (enter keeps it, esc clears it)", ""},
 	{"space", "mark a worker; d, u, r and b act on the marked workers", ""},

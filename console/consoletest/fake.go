@@ -57,6 +57,10 @@ func Demo() *Source {
 	}
 	maxW := worker(3, "max", maxP, fleet.EngineLlamaCpp, []string{"llama-server", "-hf", "Qwen/Qwen3-4B-GGUF:Q4_K_M", "-a", "qwen3-4b", "-c", "16384", "--port", "8003", "-ngl", "99", "--jinja"}, 4, 3003)
 	maxW.Simulated = true
+	// The first seed's M4 Max row: 87 tok/s alone, 130 and 136 in total at 2
+	// and 4, 34 per request at 4.
+	maxW.Bench = DemoBench()
+	maxW.BenchAt = start.Add(4 * time.Minute)
 	maxW.LaunchArgv = []string{"fleet", "sim", "--mimic", "llamacpp", "--profile", "m4max-llamacpp", "--port", "8003"}
 	s := &Source{snap: fleet.Snapshot{
 		At: start,
@@ -82,6 +86,17 @@ func Demo() *Source {
 	}}
 	s.SetInFlight("ultra/qwen3-4b", 3)
 	return s
+}
+
+// DemoBench is the bench sweep Demo gives max: the first seed's M4 Max
+// figures (87 / 130 / 136 tok/s total at 1 / 2 / 4 concurrent requests, 34
+// per request at 4) with TTFT p50 rising from about 95 ms.
+func DemoBench() []fleet.BenchPoint {
+	return []fleet.BenchPoint{
+		{Concurrency: 1, TotalTokPerSec: 87, PerRequestTokPerSec: 87, TTFTp50ms: 95},
+		{Concurrency: 2, TotalTokPerSec: 130, PerRequestTokPerSec: 65, TTFTp50ms: 118},
+		{Concurrency: 4, TotalTokPerSec: 136, PerRequestTokPerSec: 34, TTFTp50ms: 162},
+	}
 }
 
 // Many returns a Source with n simulated workers spread over n/4 nodes, for
