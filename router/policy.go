@@ -35,10 +35,13 @@ type Job struct {
 // is not draining or cooling down, and the request fits its context. It may
 // be full (InFlight >= Slots); a policy may choose to wait for it.
 type Candidate struct {
-	Name     string
+	Name string
+	// InFlight is the requests on the backend: the router's own plus, while
+	// the engine's report is fresh, those it holds beyond them.
 	InFlight int
-	Slots    int
-	Speed    *SpeedModel
+	// Slots is the usable slots, capped by the engine's own count.
+	Slots int
+	Speed *SpeedModel
 	// NextFree is the predicted time until one of its requests ends; it
 	// matters only when the backend is full.
 	NextFree time.Duration

@@ -77,6 +77,10 @@ type Options struct {
 	Keys KeyVerifier
 	// Seed makes the random policies reproducible (0 = time-based).
 	Seed uint64
+	// EngineLoadMaxAge is how long an ObserveEngineLoad figure counts
+	// (default 15 s: three of the hub's 5 s scrape intervals, so one missed
+	// scrape does not drop it); older ones are ignored.
+	EngineLoadMaxAge time.Duration
 }
 
 // KeyVerifier checks an API key; name is what metrics count the key under.
@@ -118,16 +122,26 @@ func (o Options) withDefaults() Options {
 	if o.Cooldown <= 0 {
 		o.Cooldown = 5 * time.Second
 	}
+	if o.EngineLoadMaxAge <= 0 {
+		o.EngineLoadMaxAge = 15 * time.Second
+	}
 	return o
 }
 
 // BackendStats are a backend's live figures for the console.
 type BackendStats struct {
-	Name     string
-	Model    string
+	Name  string
+	Model string
+	// InFlight is the router's own requests on the backend.
 	InFlight int
-	Slots    int
-	Draining bool
+	// Slots is the usable slots: the configured count, capped by the
+	// engine's own while its load observation is fresh.
+	Slots int
+	// EngineRunning and EngineWaiting are what the engine last reported
+	// (ObserveEngineLoad), 0 when it never did or the figure is stale.
+	EngineRunning int
+	EngineWaiting int
+	Draining      bool
 	// Cooling is true while the backend rests after failures.
 	Cooling bool
 	// TokPerSec is the per-request decode speed a new request would get at
@@ -173,9 +187,11 @@ type worker struct {
 	ttftHistory  ring
 	itlHistory   ring
 	lastUsed     time.Time
-	// area is ∫in-flight dt up to areaAt, in request-seconds.
+	// area is ∫load dt up to areaAt, in request-seconds.
 	area   float64
 	areaAt time.Time
+	// engine is the engine's own report of its load.
+	engine engineView
 }
 
 // Router is the OpenAI-compatible proxy. It is safe for concurrent use.
@@ -450,14 +466,14 @@ func (r *Router) Stats() []BackendStats {
 	out := make([]BackendStats, 0, len(r.backends))
 	for _, b := range r.backends {
 		w := r.workerLocked(b.cfg.Name)
-		load := max(w.inFlight, 1)
+		load := max(w.load(now), 1)
 		ttft := w.speed.TTFT(load, 0)
 		itl := w.speed.ITL(load)
 		st := BackendStats{
 			Name:        b.cfg.Name,
 			Model:       b.cfg.Model,
 			InFlight:    w.inFlight,
-			Slots:       b.cfg.Slots,
+			Slots:       w.slots(b.cfg.Slots, now),
 			Draining:    w.drained,
 			Cooling:     now.Before(w.coolingUntil),
 			TTFTms:      ms(ttft),
@@ -467,6 +483,9 @@ func (r *Router) Stats() []BackendStats {
 		}
 		if itl > 0 {
 			st.TokPerSec = float64(time.Second) / float64(itl)
+		}
+		if w.engine.fresh(now) {
+			st.EngineRunning, st.EngineWaiting = w.engine.load.Running, w.engine.load.Waiting
 		}
 		out = append(out, st)
 	}

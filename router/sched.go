@@ -49,7 +49,7 @@ func (e *schedError) Error() string { return e.msg }
 // can learn the mean concurrency it ran under.
 func (w *worker) advanceArea(now time.Time) {
 	if !w.areaAt.IsZero() {
-		w.area += float64(w.inFlight) * now.Sub(w.areaAt).Seconds()
+		w.area += float64(w.load(now)) * now.Sub(w.areaAt).Seconds()
 	}
 	w.areaAt = now
 }
@@ -82,9 +82,9 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 			}
 			continue
 		}
-		c := Candidate{Name: b.cfg.Name, InFlight: w.inFlight, Slots: b.cfg.Slots, Speed: w.speed}
-		if w.inFlight >= b.cfg.Slots {
-			c.NextFree = r.nextFreeLocked(b, w, now)
+		c := Candidate{Name: b.cfg.Name, InFlight: w.load(now), Slots: w.slots(b.cfg.Slots, now), Speed: w.speed}
+		if !c.free() {
+			c.NextFree = r.nextFreeLocked(b, w, job, c.InFlight, c.Slots, now)
 		}
 		cands = append(cands, c)
 		backs = append(backs, b)
@@ -105,8 +105,9 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
 }
 
-// nextFreeLocked predicts when the earliest request on a full backend ends.
-func (r *Router) nextFreeLocked(b *backend, w *worker, now time.Time) time.Duration {
+// nextFreeLocked predicts when a slot frees for job on a full backend that
+// holds load requests in slots slots.
+func (r *Router) nextFreeLocked(b *backend, w *worker, job Job, load, slots int, now time.Time) time.Duration {
 	next := time.Duration(-1)
 	for f := range b.active {
 		left := f.predictedEnd.Sub(now)
@@ -114,9 +115,22 @@ func (r *Router) nextFreeLocked(b *backend, w *worker, now time.Time) time.Durat
 			next = left
 		}
 	}
+	if load > w.inFlight {
+		// Some of the load is requests the router did not send, whose ends
+		// it cannot know: assume their remaining times are spread evenly,
+		// so a slot frees every completion/slots, and the engine's own
+		// queue takes the first ones that free.
+		full := w.speed.Completion(slots, job)
+		est := time.Duration(load-slots+1) * full / time.Duration(max(slots, 1))
+		if next < 0 || load > slots {
+			next = est
+		} else {
+			next = min(next, est)
+		}
+	}
 	// An overdue request ends "soon", not "now": a token's time keeps an
 	// overrun from looking like a free slot.
-	return max(next, w.speed.ITL(b.cfg.Slots))
+	return max(next, w.speed.ITL(slots))
 }
 
 // takeLocked starts a flight on b.
@@ -126,8 +140,9 @@ func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *f
 	w.inFlight++
 	w.lastUsed = now
 	b.observers.inFlight.Inc()
-	f := &flight{b: b, model: model, job: job, start: now, startConcurrency: w.inFlight, area0: w.area}
-	f.predictedEnd = now.Add(w.speed.Completion(w.inFlight, job))
+	load := w.load(now)
+	f := &flight{b: b, model: model, job: job, start: now, startConcurrency: load, area0: w.area}
+	f.predictedEnd = now.Add(w.speed.Completion(load, job))
 	b.active[f] = struct{}{}
 	return f
 }
