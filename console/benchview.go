@@ -36,9 +36,14 @@ func (m *Model) renderBench(w fleet.WorkerView) []string {
 			max(m.opts.Now().Sub(w.BenchAt), 0).Round(time.Second))
 	}
 	out := []string{t.Muted.Render(title)}
-	header, values := benchTable(pts, m.width-benchIndent)
 	indent := strings.Repeat(" ", benchIndent)
-	out = append(out, indent+t.Header.Render(header), indent+t.Text.Render(values))
+	for i, line := range benchTable(pts, m.width-benchIndent) {
+		style := t.Text
+		if i == 0 {
+			style = t.Header
+		}
+		out = append(out, indent+style.Render(line))
+	}
 
 	levels := make([]string, len(pts))
 	tok, ttft := make([]float64, len(pts)), make([]float64, len(pts))
@@ -82,10 +87,12 @@ func benchTok(v float64) string {
 }
 
 // benchTable is the seed's headline table ("1 request tok/s | 2 concurrent
-// total | 4 concurrent total | per request at 4 | TTFT p50") as a header and
-// one row of values, columns right-aligned. The seed's wording needs about
-// 95 cells; narrower terminals get the same columns abbreviated.
-func benchTable(pts []fleet.BenchPoint, width int) (header, values string) {
+// total | 4 concurrent total | per request at 4 | TTFT p50"), a header and
+// one row of values with the columns right-aligned. The seed's wording needs
+// about 95 cells; narrower terminals get the same columns abbreviated, and
+// when even those do not fit (a sweep of many levels) the table turns on its
+// side: a row per level.
+func benchTable(pts []fleet.BenchPoint, width int) []string {
 	var long, short, cells []string
 	for i, p := range pts {
 		if i == 0 && p.Concurrency == 1 {
@@ -105,23 +112,37 @@ func benchTable(pts []fleet.BenchPoint, width int) (header, values string) {
 	long, short = append(long, "TTFT p50"), append(short, "TTFT p50")
 	cells = append(cells, ttftList(pts))
 
-	const sep = " | "
-	join := func(heads []string) (string, string, int) {
-		var hs, vs []string
-		total := 0
-		for i, h := range heads {
-			w := max(ansi.StringWidth(h), ansi.StringWidth(cells[i]))
-			hs, vs = append(hs, fitRight(h, w)), append(vs, fitRight(cells[i], w))
-			total += w
+	for _, heads := range [][]string{long, short} {
+		if lines := alignColumns([][]string{heads, cells}); ansi.StringWidth(lines[0]) <= width {
+			return lines
 		}
-		total += len(sep) * (len(heads) - 1)
-		return strings.Join(hs, sep), strings.Join(vs, sep), total
 	}
-	if h, v, w := join(long); w <= width {
-		return h, v
+	rows := [][]string{{"concurrency", "total tok/s", "per request", "TTFT p50"}}
+	for _, p := range pts {
+		rows = append(rows, []string{fmt.Sprint(p.Concurrency), benchTok(p.TotalTokPerSec),
+			benchTok(p.PerRequestTokPerSec), msCell(p.TTFTp50ms)})
 	}
-	h, v, _ := join(short)
-	return h, v
+	return alignColumns(rows)
+}
+
+// alignColumns joins rows of cells with " | ", each column right-aligned to
+// its widest cell.
+func alignColumns(rows [][]string) []string {
+	widths := make([]int, len(rows[0]))
+	for _, row := range rows {
+		for c, cell := range row {
+			widths[c] = max(widths[c], ansi.StringWidth(cell))
+		}
+	}
+	out := make([]string, len(rows))
+	for r, row := range rows {
+		cells := make([]string, len(row))
+		for c, cell := range row {
+			cells[c] = fitRight(cell, widths[c])
+		}
+		out[r] = strings.Join(cells, " | ")
+	}
+	return out
 }
 
 // ttftList is every level's TTFT p50, in level order: "95/110/140ms".

@@ -415,7 +415,11 @@ func (m *Model) track() {
 		case ActionBench:
 			if len(w.Bench) > 0 && !w.BenchAt.Equal(t.benchAt) {
 				delete(m.tracking, name)
-				m.setFlash(flashOK, fmt.Sprintf("bench of %s done: %s (enter shows the chart)", name, benchSummary(w.Bench)))
+				where := " (enter on it shows the chart)"
+				if m.overlay == overlayDetail && m.detail == name {
+					where = ""
+				}
+				m.setFlash(flashOK, fmt.Sprintf("bench of %s done: %s%s", name, benchSummary(w.Bench), where))
 			} else if e, ok := m.benchFailure(name, t.since); ok {
 				delete(m.tracking, name)
 				m.setFlash(flashErr, fmt.Sprintf("bench of %s failed: %s", name, firstLine(e.Message)))

@@ -430,3 +430,140 @@ func TestThemeFollowsBackground(t *testing.T) {
 		t.Fatal("a chosen theme was overridden by the background colour")
 	}
 }
+
+func TestBenchFollowsTheSweep(t *testing.T) {
+	at := time.Date(2026, 1, 2, 15, 10, 0, 0, time.UTC) // the harness's clock
+	tests := []struct {
+		name   string
+		land   func(src *consoletest.Source)
+		status string
+		screen []string
+	}{
+		{
+			name: "result lands in the snapshot",
+			land: func(src *consoletest.Source) {
+				src.SetBench("ultra/qwen3-4b", consoletest.DemoBench(), at)
+			},
+			status: "bench of ultra/qwen3-4b done: 87 / 130 / 136 tok/s total at 1 / 2 / 4 concurrent, TTFT p50 95/118/162ms (enter on it shows the chart)",
+		},
+		{
+			name: "hub reports a failure",
+			land: func(src *consoletest.Source) {
+				src.AddEvent(fleet.Event{At: at, Level: "error", Subject: "ultra/qwen3-4b", Message: "bench failed: ultra/qwen3-4b answered 503\nmore"})
+			},
+			status: "bench of ultra/qwen3-4b failed: bench failed: ultra/qwen3-4b answered 503",
+		},
+		{
+			name: "the refusal's audit line ends it too",
+			land: func(src *consoletest.Source) {
+				src.AddEvent(fleet.Event{At: at, Level: "audit", Subject: "ultra/qwen3-4b", Message: "bench by olga: failed: no ready worker"})
+			},
+			status: "bench of ultra/qwen3-4b failed: bench by olga: failed: no ready worker",
+		},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			src := consoletest.Demo()
+			h := newHarness(t, src, operator, 200, 30)
+			h.keys("down", "b")
+			mustContain(t, h.screen(), "bench started on ultra/qwen3-4b; the table lands in its events")
+			h.refresh()
+			mustContain(t, h.screen(), "benching ultra/qwen3-4b: 0s so far")
+			tt.land(src)
+			h.refresh()
+			s := h.screen()
+			mustContain(t, s, tt.status)
+			mustNotContain(t, s, "benching ultra")
+		})
+	}
+}
+
+// An old event from before the bench was asked for is not its failure.
+func TestBenchIgnoresEarlierFailures(t *testing.T) {
+	src := consoletest.Demo()
+	src.AddEvent(fleet.Event{At: time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC), Level: "error", Subject: "ultra/qwen3-4b", Message: "bench failed: earlier"})
+	h := newHarness(t, src, operator, 200, 30)
+	h.keys("down", "b")
+	h.refresh()
+	mustContain(t, h.screen(), "benching ultra/qwen3-4b")
+}
+
+// A source that answers b with the whole table (not the hub's "started")
+// gets the table shown.
+func TestBenchReplyWithTableIsShown(t *testing.T) {
+	src := consoletest.Demo()
+	src.Reply = "Bench of rig/qwen3-4b\n| 1 request tok/s | 2 concurrent total |\n| 96 | 180 |"
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("b")
+	mustContain(t, h.screen(), "bench rig/qwen3-4b", "| 96 | 180 |")
+}
+
+func TestDetailScrollsWithPinnedTitle(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 100, 16)
+	h.keys("down", "down", "enter")
+	s := h.screen()
+	mustContain(t, s, "max/qwen3-4b", "PID 3003")
+	mustNotContain(t, s, "Recent events:")
+	h.keys("G")
+	s = h.screen()
+	mustContain(t, s, "max/qwen3-4b  ready", "Recent events:", "probe slow")
+	mustNotContain(t, s, "PID 3003")
+	h.keys("g")
+	mustContain(t, h.screen(), "PID 3003")
+	// Scrolling past the end stops at the end.
+	for i := 0; i < 100; i++ {
+		h.keys("j")
+	}
+	lines := strings.Split(h.screen(), "\n")
+	if !strings.Contains(lines[len(lines)-3], "probe slow") {
+		t.Fatalf("the last detail line is not at the bottom of the body:\n%s", strings.Join(lines, "\n"))
+	}
+}
+
+// Eight levels do not fit side by side in 80 columns: the charts stack, and
+// no line is wider than the terminal.
+func TestBenchChartsStackWhenNarrow(t *testing.T) {
+	src := consoletest.Demo()
+	var pts []fleet.BenchPoint
+	for i, c := range []int{1, 2, 4, 8, 16, 32, 64, 128} {
+		pts = append(pts, fleet.BenchPoint{Concurrency: c, TotalTokPerSec: float64(90 + 40*i), PerRequestTokPerSec: 90 / float64(i+1), TTFTp50ms: float64(95 * (i + 1))})
+	}
+	src.SetBench("max/qwen3-4b", pts, time.Date(2026, 1, 2, 15, 9, 0, 0, time.UTC))
+	h := newHarness(t, src, viewer, 80, 60)
+	h.keys("down", "down", "enter")
+	s := h.screen()
+	mustContain(t, s, "bench (at 2026-01-02 15:09:00, 1m0s ago)", "concurrency | total tok/s | per request | TTFT p50",
+		"        128 |         370 |          11 |    760ms")
+	lines := strings.Split(s, "\n")
+	tok, ttft := lineIndex(lines, "total tok/s by concurrency"), lineIndex(lines, "TTFT p50 by concurrency")
+	if tok < 0 || ttft != tok+7 {
+		t.Fatalf("charts not stacked (tok/s at line %d, TTFT at %d):\n%s", tok, ttft, s)
+	}
+	mustContain(t, lines[tok+6], "1", "128")
+	for i, l := range lines {
+		if ansi.StringWidth(l) > 80 {
+			t.Fatalf("line %d is %d cells wide: %q", i, ansi.StringWidth(l), l)
+		}
+	}
+}
+
+// A multi-line event (the hub's bench event carries the whole table) keeps
+// to one row in the events view, and enter shows it whole.
+func TestMultiLineEvent(t *testing.T) {
+	src := consoletest.Demo()
+	src.AddEvent(fleet.Event{At: time.Date(2026, 1, 2, 15, 9, 0, 0, time.UTC), Level: "info", Subject: "max/qwen3-4b",
+		Message: "bench:\nBench of max/qwen3-4b\n\n| 1 request tok/s | 2 concurrent total |\n| 87 | 130 |"})
+	h := newHarness(t, src, viewer, 140, 20)
+	h.keys("tab", "tab", "tab")
+	s := h.screen()
+	mustContain(t, s, "bench: · Bench of max/qwen3-4b · | 1 request tok/s")
+	lines := strings.Split(s, "\n")
+	if len(lines) != 20 || !strings.Contains(lines[0], "[events]") {
+		t.Fatalf("the event broke the layout:\n%s", s)
+	}
+	h.keys("enter")
+	s = h.screen()
+	mustContain(t, s, "2026-01-02 15:09:00 info max/qwen3-4b", "Bench of max/qwen3-4b", "| 87 | 130 |")
+	h.keys("esc")
+	mustContain(t, h.screen(), "[events]")
+}

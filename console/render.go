@@ -656,12 +656,12 @@ func (m *Model) detailLines() []string {
 			label("  ITL ")+msCell(w.ITLms)+label("  ctx ")+ctxCell(w.Context)+label("  simulated ")+yesNo(w.Simulated),
 		label("Started with:"),
 	)
-	for _, line := range strings.Split(ansi.Wrap(strings.Join(w.Argv, " "), max(m.width-4, 10), " "), "\n") {
+	for _, line := range wrapArgs(w.Argv, max(m.width-4, 10)) {
 		out = append(out, "  "+t.Text.Render(line))
 	}
 	if w.Simulated && len(w.LaunchArgv) > 0 {
 		out = append(out, label("Simulated; really runs:"))
-		for _, line := range strings.Split(ansi.Wrap(strings.Join(w.LaunchArgv, " "), max(m.width-4, 10), " "), "\n") {
+		for _, line := range wrapArgs(w.LaunchArgv, max(m.width-4, 10)) {
 			out = append(out, "  "+t.Muted.Render(line))
 		}
 	}
@@ -713,6 +713,45 @@ func (m *Model) detailLines() []string {
 		out[i] = ansi.Truncate(out[i], m.width, "…")
 	}
 	return out
+}
+
+// wrapArgs packs a command line into lines of at most width cells, breaking
+// only between arguments so "--tensor-parallel-size" is never split at its
+// hyphens (word wrapping does that, and a reader copies the wrong flag); an
+// argument wider than a whole line is cut into line-sized pieces.
+func wrapArgs(argv []string, width int) []string {
+	var lines []string
+	var cur strings.Builder
+	curW := 0
+	for _, arg := range argv {
+		aw := ansi.StringWidth(arg)
+		if curW > 0 && curW+1+aw > width {
+			lines = append(lines, cur.String())
+			cur.Reset()
+			curW = 0
+		}
+		for aw > width {
+			head := ansi.Truncate(arg, width, "")
+			if curW > 0 {
+				lines = append(lines, cur.String())
+				cur.Reset()
+				curW = 0
+			}
+			lines = append(lines, head)
+			arg = arg[len(head):]
+			aw = ansi.StringWidth(arg)
+		}
+		if curW > 0 {
+			cur.WriteByte(' ')
+			curW++
+		}
+		cur.WriteString(arg)
+		curW += aw
+	}
+	if curW > 0 || len(lines) == 0 {
+		lines = append(lines, cur.String())
+	}
+	return lines
 }
 
 func yesNo(b bool) string {

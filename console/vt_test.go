@@ -200,3 +200,115 @@ func TestTerminalLiveUpdates(t *testing.T) {
 		t.Fatalf("snapshot read %d times, want a refresh", src.Ticks())
 	}
 }
+
+// lineIndex is the index of the first screen line containing substr, or -1.
+func lineIndex(lines []string, substr string) int {
+	for i, l := range lines {
+		if strings.Contains(l, substr) {
+			return i
+		}
+	}
+	return -1
+}
+
+// The detail of max, which the demo gives the first seed's M4 Max sweep,
+// shows the seed's row and both charts, whole and in place, in a narrow and
+// a wide terminal: a line written wider than the terminal would wrap and
+// push everything under it down, so the section's rows must sit exactly
+// where the layout puts them, under a title bar still on the first line.
+func TestTerminalBenchChartInDetail(t *testing.T) {
+	tests := []struct {
+		name          string
+		width, height int
+		header        string
+	}{
+		{"80 columns", 80, 24, "1 req tok/s | 2 conc total | 4 conc total | per req at 4 |     TTFT p50"},
+		{"200 columns", 200, 50, "1 request tok/s | 2 concurrent total | 4 concurrent total | per request at 4 |     TTFT p50"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tm := startTerm(t, consoletest.Demo(), viewer, tt.width, tt.height)
+			tm.waitText("Apple M4 Max")
+			tm.typeText("jj")
+			tm.key(tea.KeyEnter)
+			s := tm.waitText("max/qwen3-4b", "bench (at 2026-01-02 15:08:05", "total tok/s by concurrency", "TTFT p50 by concurrency")
+			lines := strings.Split(s, "\n")
+			if len(lines) != tt.height {
+				t.Fatalf("screen has %d lines, want %d:\n%s", len(lines), tt.height, s)
+			}
+			if !strings.Contains(lines[0], "fleet") || !strings.Contains(lines[0], "ready") {
+				t.Fatalf("title bar is not on the first line (something wrapped):\n%s", s)
+			}
+			if !strings.Contains(lines[len(lines)-1], "esc back") {
+				t.Fatalf("key hints are not on the last line:\n%s", s)
+			}
+			top := lineIndex(lines, "bench (at ")
+			want := []string{
+				tt.header,
+				"87 |",
+				"total tok/s by concurrency    TTFT p50 by concurrency",
+			}
+			for i, w := range want {
+				if !strings.Contains(lines[top+1+i], w) {
+					t.Fatalf("line %d under the bench title is %q, want it to contain %q:\n%s", i+1, lines[top+1+i], w, s)
+				}
+			}
+			values := lines[top+2]
+			for _, f := range []string{"87", "130", "136", "34", "95/118/162ms"} {
+				if !strings.Contains(values, f) {
+					t.Fatalf("the seed's row %q lacks %s", values, f)
+				}
+			}
+			// Chart title, headroom, four bar rows, then the levels.
+			chart := lines[top+3 : top+3+7]
+			mustContain(t, chart[1], "130", "136", "162ms")
+			mustContain(t, chart[2], "87", "95ms", "118ms")
+			// 136 and 162ms fill their four rows; 87 of 136 is 2.6 rows.
+			for r, full := range map[int]int{2: 2, 3: 3, 4: 6, 5: 6} {
+				if got := strings.Count(chart[r], "██████"); got != full {
+					t.Fatalf("bar row %d has %d full bars, want %d: %q", r-1, got, full, chart[r])
+				}
+			}
+			if strings.Count(chart[6], "1       2       4") != 2 {
+				t.Fatalf("level axis is %q, want 1 2 4 under each chart", chart[6])
+			}
+			for i, l := range lines {
+				if ansi.StringWidth(l) > tt.width {
+					t.Fatalf("line %d is wider than the terminal: %q", i, l)
+				}
+			}
+		})
+	}
+}
+
+func TestTerminalDetailWithoutBenchSaysHow(t *testing.T) {
+	tm := startTerm(t, consoletest.Demo(), viewer, 80, 24)
+	tm.waitText("8x RTX 3060")
+	tm.key(tea.KeyEnter)
+	s := tm.waitText("rig/qwen3-4b", "Bench: no bench yet: press b to run one (operator)")
+	mustNotContain(t, s, "total tok/s by concurrency", "bench (at ")
+}
+
+// b answers at once, the status follows the sweep, and the open detail
+// draws the chart when the result lands in the snapshot.
+func TestTerminalBenchLandsInOpenDetail(t *testing.T) {
+	src := consoletest.Demo()
+	tm := startTerm(t, src, operator, 120, 40)
+	tm.waitText("8x RTX 3060")
+	tm.key(tea.KeyEnter)
+	tm.waitText("rig/qwen3-4b", "no bench yet")
+	tm.typeText("b")
+	tm.waitText("bench started on rig/qwen3-4b", "rig/qwen3-4b", "no bench yet")
+	if a := src.Actions(); len(a) != 1 || a[0].Kind != console.ActionBench || strings.Join(a[0].Targets, ",") != "rig/qwen3-4b" {
+		t.Fatalf("actions = %+v, want one bench of rig/qwen3-4b", a)
+	}
+	src.SetBench("rig/qwen3-4b", []fleet.BenchPoint{
+		{Concurrency: 4, TotalTokPerSec: 310, PerRequestTokPerSec: 77.5, TTFTp50ms: 140},
+		{Concurrency: 1, TotalTokPerSec: 96, PerRequestTokPerSec: 96, TTFTp50ms: 60},
+		{Concurrency: 2, TotalTokPerSec: 180, PerRequestTokPerSec: 90, TTFTp50ms: 85},
+	}, time.Date(2026, 1, 2, 15, 9, 0, 0, time.UTC))
+	s := tm.waitText("bench (at 2026-01-02 15:09:00", "bench of rig/qwen3-4b done: 96 / 180 / 310 tok/s total at 1 / 2 / 4 concurrent")
+	mustNotContain(t, s, "no bench yet", "benching rig")
+	// Levels arrive out of order; the table and the axis run 1, 2, 4.
+	mustContain(t, s, "96 |                180 |                310 |               78 | 60/85/140ms", "1       2       4")
+}

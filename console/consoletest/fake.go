@@ -25,7 +25,9 @@ type Source struct {
 	actions []console.Action
 	// Err, when set, is returned by Do.
 	Err error
-	// Reply is the text Do returns for shape and bench.
+	// Reply is the text Do returns for shape and bench. Left empty, bench
+	// answers as the hub does: at once, before the sweep has run (the
+	// result arrives later through SetBench).
 	Reply string
 }
 
@@ -188,7 +190,12 @@ func (s *Source) Do(_ context.Context, a console.Action) (string, error) {
 		}
 	}
 	switch a.Kind {
-	case console.ActionShape, console.ActionBench:
+	case console.ActionBench:
+		if s.Reply == "" {
+			return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil
+		}
+		return s.Reply, nil
+	case console.ActionShape:
 		return s.Reply, nil
 	}
 	return fmt.Sprintf("%s %s: ok", a.Kind, strings.Join(a.Targets, ", ")), nil
@@ -208,6 +215,28 @@ func (s *Source) Actions() []console.Action {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return slices.Clone(s.actions)
+}
+
+// SetBench records a finished bench sweep of a worker, as the hub does when
+// a sweep it started completes.
+func (s *Source) SetBench(worker string, points []fleet.BenchPoint, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.snap.Workers {
+		if s.snap.Workers[i].Name() == worker {
+			s.snap.Workers[i].Bench, s.snap.Workers[i].BenchAt = slices.Clone(points), at
+		}
+	}
+}
+
+// AddEvent appends an event to the fleet's event list.
+func (s *Source) AddEvent(e fleet.Event) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if e.ID == 0 {
+		e.ID = int64(len(s.snap.Events) + 1)
+	}
+	s.snap.Events = append(s.snap.Events, e)
 }
 
 // SetInFlight sets a worker's in-flight count (a drain finishes at 0).
