@@ -76,6 +76,13 @@ func TestEngineLoadShapesTheChoice(t *testing.T) {
 					t.Errorf("busy predicted %v, idle twin %v; the engine's load must make busy slower", pb, pi)
 				}
 			}
+			if !busy.free() {
+				// Nothing of the router's runs there, so the next free slot
+				// comes from the engine's own requests ending.
+				if per := busy.Speed.Completion(busy.Slots, job) / time.Duration(busy.Slots); busy.NextFree < per {
+					t.Errorf("full by the engine's count, next free in %v; want at least a slot interval %v", busy.NextFree, per)
+				}
+			}
 			if got := cands[i].Name; got != tc.want+"/qwen3-4b" {
 				t.Errorf("fleet chose %s, want %s", got, tc.want)
 			}
