@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/internal/sshdtest"
 )
 
 // TestManagerOverSSH drives a real sshd as a remote node: probe, launch an
@@ -14,8 +15,8 @@ import (
 // node (its workers leave ready), get it back (the same engine is adopted,
 // not restarted), and adopt it again after the hub itself restarts.
 func TestManagerOverSSH(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	keys := &MemoryHostKeys{}
 	remoteState := t.TempDir()
 	mutate := func(o *ManagerOptions) {
@@ -26,7 +27,7 @@ func TestManagerOverSSH(t *testing.T) {
 	h := newHarness(t, t.TempDir(), mutate)
 	cleanupEngines(t, h)
 	desired := fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "rig", Address: s.address(), Identity: s.identity}},
+		Nodes:      []fleet.Node{{Name: "rig", Address: s.Address(), Identity: s.Identity()}},
 		Models:     []fleet.Model{localModel()},
 		Placements: []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}},
 	}
@@ -47,7 +48,7 @@ func TestManagerOverSSH(t *testing.T) {
 
 	// The node's sshd dies: the worker leaves ready within a probe interval
 	// or two, though its engine keeps running on the node.
-	s.kill()
+	s.Kill()
 	lost := time.Now()
 	h.waitWorker(w.Name(), "out of the ready set", func(x fleet.Worker) bool { return x.State != fleet.WorkerReady })
 	t.Logf("worker left ready %v after sshd died", time.Since(lost).Round(time.Millisecond))
@@ -59,7 +60,7 @@ func TestManagerOverSSH(t *testing.T) {
 	})
 
 	// The node comes back: the same engine is adopted.
-	s.start()
+	s.Start()
 	back := h.waitReady(w.Name())
 	if back.PID != w.PID {
 		t.Errorf("after the node returned: PID %d, want the adopted %d\n%s", back.PID, w.PID, h.rec.dump())

@@ -19,6 +19,7 @@ import (
 
 	"fleet"
 	"fleet/enginectl"
+	"fleet/internal/sshdtest"
 )
 
 // fakeEngine is enginectl's test engine (enginectl/testdata/fakeengine), a
@@ -144,7 +145,7 @@ func newHarness(t *testing.T, data string, mutate func(*ManagerOptions)) *harnes
 		ReconcileInterval: 200 * time.Millisecond,
 		ReadyTimeout:      30 * time.Second,
 		StopGrace:         5 * time.Second,
-		PortMin:           freePort(t),
+		PortMin:           sshdtest.FreePort(t),
 		SimPlatform:       m4max,
 		RestartBackoff:    func(int) time.Duration { return 100 * time.Millisecond },
 		EngineOptions:     []enginectl.Option{enginectl.WithPollInterval(50 * time.Millisecond)},

@@ -12,9 +12,11 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/crypto/ssh"
 	"golang.org/x/crypto/ssh/agent"
 
 	"fleet"
+	"fleet/internal/sshdtest"
 )
 
 type eventLog struct {
@@ -40,14 +42,14 @@ func (l *eventLog) find(sub string) (fleet.Event, bool) {
 }
 
 func TestSSHTransportRunsLikeLocal(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	keys := &MemoryHostKeys{}
 	events := &eventLog{}
 	ctx := context.Background()
-	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: s.address(), Identity: s.identity}, Options{HostKeys: keys, OnEvent: events.add})
+	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: s.Address(), Identity: s.Identity()}, Options{HostKeys: keys, OnEvent: events.add})
 	if err != nil {
-		t.Fatalf("Open: %v\nsshd log:\n%s", err, s.stderr.String())
+		t.Fatalf("Open: %v\nsshd log:\n%s", err, s.Log())
 	}
 	defer tr.Close()
 
@@ -72,8 +74,8 @@ func TestSSHTransportRunsLikeLocal(t *testing.T) {
 }
 
 func TestSSHTransportThroughAgent(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	sock := filepath.Join(t.TempDir(), "agent.sock")
 	ln, err := net.Listen("unix", sock)
 	if err != nil {
@@ -81,8 +83,8 @@ func TestSSHTransportThroughAgent(t *testing.T) {
 	}
 	defer ln.Close()
 	keyring := agent.NewKeyring()
-	raw, _ := os.ReadFile(s.identity)
-	key, err := parseRawKey(raw)
+	raw, _ := os.ReadFile(s.Identity())
+	key, err := ssh.ParseRawPrivateKey(raw)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -99,7 +101,7 @@ func TestSSHTransportThroughAgent(t *testing.T) {
 		}
 	}()
 	ctx := context.Background()
-	tr, err := Open(ctx, fleet.Node{Name: "ultra", Address: s.address()}, Options{HostKeys: &MemoryHostKeys{}, AgentSocket: sock})
+	tr, err := Open(ctx, fleet.Node{Name: "ultra", Address: s.Address()}, Options{HostKeys: &MemoryHostKeys{}, AgentSocket: sock})
 	if err != nil {
 		t.Fatalf("Open via agent: %v", err)
 	}
@@ -111,12 +113,12 @@ func TestSSHTransportThroughAgent(t *testing.T) {
 }
 
 func TestSSHRefusesChangedHostKey(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	keys := &MemoryHostKeys{}
 	events := &eventLog{}
 	ctx := context.Background()
-	node := fleet.Node{Name: "rig", Address: s.address(), Identity: s.identity}
+	node := fleet.Node{Name: "rig", Address: s.Address(), Identity: s.Identity()}
 	tr, err := Open(ctx, node, Options{HostKeys: keys, OnEvent: events.add})
 	if err != nil {
 		t.Fatal(err)
@@ -125,9 +127,9 @@ func TestSSHRefusesChangedHostKey(t *testing.T) {
 	before, _ := keys.PinnedHostKey(ctx, "rig")
 
 	// Same address and port, another machine's key.
-	s.kill()
-	s.rotateHostKey()
-	s.start()
+	s.Kill()
+	s.RotateHostKey()
+	s.Start()
 	_, err = Open(ctx, node, Options{HostKeys: keys, OnEvent: events.add})
 	var changed *HostKeyChangedError
 	if !errors.As(err, &changed) {
@@ -159,25 +161,25 @@ func TestSSHRefusesChangedHostKey(t *testing.T) {
 }
 
 func TestSSHRefusedKeyIsExplained(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	other := filepath.Join(t.TempDir(), "other_key")
-	writeKey(t, other)
-	_, err := Open(context.Background(), fleet.Node{Name: "rig", Address: s.address(), Identity: other}, Options{HostKeys: &MemoryHostKeys{}})
+	sshdtest.WriteKey(t, other)
+	_, err := Open(context.Background(), fleet.Node{Name: "rig", Address: s.Address(), Identity: other}, Options{HostKeys: &MemoryHostKeys{}})
 	if err == nil || !strings.Contains(err.Error(), "refused our key") || !strings.Contains(err.Error(), "authorized_keys") {
 		t.Fatalf("err = %v, want it to say the key was refused and what to do", err)
 	}
-	_, err = Open(context.Background(), fleet.Node{Name: "rig", Address: s.address(), Identity: filepath.Join(t.TempDir(), "missing")}, Options{HostKeys: &MemoryHostKeys{}})
+	_, err = Open(context.Background(), fleet.Node{Name: "rig", Address: s.Address(), Identity: filepath.Join(t.TempDir(), "missing")}, Options{HostKeys: &MemoryHostKeys{}})
 	if err == nil || !strings.Contains(err.Error(), "identity file") {
 		t.Fatalf("missing identity: err = %v", err)
 	}
 }
 
 func TestSSHNodeKilledMidCommand(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
+	s := sshdtest.New(t)
+	s.Start()
 	ctx := context.Background()
-	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: s.address(), Identity: s.identity}, Options{HostKeys: &MemoryHostKeys{}})
+	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: s.Address(), Identity: s.Identity()}, Options{HostKeys: &MemoryHostKeys{}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -202,7 +204,7 @@ func TestSSHNodeKilledMidCommand(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("the remote command never started")
 	}
-	s.kill()
+	s.Kill()
 	select {
 	case err := <-done:
 		if err == nil {
@@ -220,7 +222,7 @@ func TestSSHNodeKilledMidCommand(t *testing.T) {
 	}
 
 	// The node comes back: the transport reconnects on its own.
-	s.start()
+	s.Start()
 	deadline := time.Now().Add(30 * time.Second)
 	for {
 		var out strings.Builder
@@ -238,12 +240,12 @@ func TestSSHNodeKilledMidCommand(t *testing.T) {
 // TestSSHNodeVanishes cuts the network path without closing any socket, as a
 // machine losing power does: only keepalives can notice, and they must.
 func TestSSHNodeVanishes(t *testing.T) {
-	s := newTestSSHD(t)
-	s.start()
-	proxy := newFreezableProxy(t, s.addr())
+	s := sshdtest.New(t)
+	s.Start()
+	proxy := newFreezableProxy(t, s.Addr())
 	ctx := context.Background()
-	u := strings.SplitN(s.address(), "@", 2)[0]
-	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: u + "@" + proxy.addr(), Identity: s.identity}, Options{
+	u := strings.SplitN(s.Address(), "@", 2)[0]
+	tr, err := Open(ctx, fleet.Node{Name: "rig", Address: u + "@" + proxy.addr(), Identity: s.Identity()}, Options{
 		HostKeys: &MemoryHostKeys{}, KeepaliveInterval: 200 * time.Millisecond, KeepaliveMissed: 3,
 	})
 	if err != nil {
