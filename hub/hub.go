@@ -27,6 +27,7 @@ import (
 
 	"fleet"
 	"fleet/cli"
+	"fleet/enginectl"
 	"fleet/fleetfile"
 	"fleet/nodes"
 	"fleet/router"
@@ -362,6 +363,11 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		defer wg.Done()
 		h.flushSamples(ctx)
 	}()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		h.scrapeEngines(ctx, engineScrapeInterval)
+	}()
 	h.mu.Lock()
 	h.httpAddr = ln.Addr().String()
 	h.mu.Unlock()
@@ -425,6 +431,46 @@ func (h *Hub) flushSamples(ctx context.Context) {
 			flush()
 			return
 		}
+	}
+}
+
+// engineScrapeInterval paces reading each engine's own load (vLLM
+// running/waiting, llama-server slots); the router ignores a reading older
+// than three intervals.
+const engineScrapeInterval = 5 * time.Second
+
+// scrapeEngines tells the router what each ready engine reports about its
+// own load, which can exceed what the router has in flight (another client
+// on the engine, requests the router gave up on that still decode).
+func (h *Hub) scrapeEngines(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		var wg sync.WaitGroup
+		for _, w := range h.mgr.Workers() {
+			if w.State != fleet.WorkerReady {
+				continue
+			}
+			wg.Add(1)
+			go func() { // one per worker: an unreachable node must not delay the others
+				defer wg.Done()
+				at := time.Now()
+				l, err := h.mgr.Scrape(ctx, w.Name())
+				if err != nil {
+					if !errors.Is(err, enginectl.ErrNoLoadSignal) && ctx.Err() == nil {
+						h.log.Debug("engine load scrape failed", "worker", w.Name(), "err", err)
+					}
+					return
+				}
+				h.router.ObserveEngineLoad(w.Name(), router.EngineLoad{Running: l.Running, Waiting: l.Waiting, Slots: l.Slots, At: at})
+			}()
+		}
+		wg.Wait()
 	}
 }
 
