@@ -2,242 +2,32 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
-	"crypto/ed25519"
-	"crypto/rand"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
-	"os/user"
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
-	"golang.org/x/crypto/ssh"
-
 	"fleet"
+	"fleet/internal/sshdtest"
 )
 
 // These tests drive a real OpenSSH sshd on loopback as a remote node of a
 // hub started from a fleet file: the hub reaches it over SSH exactly as it
 // would a machine across the network (probe, launch, tunnel), and the
 // engine it launches there is the sim, run from the hub's fleet binary,
-// which exists on this machine and so on the "remote" one.
-
-const e2eSSHD = "/usr/sbin/sshd"
-
-// loopSSHD is a real sshd on 127.0.0.1 with throwaway keys, configured from
-// a temp dir.
-type loopSSHD struct {
-	t        *testing.T
-	dir      string
-	port     int
-	hostKey  string
-	identity string
-	// home is the node user's $HOME: the node's own, as a separate machine
-	// would have, rather than this machine's account with its shell rc
-	// files (bash sources ~/.bashrc for every sshd command, and a slow or
-	// lock-taking one stalls every command the hub runs). The engine's
-	// ~/.fleet state lands there too.
-	home string
-	cmd  *exec.Cmd
-	log  *syncBuffer
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func writeEd25519(t *testing.T, path string) ssh.PublicKey {
-	t.Helper()
-	_, priv, err := ed25519.GenerateKey(rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	block, err := ssh.MarshalPrivateKey(priv, "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(path, pem.EncodeToMemory(block), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	signer, err := ssh.NewSignerFromKey(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return signer.PublicKey()
-}
-
-func newLoopSSHD(t *testing.T) *loopSSHD {
-	t.Helper()
-	if _, err := os.Stat(e2eSSHD); err != nil {
-		t.Skipf("OpenSSH server not installed (%s missing): install openssh-server to run the SSH node tests", e2eSSHD)
-	}
-	if os.Geteuid() == 0 {
-		// As root sshd insists on its privilege separation directory.
-		if err := os.MkdirAll("/run/sshd", 0o755); err != nil {
-			t.Skipf("sshd needs /run/sshd when run as root and it cannot be created: %v", err)
-		}
-	}
-	dir := t.TempDir()
-	s := &loopSSHD{t: t, dir: dir, port: freePort(t)}
-	s.home = filepath.Join(dir, "home")
-	if err := os.Mkdir(s.home, 0o700); err != nil {
-		t.Fatal(err)
-	}
-	s.hostKey = filepath.Join(dir, "host_ed25519")
-	writeEd25519(t, s.hostKey)
-	s.identity = filepath.Join(dir, "id_ed25519")
-	pub := writeEd25519(t, s.identity)
-	if err := os.WriteFile(filepath.Join(dir, "authorized_keys"), ssh.MarshalAuthorizedKey(pub), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	s.writeConfig()
-	t.Cleanup(s.kill)
-	return s
-}
-
-func (s *loopSSHD) writeConfig() {
-	cfg := fmt.Sprintf(`Port %d
-ListenAddress 127.0.0.1
-HostKey %s
-AuthorizedKeysFile %s
-PubkeyAuthentication yes
-PasswordAuthentication no
-KbdInteractiveAuthentication no
-PermitRootLogin prohibit-password
-AllowTcpForwarding yes
-PidFile %s
-StrictModes no
-UsePAM no
-MaxSessions 64
-MaxStartups 64
-LogLevel VERBOSE
-SetEnv HOME=%s
-`, s.port, s.hostKey, filepath.Join(s.dir, "authorized_keys"), filepath.Join(s.dir, "sshd.pid"), s.home)
-	if err := os.WriteFile(filepath.Join(s.dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
-		s.t.Fatal(err)
-	}
-}
-
-// rotateHostKey gives the next start another machine's host key.
-func (s *loopSSHD) rotateHostKey() {
-	s.hostKey = filepath.Join(s.dir, fmt.Sprintf("host_ed25519_%d", time.Now().UnixNano()))
-	writeEd25519(s.t, s.hostKey)
-	s.writeConfig()
-}
-
-func (s *loopSSHD) addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
-
-func (s *loopSSHD) address() string {
-	u, err := user.Current()
-	if err != nil {
-		s.t.Fatal(err)
-	}
-	return u.Username + "@" + s.addr()
-}
-
-func (s *loopSSHD) start() {
-	s.t.Helper()
-	s.log = &syncBuffer{}
-	s.cmd = exec.Command(e2eSSHD, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
-	s.cmd.Stderr = s.log
-	if err := s.cmd.Start(); err != nil {
-		s.t.Fatalf("starting sshd: %v", err)
-	}
-	log := s.log
-	s.t.Cleanup(func() {
-		if s.t.Failed() {
-			s.t.Logf("sshd log:\n%s", log.String())
-		}
-	})
-	deadline := time.Now().Add(15 * time.Second)
-	for {
-		c, err := net.DialTimeout("tcp", s.addr(), time.Second)
-		if err == nil {
-			c.Close()
-			return
-		}
-		if time.Now().After(deadline) {
-			s.t.Fatalf("sshd did not listen on %s: %v\nsshd log:\n%s", s.addr(), err, s.log.String())
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-}
-
-// kill ends sshd and every session process it forked, as a machine losing
-// its sshd does. Per-connection children leave sshd's process group, so
-// they are found by parentage. Engines launched detached were reparented
-// away from sshd and survive, as they would on a real node.
-func (s *loopSSHD) kill() {
-	if s.cmd == nil || s.cmd.Process == nil {
-		return
-	}
-	for _, pid := range append(descendantsOf(s.cmd.Process.Pid), s.cmd.Process.Pid) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
-	}
-	_ = s.cmd.Wait()
-	s.cmd = nil
-}
-
-func descendantsOf(root int) []int {
-	children := map[int][]int{}
-	entries, _ := os.ReadDir("/proc")
-	for _, e := range entries {
-		pid, err := strconv.Atoi(e.Name())
-		if err != nil {
-			continue
-		}
-		raw, err := os.ReadFile(filepath.Join("/proc", e.Name(), "stat"))
-		if err != nil {
-			continue
-		}
-		rest := string(raw)
-		if i := strings.LastIndex(rest, ") "); i >= 0 {
-			rest = rest[i+2:]
-		}
-		f := strings.Fields(rest)
-		if len(f) < 2 {
-			continue
-		}
-		ppid, _ := strconv.Atoi(f[1])
-		children[ppid] = append(children[ppid], pid)
-	}
-	var out []int
-	var walk func(int)
-	walk = func(p int) {
-		for _, c := range children[p] {
-			out = append(out, c)
-			walk(c)
-		}
-	}
-	walk(root)
-	return out
-}
+// which exists on this machine and so on the "remote" one. The sshd is
+// internal/sshdtest's: the node user's $HOME is its own temp dir, so the
+// engine's ~/.fleet state lands there.
 
 // startFleetHub starts `fleet serve --fleet FILE` (no demo) with debug logs.
 func startFleetHub(t *testing.T, data string, httpPort int, fleetFile string) *hubProc {
@@ -264,7 +54,7 @@ func killSimsOf(data string) {
 
 // sshFleet is a hub whose one node is the loopback sshd.
 type sshFleet struct {
-	sshd     *loopSSHD
+	sshd     *sshdtest.Server
 	data     string
 	httpPort int
 	file     string
@@ -287,7 +77,7 @@ const sshFleetModel = `models:
 `
 
 func (f *sshFleet) fleetFile(withPlacement bool) string {
-	s := fmt.Sprintf("nodes:\n  - name: %s\n    address: %s\n    identity: %s\n", f.node, f.sshd.address(), f.sshd.identity) + sshFleetModel
+	s := fmt.Sprintf("nodes:\n  - name: %s\n    address: %s\n    identity: %s\n", f.node, f.sshd.Address(), f.sshd.Identity()) + sshFleetModel
 	if withPlacement {
 		s += fmt.Sprintf("placements:\n  - model: qwen3-4b\n    node: %s\n    engine: sim\n", f.node)
 	}
@@ -298,8 +88,8 @@ func (f *sshFleet) fleetFile(withPlacement bool) string {
 // on it, and registers the cleanup of whatever engine that leaves behind.
 func startSSHFleet(t *testing.T, node string) *sshFleet {
 	t.Helper()
-	f := &sshFleet{sshd: newLoopSSHD(t), data: t.TempDir(), httpPort: freePort(t), node: node}
-	f.sshd.start()
+	f := &sshFleet{sshd: sshdtest.New(t), data: t.TempDir(), httpPort: freePort(t), node: node}
+	f.sshd.Start()
 	f.file = filepath.Join(t.TempDir(), "fleet.yaml")
 	if err := os.WriteFile(f.file, []byte(f.fleetFile(true)), 0o600); err != nil {
 		t.Fatal(err)
@@ -493,7 +283,7 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	}
 	// The engine's pid and log files are in ~/.fleet on the node, written
 	// through SSH.
-	if _, err := os.Stat(filepath.Join(f.sshd.home, ".fleet", "remote-qwen3-4b.log")); err != nil {
+	if _, err := os.Stat(filepath.Join(f.sshd.Home(), ".fleet", "remote-qwen3-4b.log")); err != nil {
 		t.Errorf("the engine's log is not in the node's ~/.fleet: %v", err)
 	}
 	if evs := eventsJSON(t, f.data, "remote"); !containsEvent(evs, "pinned on first contact") {
@@ -568,9 +358,9 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	pinned := waitNode(t, f.data, "rekeyed", "pinned", 5*time.Second, func(n fleet.Node) bool { return n.HostKey != "" }).HostKey
 
 	// The machine is "reinstalled": same port, another host key.
-	f.sshd.kill()
-	f.sshd.rotateHostKey()
-	f.sshd.start()
+	f.sshd.Kill()
+	f.sshd.RotateHostKey()
+	f.sshd.Start()
 	rekeyed := time.Now()
 
 	n := waitNode(t, f.data, "rekeyed", "refused for its changed host key", 45*time.Second, func(n fleet.Node) bool {
@@ -634,7 +424,7 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 	var killed time.Time
 	r := chatStream(f.base(), 4000, 40*time.Second, func(n int, _ string) {
 		if n == 5 {
-			f.sshd.kill()
+			f.sshd.Kill()
 			killed = time.Now()
 		}
 	})
