@@ -223,7 +223,9 @@ func (s *Server) Address() string {
 // Identity is the path of the private key the server accepts.
 func (s *Server) Identity() string { return s.identity }
 
-// Home is $HOME in the server's sessions: a dir of the test's own.
+// Home is $HOME in the server's sessions: a dir of the test's own, as a
+// separate machine would have, so what a node keeps in ~ (~/.fleet) lands
+// there rather than in the account running the test.
 func (s *Server) Home() string { return s.home }
 
 // Log is what the current (or last) sshd run wrote to stderr.
