@@ -256,7 +256,10 @@ type Worker struct {
 	Slots         int       `json:"slots,omitempty"`
 	EngineVersion string    `json:"engine_version,omitempty"`
 	Restarts      int       `json:"restarts,omitempty"`
-	Drained       bool      `json:"drained,omitempty"`
+	// Progress is the engine install's progress in percent while the worker
+	// is installing, when the installer prints one.
+	Progress float64 `json:"progress,omitempty"`
+	Drained  bool    `json:"drained,omitempty"`
 }
 
 // Name is NODE/MODEL, the worker's name everywhere it is shown.

@@ -44,7 +44,7 @@ func (m *Model) relayout() {
 		l.gpu = max(l.gpu, ansi.StringWidth(w.GPU))
 		l.host = max(l.host, ansi.StringWidth(w.Host))
 		l.engine = max(l.engine, ansi.StringWidth(w.Engine.Label()))
-		l.state = max(l.state, len(w.State))
+		l.state = max(l.state, len(stateCell(w)))
 		l.load = max(l.load, len(loadCell(w)))
 	}
 	l.node, l.gpu, l.host, l.engine = min(l.node, maxNode), min(l.gpu, maxGPU), min(l.host, maxHost), min(l.engine, maxEngine)
@@ -365,7 +365,7 @@ func (m *Model) workerRow(w fleet.WorkerView, selected bool) string {
 	}
 	left := fit(l.nodeLabel(w), l.node) + " " + fit(w.GPU, l.gpu) + " " + fit(w.Host, l.host) + " " +
 		fit(w.Engine.Label(), l.engine) + " " + fitRight(ctxCell(w.Context), colCtx) + " "
-	state := fit(string(w.State), l.state)
+	state := fit(stateCell(w), l.state)
 	mid := " " + fitRight(loadCell(w), l.load) + " " + fitRight(tokCell(w.TokPerSec), colTok) + " "
 	ttft, itl := fitRight(msCell(w.TTFTms), colMs), fitRight(msCell(w.ITLms), colMs)
 	var ttftSpark, itlSpark string
@@ -820,4 +820,13 @@ func (m *Model) renderHelp() []string {
 		lines[i] = ansi.Truncate(lines[i], m.width, "…")
 	}
 	return lines
+}
+
+// stateCell is the State column: the lifecycle state, with the install's
+// progress while an engine is being installed.
+func stateCell(w fleet.WorkerView) string {
+	if w.State == fleet.WorkerInstalling && w.Progress > 0 {
+		return fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
+	}
+	return string(w.State)
 }

@@ -127,8 +127,10 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	if err != nil {
 		return err
 	}
-	o.logger.Info("installing engine", "node", spec.Node.Name, "engine", spec.Engine, "bin", cmd.Bin)
-	fmt.Fprintf(progress, "installing %s on %s: %s\n", name, spec.Node.Name, firstLine(script))
+	// The script itself goes to the log, not into progress: progress is the
+	// installer's own output, which callers read percentages from.
+	o.logger.Info("installing engine", "node", spec.Node.Name, "engine", spec.Engine, "bin", cmd.Bin, "command", firstLine(script))
+	fmt.Fprintf(progress, "installing %s on %s\n", name, spec.Node.Name)
 	// One writer for both streams: installers interleave them, and a
 	// progress log reads best in the order things happened.
 	w := &lockedWriter{w: progress}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
 	"slices"
 	"strings"
 	"sync"
@@ -327,10 +328,23 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	if !installed {
 		m.setState(ws, fleet.WorkerInstalling, "")
 		ictx, cancel := context.WithTimeout(ctx, m.opts.InstallTimeout)
-		lw := &lineEvents{emit: func(line string) { m.event("info", ws.name, "install: "+line) }}
+		if script, err := enginectl.InstallCommand(spec); err == nil {
+			m.event("info", ws.name, "install command: "+script)
+		}
+		lastPct := 0.0
+		lw := &lineEvents{emit: func(line string) {
+			m.event("info", ws.name, "install: "+line)
+			// Whole percents only: installers redraw their bars far more
+			// often than a worker change is worth persisting.
+			if pct, ok := enginectl.ProgressPercent(line); ok && math.Floor(pct) != lastPct {
+				lastPct = math.Floor(pct)
+				m.update(ws, func(w *fleet.Worker) { w.Progress = lastPct })
+			}
+		}}
 		err := enginectl.Install(ictx, t, spec, lw, eo...)
 		lw.Flush()
 		cancel()
+		m.update(ws, func(w *fleet.Worker) { w.Progress = 0 })
 		if err != nil {
 			return fmt.Errorf("installing %s on %s failed (see the worker's events for its output): %w", spec.Engine.Label(), node.Name, err)
 		}
