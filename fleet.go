@@ -241,8 +241,8 @@ type Worker struct {
 	State  WorkerState `json:"state"`
 	// Reason says why a worker is failed or rejected, with the figures.
 	Reason string `json:"reason,omitempty"`
-	Port   int    `json:"port,omitempty"`
-	PID    int    `json:"pid,omitempty"`
+	Port   int    `json:"port"`
+	PID    int    `json:"pid"`
 	PGID   int    `json:"pgid,omitempty"`
 	// Argv is the exact command line of the engine ("Started with"). On a
 	// simulated node it is the command the real engine would have run.

@@ -1,0 +1,139 @@
+package cli
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+
+	"fleet"
+	"fleet/bench/shape"
+	"fleet/bench/sweep"
+	"fleet/store"
+)
+
+// fakeHub records calls and refuses what a viewer may not do, as the hub does.
+type fakeHub struct {
+	acts    [][]string
+	applied string
+}
+
+var errDenied = errors.New("permission denied: drain needs the operator role; you (v) are viewer")
+
+func (f *fakeHub) Snapshot(context.Context) fleet.Snapshot {
+	return fleet.Snapshot{Workers: []fleet.WorkerView{{
+		Worker: fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady, Argv: []string{"llama-server", "-c", "16384"}, Context: 16384, Slots: 4},
+		Host:   "macOS", GPU: "Apple M1 Ultra",
+	}}}
+}
+func (f *fakeHub) Act(_ context.Context, u fleet.User, kind string, targets []string) (string, error) {
+	if !u.Role.Allows(fleet.RoleOperator) {
+		return "", errDenied
+	}
+	f.acts = append(f.acts, append([]string{kind}, targets...))
+	return kind + " ok", nil
+}
+func (f *fakeHub) Apply(_ context.Context, _ fleet.User, name string, data []byte, dryRun bool) (string, error) {
+	f.applied = name + ":" + string(data)
+	return "plan\n", nil
+}
+func (f *fakeHub) Export(context.Context, fleet.User) ([]byte, error) {
+	return []byte("nodes: []\n"), nil
+}
+func (f *fakeHub) Events(context.Context, string, int64, int) ([]fleet.Event, error) {
+	return nil, nil
+}
+func (f *fakeHub) Audit(context.Context, fleet.User, int) ([]fleet.AuditEntry, error) {
+	return nil, nil
+}
+func (f *fakeHub) AddUser(context.Context, fleet.User, fleet.User) error   { return nil }
+func (f *fakeHub) RemoveUser(context.Context, fleet.User, string) error    { return nil }
+func (f *fakeHub) Users(context.Context, fleet.User) ([]fleet.User, error) { return nil, nil }
+func (f *fakeHub) Shape(context.Context, fleet.User, string, string) (shape.Report, error) {
+	return shape.Report{}, nil
+}
+func (f *fakeHub) ShapeAll(context.Context, fleet.User, string) ([]shape.Report, error) {
+	return nil, nil
+}
+func (f *fakeHub) PinShape(context.Context, fleet.User, string) (string, error) { return "", nil }
+func (f *fakeHub) Bench(context.Context, fleet.User, string, BenchOptions, io.Writer) (sweep.Result, error) {
+	return sweep.Result{}, nil
+}
+func (f *fakeHub) ForceAdmit(context.Context, fleet.User, string) (string, error) { return "", nil }
+func (f *fakeHub) TrustNode(context.Context, fleet.User, string) (string, error)  { return "", nil }
+func (f *fakeHub) CreateKey(context.Context, fleet.User, string) (string, error)  { return "fk-x", nil }
+func (f *fakeHub) Keys(context.Context, fleet.User) ([]store.APIKey, error)       { return nil, nil }
+func (f *fakeHub) RevokeKey(context.Context, fleet.User, string) error            { return nil }
+func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error             { return nil }
+
+func TestExitStatuses(t *testing.T) {
+	operator := fleet.User{Name: "op", Role: fleet.RoleOperator}
+	viewer := fleet.User{Name: "v", Role: fleet.RoleViewer}
+	cases := []struct {
+		name    string
+		u       fleet.User
+		args    []string
+		stdin   string
+		code    int
+		stdout  string
+		stderr  string
+		actions int
+	}{
+		{"workers table", viewer, []string{"workers"}, "", ExitOK, "llama-server -c 16384", "", 0},
+		{"drain by an operator", operator, []string{"drain", "ultra"}, "", ExitOK, "drain ok", "", 1},
+		{"drain by a viewer fails and says why", viewer, []string{"drain", "ultra"}, "", ExitFail, "", "needs the operator role", 0},
+		{"drain without a target is usage", operator, []string{"drain"}, "", ExitUsage, "", "at least one node", 0},
+		{"unknown command is usage", operator, []string{"dran", "ultra"}, "", ExitUsage, "", "unknown command", 0},
+		{"unknown flag is usage", operator, []string{"workers", "--jsn"}, "", ExitUsage, "", "unknown flag", 0},
+		{"extra argument is usage", operator, []string{"workers", "extra"}, "", ExitUsage, "", "takes no arguments", 0},
+		{"apply with nothing on stdin is usage", operator, []string{"apply"}, "", ExitUsage, "", "standard input", 0},
+		{"admit needs --force", operator, []string{"admit", "ultra"}, "", ExitUsage, "", "--force", 0},
+		{"bench with a bad split is usage", operator, []string{"bench", "ultra", "--split", "poetry"}, "", ExitUsage, "", "chat or agent", 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			h := &fakeHub{}
+			var out, errOut bytes.Buffer
+			code := Run(context.Background(), h, c.u, c.args, strings.NewReader(c.stdin), &out, &errOut)
+			if code != c.code {
+				t.Errorf("exit %d, want %d\nstdout: %s\nstderr: %s", code, c.code, out.String(), errOut.String())
+			}
+			if !strings.Contains(out.String(), c.stdout) {
+				t.Errorf("stdout %q lacks %q", out.String(), c.stdout)
+			}
+			if !strings.Contains(errOut.String(), c.stderr) {
+				t.Errorf("stderr %q lacks %q", errOut.String(), c.stderr)
+			}
+			if len(h.acts) != c.actions {
+				t.Errorf("%d actions reached the hub, want %d", len(h.acts), c.actions)
+			}
+		})
+	}
+}
+
+func TestWorkersJSONCarriesTheTableFields(t *testing.T) {
+	var out bytes.Buffer
+	if code := Run(context.Background(), &fakeHub{}, fleet.User{Role: fleet.RoleViewer}, []string{"workers", "--json"}, nil, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var rows []map[string]any
+	if err := json.Unmarshal(out.Bytes(), &rows); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"node", "model", "engine", "state", "pid", "port", "argv", "ctx", "host", "gpu"} {
+		if _, ok := rows[0][key]; !ok {
+			t.Errorf("workers --json lacks %q: %v", key, rows[0])
+		}
+	}
+}
+
+func TestApplyReadsStdinWithItsName(t *testing.T) {
+	h := &fakeHub{}
+	code := Run(context.Background(), h, fleet.User{Role: fleet.RoleAdmin}, []string{"apply", "--filename", "fleet.yaml"}, strings.NewReader("nodes: []\n"), io.Discard, io.Discard)
+	if code != 0 || h.applied != "fleet.yaml:nodes: []\n" {
+		t.Errorf("exit %d, applied %q", code, h.applied)
+	}
+}

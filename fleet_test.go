@@ -1,0 +1,88 @@
+package fleet
+
+import (
+	"testing"
+	"time"
+)
+
+func TestPlatformLabels(t *testing.T) {
+	rtx := GPU{Name: "NVIDIA GeForce RTX 3060", MemTotalMiB: 12288}
+	cases := []struct {
+		name         string
+		p            Platform
+		gpu, host    string
+		engine       EngineKind
+		appleSilicon bool
+	}{
+		{"8x RTX 3060 rig", Platform{OS: "linux", Arch: "amd64", GPUs: []GPU{rtx, rtx, rtx, rtx, rtx, rtx, rtx, rtx}}, "8x RTX 3060", "Linux", EngineVLLM, false},
+		{"one GPU under WSL", Platform{OS: "linux", WSL: true, GPUs: []GPU{{Name: "NVIDIA GeForce RTX 5060 Ti"}}}, "RTX 5060 Ti", "Windows/WSL", EngineVLLM, false},
+		{"mixed GPUs", Platform{OS: "linux", GPUs: []GPU{rtx, {Name: "NVIDIA RTX 4090"}}}, "2 GPUs", "Linux", EngineVLLM, false},
+		{"M1 Ultra", Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra"}, "Apple M1 Ultra", "macOS", EngineLlamaCpp, true},
+		{"Intel Mac", Platform{OS: "darwin", Arch: "amd64", Chip: "Intel(R) Core(TM) i9"}, "CPU", "macOS", EngineLlamaCpp, false},
+		{"CPU Linux", Platform{OS: "linux", Arch: "amd64"}, "CPU", "Linux", EngineLlamaCpp, false},
+		{"not probed", Platform{}, "CPU", "?", EngineLlamaCpp, false},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			if got := c.p.GPULabel(); got != c.gpu {
+				t.Errorf("GPULabel = %q, want %q", got, c.gpu)
+			}
+			if got := c.p.HostLabel(); got != c.host {
+				t.Errorf("HostLabel = %q, want %q", got, c.host)
+			}
+			if got := c.p.DefaultEngine(); got != c.engine {
+				t.Errorf("DefaultEngine = %q, want %q", got, c.engine)
+			}
+			if got := c.p.AppleSilicon(); got != c.appleSilicon {
+				t.Errorf("AppleSilicon = %v, want %v", got, c.appleSilicon)
+			}
+		})
+	}
+}
+
+func TestRestartBackoff(t *testing.T) {
+	want := map[int]time.Duration{0: 10 * time.Second, 1: 10 * time.Second, 2: 20 * time.Second, 3: 40 * time.Second,
+		5: 160 * time.Second, 6: 300 * time.Second, 7: 300 * time.Second, 100: 300 * time.Second}
+	for n, d := range want {
+		if got := RestartBackoff(n); got != d {
+			t.Errorf("RestartBackoff(%d) = %s, want %s", n, got, d)
+		}
+	}
+}
+
+func TestRoles(t *testing.T) {
+	cases := []struct {
+		have, need Role
+		ok         bool
+	}{
+		{RoleViewer, RoleViewer, true}, {RoleViewer, RoleOperator, false}, {RoleOperator, RoleOperator, true},
+		{RoleOperator, RoleAdmin, false}, {RoleAdmin, RoleOperator, true}, {Role(""), RoleViewer, false},
+		{Role("root"), RoleViewer, false},
+	}
+	for _, c := range cases {
+		if got := c.have.Allows(c.need); got != c.ok {
+			t.Errorf("%q.Allows(%q) = %v, want %v", c.have, c.need, got, c.ok)
+		}
+	}
+}
+
+func TestIsLoopbackAddr(t *testing.T) {
+	cases := map[string]bool{
+		"127.0.0.1:8080": true, "localhost:8080": true, "[::1]:8080": true, "127.1.2.3:1": true,
+		"0.0.0.0:8080": false, ":8080": false, "192.168.1.5:8080": false, "fleet.local:8080": false, "nonsense": false,
+	}
+	for addr, want := range cases {
+		if got := IsLoopbackAddr(addr); got != want {
+			t.Errorf("IsLoopbackAddr(%q) = %v, want %v", addr, got, want)
+		}
+	}
+}
+
+func TestModelServesAliases(t *testing.T) {
+	m := Model{ID: "qwen3-4b", Aliases: []string{"qwen3"}}
+	for name, want := range map[string]bool{"qwen3-4b": true, "qwen3": true, "qwen3-8b": false, "": false} {
+		if got := m.Serves(name); got != want {
+			t.Errorf("Serves(%q) = %v, want %v", name, got, want)
+		}
+	}
+}
