@@ -179,23 +179,6 @@ func tableRows(screen string, nodes ...string) (map[string]string, []string) {
 	return rows, order
 }
 
-// fleetCmdIn is fleetCmd with standard input.
-func fleetCmdIn(t *testing.T, data string, stdin string, args ...string) (string, int) {
-	t.Helper()
-	cmd := exec.Command(fleetBin, append([]string{"--data", data}, args...)...)
-	cmd.Stdin = strings.NewReader(stdin)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	err := cmd.Run()
-	code := 0
-	if ee, ok := err.(*exec.ExitError); ok {
-		code = ee.ExitCode()
-	} else if err != nil {
-		t.Fatal(err)
-	}
-	return out.String(), code
-}
-
 // streamOnce is streamChat for goroutines: it returns an error instead of
 // failing the test, and the SSE data payloads it read.
 func streamOnce(ctx context.Context, base string, maxTokens int) ([]string, error) {

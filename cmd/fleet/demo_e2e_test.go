@@ -100,7 +100,15 @@ func launchHub(t *testing.T, data string, httpPort int, flags ...string) *hubPro
 // fleetCmd runs a hub command through the control socket.
 func fleetCmd(t *testing.T, data string, args ...string) (string, int) {
 	t.Helper()
+	return fleetCmdIn(t, data, "", args...)
+}
+
+// fleetCmdIn is fleetCmd with standard input; it returns the combined output
+// and the exit status.
+func fleetCmdIn(t *testing.T, data string, stdin string, args ...string) (string, int) {
+	t.Helper()
 	cmd := exec.Command(fleetBin, append([]string{"--data", data}, args...)...)
+	cmd.Stdin = strings.NewReader(stdin)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
 	err := cmd.Run()

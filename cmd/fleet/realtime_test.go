@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
@@ -139,7 +138,7 @@ func TestRealtimePolicyComparison(t *testing.T) {
 		}
 		capacity += best
 	}
-	meanOut := rtDistMean(scen.Output)
+	meanOut := scen.Output.Mean()
 	reqPerSec := scen.Load * capacity / meanOut
 	arrivals := rtPoissonArrivals(scen, reqPerSec)
 	t.Logf("seed-mixed in real time: capacity %.0f tok/s, mean output %.0f tokens, load %.0f%% → %.2f req/s; %d requests over %.1f s, seed %d",
@@ -171,7 +170,7 @@ func TestRealtimePolicyComparison(t *testing.T) {
 	// this run's rate against the scenario's own capacity figures.
 	vscen := scen
 	vscen.Requests = len(arrivals)
-	vscen.Load = reqPerSec * meanOut / rtScenarioCapacity(scen)
+	vscen.Load = reqPerSec * meanOut / scen.Capacity()
 	if vr, err := simulate.Run(vscen, policies); err == nil {
 		t.Logf("virtual time, same seed and rate (fleet simulate):\n%s", simulate.Text(vscen, vr))
 	} else {
@@ -444,54 +443,9 @@ func rtPoissonArrivals(s simulate.Scenario, reqPerSec float64) []rtArrival {
 		if at > realtimeWindow.Seconds() {
 			break
 		}
-		out = append(out, rtArrival{at: time.Duration(at * float64(time.Second)), prompt: rtSample(s.Prompt, rng), output: rtSample(s.Output, rng)})
+		out = append(out, rtArrival{at: time.Duration(at * float64(time.Second)), prompt: s.Prompt.Sample(rng), output: s.Output.Sample(rng)})
 	}
 	return out
-}
-
-// rtSample and rtDistMean mirror simulate's clipped log-normal, which it
-// does not export.
-func rtSample(d simulate.Dist, rng *rand.Rand) int {
-	v := d.Median * math.Exp(d.Sigma*rng.NormFloat64())
-	return min(max(int(v), d.Min), d.Max)
-}
-
-func rtDistMean(d simulate.Dist) float64 {
-	rng := rand.New(rand.NewPCG(1, 2))
-	sum := 0
-	for range 20000 {
-		sum += rtSample(d, rng)
-	}
-	return float64(sum) / 20000
-}
-
-// rtScenarioCapacity is simulate's capacity of the scenario's own workers:
-// per-request speed interpolated between points, total flat past the last.
-func rtScenarioCapacity(s simulate.Scenario) float64 {
-	total := 0.0
-	for _, w := range s.Workers {
-		best := 0.0
-		for c := 1; c <= w.Slots; c++ {
-			best = max(best, float64(c)*rtPerRequestRate(w.TokPerSec, c))
-		}
-		total += best
-	}
-	return total
-}
-
-func rtPerRequestRate(pts []simulate.CurvePoint, c int) float64 {
-	if c <= pts[0].Concurrency {
-		return pts[0].TokPerSec
-	}
-	for i := 1; i < len(pts); i++ {
-		if c <= pts[i].Concurrency {
-			a, b := pts[i-1], pts[i]
-			f := float64(c-a.Concurrency) / float64(b.Concurrency-a.Concurrency)
-			return a.TokPerSec + f*(b.TokPerSec-a.TokPerSec)
-		}
-	}
-	last := pts[len(pts)-1]
-	return last.TokPerSec * float64(last.Concurrency) / float64(c)
 }
 
 func rtMS(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

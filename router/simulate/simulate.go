@@ -42,18 +42,19 @@ type Dist struct {
 	Max    int     `json:"max"`
 }
 
-func (d Dist) sample(rng *rand.Rand) int {
+// Sample draws one length: a log-normal around Median, clipped to [Min, Max].
+func (d Dist) Sample(rng *rand.Rand) int {
 	v := d.Median * math.Exp(d.Sigma*rng.NormFloat64())
 	return min(max(int(v), d.Min), d.Max)
 }
 
-// mean estimates the clipped distribution's mean by sampling, which is
+// Mean estimates the clipped distribution's mean by sampling, which is
 // simpler than the closed form and exact enough for sizing the load.
-func (d Dist) mean() float64 {
+func (d Dist) Mean() float64 {
 	rng := rand.New(rand.NewPCG(1, 2))
 	sum := 0
 	for range 20000 {
-		sum += d.sample(rng)
+		sum += d.Sample(rng)
 	}
 	return float64(sum) / 20000
 }
@@ -153,6 +154,17 @@ func (w *WorkerSpec) rate(c int) float64 {
 	return last.TokPerSec * float64(last.Concurrency) / float64(c)
 }
 
+// Capacity is the fleet's best total decode throughput in tok/s: the sum
+// over workers of the best a worker reaches within its slots. Load is a
+// fraction of it.
+func (s Scenario) Capacity() float64 {
+	total := 0.0
+	for i := range s.Workers {
+		total += s.Workers[i].capacity()
+	}
+	return total
+}
+
 // capacity is the worker's best total decode throughput in tok/s.
 func (w *WorkerSpec) capacity() float64 {
 	best := 0.0
@@ -212,12 +224,7 @@ type arrival struct {
 
 func (s Scenario) arrivals() []arrival {
 	rng := rand.New(rand.NewPCG(s.Seed, s.Seed+1))
-	meanOut := s.Output.mean()
-	capacity := 0.0
-	for i := range s.Workers {
-		capacity += s.Workers[i].capacity()
-	}
-	reqPerSec := s.Load * capacity / meanOut
+	reqPerSec := s.Load * s.Capacity() / s.Output.Mean()
 	burst := max(s.BurstSize, 1)
 	out := make([]arrival, 0, s.Requests)
 	var t float64
@@ -227,7 +234,7 @@ func (s Scenario) arrivals() []arrival {
 			if len(out) == s.Requests {
 				break
 			}
-			out = append(out, arrival{at: time.Duration(t * float64(time.Second)), prompt: s.Prompt.sample(rng), output: s.Output.sample(rng)})
+			out = append(out, arrival{at: time.Duration(t * float64(time.Second)), prompt: s.Prompt.Sample(rng), output: s.Output.Sample(rng)})
 		}
 	}
 	return out
