@@ -41,7 +41,6 @@ func TestAdmissionRejectsADifferentResponseShape(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := launchHub(t, data, freePort(t), "--fleet", file)
-	t.Cleanup(func() { killEngines(workersJSON(t, data)); killSimsOf(data) })
 
 	var ready, rejected []fleet.WorkerView
 	deadline := time.Now().Add(60 * time.Second)
@@ -91,7 +90,6 @@ func TestNormalisationMakesShapesEqual(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := launchHub(t, data, freePort(t), "--fleet", file)
-	t.Cleanup(func() { killEngines(workersJSON(t, data)); killSimsOf(data) })
 	waitReady(t, data, 2, 60*time.Second)
 	out, code := fleetCmd(t, data, "shape", "rig", "ultra", "--json")
 	if code != 0 {

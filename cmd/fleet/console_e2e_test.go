@@ -251,9 +251,7 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 	base := "http://" + h.http
 	ssh := sshClient{port: sshPort, knownHosts: filepath.Join(keys, "known_hosts")}
 
-	var ws []fleet.WorkerView
-	t.Cleanup(func() { killEngines(ws) })
-	ws = waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 30*time.Second)
 
 	// The first connection records the host key; the admin comes from --admin-keys.
 	if out, errOut, code := ssh.run(t, adminKey, "accept-new", "whoami"); code != 0 || !strings.Contains(out, "(admin)") {
@@ -478,7 +476,6 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 	if after := requestsTo(t, base, "ultra/qwen3-4b"); after != ultraAfterStreams {
 		t.Errorf("the router sent %d new requests to drained ultra", after-ultraAfterStreams)
 	}
-	ws = workersJSON(t, data)
 
 	// Restart the hub on the same data dir and port: the host key is the
 	// same, so strict host-key checking against the old known_hosts passes.
@@ -491,7 +488,6 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 		t.Logf("hub exited after SIGTERM: %v", err)
 	}
 	startHub(t, data, httpPort, serveFlags...)
-	t.Cleanup(func() { killEngines(workersJSON(t, data)) })
 	deadline = time.Now().Add(20 * time.Second)
 	for {
 		out, errOut, code := ssh.run(t, operatorKey, "yes", "whoami")

@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -70,6 +71,9 @@ func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc
 func launchHub(t *testing.T, data string, httpPort int, flags ...string) *hubProc {
 	t.Helper()
 	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
+	// Registered before the hub's own cleanup, so it runs after the hub has
+	// stopped and cannot relaunch what it kills: engines outlive their hub.
+	t.Cleanup(func() { killSimsOf(data) })
 	args := []string{"--data", data, "serve", "--http", h.http}
 	if !slices.ContainsFunc(flags, func(a string) bool { return strings.HasPrefix(a, "--ssh") }) {
 		args = append(args, "--ssh=")
@@ -156,14 +160,21 @@ func waitReady(t *testing.T, data string, n int, within time.Duration) []fleet.W
 	return nil
 }
 
-// killEngines stops the detached engines a test left behind.
-func killEngines(ws []fleet.WorkerView) {
-	for _, w := range ws {
-		if w.PGID > 0 {
-			syscall.Kill(-w.PGID, syscall.SIGKILL)
+// killSimsOf kills every simulated engine run from data's fleet binary,
+// found by its command line. Never by a PID or process group remembered
+// from earlier: once an engine is gone its number is reused (pid_max is
+// 32768 here), and killing a recycled group could take down anything.
+func killSimsOf(data string) {
+	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
+	for _, p := range procs {
+		b, err := os.ReadFile(p)
+		if err != nil {
+			continue
 		}
-		if w.PID > 0 {
-			syscall.Kill(w.PID, syscall.SIGKILL)
+		argv := strings.Split(string(b), "\x00")
+		if len(argv) > 1 && strings.HasPrefix(argv[0], data+"/") && argv[1] == "sim" {
+			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	}
 }
@@ -224,8 +235,6 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 	port := freePort(t)
 	h := startHub(t, data, port)
 	base := "http://" + h.http
-	var ws []fleet.WorkerView
-	t.Cleanup(func() { killEngines(ws) })
 
 	// Within 15 s /v1/models lists the model (the issue's promise for a fresh clone).
 	deadline := time.Now().Add(15 * time.Second)
@@ -243,7 +252,7 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	ws = waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 30*time.Second)
 	byNode := map[string]fleet.WorkerView{}
 	for _, w := range ws {
 		byNode[w.Node] = w
@@ -327,9 +336,7 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http
-	var ws []fleet.WorkerView
-	t.Cleanup(func() { killEngines(workersJSON(t, data)); killEngines(ws) })
-	ws = waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 30*time.Second)
 	var ultra fleet.WorkerView
 	for _, w := range ws {
 		if w.Node == "ultra" {
@@ -372,9 +379,7 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
 	data := t.TempDir()
 	startHub(t, data, freePort(t))
-	var ws []fleet.WorkerView
-	t.Cleanup(func() { killEngines(ws) })
-	ws = waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 30*time.Second)
 	var maxPID int
 	for _, w := range ws {
 		if w.Node == "max" {
@@ -433,9 +438,7 @@ func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
 	}
 	port := freePort(t)
 	h := startHub(t, data, port)
-	var ws []fleet.WorkerView
-	t.Cleanup(func() { killEngines(ws) })
-	ws = waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 30*time.Second)
 	key, code := fleetCmd(t, data, "key", "create", "ci")
 	key = strings.TrimSpace(strings.Split(key, "\n")[0])
 	if code != 0 || !strings.HasPrefix(key, "fk-") {
@@ -444,7 +447,7 @@ func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	h.cmd.Wait()
 	h = startHub(t, data, port, "--require-keys")
-	ws = waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 30*time.Second)
 	body := `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		key  string

@@ -9,14 +9,12 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -183,15 +181,6 @@ func runRealtimePolicy(t *testing.T, policy, fleetFile string, arrivals []rtArri
 	data := t.TempDir()
 	h := startPolicyHub(t, data, freePort(t), fleetFile, policy)
 	base := "http://" + h.http
-	// Registered after the hub's own cleanup, so it runs first, while the
-	// hub can still list its workers; the /proc sweep catches engines of a
-	// hub that died.
-	t.Cleanup(func() {
-		if ws := rtListWorkers(data); ws != nil {
-			killEngines(ws)
-		}
-		rtKillSims(data)
-	})
 	rtWaitAllReady(t, data, len(realtimeNodes), 3*time.Minute)
 
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64, MaxConnsPerHost: 0}}
@@ -263,37 +252,6 @@ func rtWaitAllReady(t *testing.T, data string, n int, within time.Duration) {
 		time.Sleep(500 * time.Millisecond)
 	}
 	t.Fatalf("%d workers not ready within %s: %+v", n, within, ws)
-}
-
-// rtListWorkers is workersJSON for cleanups: no test failure when the hub is gone.
-func rtListWorkers(data string) []fleet.WorkerView {
-	out, err := exec.Command(fleetBin, "--data", data, "workers", "--json").Output()
-	if err != nil {
-		return nil
-	}
-	var ws []fleet.WorkerView
-	if json.Unmarshal(out, &ws) != nil {
-		return nil
-	}
-	return ws
-}
-
-// rtKillSims kills the simulated engines launched from this data dir
-// (their argv[0] lies inside it), found by process ID.
-func rtKillSims(data string) {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		argv := strings.Split(string(b), "\x00")
-		if len(argv) > 1 && strings.HasPrefix(argv[0], data) && argv[1] == "sim" {
-			if pid, err := strconv.Atoi(filepath.Base(filepath.Dir(p))); err == nil {
-				syscall.Kill(pid, syscall.SIGKILL)
-			}
-		}
-	}
 }
 
 // rtRequest sends one streamed chat completion and times it. TTFT is

@@ -13,7 +13,6 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
@@ -33,23 +32,6 @@ import (
 func startFleetHub(t *testing.T, data string, httpPort int, fleetFile string) *hubProc {
 	t.Helper()
 	return launchHub(t, data, httpPort, "--fleet", fleetFile, "--log-level", "debug")
-}
-
-// killSimsOf kills every simulated engine run from data's fleet binary:
-// whatever a test left behind, wherever its hub thought it was.
-func killSimsOf(data string) {
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		argv := strings.Split(string(b), "\x00")
-		if len(argv) > 1 && strings.HasPrefix(argv[0], data+"/") && argv[1] == "sim" {
-			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-			_ = syscall.Kill(pid, syscall.SIGKILL)
-		}
-	}
 }
 
 // sshFleet is a hub whose one node is the loopback sshd.
@@ -96,7 +78,6 @@ func startSSHFleet(t *testing.T, node string) *sshFleet {
 	}
 	// Registered before the hub so it runs after the hub has stopped and
 	// cannot relaunch anything.
-	t.Cleanup(func() { killSimsOf(f.data) })
 	f.hub = startFleetHub(t, f.data, f.httpPort, f.file)
 	return f
 }
@@ -502,7 +483,6 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 	second := filepath.Join(t.TempDir(), "both.yaml")
 	os.WriteFile(second, []byte(nodesFast+slowNode+models+"placements:\n  - model: qwen3-4b\n    nodes: [fast, slow]\n"), 0o600)
 
-	t.Cleanup(func() { killSimsOf(data) })
 	start := time.Now()
 	startFleetHub(t, data, freePort(t), first)
 	waitWorker(t, data, "fast/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
