@@ -280,9 +280,6 @@ func installSelf(dataDir string) (string, error) {
 // not take the fleet down with it.
 func (h *Hub) Close() error { return h.store.Close() }
 
-// Router exposes the HTTP handler of the embedded router.
-func (h *Hub) Router() http.Handler { return h.router.Handler() }
-
 // Run serves the router and the control socket and keeps the nodes
 // reconciled until ctx is cancelled.
 func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
@@ -297,11 +294,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		ctl.Close()
 		return fmt.Errorf("the router cannot listen on %s: %w (pass another --http address)", h.opts.HTTPAddr, err)
 	}
-	srv := &http.Server{
-		Handler:           h.router.Handler(),
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-	}
+	srv := router.NewServer(h.opts.HTTPAddr, h.router.Handler())
 	var console *sshserver.Server
 	if h.opts.SSHAddr != "" {
 		home, _ := os.UserHomeDir()
@@ -329,45 +322,37 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		}
 	}
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
-	if console != nil {
+	errc := make(chan error, 3)
+	spawn := func(f func()) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			f()
+		}()
+	}
+	if console != nil {
+		spawn(func() {
 			if err := console.ListenAndServe(ctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("ssh console: %w", err)
 				cancel()
 			}
-		}()
+		})
 	}
-	wg.Add(4)
-	go func() {
-		defer wg.Done()
+	spawn(func() {
 		if err := srv.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			errc <- fmt.Errorf("router: %w", err)
 			cancel()
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		serveControl(ctx, ctl, h.execLocal, h.log)
-	}()
-	go func() {
-		defer wg.Done()
+	})
+	spawn(func() { serveControl(ctx, ctl, h.execLocal, h.log) })
+	spawn(func() {
 		if err := h.mgr.Run(ctx); err != nil && ctx.Err() == nil {
 			errc <- fmt.Errorf("node manager: %w", err)
 			cancel()
 		}
-	}()
-	go func() {
-		defer wg.Done()
-		h.flushSamples(ctx)
-	}()
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		h.scrapeEngines(ctx, engineScrapeInterval)
-	}()
+	})
+	spawn(func() { h.flushSamples(ctx) })
+	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()
 	h.httpAddr = ln.Addr().String()
 	h.mu.Unlock()
