@@ -326,25 +326,24 @@ func (r *Router) SetBackends(bs []Backend) {
 		if cfg.Slots <= 0 {
 			cfg.Slots = 1
 		}
-		if b, ok := old[cfg.Name]; ok && b.cfg.Addr == cfg.Addr && b.cfg.Slots == cfg.Slots {
+		if b, ok := old[cfg.Name]; ok && sameEngine(b.cfg, cfg) {
 			// Same engine: keep its connections, but dial new ones through
 			// the Dial given now (an SSH tunnel may have been re-established).
-			b.cfg = cfg
+			// b.cfg is left alone: requests in flight read it unlocked.
 			b.setDial(cfg.Dial)
 			next = append(next, b)
 			delete(old, cfg.Name)
 			continue
 		}
+		// A worker that joins or comes back from the hub is ready by the
+		// hub's own probe, which is at least as good as ours. One that
+		// stayed keeps its cooldown: the hub resyncs on any worker's change.
+		w := r.workerLocked(cfg.Name)
+		w.coolingUntil = time.Time{}
+		w.failures = w.failures[:0]
 		next = append(next, r.newBackend(cfg))
 	}
 	r.backends = next
-	for _, b := range next {
-		w := r.workerLocked(b.cfg.Name)
-		// A worker that comes back from the hub is ready by the hub's own
-		// probe, which is at least as good as ours.
-		w.coolingUntil = time.Time{}
-		w.failures = w.failures[:0]
-	}
 	models := r.queuedModelsLocked()
 	r.mu.Unlock()
 	// Removed backends: close their idle connections now; busy ones close
@@ -358,6 +357,13 @@ func (r *Router) SetBackends(bs []Backend) {
 }
 
 type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error)
+
+// sameEngine reports whether two configurations describe one engine in
+// every field but how it is dialled, so its backend can be kept as is.
+func sameEngine(a, b Backend) bool {
+	return a.Name == b.Name && a.Model == b.Model && a.Engine == b.Engine && a.Addr == b.Addr &&
+		a.Context == b.Context && a.Slots == b.Slots
+}
 
 func (b *backend) setDial(dial dialFunc) {
 	if dial == nil {

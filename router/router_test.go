@@ -643,6 +643,9 @@ func TestCooledDownWorkerGetsNoTrafficUntilProbePasses(t *testing.T) {
 	if got := flakyHits.Load(); got != 2 {
 		t.Fatalf("flaky backend got %d requests, want 2 (then cooled down)", got)
 	}
+	// The hub hands over the same ready set whenever any worker changes
+	// state; that must not lift the cooldown.
+	r.SetBackends([]Backend{flaky, good})
 	// Probes fail while it is unhealthy: still no traffic.
 	for probes.Load() < 2 {
 		send()
