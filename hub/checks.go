@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -115,18 +116,26 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape
 	if err != nil {
 		return nil, err
 	}
-	var reports []shape.Report
-	for _, w := range h.Snapshot(ctx).Workers {
-		if w.Model != model || w.State != fleet.WorkerReady {
-			continue
+	// The pool is the ready, undrained workers; a full Snapshot would also
+	// read events and router figures this does not need.
+	var pool []string
+	h.mu.Lock()
+	for name, w := range h.workers {
+		if w.Model == model && w.State == fleet.WorkerReady && !w.Drained {
+			pool = append(pool, name)
 		}
-		t, _, err := h.workerTarget(w.Name())
+	}
+	h.mu.Unlock()
+	slices.Sort(pool)
+	var reports []shape.Report
+	for _, name := range pool {
+		t, _, err := h.workerTarget(name)
 		if err != nil {
 			return nil, err
 		}
 		got, err := shape.Probe(ctx, t)
 		if err != nil {
-			return nil, fmt.Errorf("probing %s: %w", w.Name(), err)
+			return nil, fmt.Errorf("probing %s: %w", name, err)
 		}
 		reports = append(reports, shape.Diff(ref, got))
 	}

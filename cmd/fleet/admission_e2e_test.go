@@ -98,6 +98,11 @@ func TestNormalisationMakesShapesEqual(t *testing.T) {
 	if !strings.Contains(out, `"verdict": "same"`) {
 		t.Errorf("with reasoning: inline the shapes still differ:\n%s", out)
 	}
+	// The whole pool against the model's reference: every worker, same.
+	out, code = fleetCmd(t, data, "shape", "--all", "qwen3-4b", "--json")
+	if code != 0 || strings.Count(out, `"verdict": "same"`) != 2 {
+		t.Errorf("shape --all: exit %d, want both workers the same as the reference:\n%s", code, out)
+	}
 	// And a client of the router reads the thinking inline from either worker.
 	for i := 0; i < 4; i++ {
 		events, _ := streamChat(t, "http://"+h.http, 8)
