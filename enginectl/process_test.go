@@ -204,10 +204,14 @@ func TestStopRefusesNonsense(t *testing.T) {
 			t.Errorf("Stop(%+v) succeeded", p)
 		}
 	}
-	// Our own group must never be signalled, whatever the caller passes.
-	own := syscall.Getpgrp()
-	if _, err := runScript(ctx, LocalRunner{}, "signal", "TERM", strconv.Itoa(own)); err == nil || !strings.Contains(err.Error(), "controller's own") {
-		t.Errorf("signalling our own group: %v", err)
+	// The script must never signal its own group, whatever the caller
+	// passes. It runs here as the leader of a group of its own, so a guard
+	// that failed would end only the script, not the test run around it.
+	cmd := exec.CommandContext(ctx, "sh", "-c", `exec sh -c "$1" fleet-enginectl signal TERM "$$"`, "sh", nodeScript)
+	cmd.SysProcAttr = newGroup()
+	out, err := cmd.CombinedOutput()
+	if err == nil || !strings.Contains(string(out), "controller's own") {
+		t.Errorf("signalling the script's own group: %v: %s", err, out)
 	}
 }
 

@@ -231,6 +231,19 @@ func alive(pid int) bool {
 // enginesOnPort counts live fake engines started with --port port.
 func enginesOnPort(port int) []int {
 	var pids []int
+	for pid, args := range processesRunning(fakeEngine) {
+		if i := slices.Index(args, "--port"); i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(port) {
+			pids = append(pids, pid)
+		}
+	}
+	return pids
+}
+
+// processesRunning maps each live process whose argv[0] is bin to its argv.
+// Tests find what they started this way, never by a PID kept from earlier:
+// numbers are reused once a process is gone.
+func processesRunning(bin string) map[int][]string {
+	found := map[int][]string{}
 	entries, _ := os.ReadDir("/proc")
 	for _, e := range entries {
 		pid, err := strconv.Atoi(e.Name())
@@ -242,14 +255,11 @@ func enginesOnPort(port int) []int {
 			continue
 		}
 		args := strings.Split(strings.TrimSuffix(string(raw), "\x00"), "\x00")
-		if len(args) == 0 || args[0] != fakeEngine || !alive(pid) {
-			continue
-		}
-		if i := slices.Index(args, "--port"); i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(port) {
-			pids = append(pids, pid)
+		if len(args) > 0 && args[0] == bin && alive(pid) {
+			found[pid] = args
 		}
 	}
-	return pids
+	return found
 }
 
 func killEngine(t *testing.T, pid int) {

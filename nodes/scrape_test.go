@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -59,11 +60,12 @@ func TestManagerScrapeRealSimulator(t *testing.T) {
 		t.Skipf("the sim package does not build right now, so this test cannot run (the fake-engine test covers Scrape): %v\n%s", err, out)
 	}
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) { o.FleetBin = bin })
+	// Found by command line, and killed with kill(2): procps-ng 4.0.2's
+	// kill(1) given a negative PID that names no group kills every process
+	// it may signal (seen in CI, where it took the whole run down).
 	t.Cleanup(func() {
-		for _, w := range h.m.Workers() {
-			if w.PID > 0 {
-				_ = exec.Command("kill", "-KILL", "-"+strconv.Itoa(w.PID)).Run()
-			}
+		for pid := range processesRunning(bin) {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
 	h.m.SetDesired(simFleet(testModel(), "max"))

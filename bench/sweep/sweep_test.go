@@ -161,12 +161,20 @@ func (e *sseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	e.inFlight++
 	e.maxInFlight = max(e.maxInFlight, e.inFlight)
 	e.mu.Unlock()
-	defer func() {
-		e.mu.Lock()
-		e.inFlight--
-		e.mu.Unlock()
-	}()
+	// A request leaves the count before its last event is written: once the
+	// client has read [DONE] it may send the next one while this handler
+	// is still returning, and that overlap is not concurrency it asked for.
+	var leave sync.Once
+	left := func() {
+		leave.Do(func() {
+			e.mu.Lock()
+			e.inFlight--
+			e.mu.Unlock()
+		})
+	}
+	defer left()
 	if e.failAfter > 0 && n > e.failAfter {
+		left()
 		http.Error(w, `{"error":{"message":"no free slot","type":"server_error","code":503}}`, 503)
 		return
 	}
@@ -187,6 +195,7 @@ func (e *sseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	emit(`{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`)
 	emit(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":45,"completion_tokens":%d,"total_tokens":%d}}`, e.completionTokens, 45+e.completionTokens))
+	left()
 	emit("[DONE]")
 }
 

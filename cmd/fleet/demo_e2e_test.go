@@ -343,6 +343,11 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 			ultra = w
 		}
 	}
+	// kill(-0) and kill(-1) would signal this test's own group or every
+	// process there is; a worker that reports either is a failure, not a target.
+	if ultra.PGID <= 1 || ultra.PGID == syscall.Getpgrp() {
+		t.Fatalf("ultra's worker reports engine group %d, which is not an engine's own: %+v", ultra.PGID, ultra)
+	}
 	if err := syscall.Kill(-ultra.PGID, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing ultra's engine group %d: %v", ultra.PGID, err)
 	}
