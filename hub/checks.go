@@ -251,11 +251,11 @@ func summarise(res sweep.Result) benchSummary {
 
 // loadBenchRuns reads each worker's latest stored sweep at start.
 func (h *Hub) loadBenchRuns(ctx context.Context) error {
-	runs, err := h.store.BenchRuns(ctx, "", 0)
+	runs, err := h.store.LatestBenchRuns(ctx)
 	if err != nil {
 		return err
 	}
-	for _, r := range runs { // newest last: later runs overwrite earlier ones
+	for _, r := range runs {
 		var res sweep.Result
 		if err := json.Unmarshal(r.Run, &res); err != nil {
 			h.log.Warn("skipping an unreadable stored bench run", "worker", r.Worker, "id", r.ID, "err", err)

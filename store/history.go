@@ -272,9 +272,29 @@ func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]Benc
 		query += ` WHERE worker = ?`
 		args = append(args, worker)
 	}
-	rows, err := s.db.QueryContext(ctx, query+` ORDER BY id DESC LIMIT ?`, append(args, clampLimit(limit))...)
+	runs, err := s.queryBenchRuns(ctx, query+` ORDER BY id DESC LIMIT ?`, append(args, clampLimit(limit))...)
 	if err != nil {
 		return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
+	}
+	slices.Reverse(runs)
+	return runs, nil
+}
+
+// LatestBenchRuns returns the newest bench run of each worker, however many
+// older ones are stored: what the hub charts at start.
+func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
+	runs, err := s.queryBenchRuns(ctx, `SELECT id, worker, run, at FROM bench_runs
+		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker) ORDER BY worker`)
+	if err != nil {
+		return nil, fmt.Errorf("read the latest bench runs: %w", err)
+	}
+	return runs, nil
+}
+
+func (s *Store) queryBenchRuns(ctx context.Context, query string, args ...any) ([]BenchRun, error) {
+	rows, err := s.db.QueryContext(ctx, query, args...)
+	if err != nil {
+		return nil, err
 	}
 	defer rows.Close()
 	runs := []BenchRun{}
@@ -285,15 +305,11 @@ func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]Benc
 			at  int64
 		)
 		if err := rows.Scan(&r.ID, &r.Worker, &run, &at); err != nil {
-			return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
+			return nil, err
 		}
 		r.Run = json.RawMessage(run)
 		r.At = fromUnixNano(at)
 		runs = append(runs, r)
 	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
-	}
-	slices.Reverse(runs)
-	return runs, nil
+	return runs, rows.Err()
 }

@@ -686,6 +686,11 @@ func TestReferenceShapesAndBenchRuns(t *testing.T) {
 	if all, _ := s.BenchRuns(ctx, "", 0); len(all) != 4 {
 		t.Fatalf("all bench runs: %d, want 4", len(all))
 	}
+	latest, err := s.LatestBenchRuns(ctx)
+	if err != nil || len(latest) != 2 || latest[0].Worker != "max/qwen3-4b" || string(latest[0].Run) != `{"c":9}` ||
+		latest[1].Worker != "rig/qwen3-4b" || string(latest[1].Run) != `{"c":3}` {
+		t.Fatalf("LatestBenchRuns = %+v, %v; want max's only run and rig's third", latest, err)
+	}
 	// A model leaving the fleet takes its reference shape along.
 	if err := s.ApplyFleet(ctx, fleet.Fleet{}); err != nil {
 		t.Fatal(err)
