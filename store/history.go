@@ -263,23 +263,6 @@ func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) erro
 	return nil
 }
 
-// BenchRuns returns the newest limit bench runs of worker (all when ""),
-// newest last. limit <= 0 means all.
-func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]BenchRun, error) {
-	query := `SELECT id, worker, run, at FROM bench_runs`
-	var args []any
-	if worker != "" {
-		query += ` WHERE worker = ?`
-		args = append(args, worker)
-	}
-	runs, err := s.queryBenchRuns(ctx, query+` ORDER BY id DESC LIMIT ?`, append(args, clampLimit(limit))...)
-	if err != nil {
-		return nil, fmt.Errorf("read bench runs of %q: %w", worker, err)
-	}
-	slices.Reverse(runs)
-	return runs, nil
-}
-
 // LatestBenchRuns returns the newest bench run of each worker, however many
 // older ones are stored: what the hub charts at start.
 func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
