@@ -932,9 +932,10 @@ func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string,
 		h.audit(u, "node trust", node, "failed: "+err.Error())
 		return "", err
 	}
+	h.mgr.RetryNode(node)
 	h.audit(u, "node trust", node, "ok (was "+nodes.HostKeyFingerprint(n.HostKey)+")")
 	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
-	return fmt.Sprintf("node %s: pinned host key cleared; the next connection records the new one", node), nil
+	return fmt.Sprintf("node %s: pinned host key cleared; connecting again now, and that connection records the new one", node), nil
 }
 
 // CreateKey creates a router API key and returns it; only its hash is kept.

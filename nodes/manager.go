@@ -548,6 +548,27 @@ func (m *Manager) nodeFor(ws *workerState) (fleet.Node, Transport, <-chan struct
 	return ns.node, ns.transport, ns.changed, up
 }
 
+// RetryNode forgets the node's reconnection backoff and probes it now: for
+// after an operator fixed what made connecting fail, such as re-trusting a
+// changed host key, so the node is back in seconds rather than at the end of
+// a backoff that may have grown to minutes.
+func (m *Manager) RetryNode(name string) {
+	m.mu.Lock()
+	ns, ok := m.nodes[name]
+	var t Transport
+	if ok {
+		t = ns.transport
+	}
+	m.mu.Unlock()
+	if !ok {
+		return
+	}
+	if r, ok := t.(interface{ resetBackoff() }); ok {
+		r.resetBackoff()
+	}
+	signal(ns.poke)
+}
+
 // markNodeSuspect asks for an immediate probe after a worker saw its
 // transport fail.
 func (m *Manager) markNodeSuspect(name string) {

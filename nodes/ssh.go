@@ -163,6 +163,13 @@ func (t *sshTransport) connected(ctx context.Context) (*ssh.Client, error) {
 	return client, nil
 }
 
+// resetBackoff lets the next call dial at once.
+func (t *sshTransport) resetBackoff() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.failures, t.nextAttempt = 0, time.Time{}
+}
+
 func (t *sshTransport) dial(ctx context.Context) (*ssh.Client, error) {
 	name := t.node.Name
 	auth, closeAuth, err := t.authMethod()
