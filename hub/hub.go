@@ -139,6 +139,18 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		}
 		h.opts.FleetBin = bin
 	}
+	// Refusals come before the fleet file is applied: a hub that will not
+	// start must leave the stored fleet as it was.
+	var keys router.KeyVerifier
+	if opts.RequireKeys || !fleet.IsLoopbackAddr(opts.HTTPAddr) {
+		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
+			return nil, err
+		}
+		keys = st
+	}
+	if _, err := router.NewPolicy(cmp.Or(opts.Policy, "fleet")); err != nil {
+		return nil, fmt.Errorf("--policy: %w", err)
+	}
 	switch {
 	case opts.FleetFile != "":
 		data, err := os.ReadFile(opts.FleetFile)
@@ -152,16 +164,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
 			return nil, err
 		}
-	}
-	var keys router.KeyVerifier
-	if opts.RequireKeys || !fleet.IsLoopbackAddr(opts.HTTPAddr) {
-		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
-			return nil, err
-		}
-		keys = st
-	}
-	if _, err := router.NewPolicy(cmp.Or(opts.Policy, "fleet")); err != nil {
-		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = router.New(router.Options{
 		Logger:     opts.Logger.With("component", "router"),
@@ -600,6 +602,13 @@ func (h *Hub) authorize(u fleet.User, need fleet.Role, action, target string) er
 	return fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, need, u.Name, roleName(u.Role))
 }
 
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
 func roleName(r fleet.Role) string {
 	if r == "" {
 		return "nobody"
@@ -631,7 +640,10 @@ func (h *Hub) resolve(targets []string) ([]string, error) {
 				known = append(known, name)
 			}
 			sort.Strings(known)
-			return nil, fmt.Errorf("no worker or node named %q; known workers: %s", t, strings.Join(known, ", "))
+			if _, isNode := h.nodes[t]; isNode {
+				return nil, fmt.Errorf("node %q has no workers yet; place a model on it in the fleet file (known workers: %s)", t, listOrNone(known))
+			}
+			return nil, fmt.Errorf("no worker or node named %q; known workers: %s", t, listOrNone(known))
 		}
 	}
 	sort.Strings(out)
@@ -731,7 +743,7 @@ func (h *Hub) restart(ctx context.Context, name string) (string, error) {
 		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "restart: drain timed out; stopping with requests in flight"})
 	}
 	if err := h.mgr.RestartWorker(ctx, name); err != nil {
-		return "", fmt.Errorf("restarting %s: %w", name, err)
+		return "", fmt.Errorf("restarting %s: %w; it stays drained, so once it is ready again run `fleet undrain %s`", name, err, name)
 	}
 	if _, err := h.setDrained(name, false); err != nil {
 		return "", err
@@ -831,8 +843,8 @@ func (h *Hub) Events(ctx context.Context, subject string, afterID int64, limit i
 
 // Audit lists recent audit entries; operators and admins may read it.
 func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) ([]fleet.AuditEntry, error) {
-	if !u.Role.Allows(fleet.RoleOperator) {
-		return nil, fmt.Errorf("permission denied: reading the audit log needs the operator role; you are %s", roleName(u.Role))
+	if err := h.authorize(u, fleet.RoleOperator, "audit", ""); err != nil {
+		return nil, err
 	}
 	return h.store.Audit(ctx, limit)
 }
@@ -865,8 +877,8 @@ func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
 
 // Users lists console users (admin only).
 func (h *Hub) Users(ctx context.Context, u fleet.User) ([]fleet.User, error) {
-	if !u.Role.Allows(fleet.RoleAdmin) {
-		return nil, fmt.Errorf("permission denied: listing users needs the admin role; you are %s", roleName(u.Role))
+	if err := h.authorize(u, fleet.RoleAdmin, "user list", ""); err != nil {
+		return nil, err
 	}
 	return h.store.Users(ctx)
 }
@@ -933,7 +945,11 @@ func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string,
 		return "", err
 	}
 	h.mgr.RetryNode(node)
-	h.audit(u, "node trust", node, "ok (was "+nodes.HostKeyFingerprint(n.HostKey)+")")
+	was := "none pinned"
+	if n.HostKey != "" {
+		was = nodes.HostKeyFingerprint(n.HostKey)
+	}
+	h.audit(u, "node trust", node, "ok (was "+was+")")
 	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
 	return fmt.Sprintf("node %s: pinned host key cleared; connecting again now, and that connection records the new one", node), nil
 }
@@ -954,8 +970,8 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (string,
 
 // Keys lists router API keys (names and dates, never the keys).
 func (h *Hub) Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error) {
-	if !u.Role.Allows(fleet.RoleAdmin) {
-		return nil, fmt.Errorf("permission denied: listing API keys needs the admin role; you are %s", roleName(u.Role))
+	if err := h.authorize(u, fleet.RoleAdmin, "key list", ""); err != nil {
+		return nil, err
 	}
 	return h.store.APIKeys(ctx)
 }

@@ -1,0 +1,346 @@
+package hub
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// TestListenControl: the control socket is an admin's door into the hub,
+// so only the hub's user may open it, and a second hub on the same data dir
+// must not steal it from a running one.
+func TestListenControl(t *testing.T) {
+	tests := []struct {
+		name string
+		// before prepares the data dir; it may return a listener to keep open.
+		before  func(t *testing.T, path string) net.Listener
+		wantErr string
+	}{
+		{name: "fresh data dir", before: func(*testing.T, string) net.Listener { return nil }},
+		{name: "socket left by a crashed hub", before: func(t *testing.T, path string) net.Listener {
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			l.Close()
+			return nil
+		}},
+		{name: "another hub answering", before: func(t *testing.T, path string) net.Listener {
+			l, err := net.Listen("unix", path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			return l
+		}, wantErr: "another hub is already running"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			path := filepath.Join(dir, SocketName)
+			if other := tt.before(t, path); other != nil {
+				defer other.Close()
+				// The other hub accepts and hangs up, as a busy one would.
+				go func() {
+					for {
+						c, err := other.Accept()
+						if err != nil {
+							return
+						}
+						c.Close()
+					}
+				}()
+			}
+
+			l, err := listenControl(dir)
+			if tt.wantErr != "" {
+				if err == nil {
+					l.Close()
+					t.Fatalf("listenControl succeeded beside a running hub; want %q", tt.wantErr)
+				}
+				if !strings.Contains(err.Error(), tt.wantErr) || !strings.Contains(err.Error(), dir) {
+					t.Errorf("listenControl: %v; want %q naming %s", err, tt.wantErr, dir)
+				}
+				if _, err := net.Dial("unix", path); err != nil {
+					t.Errorf("the running hub's socket stopped answering: %v", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("listenControl: %v", err)
+			}
+			defer l.Close()
+			fi, err := os.Stat(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if fi.Mode()&os.ModeSocket == 0 || fi.Mode().Perm() != 0o600 {
+				t.Errorf("%s has mode %v, want a socket with mode 0600", path, fi.Mode())
+			}
+			c, err := net.Dial("unix", path)
+			if err != nil {
+				t.Fatalf("the new control socket does not answer: %v", err)
+			}
+			c.Close()
+		})
+	}
+}
+
+// scriptExec is an ExecFunc whose argv is a little script, so one test
+// server can play every case: "out TEXT" and "err TEXT" write, "cat" and
+// "cat-err" copy standard input, "exit N" ends with status N. It sends the
+// argv it got to got.
+func scriptExec(got chan<- []string) ExecFunc {
+	return func(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+		got <- args
+		for i := 0; i < len(args); i++ {
+			next := func() string {
+				i++
+				if i < len(args) {
+					return args[i]
+				}
+				return ""
+			}
+			switch args[i] {
+			case "out":
+				io.WriteString(stdout, next())
+			case "err":
+				io.WriteString(stderr, next())
+			case "cat":
+				io.Copy(stdout, stdin)
+			case "cat-err":
+				io.Copy(stderr, stdin)
+			case "exit":
+				n, _ := strconv.Atoi(next())
+				return n
+			}
+		}
+		return 0
+	}
+}
+
+// serveTestControl runs serveControl on dir's socket until the test ends.
+func serveTestControl(t *testing.T, dir string, exec ExecFunc) {
+	t.Helper()
+	l, err := listenControl(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { serveControl(ctx, l, exec, slog.New(slog.DiscardHandler)) })
+	t.Cleanup(func() {
+		cancel()
+		wg.Wait() // serveControl waits for its connections too
+	})
+}
+
+// TestRunRemoteRoundTrip: `fleet workers` typed on the hub machine must
+// behave exactly like the command run in-process: same argv, same output
+// on the same stream, same exit status.
+func TestRunRemoteRoundTrip(t *testing.T) {
+	big := make([]byte, 1<<20) // far beyond any socket buffer, so it takes many frames each way
+	rand.Read(big)
+	tests := []struct {
+		name     string
+		args     []string
+		stdin    io.Reader // nil = none, as RunRemote allows
+		wantOut  string
+		wantErr  string
+		wantCode int
+	}{
+		{name: "no arguments", args: []string{}},
+		{name: "stdout", args: []string{"out", "hello\n"}, wantOut: "hello\n"},
+		{name: "stderr and a failure", args: []string{"err", "fleet: boom\n", "exit", "1"}, wantErr: "fleet: boom\n", wantCode: 1},
+		{name: "usage status", args: []string{"exit", "2"}, wantCode: 2},
+		{name: "high status", args: []string{"exit", "255"}, wantCode: 255},
+		{name: "streams kept apart", args: []string{"out", "a", "err", "b", "out", "c", "err", "d"}, wantOut: "ac", wantErr: "bd"},
+		{name: "awkward argv", args: []string{"out", "", "out", "a b\tc \"q\" ✓\n", "--json", "x=y"}, wantOut: "a b\tc \"q\" ✓\n"},
+		{name: "stdin", args: []string{"cat"}, stdin: strings.NewReader("nodes: []\n"), wantOut: "nodes: []\n"},
+		{name: "stdin to stderr", args: []string{"cat-err", "exit", "3"}, stdin: strings.NewReader("key"), wantErr: "key", wantCode: 3},
+		{name: "no stdin", args: []string{"cat", "out", "done"}, wantOut: "done"},
+		{name: "large stdin and stdout", args: []string{"cat"}, stdin: bytes.NewReader(big), wantOut: string(big)},
+	}
+	dir := t.TempDir()
+	got := make(chan []string, 1)
+	serveTestControl(t, dir, scriptExec(got))
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			var stdout, stderr bytes.Buffer
+			code, err := RunRemote(t.Context(), dir, tt.args, tt.stdin, &stdout, &stderr)
+			if err != nil {
+				t.Fatalf("RunRemote(%q): %v", tt.args, err)
+			}
+			if args := <-got; !slices.Equal(args, tt.args) {
+				t.Errorf("the hub ran %q, want %q", args, tt.args)
+			}
+			if code != tt.wantCode {
+				t.Errorf("RunRemote(%q) exit status %d, want %d", tt.args, code, tt.wantCode)
+			}
+			if stdout.String() != tt.wantOut {
+				t.Errorf("RunRemote(%q) stdout = %.80q (%d bytes), want %.80q (%d bytes)", tt.args, stdout.String(), stdout.Len(), tt.wantOut, len(tt.wantOut))
+			}
+			if stderr.String() != tt.wantErr {
+				t.Errorf("RunRemote(%q) stderr = %q, want %q", tt.args, stderr.String(), tt.wantErr)
+			}
+		})
+	}
+}
+
+// TestRunRemoteCancel: Ctrl-C on a long command (events --follow) must
+// give the terminal back rather than wait for the hub.
+func TestRunRemoteCancel(t *testing.T) {
+	dir := t.TempDir()
+	started := make(chan struct{})
+	serveTestControl(t, dir, func(ctx context.Context, _ []string, _ io.Reader, stdout, _ io.Writer) int {
+		io.WriteString(stdout, "following\n")
+		close(started)
+		<-ctx.Done() // until the hub stops: the command outlives its client
+		return 0
+	})
+	ctx, cancel := context.WithCancel(t.Context())
+	go func() {
+		<-started
+		cancel()
+	}()
+	var stdout bytes.Buffer
+	code, err := RunRemote(ctx, dir, []string{"events", "--follow"}, nil, &stdout, io.Discard)
+	if !errors.Is(err, context.Canceled) || code == 0 {
+		t.Errorf("RunRemote after cancel = %d, %v; want a non-zero status and context.Canceled", code, err)
+	}
+}
+
+// fakeHub answers every control connection with the same raw bytes, to play a hub
+// that stops or speaks another version of the protocol.
+func fakeHub(t *testing.T, dir string, answer []byte) {
+	t.Helper()
+	l, err := net.Listen("unix", filepath.Join(dir, SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			if _, err := bufio.NewReader(c).ReadBytes('\n'); err == nil {
+				c.Write(answer)
+			}
+			c.Close()
+		}
+	})
+	t.Cleanup(func() {
+		l.Close()
+		wg.Wait()
+	})
+}
+
+func frame(kind byte, payload string) []byte {
+	b := []byte{kind}
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	return append(b, payload...)
+}
+
+// TestRunRemoteErrors: when the hub is not there, or not itself, the CLI
+// must say what happened and what to do, never print a partial answer as
+// if it were whole.
+func TestRunRemoteErrors(t *testing.T) {
+	tests := []struct {
+		name string
+		// setup prepares the data dir and returns the dir to pass to RunRemote.
+		setup   func(t *testing.T) string
+		noHub   bool // the error wraps ErrNoHub and says how to start one
+		wantErr string
+	}{
+		{name: "no hub ever ran", setup: func(t *testing.T) string { return t.TempDir() }, noHub: true},
+		{name: "no such data dir", setup: func(t *testing.T) string { return filepath.Join(t.TempDir(), "missing") }, noHub: true},
+		{name: "socket of a stopped hub", setup: func(t *testing.T) string {
+			dir := t.TempDir()
+			l, err := net.Listen("unix", filepath.Join(dir, SocketName))
+			if err != nil {
+				t.Fatal(err)
+			}
+			l.(*net.UnixListener).SetUnlinkOnClose(false)
+			l.Close()
+			return dir
+		}, noHub: true},
+		{name: "hub hangs up", setup: func(t *testing.T) string {
+			dir := t.TempDir()
+			fakeHub(t, dir, frame(frameStdout, "partial"))
+			return dir
+		}, wantErr: "the hub closed the connection before the command finished"},
+		{name: "truncated frame", setup: func(t *testing.T) string {
+			dir := t.TempDir()
+			fakeHub(t, dir, frame(frameStdout, "0123456789")[:8])
+			return dir
+		}, wantErr: "reading the hub's answer"},
+		{name: "unknown frame kind", setup: func(t *testing.T) string {
+			dir := t.TempDir()
+			fakeHub(t, dir, frame('z', "?"))
+			return dir
+		}, wantErr: "unknown frame kind 'z'"},
+		{name: "malformed exit status", setup: func(t *testing.T) string {
+			dir := t.TempDir()
+			fakeHub(t, dir, frame(frameExit, "zero"))
+			return dir
+		}, wantErr: `malformed exit status "zero"`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := tt.setup(t)
+			code, err := RunRemote(t.Context(), dir, []string{"workers"}, nil, io.Discard, io.Discard)
+			if err == nil {
+				t.Fatalf("RunRemote = %d, nil; want an error", code)
+			}
+			// The command line turns each of these into a failure with the reason, never a success.
+			var stderr bytes.Buffer
+			if code := RunOrExit(t.Context(), dir, []string{"workers"}, nil, io.Discard, &stderr); code != 1 || !strings.Contains(stderr.String(), err.Error()) {
+				t.Errorf("RunOrExit = %d, %q; want status 1 and %q", code, stderr.String(), err)
+			}
+			if tt.noHub {
+				if !errors.Is(err, ErrNoHub) {
+					t.Errorf("RunRemote: %v; want it to wrap ErrNoHub", err)
+				}
+				for _, want := range []string{dir, "fleet serve", "--data"} {
+					if !strings.Contains(err.Error(), want) {
+						t.Errorf("RunRemote: %q does not say %q", err, want)
+					}
+				}
+				return
+			}
+			if !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("RunRemote: %v; want %q", err, tt.wantErr)
+			}
+		})
+	}
+}
+
+// Guard against the test helpers drifting from the protocol they fake.
+func TestFrameMatchesFrameWriter(t *testing.T) {
+	for _, payload := range []string{"", "x", strings.Repeat("é", 300)} {
+		var buf bytes.Buffer
+		w := frameWriter{mu: &sync.Mutex{}, w: &buf, kind: frameStderr, fail: func() {}}
+		if n, err := w.Write([]byte(payload)); err != nil || n != len(payload) {
+			t.Fatalf("frameWriter.Write(%q) = %d, %v", payload, n, err)
+		}
+		if !bytes.Equal(buf.Bytes(), frame(frameStderr, payload)) {
+			t.Errorf("frameWriter wrote %s, frame() builds %s", fmt.Sprintf("%x", buf.Bytes()), fmt.Sprintf("%x", frame(frameStderr, payload)))
+		}
+	}
+}
