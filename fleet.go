@@ -167,6 +167,18 @@ func (n Node) SimProfile() (string, bool) {
 	return strings.CutPrefix(n.Address, AddressSimPrefix)
 }
 
+// DialsDirect says whether the router reaches this node's engines at the
+// node's own address (`endpoint: direct` on an SSH node) instead of through
+// its SSH connection. Such engines listen on every interface of their node;
+// on the hub's own machine and on simulated nodes the setting changes nothing.
+func (n Node) DialsDirect() bool {
+	if n.Endpoint != "direct" || n.Address == AddressLocal {
+		return false
+	}
+	_, sim := n.SimProfile()
+	return !sim
+}
+
 // Recipe is how one engine serves one model.
 type Recipe struct {
 	Engine EngineKind `json:"engine" yaml:"-"`

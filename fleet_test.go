@@ -86,3 +86,21 @@ func TestModelServesAliases(t *testing.T) {
 		}
 	}
 }
+
+func TestDialsDirect(t *testing.T) {
+	tests := []struct {
+		node Node
+		want bool
+	}{
+		{Node{Address: "ops@rig.lan", Endpoint: "direct"}, true},
+		{Node{Address: "ops@rig.lan"}, false},
+		{Node{Address: "ops@rig.lan", Endpoint: "tunnel"}, false},
+		{Node{Address: AddressLocal, Endpoint: "direct"}, false},
+		{Node{Address: AddressSimPrefix + "m4max-llamacpp", Endpoint: "direct"}, false},
+	}
+	for _, tt := range tests {
+		if got := tt.node.DialsDirect(); got != tt.want {
+			t.Errorf("%+v: DialsDirect = %v, want %v", tt.node, got, tt.want)
+		}
+	}
+}

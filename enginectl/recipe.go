@@ -3,6 +3,7 @@ package enginectl
 import (
 	"fmt"
 	"maps"
+	"net"
 	"regexp"
 	"slices"
 	"strconv"
@@ -71,6 +72,7 @@ const (
 	// router needs a figure, and vLLM queues anything beyond its batch itself.
 	defaultVLLMSlots = 256
 	loopback         = "127.0.0.1"
+	allInterfaces    = "0.0.0.0"
 )
 
 // ownedFlags are the flags BuildCommand sets itself: a recipe repeating one
@@ -131,8 +133,9 @@ func kindList(ks []fleet.EngineKind) string {
 }
 
 // BuildCommand turns a model's recipe for spec.Engine into the exact argv and
-// environment. Engines always bind 127.0.0.1 and get the port, the served
-// name and the context from fleet, never from the recipe.
+// environment. Engines bind 127.0.0.1 (every interface only for a node
+// with `endpoint: direct`) and get the port, the served name and the context
+// from fleet, never from the recipe.
 //
 // llama-server: fleet passes --kv-unified (unless the recipe says
 // --no-kv-unified), so every slot may use the model's full context and the
@@ -186,18 +189,25 @@ func BuildCommand(spec Spec) (Command, error) {
 		}
 	}
 
+	// The engine listens on its node's loopback, reached through the hub's
+	// SSH connection, unless the fleet file asked the router to dial the
+	// node directly: then it must listen where the router can reach it.
+	host := loopback
+	if spec.Node.DialsDirect() {
+		host = allInterfaces
+	}
 	var cmd Command
 	var err error
 	switch engine {
 	case fleet.EngineVLLM, fleet.EngineVLLMMetal:
-		cmd, err = vllmCommand(engine, m, recipe, spec.Port)
+		cmd, err = vllmCommand(engine, m, recipe, host, spec.Port)
 	case fleet.EngineLlamaCpp:
-		cmd, err = llamaCommand(m, recipe, spec.Port)
+		cmd, err = llamaCommand(m, recipe, host, spec.Port)
 	case fleet.EngineOllama:
 		if simulated {
 			return Command{}, fmt.Errorf("model %s: the simulator mimics vllm and llamacpp only, not ollama; pin one of those on simulated node %s", m.ID, spec.Node.Name)
 		}
-		cmd, err = ollamaCommand(m, recipe, spec.Port)
+		cmd, err = ollamaCommand(m, recipe, host, spec.Port)
 	default:
 		err = fmt.Errorf("model %s: sim profile %q mimics %q, which the simulator does not run", m.ID, profile, engine)
 	}
@@ -282,7 +292,7 @@ func hasFlag(args []string, names ...string) bool {
 	return false
 }
 
-func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, port int) (Command, error) {
+func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, host string, port int) (Command, error) {
 	if r.Model == "" {
 		return Command{}, fmt.Errorf("model %s: recipe %s names no weights; set model: to a Hugging Face repo or a local path", m.ID, engine)
 	}
@@ -304,7 +314,7 @@ func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, port in
 	argv := []string{bin, "serve", r.Model,
 		"--served-model-name", m.ID,
 		"--max-model-len", strconv.Itoa(m.Context),
-		"--host", loopback,
+		"--host", host,
 		"--port", strconv.Itoa(port)}
 	// Never add --quantization: vLLM picks the fast awq_marlin kernel for AWQ
 	// checkpoints by itself, and forcing "awq" is ~5× slower. A recipe that
@@ -324,7 +334,7 @@ func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, port in
 // hfRef matches a Hugging Face "owner/repo" with an optional ":quant".
 var hfRef = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9._-]+(:[A-Za-z0-9._-]+)?$`)
 
-func llamaCommand(m fleet.Model, r fleet.Recipe, port int) (Command, error) {
+func llamaCommand(m fleet.Model, r fleet.Recipe, host string, port int) (Command, error) {
 	if r.Model == "" {
 		return Command{}, fmt.Errorf("model %s: recipe llamacpp names no weights; set model: to a .gguf path or repo:quant", m.ID)
 	}
@@ -359,7 +369,7 @@ func llamaCommand(m fleet.Model, r fleet.Recipe, port int) (Command, error) {
 	}
 
 	argv := append([]string{bin}, weights...)
-	argv = append(argv, "-a", m.ID, "-c", strconv.Itoa(ctx), "--host", loopback, "--port", strconv.Itoa(port))
+	argv = append(argv, "-a", m.ID, "-c", strconv.Itoa(ctx), "--host", host, "--port", strconv.Itoa(port))
 	if !recipeSlots {
 		argv = append(argv, "-np", strconv.Itoa(slots))
 	}
@@ -383,7 +393,7 @@ func isHFRef(w string) bool {
 
 var ollamaOwnedEnv = []string{"OLLAMA_HOST", "OLLAMA_CONTEXT_LENGTH"}
 
-func ollamaCommand(m fleet.Model, r fleet.Recipe, port int) (Command, error) {
+func ollamaCommand(m fleet.Model, r fleet.Recipe, host string, port int) (Command, error) {
 	if r.Model == "" {
 		return Command{}, fmt.Errorf("model %s: recipe ollama names no model; set model: to the Ollama tag (e.g. qwen3:4b)", m.ID)
 	}
@@ -411,7 +421,7 @@ func ollamaCommand(m fleet.Model, r fleet.Recipe, port int) (Command, error) {
 		}
 		slots = n
 	}
-	env["OLLAMA_HOST"] = loopback + ":" + strconv.Itoa(port)
+	env["OLLAMA_HOST"] = net.JoinHostPort(host, strconv.Itoa(port))
 	env["OLLAMA_CONTEXT_LENGTH"] = strconv.Itoa(m.Context)
 	env["OLLAMA_NUM_PARALLEL"] = strconv.Itoa(slots)
 	// Ollama answers to its own tag, so that is the name /v1/models lists.

@@ -32,7 +32,9 @@ func withRecipe(k fleet.EngineKind, r fleet.Recipe) fleet.Model {
 var (
 	localNode = fleet.Node{Name: "rig", Address: "local"}
 	simMax    = fleet.Node{Name: "max", Address: "sim:m4max-llamacpp"}
-	simRig    = fleet.Node{Name: "rig", Address: "sim:rtx3060-vllm"}
+	// directNode's engines are dialled at its address, not through SSH.
+	directNode = fleet.Node{Name: "rig", Address: "ops@rig.lan", Endpoint: "direct"}
+	simRig     = fleet.Node{Name: "rig", Address: "sim:rtx3060-vllm"}
 )
 
 func TestBuildCommand(t *testing.T) {
@@ -149,6 +151,37 @@ func TestBuildCommand(t *testing.T) {
 			slots:  256, served: "qwen3-4b", simulated: true,
 		},
 
+		// endpoint: direct — the router dials the node, so the engine must
+		// listen beyond its loopback; where the setting means nothing (the
+		// hub's own machine, a simulated node) it still binds 127.0.0.1.
+		{
+			name:  "vllm on a direct SSH node listens on every interface",
+			spec:  Spec{Node: directNode, Model: qwen(), Engine: fleet.EngineVLLM, Port: 18009},
+			argv:  "vllm serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --max-model-len 16384 --host 0.0.0.0 --port 18009 --tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes",
+			slots: 256, served: "qwen3-4b",
+		},
+		{
+			name:  "ollama on a direct SSH node",
+			spec:  Spec{Node: directNode, Model: qwen(), Engine: fleet.EngineOllama, Port: 18010},
+			argv:  "ollama serve",
+			env:   map[string]string{"OLLAMA_HOST": "0.0.0.0:18010", "OLLAMA_CONTEXT_LENGTH": "16384", "OLLAMA_NUM_PARALLEL": "4"},
+			slots: 4, served: "qwen3:4b",
+		},
+		{
+			name:  "direct on the hub's own machine changes nothing",
+			spec:  Spec{Node: fleet.Node{Name: "hub", Address: "local", Endpoint: "direct"}, Model: qwen(), Engine: fleet.EngineLlamaCpp, Port: 18011},
+			argv:  "llama-server -hf Qwen/Qwen3-4B-GGUF:Q4_K_M -a qwen3-4b -c 16384 --host 127.0.0.1 --port 18011 -np 4 --kv-unified -ngl 99 --jinja --reasoning-format none",
+			slots: 4, served: "qwen3-4b",
+		},
+		{
+			name: "direct on a simulated node changes nothing",
+			spec: Spec{Node: fleet.Node{Name: "max", Address: "sim:m4max-llamacpp", Endpoint: "direct"}, Model: qwen(), Engine: fleet.EngineLlamaCpp, Port: 18012, FleetBin: "/bin/fleet"},
+			argv: "llama-server -hf Qwen/Qwen3-4B-GGUF:Q4_K_M -a qwen3-4b -c 16384 --host 127.0.0.1 --port 18012 -np 4 --kv-unified -ngl 99 --jinja --reasoning-format none",
+			launch: "/bin/fleet sim --mimic llamacpp --profile m4max-llamacpp -- " +
+				"-hf Qwen/Qwen3-4B-GGUF:Q4_K_M -a qwen3-4b -c 16384 --host 127.0.0.1 --port 18012 -np 4 --kv-unified -ngl 99 --jinja --reasoning-format none",
+			slots: 4, served: "qwen3-4b", simulated: true,
+		},
+
 		// Bad input: a clear error, no command.
 		{name: "recipe sets the port", spec: Spec{Node: localNode, Model: withRecipe(fleet.EngineVLLM, fleet.Recipe{Model: "m", Args: []string{"--port", "9"}}), Engine: fleet.EngineVLLM, Port: 1}, wantErrHas: "passes --port, which fleet sets itself"},
 		{name: "recipe sets the host with =", spec: Spec{Node: localNode, Model: withRecipe(fleet.EngineLlamaCpp, fleet.Recipe{Model: "m.gguf", Args: []string{"--host=0.0.0.0"}}), Engine: fleet.EngineLlamaCpp, Port: 1}, wantErrHas: "passes --host"},
@@ -207,8 +240,12 @@ func TestBuildCommand(t *testing.T) {
 			if slices.Contains(cmd.Argv, "--quantization") && !slices.Contains(tc.spec.Model.Recipes[tc.spec.Engine].Args, "--quantization") {
 				t.Error("fleet added --quantization on its own")
 			}
-			if h, _ := flagValue(cmd.Argv, "--host"); h != "127.0.0.1" && cmd.Env["OLLAMA_HOST"] == "" {
-				t.Errorf("engine binds %q, want 127.0.0.1", h)
+			want := "127.0.0.1"
+			if tc.spec.Node.DialsDirect() {
+				want = "0.0.0.0"
+			}
+			if h, _ := flagValue(cmd.Argv, "--host"); h != want && cmd.Env["OLLAMA_HOST"] == "" {
+				t.Errorf("engine binds %q, want %s", h, want)
 			}
 		})
 	}

@@ -249,20 +249,18 @@ func (m *Manager) Dialer(node string) func(ctx context.Context, network, addr st
 		if !ok {
 			return nil, fmt.Errorf("node %s is not part of the fleet", node)
 		}
-		if nd.Endpoint == "direct" && nd.Address != fleet.AddressLocal {
-			if _, sim := nd.SimProfile(); !sim {
-				_, hostPort, err := ParseSSHAddress(nd.Address)
-				if err != nil {
-					return nil, err
-				}
-				host, _, _ := net.SplitHostPort(hostPort)
-				_, port, err := net.SplitHostPort(addr)
-				if err != nil {
-					return nil, fmt.Errorf("dial %q: %w", addr, err)
-				}
-				var d net.Dialer
-				return d.DialContext(ctx, network, net.JoinHostPort(host, port))
+		if nd.DialsDirect() {
+			_, hostPort, err := ParseSSHAddress(nd.Address)
+			if err != nil {
+				return nil, err
 			}
+			host, _, _ := net.SplitHostPort(hostPort)
+			_, port, err := net.SplitHostPort(addr)
+			if err != nil {
+				return nil, fmt.Errorf("dial %q: %w", addr, err)
+			}
+			var d net.Dialer
+			return d.DialContext(ctx, network, net.JoinHostPort(host, port))
 		}
 		if t == nil {
 			return nil, fmt.Errorf("node %s is not connected: %s", node, cmp.Or(nd.Reason, "not probed yet"))

@@ -42,6 +42,7 @@ type sshFleet struct {
 	file     string
 	hub      *hubProc
 	node     string
+	endpoint string // the node's endpoint: line; "" leaves the default (tunnel)
 }
 
 func (f *sshFleet) base() string { return "http://" + f.hub.http }
@@ -59,7 +60,11 @@ const sshFleetModel = `models:
 `
 
 func (f *sshFleet) fleetFile(withPlacement bool) string {
-	s := fmt.Sprintf("nodes:\n  - name: %s\n    address: %s\n    identity: %s\n", f.node, f.sshd.Address(), f.sshd.Identity()) + sshFleetModel
+	s := fmt.Sprintf("nodes:\n  - name: %s\n    address: %s\n    identity: %s\n", f.node, f.sshd.Address(), f.sshd.Identity())
+	if f.endpoint != "" {
+		s += "    endpoint: " + f.endpoint + "\n"
+	}
+	s += sshFleetModel
 	if withPlacement {
 		s += fmt.Sprintf("placements:\n  - model: qwen3-4b\n    node: %s\n    engine: sim\n", f.node)
 	}
@@ -70,7 +75,13 @@ func (f *sshFleet) fleetFile(withPlacement bool) string {
 // on it, and registers the cleanup of whatever engine that leaves behind.
 func startSSHFleet(t *testing.T, node string) *sshFleet {
 	t.Helper()
-	f := &sshFleet{sshd: sshdtest.New(t), data: t.TempDir(), httpPort: freePort(t), node: node}
+	return startSSHFleetVia(t, node, "")
+}
+
+// startSSHFleetVia is startSSHFleet with the node's endpoint: set.
+func startSSHFleetVia(t *testing.T, node, endpoint string) *sshFleet {
+	t.Helper()
+	f := &sshFleet{sshd: sshdtest.New(t), data: t.TempDir(), httpPort: freePort(t), node: node, endpoint: endpoint}
 	f.sshd.Start()
 	f.file = filepath.Join(t.TempDir(), "fleet.yaml")
 	if err := os.WriteFile(f.file, []byte(f.fleetFile(true)), 0o600); err != nil {
@@ -453,6 +464,44 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 	if !alive(w.PID) {
 		t.Errorf("the engine died with the node's sshd; it should outlive the connection")
 	}
+}
+
+// TestSSHNodeDirectEndpoint: with `endpoint: direct` the router dials the
+// node's own address instead of tunnelling through SSH, so the engine must
+// listen beyond the node's loopback, and a stream in flight does not depend
+// on the node's sshd: it finishes whole after sshd is killed under it.
+func TestSSHNodeDirectEndpoint(t *testing.T) {
+	f := startSSHFleetVia(t, "direct", "direct")
+	w := waitWorker(t, f.data, "direct/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	if got := strings.Join(w.Argv, " "); !strings.Contains(got, "--host 0.0.0.0 --port "+strconv.Itoa(w.Port)) {
+		t.Errorf("argv %q, want the engine listening on every interface at port %d", got, w.Port)
+	}
+
+	// m4max-llamacpp decodes ~87 tok/s: 600 tokens take ~7 s, long enough
+	// to kill sshd a few tokens in.
+	var killed time.Time
+	r := chatStream(f.base(), 600, 40*time.Second, func(n int, _ string) {
+		if n == 5 {
+			f.sshd.Kill()
+			killed = time.Now()
+		}
+	})
+	if killed.IsZero() {
+		t.Fatalf("the stream never got going: HTTP %d, err %v, %d events, body %q", r.status, r.err, len(r.events), r.body)
+	}
+	last := ""
+	if len(r.events) > 0 {
+		last = r.events[len(r.events)-1]
+	}
+	if r.status != 200 || r.err != nil || last != "[DONE]" {
+		t.Fatalf("the direct stream did not survive the node's sshd: HTTP %d, err %v, %d events, last %q", r.status, r.err, len(r.events), last)
+	}
+	for _, e := range r.events {
+		if m, ok := openAIError(e); ok {
+			t.Errorf("error event in a stream that needed no SSH: %s", m)
+		}
+	}
+	t.Logf("stream finished whole %v after sshd was killed, %d events", time.Since(killed).Round(time.Millisecond), len(r.events))
 }
 
 // TestAdmissionRejectsASlowWorker: a ~10.7 tok/s worker joining a model whose
