@@ -137,9 +137,12 @@ func TestTerminalViewsFilterHelpResize(t *testing.T) {
 
 	tm.emu.Resize(90, 16)
 	tm.prog.Send(tea.WindowSizeMsg{Width: 90, Height: 16})
+	// Whether a narrow "Started with" column survives depends on how wide
+	// the live State and Load cells are; that the full command line no longer
+	// fits does not.
 	tm.waitFor("a 90-column layout", func(s string) bool {
 		lines := strings.Split(s, "\n")
-		return len(lines) == 16 && strings.Contains(s, "ultra") && !strings.Contains(s, "Started with")
+		return len(lines) == 16 && strings.Contains(s, "ultra") && !strings.Contains(s, "vllm serve Qwen/Qwen3-4B-AWQ")
 	})
 
 	tm.typeText("q")
