@@ -291,12 +291,12 @@ func (h *Hub) model(id string) (fleet.Model, bool) {
 // admit is the admission check between probation and ready, the first
 // seed's three rules: enough free memory, single-request speed within the
 // model's tolerance of its best ready worker, and the model's response shape.
-func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
+func (h *Hub) admit(ctx context.Context, w fleet.Worker, node fleet.Node) error {
 	m, ok := h.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	if err := h.checkMemory(w, m); err != nil {
+	if err := checkMemory(w, m, node); err != nil {
 		return err
 	}
 	if err := h.checkSpeed(ctx, w, m); err != nil {
@@ -305,15 +305,11 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	return h.checkShape(ctx, w)
 }
 
-func (h *Hub) checkMemory(w fleet.Worker, m fleet.Model) error {
-	if m.MemoryGB <= 0 {
-		return nil
-	}
-	h.mu.Lock()
-	n, ok := h.nodes[w.Node]
-	h.mu.Unlock()
-	if !ok || n.Platform == nil {
-		return nil // not probed yet: the node manager probes before launching
+// checkMemory compares the model's memory with what the node had usable
+// before the engine launched (see nodes.ManagerOptions.Admit).
+func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node) error {
+	if m.MemoryGB <= 0 || n.Platform == nil {
+		return nil // no figure to check, or a node launched on before any probe
 	}
 	need := uint64(m.MemoryGB * (1 << 30))
 	usable := nodes.UsableMemory(*n.Platform)

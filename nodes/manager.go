@@ -68,8 +68,11 @@ type ManagerOptions struct {
 	// output lines and failures.
 	OnEvent func(fleet.Event)
 	// Admit is the admission check between probation and ready; an error
-	// rejects the worker with the error's text. nil admits everyone.
-	Admit func(ctx context.Context, w fleet.Worker) error
+	// rejects the worker with the error's text. nil admits everyone. node
+	// is the worker's node as last probed before its engine launched, so its
+	// free memory does not yet count what the engine itself took: a probe
+	// after a vLLM load would show the GPU all but full.
+	Admit func(ctx context.Context, w fleet.Worker, node fleet.Node) error
 }
 
 func (o ManagerOptions) withDefaults() ManagerOptions {

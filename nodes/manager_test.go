@@ -483,8 +483,15 @@ func TestManagerRecipeChangeRemovalAndOperatorActions(t *testing.T) {
 }
 
 func TestManagerAdmissionRejects(t *testing.T) {
+	var (
+		mu       sync.Mutex
+		judgedOn fleet.Node
+	)
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.Admit = func(_ context.Context, w fleet.Worker) error {
+		o.Admit = func(_ context.Context, w fleet.Worker, node fleet.Node) error {
+			mu.Lock()
+			judgedOn = node
+			mu.Unlock()
 			return fmt.Errorf("single-request speed 20.0 tok/s is below half of the best worker's 90.0 tok/s")
 		}
 	})
@@ -494,6 +501,15 @@ func TestManagerAdmissionRejects(t *testing.T) {
 	w := h.waitWorker("max/qwen3-4b", "rejected", func(x fleet.Worker) bool { return x.State == fleet.WorkerRejected })
 	if !strings.Contains(w.Reason, "20.0 tok/s") || !alive(w.PID) {
 		t.Errorf("rejected worker: reason %q, engine alive %v", w.Reason, alive(w.PID))
+	}
+	// Admission is judged on the node as probed before the launch, whose
+	// free memory does not count the engine's own.
+	mu.Lock()
+	node := judgedOn
+	mu.Unlock()
+	if node.Name != "max" || node.Platform == nil || node.ProbedAt.IsZero() || !node.ProbedAt.Before(w.StartedAt) {
+		t.Errorf("admission saw node %q probed at %v (platform %v); want max, probed before the engine started at %v",
+			node.Name, node.ProbedAt, node.Platform != nil, w.StartedAt)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()

@@ -423,7 +423,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		m.mu.Lock()
 		w := ws.w
 		m.mu.Unlock()
-		if err := m.opts.Admit(ctx, w); err != nil {
+		if err := m.opts.Admit(ctx, w, node); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
