@@ -142,11 +142,22 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape
 	return reports, nil
 }
 
-// PinShape makes a worker's current shape its model's reference.
+// PinShape makes a worker's current shape its model's reference. An admin's
+// attempt is audited whether or not it got as far as the worker.
 func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string, error) {
 	if err := h.authorize(u, fleet.RoleAdmin, "shape pin", worker); err != nil {
 		return "", err
 	}
+	msg, err := h.pinShape(ctx, worker)
+	if err != nil {
+		h.audit(u, "shape pin", worker, "failed: "+err.Error())
+		return "", err
+	}
+	h.audit(u, "shape pin", worker, "ok")
+	return msg, nil
+}
+
+func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	t, w, err := h.workerTarget(worker)
 	if err != nil {
 		return "", err
@@ -162,7 +173,6 @@ func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string
 	if err := h.store.SetReferenceShape(ctx, w.Model, data, true); err != nil {
 		return "", err
 	}
-	h.audit(u, "shape pin", w.Name(), "ok")
 	return fmt.Sprintf("the reference shape of %s is now %s's", w.Model, w.Name()), nil
 }
 
@@ -192,6 +202,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 		var w fleet.Worker
 		var err error
 		if t, w, err = h.workerTarget(target); err != nil {
+			h.audit(u, "bench", target, "failed: "+err.Error())
 			return sweep.Result{}, err
 		}
 		worker = w.Name()

@@ -239,7 +239,8 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		name   string
 		action string     // the action the audit line records
 		need   fleet.Role // "" = no role is checked
-		// auditsAllowed: an allowed call writes an audit line too (mutations do; reads do not).
+		// auditsAllowed: an allowed call writes an audit line too, failed or
+		// not (actions do: mutations, and a bench's load on a worker; reads do not).
 		auditsAllowed bool
 		// allowedErr is the error an allowed call gets for reasons other than
 		// its role (a substring; "" = it succeeds).
@@ -334,11 +335,11 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			_, err := h.ShapeAll(ctx, u, "qwen3-4b")
 			return err
 		}},
-		{"shape pin", "shape pin", fleet.RoleAdmin, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
+		{"shape pin", "shape pin", fleet.RoleAdmin, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
 			_, err := h.PinShape(ctx, u, "nope")
 			return err
 		}},
-		{"bench", "bench", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
+		{"bench", "bench", fleet.RoleOperator, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
 			_, err := h.Bench(ctx, u, "nope", cli.BenchOptions{}, nil)
 			return err
 		}},
