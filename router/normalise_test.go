@@ -17,7 +17,7 @@ import (
 
 	"fleet"
 	"fleet/router/reasoning"
-	"fleet/sim"
+	"fleet/sim/simtest"
 )
 
 func TestSSENormaliserFraming(t *testing.T) {
@@ -173,15 +173,8 @@ type clientView struct {
 // model m with the given reasoning setting, all on loopback sockets.
 func routeToSim(t *testing.T, args, reasoningMode string) (*lockstep, *openai.Client) {
 	t.Helper()
-	opts, err := sim.ParseArgs(strings.Fields(args))
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine, err := sim.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ls := &lockstep{engine: engine.Handler(), ack: make(chan struct{}, 1)}
+	engine, opts := simtest.Handler(t, strings.Fields(args)...)
+	ls := &lockstep{engine: engine, ack: make(chan struct{}, 1)}
 	es := httptest.NewServer(ls)
 	t.Cleanup(es.Close)
 	r := New(Options{})

@@ -5,29 +5,19 @@ import (
 	"errors"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 
 	openai "github.com/sashabaranov/go-openai"
 
 	"fleet/router/reasoning"
-	"fleet/sim"
+	"fleet/sim/simtest"
 )
 
 // A check talking to one worker through NormalisingTransport sees the shape
 // the router's clients get, streamed and not.
 func TestNormalisingTransportShowsWhatRouterClientsGet(t *testing.T) {
-	opts, err := sim.ParseArgs([]string{"--mimic", "vllm", "--profile", "instant", "--", "serve", "m", "--served-model-name", "m", "--reasoning-parser", "qwen3"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	engine, err := sim.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	es := httptest.NewServer(engine.Handler())
-	t.Cleanup(es.Close)
+	es := simtest.Start(t, "--mimic", "vllm", "--profile", "instant", "--", "serve", "m", "--served-model-name", "m", "--reasoning-parser", "qwen3")
 
 	ask := func(rt http.RoundTripper) (plain, streamed string) {
 		cfg := openai.DefaultConfig("unused")

@@ -13,25 +13,14 @@ import (
 
 	"fleet/bench"
 	"fleet/router/reasoning"
-	"fleet/sim"
+	"fleet/sim/simtest"
 )
 
 // simWorker runs a real sim server in-process, parsed from the sim's argv
 // exactly as `fleet sim` would parse it.
 func simWorker(t *testing.T, args ...string) string {
 	t.Helper()
-	opts, err := sim.ParseArgs(args)
-	if err != nil {
-		t.Fatalf("sim args %q: %v", args, err)
-	}
-	opts.LoadTime = 0
-	s, err := sim.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	return srv.URL
+	return simtest.Start(t, args...).URL
 }
 
 var (

@@ -3,30 +3,18 @@ package sweep
 import (
 	"context"
 	"math"
-	"net/http/httptest"
 	"os"
 	"strings"
 	"testing"
 	"time"
 
 	"fleet/bench"
-	"fleet/sim"
+	"fleet/sim/simtest"
 )
 
 func simTarget(t *testing.T, name string, args ...string) bench.Target {
 	t.Helper()
-	opts, err := sim.ParseArgs(args)
-	if err != nil {
-		t.Fatalf("sim args %q: %v", args, err)
-	}
-	opts.LoadTime = 0
-	s, err := sim.NewServer(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(s.Handler())
-	t.Cleanup(srv.Close)
-	return bench.Target{Name: name, BaseURL: srv.URL + "/v1", Model: "qwen3-4b"}
+	return bench.Target{Name: name, BaseURL: simtest.Start(t, args...).URL + "/v1", Model: "qwen3-4b"}
 }
 
 // TestSimQuick runs a tiny sweep against the instant sim: the whole path
