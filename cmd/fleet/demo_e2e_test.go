@@ -165,6 +165,16 @@ func waitReady(t *testing.T, data string, n int, within time.Duration) []fleet.W
 // from earlier: once an engine is gone its number is reused (pid_max is
 // 32768 here), and killing a recycled group could take down anything.
 func killSimsOf(data string) {
+	for _, pid := range simsOf(data) {
+		_ = syscall.Kill(pid, syscall.SIGKILL)
+	}
+}
+
+func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
+
+// simsOf lists the PIDs whose command line is `DATA/…/fleet sim …`.
+func simsOf(data string) []int {
+	var pids []int
 	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
 	for _, p := range procs {
 		b, err := os.ReadFile(p)
@@ -174,29 +184,10 @@ func killSimsOf(data string) {
 		argv := strings.Split(string(b), "\x00")
 		if len(argv) > 1 && strings.HasPrefix(argv[0], data+"/") && argv[1] == "sim" {
 			pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(p)))
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			pids = append(pids, pid)
 		}
 	}
-}
-
-func alive(pid int) bool { return pid > 0 && syscall.Kill(pid, 0) == nil }
-
-// countSims counts running simulated engines launched from this data dir.
-func countSims(t *testing.T, data string) int {
-	t.Helper()
-	procs, _ := filepath.Glob("/proc/[0-9]*/cmdline")
-	n := 0
-	for _, p := range procs {
-		b, err := os.ReadFile(p)
-		if err != nil {
-			continue
-		}
-		argv := strings.Split(string(b), "\x00")
-		if len(argv) > 1 && strings.HasPrefix(argv[0], data) && argv[1] == "sim" {
-			n++
-		}
-	}
-	return n
+	return pids
 }
 
 // streamChat sends a streamed chat completion and returns the SSE data
@@ -303,7 +294,7 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])
 		}
 	}
-	if n := countSims(t, data); n != 3 {
+	if n := len(simsOf(data)); n != 3 {
 		t.Errorf("%d simulated engines running after the restart, want 3", n)
 	}
 	if events, _ := streamChat(t, "http://"+h2.http, 8); len(events) < 3 {

@@ -305,7 +305,7 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	if again.PID != w.PID {
 		t.Errorf("after the hub restart: PID %d, was %d: restarted instead of adopted", again.PID, w.PID)
 	}
-	if n := countSims(t, f.data); n != 1 {
+	if n := len(simsOf(f.data)); n != 1 {
 		t.Errorf("%d engines run after the hub restart, want 1", n)
 	}
 	if evs := eventsJSON(t, f.data, w.Name()); !containsEvent(evs, fmt.Sprintf("adopted running engine PID %d", w.PID)) {
@@ -328,7 +328,7 @@ func TestSSHNodeLifecycle(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
-	if n := countSims(t, f.data); n != 0 {
+	if n := len(simsOf(f.data)); n != 0 {
 		t.Errorf("%d engines still run after the placement was removed", n)
 	}
 }
