@@ -266,18 +266,10 @@ func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) erro
 // LatestBenchRuns returns the newest bench run of each worker, however many
 // older ones are stored: what the hub charts at start.
 func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
-	runs, err := s.queryBenchRuns(ctx, `SELECT id, worker, run, at FROM bench_runs
+	rows, err := s.db.QueryContext(ctx, `SELECT id, worker, run, at FROM bench_runs
 		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker) ORDER BY worker`)
 	if err != nil {
 		return nil, fmt.Errorf("read the latest bench runs: %w", err)
-	}
-	return runs, nil
-}
-
-func (s *Store) queryBenchRuns(ctx context.Context, query string, args ...any) ([]BenchRun, error) {
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, err
 	}
 	defer rows.Close()
 	runs := []BenchRun{}
@@ -288,11 +280,14 @@ func (s *Store) queryBenchRuns(ctx context.Context, query string, args ...any) (
 			at  int64
 		)
 		if err := rows.Scan(&r.ID, &r.Worker, &run, &at); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("read the latest bench runs: %w", err)
 		}
 		r.Run = json.RawMessage(run)
 		r.At = fromUnixNano(at)
 		runs = append(runs, r)
 	}
-	return runs, rows.Err()
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read the latest bench runs: %w", err)
+	}
+	return runs, nil
 }
