@@ -91,6 +91,8 @@ type Hub struct {
 	refMu sync.Mutex
 	// httpAddr is where the router listens, once Run has bound it.
 	httpAddr string
+	// lock is the data dir's lock, held until Close.
+	lock *os.File
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -114,7 +116,23 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the data dir %s: %w", opts.DataDir, err)
 	}
-	st, err := store.Open(ctx, filepath.Join(opts.DataDir, "fleet.db"))
+	if err := checkWritable(opts.DataDir); err != nil {
+		return nil, err
+	}
+	// The lock comes before the store: a hub refused because another runs
+	// must not have applied its fleet file (or the demo) to that hub's store.
+	lock, err := lockDataDir(opts.DataDir)
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			lock.Close()
+		}
+	}()
+	dbPath := filepath.Join(opts.DataDir, "fleet.db")
+	fi, statErr := os.Stat(dbPath)
+	st, err := store.Open(ctx, dbPath)
 	if err != nil {
 		return nil, err
 	}
@@ -123,6 +141,11 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			st.Close()
 		}
 	}()
+	if statErr == nil && fi.Size() == 0 {
+		// SQLite takes a zero-length file for a new database; say so, since
+		// it may be what is left of a lost one.
+		opts.Logger.Warn("the database file was empty (0 bytes): initialised it as a new, empty fleet database", "path", dbPath)
+	}
 	h := &Hub{
 		opts:    opts,
 		log:     opts.Logger,
@@ -131,6 +154,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		nodes:   map[string]fleet.Node{},
 		bench:   map[string]benchSummary{},
 		samples: make(chan fleet.Sample, 4096),
+		lock:    lock,
 	}
 	if h.opts.FleetBin == "" {
 		bin, err := installSelf(opts.DataDir)
@@ -280,7 +304,11 @@ func installSelf(dataDir string) (string, error) {
 
 // Close releases the database. Engines keep running: a hub that stops must
 // not take the fleet down with it.
-func (h *Hub) Close() error { return h.store.Close() }
+func (h *Hub) Close() error {
+	err := h.store.Close()
+	h.lock.Close() // releases the data dir to the next hub
+	return err
+}
 
 // Run serves the router and the control socket and keeps the nodes
 // reconciled until ctx is cancelled.

@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+// soloFleet is a one-node fleet with no placement: a hub serving it starts
+// no engine, and it differs from the demo in every line.
+const soloFleet = `nodes:
+  - name: solo
+    address: sim:m4max-llamacpp
+models:
+  - id: qwen3-4b
+    context: 16384
+    memory_gb: 1
+    recipes:
+      sim:
+        profile: m4max-llamacpp
+`
+
+// waitControl waits until the hub on data answers its control socket.
+func waitControl(t *testing.T, data string) {
+	t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		out, code := fleetCmd(t, data, "whoami")
+		if code == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the hub on %s never answered: %s", data, out)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// runServe runs a `fleet serve` that is expected to refuse to start, and
+// returns its output and exit status.
+func runServe(t *testing.T, wrap []string, data string, flags ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	argv := append(append([]string{}, wrap...), fleetBin, "--data", data, "serve", "--http", fmt.Sprintf("127.0.0.1:%d", freePort(t)), "--ssh=")
+	cmd := exec.CommandContext(ctx, argv[0], append(argv[1:], flags...)...)
+	var out bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	err := cmd.Run()
+	if ctx.Err() != nil {
+		t.Fatalf("%v kept running; want a refusal. Output:\n%s", argv, out.String())
+	}
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	return out.String(), code
+}
+
+// TestSecondServeDemoLeavesTheRunningFleet: `fleet serve --demo` on the data
+// dir of a running hub is refused, and the stored fleet is still the running
+// hub's (before the fix it held the demo, which a restart then launched).
+func TestSecondServeDemoLeavesTheRunningFleet(t *testing.T) {
+	data := t.TempDir()
+	file := filepath.Join(t.TempDir(), "solo.yaml")
+	if err := os.WriteFile(file, []byte(soloFleet), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	launchHub(t, data, freePort(t), "--fleet", file)
+	waitControl(t, data)
+	before, code := fleetCmd(t, data, "export")
+	if code != 0 || !strings.Contains(before, "solo") {
+		t.Fatalf("export = %d %q", code, before)
+	}
+
+	out, code := runServe(t, nil, data, "--demo")
+	if code == 0 {
+		t.Fatalf("a second serve --demo on a running hub's data dir started:\n%s", out)
+	}
+	after, ecode := fleetCmd(t, data, "export")
+	if ecode != 0 || after != before {
+		t.Fatalf("the refused hub changed the stored fleet:\nbefore:\n%s\nafter (exit %d):\n%s", before, ecode, after)
+	}
+	if !strings.Contains(out, "another hub") || !strings.Contains(out, "nothing was changed") {
+		t.Errorf("second serve --demo: exit %d, output:\n%s\nwant a refusal naming the running hub", code, out)
+	}
+}
+
+// TestReadOnlyDataDirIsSaidToBeReadOnly: a data dir the hub cannot write is
+// refused as read-only, not as "no such file or directory". As root, file
+// modes do not stop a write, so the dir is made read-only the way a real
+// one is: a read-only bind mount, in a mount namespace of the hub's own.
+func TestReadOnlyDataDirIsSaidToBeReadOnly(t *testing.T) {
+	data := t.TempDir()
+	var wrap []string
+	if os.Geteuid() == 0 {
+		if _, err := exec.LookPath("unshare"); err != nil {
+			t.Skip("running as root needs unshare(1) to make a read-only mount")
+		}
+		script := `mount --bind "$1" "$1" && mount -o remount,bind,ro "$1" && shift && exec "$@"`
+		wrap = []string{"unshare", "--mount", "sh", "-c", script, "sh", data}
+		if out, err := exec.Command("unshare", "--mount", "sh", "-c", `mount --bind "$1" "$1" && mount -o remount,bind,ro "$1"`, "sh", data).CombinedOutput(); err != nil {
+			t.Skipf("cannot make a read-only mount here: %v: %s", err, out)
+		}
+	} else {
+		if err := os.Chmod(data, 0o500); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { os.Chmod(data, 0o700) })
+	}
+	out, code := runServe(t, wrap, data, "--demo")
+	if code == 0 || !strings.Contains(out, "read-only") || !strings.Contains(out, data) || strings.Contains(out, "no such file") {
+		t.Fatalf("serve on a read-only data dir: exit %d, output:\n%s\nwant a refusal saying %s is read-only", code, out, data)
+	}
+}

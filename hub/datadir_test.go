@@ -1,0 +1,90 @@
+package hub
+
+import (
+	"bytes"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+// TestSecondHubIsRefusedBeforeTouchingTheStore: a hub asked to apply the
+// demo on a data dir another hub holds must be refused before it writes the
+// demo over that hub's fleet.
+func TestSecondHubIsRefusedBeforeTouchingTheStore(t *testing.T) {
+	dir := t.TempDir()
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(file, withoutMax(t), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	first, err := openHub(t, Options{DataDir: dir, FleetFile: file})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	before, err := first.Export(t.Context(), admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	audits := lastAuditID(t, first)
+
+	second, err := openHub(t, Options{DataDir: dir, Demo: true})
+	if err == nil {
+		second.Close()
+		t.Fatal("a second hub opened the data dir of a running one")
+	}
+	for _, want := range []string{"another hub", "pid", dir, "--data"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	after, err := first.Export(t.Context(), admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(before, after) {
+		t.Errorf("the refused hub rewrote the stored fleet:\nbefore:\n%s\nafter:\n%s", before, after)
+	}
+	if got := auditSince(t, first, audits); len(got) != 0 {
+		t.Errorf("the refused hub left audit lines: %+v", got)
+	}
+
+	// Once the first hub is gone, the dir is free again.
+	if err := first.Close(); err != nil {
+		t.Fatal(err)
+	}
+	again, err := openHub(t, Options{DataDir: dir})
+	if err != nil {
+		t.Fatalf("after the first hub closed: %v", err)
+	}
+	again.Close()
+}
+
+// TestEmptyDatabaseFileIsSaidToBeInitialised: a zero-length fleet.db is
+// what a lost database can leave; the hub starts, and says what it did.
+func TestEmptyDatabaseFileIsSaidToBeInitialised(t *testing.T) {
+	for _, tt := range []struct {
+		name  string
+		empty bool
+	}{{"zero-length file", true}, {"no file", false}} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			if tt.empty {
+				if err := os.WriteFile(filepath.Join(dir, "fleet.db"), nil, 0o600); err != nil {
+					t.Fatal(err)
+				}
+			}
+			var logs bytes.Buffer
+			h, err := openHub(t, Options{DataDir: dir, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			h.Close()
+			said := strings.Contains(logs.String(), "database file was empty (0 bytes): initialised")
+			if said != tt.empty {
+				t.Errorf("logged the empty-database line: %v, want %v; logs:\n%s", said, tt.empty, logs.String())
+			}
+		})
+	}
+}
