@@ -65,6 +65,10 @@ const (
 
 type usageError struct{ error }
 
+// MaxFleetFileBytes is the most `apply` reads; longer input is refused
+// whole, never cut.
+const MaxFleetFileBytes = 4 << 20
+
 // Run executes one command line for user u and returns its exit status.
 func Run(ctx context.Context, h Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	root := newRoot(h, u, stdin)
@@ -232,12 +236,19 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	var filename string
 	c := &cobra.Command{
 		Use:   "apply",
-		Short: "make the fleet match a fleet file read from standard input (adds, changes, removes)",
+		Short: "make the fleet match a fleet file read from standard input (adds, changes, removes; at most 4 MiB)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			data, err := io.ReadAll(io.LimitReader(stdin, 4<<20))
+			// One byte past the limit tells a file at the limit from a
+			// longer one: a cut file can still parse, and applying what is
+			// left of it would remove what the cut dropped.
+			data, err := io.ReadAll(io.LimitReader(stdin, MaxFleetFileBytes+1))
 			if err != nil {
 				return fmt.Errorf("reading the fleet file from standard input: %w", err)
+			}
+			if len(data) > MaxFleetFileBytes {
+				return fmt.Errorf("the fleet file %s is larger than apply's limit of %d MiB (%d bytes); nothing was applied: "+
+					"a fleet file that large is not one people wrote, so check what was sent", filename, MaxFleetFileBytes>>20, MaxFleetFileBytes)
 			}
 			if len(strings.TrimSpace(string(data))) == 0 {
 				return usageError{errors.New("apply reads a fleet file on standard input and got nothing; try: apply < fleet.yaml")}

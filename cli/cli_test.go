@@ -137,3 +137,40 @@ func TestApplyReadsStdinWithItsName(t *testing.T) {
 		t.Errorf("exit %d, applied %q", code, h.applied)
 	}
 }
+
+// TestApplyRefusesInputOverTheLimit: a fleet file past the limit used to be
+// cut and the rest applied; now it is refused whole, naming the limit.
+func TestApplyRefusesInputOverTheLimit(t *testing.T) {
+	head := "nodes: []\n"
+	pad := func(n int) string { return head + "#" + strings.Repeat("x", n-len(head)-2) + "\n" }
+	for _, tt := range []struct {
+		name    string
+		size    int
+		applied bool
+	}{
+		{"at the limit", MaxFleetFileBytes, true},
+		{"one byte over", MaxFleetFileBytes + 1, false},
+		{"far over", 3 * MaxFleetFileBytes, false},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			h := &fakeHub{}
+			in := pad(tt.size)
+			var errOut bytes.Buffer
+			code := Run(context.Background(), h, fleet.User{Role: fleet.RoleAdmin}, []string{"apply", "--filename", "big.yaml"}, strings.NewReader(in), io.Discard, &errOut)
+			if tt.applied {
+				if code != ExitOK || h.applied != "big.yaml:"+in {
+					t.Fatalf("exit %d, applied %d bytes, want all %d: %s", code, len(h.applied), len(in), errOut.String())
+				}
+				return
+			}
+			if code != ExitFail || h.applied != "" {
+				t.Fatalf("exit %d, applied %d bytes; want exit 1 and nothing applied", code, len(h.applied))
+			}
+			for _, want := range []string{"big.yaml", "4 MiB", "nothing was applied"} {
+				if !strings.Contains(errOut.String(), want) {
+					t.Errorf("refusal %q does not say %q", errOut.String(), want)
+				}
+			}
+		})
+	}
+}

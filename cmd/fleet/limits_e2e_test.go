@@ -121,3 +121,77 @@ func TestReadOnlyDataDirIsSaidToBeReadOnly(t *testing.T) {
 		t.Fatalf("serve on a read-only data dir: exit %d, output:\n%s\nwant a refusal saying %s is read-only", code, out, data)
 	}
 }
+
+// TestApplyOverTheLimitIsRefusedLocallyAndOverSSH: a fleet file past
+// apply's limit, whose cut would still be a fleet file (a list split in
+// two), is refused whole through the control socket and over SSH alike.
+func TestApplyOverTheLimitIsRefusedLocallyAndOverSSH(t *testing.T) {
+	if _, err := exec.LookPath("ssh"); err != nil {
+		t.Skip("the OpenSSH client is not installed (apt-get install -y openssh-client)")
+	}
+	data, keys := t.TempDir(), t.TempDir()
+	adminKey, adminPub := sshKey(t, keys, "admin")
+	adminKeys := filepath.Join(keys, "admin_keys")
+	if err := os.WriteFile(adminKeys, []byte(adminPub+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	file := filepath.Join(t.TempDir(), "solo.yaml")
+	if err := os.WriteFile(file, []byte(soloFleet), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	sshPort := freePort(t)
+	launchHub(t, data, freePort(t), "--fleet", file, "--ssh", fmt.Sprintf("127.0.0.1:%d", sshPort), "--admin-keys", adminKeys, "--ssh-rate=-1")
+	waitControl(t, data)
+	before, _ := fleetCmd(t, data, "export")
+
+	// The second node comes after 4 MiB of comment lines: the cut keeps solo
+	// and drops it and the models, which is how a cut removed engines.
+	var big strings.Builder
+	big.WriteString("nodes:\n  - name: solo\n    address: sim:m4max-llamacpp\n")
+	for big.Len() < 4<<20 {
+		big.WriteString("# " + strings.Repeat("padding ", 12) + "\n")
+	}
+	big.WriteString("  - name: second\n    address: sim:m4max-llamacpp\n")
+	big.WriteString(soloFleet[strings.Index(soloFleet, "models:"):])
+	bigFile := filepath.Join(t.TempDir(), "big.yaml")
+	if err := os.WriteFile(bigFile, []byte(big.String()), 0o600); err != nil {
+		t.Fatal(err)
+	}
+
+	check := func(how, out string, code int) {
+		t.Helper()
+		if code != 1 || !strings.Contains(out, "limit of 4 MiB") || !strings.Contains(out, "nothing was applied") {
+			t.Errorf("apply of %d bytes %s: exit %d, output %q; want exit 1 naming the 4 MiB limit", big.Len(), how, code, out)
+		}
+		if after, _ := fleetCmd(t, data, "export"); after != before {
+			t.Errorf("apply %s changed the fleet:\n%s", how, after)
+		}
+	}
+	out, code := fleetCmd(t, data, "apply", "-f", bigFile)
+	check("through the control socket", out, code)
+
+	ssh := sshClient{port: sshPort, knownHosts: filepath.Join(keys, "known_hosts")}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "ssh", append(ssh.args(adminKey, "accept-new", false), "apply")...)
+	f, err := os.Open(bigFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var sshOut bytes.Buffer
+	cmd.Stdin, cmd.Stdout, cmd.Stderr = f, &sshOut, &sshOut
+	err = cmd.Run()
+	code = 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatal(err)
+	}
+	check("over SSH", sshOut.String(), code)
+
+	audit, _ := fleetCmd(t, data, "audit")
+	if strings.Contains(audit, "apply") {
+		t.Errorf("a refused apply reached the hub's apply:\n%s", audit)
+	}
+}
