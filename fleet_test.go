@@ -104,3 +104,21 @@ func TestDialsDirect(t *testing.T) {
 		}
 	}
 }
+
+func TestClip(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		max  int
+		want string
+	}{
+		{"drain ultra", 64, "drain ultra"},
+		{"abcdef", 6, "abcdef"},
+		{"abcdefgh", 4, "abcd…(4 more bytes)"},
+		// "é" is two bytes: the cut never splits it.
+		{"aéé", 2, "a…(4 more bytes)"},
+	} {
+		if got := Clip(tt.in, tt.max); got != tt.want {
+			t.Errorf("Clip(%q, %d) = %q, want %q", tt.in, tt.max, got, tt.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ package sshserver
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -74,6 +75,18 @@ type Options struct {
 	Theme string
 	// Refresh is the console refresh period (default 500ms).
 	Refresh time.Duration
+	// MaxSessionsPerConn caps the sessions (consoles and commands) open at
+	// once on one connection (default 10, OpenSSH's MaxSessions; negative
+	// disables the limit).
+	MaxSessionsPerConn int
+	// MaxSessionsPerUser caps the sessions one user has open at once over
+	// all their connections (default 10; negative disables).
+	MaxSessionsPerUser int
+	// MaxConsoles caps the interactive consoles open at once on the hub
+	// (default 16; negative disables). Each console costs memory (up to
+	// about 24 MB at the terminal cap) and a snapshot per refresh;
+	// commands are not counted.
+	MaxConsoles int
 }
 
 const (
@@ -81,6 +94,26 @@ const (
 	defaultIdle      = 30 * time.Minute
 	defaultRateLimit = 30
 	handshakeTimeout = 30 * time.Second
+
+	defaultSessionsPerConn = 10
+	defaultSessionsPerUser = 10
+	defaultConsoles        = 16
+
+	// MaxTermWidth and MaxTermHeight cap the terminal a console renders
+	// for, whatever size the client asks for: a console costs about 240
+	// bytes per cell (the renderer's cell buffers and each frame), so one
+	// client asking for 3000×3000 cost the hub 2 GB. At the cap a console
+	// is about 24 MB. A 4K screen at an 8×16 font is 480×135; a larger
+	// terminal sees the console in its top-left 500×200 cells.
+	MaxTermWidth  = 500
+	MaxTermHeight = 200
+
+	// MaxCommandBytes bounds a command line over SSH (its arguments joined
+	// by spaces): node and worker names are short, and what is typed ends
+	// up in logs and the audit.
+	MaxCommandBytes = 4096
+	// logArgBytes is how much of a command line a log line keeps.
+	logArgBytes = 200
 )
 
 // Server is the SSH console server.
@@ -89,6 +122,7 @@ type Server struct {
 	log     *slog.Logger
 	srv     *ssh.Server
 	limiter *connLimiter
+	limits  *sessionLimits
 
 	mu       sync.Mutex
 	listener net.Listener
@@ -125,6 +159,9 @@ func New(opts Options) (*Server, error) {
 	if opts.MaxConnsPerIPPerMinute == 0 {
 		opts.MaxConnsPerIPPerMinute = defaultRateLimit
 	}
+	opts.MaxSessionsPerConn = cmp.Or(opts.MaxSessionsPerConn, defaultSessionsPerConn)
+	opts.MaxSessionsPerUser = cmp.Or(opts.MaxSessionsPerUser, defaultSessionsPerUser)
+	opts.MaxConsoles = cmp.Or(opts.MaxConsoles, defaultConsoles)
 	if opts.Theme != "" {
 		if _, err := themes.Named(opts.Theme); err != nil {
 			return nil, fmt.Errorf("sshserver: %w", err)
@@ -140,7 +177,8 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("sshserver: create the host key directory: %w", err)
 	}
 	_, statErr := os.Stat(opts.HostKeyPath)
-	s := &Server{opts: opts, log: opts.Logger, limiter: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute)}
+	s := &Server{opts: opts, log: opts.Logger, limiter: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute),
+		limits: newSessionLimits(opts.MaxSessionsPerConn, opts.MaxSessionsPerUser, opts.MaxConsoles)}
 	srv, err := wish.NewServer(
 		wish.WithAddress(opts.Addr),
 		wish.WithHostKeyPath(opts.HostKeyPath),
@@ -168,6 +206,8 @@ func New(opts Options) (*Server, error) {
 	srv.ConnectionFailedCallback = func(conn net.Conn, err error) {
 		s.log.Info("ssh connection refused", "remote", conn.RemoteAddr().String(), "err", err)
 	}
+	// Sessions are the only channel type, as by default; this one counts them.
+	srv.ChannelHandlers = map[string]ssh.ChannelHandler{"session": s.sessionChannel}
 	s.srv = srv
 	return s, nil
 }
@@ -208,9 +248,19 @@ func (s *Server) identify(next ssh.Handler) ssh.Handler {
 			return
 		}
 		sess.Context().SetValue(userKey, u)
+		// Measured raw, before it is split into arguments: splitting takes
+		// time quadratic in the length (4 s for 120 KB).
+		if raw := sess.RawCommand(); len(raw) > MaxCommandBytes {
+			s.log.Warn("ssh command refused: too long", "user", u.Name, "remote", sess.RemoteAddr().String(),
+				"bytes", len(raw), "what", fleet.Clip(raw, logArgBytes))
+			fmt.Fprintf(sess.Stderr(), "fleet: the command is %d bytes long; the limit is %d bytes (names of nodes and workers are short: check what was sent)\n",
+				len(raw), MaxCommandBytes)
+			_ = sess.Exit(2)
+			return
+		}
 		what := "console"
 		if cmd := sess.Command(); len(cmd) > 0 {
-			what = strings.Join(cmd, " ")
+			what = fleet.Clip(strings.Join(cmd, " "), logArgBytes)
 		}
 		s.log.Info("ssh session", "user", u.Name, "role", u.Role, "remote", sess.RemoteAddr().String(), "what", what)
 		start := time.Now()
@@ -248,6 +298,14 @@ func (s *Server) dispatch(next ssh.Handler) ssh.Handler {
 			_ = sess.Exit(2)
 			return
 		}
+		release, ok := s.limits.openConsole()
+		if !ok {
+			s.log.Warn("ssh console refused: too many consoles", "user", u.Name, "remote", sess.RemoteAddr().String(), "limit", s.opts.MaxConsoles)
+			fmt.Fprintf(sess.Stderr(), "fleet: the hub already serves %d consoles, its limit; try again later, or run a command instead (e.g. `workers`)\n", s.opts.MaxConsoles)
+			_ = sess.Exit(1)
+			return
+		}
+		defer release()
 		var idle atomic.Bool
 		sess.Context().SetValue(idleKey, &idle)
 		next(sess)
@@ -264,6 +322,11 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 		return nil
 	}
 	pty, _, _ := sess.Pty()
+	width, height := capWindow(pty.Window.Width, pty.Window.Height)
+	if width != pty.Window.Width || height != pty.Window.Height {
+		s.log.Info("terminal size capped", "user", u.Name, "asked", fmt.Sprintf("%dx%d", pty.Window.Width, pty.Window.Height),
+			"rendered", fmt.Sprintf("%dx%d", width, height))
+	}
 	theme := themes.Theme{}
 	for _, name := range []string{u.Theme, s.opts.Theme} {
 		if name == "" {
@@ -276,14 +339,28 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 		s.log.Warn("ignoring unknown theme", "user", u.Name, "theme", name)
 	}
 	m := console.New(s.opts.Source(u), console.Options{
-		User: u, Theme: theme, Width: pty.Window.Width, Height: pty.Window.Height,
+		User: u, Theme: theme, Width: width, Height: height,
 		Refresh: s.opts.Refresh, Context: sess.Context(), Logger: s.log,
 	})
 	in := &inputClock{r: sess}
 	in.touch()
 	opts := append(bm.MakeOptions(sess), tea.WithInput(in),
 		// The hub owns SIGINT/SIGTERM; a session must not swallow them.
-		tea.WithoutSignalHandler())
+		tea.WithoutSignalHandler(),
+		// Rendered within the cap from the first frame and after every
+		// window-change. The filter replaces MakeOptions' own, so it keeps
+		// what that one did: a client cannot suspend the hub's program.
+		tea.WithWindowSize(width, height),
+		tea.WithFilter(func(_ tea.Model, msg tea.Msg) tea.Msg {
+			switch m := msg.(type) {
+			case tea.WindowSizeMsg:
+				m.Width, m.Height = capWindow(m.Width, m.Height)
+				return m
+			case tea.SuspendMsg:
+				return tea.ResumeMsg{}
+			}
+			return msg
+		}))
 	p := tea.NewProgram(m, opts...)
 	if idle, ok := sess.Context().Value(idleKey).(*atomic.Bool); ok {
 		go s.watchIdle(sess, in, p, idle)
@@ -567,4 +644,91 @@ func (l *connLimiter) allow(addr string, now time.Time) bool {
 	}
 	l.seen[addr] = append(ts, now)
 	return true
+}
+
+// capWindow bounds a terminal size asked for by a client to what a console
+// renders.
+func capWindow(width, height int) (int, int) {
+	return min(max(width, 0), MaxTermWidth), min(max(height, 0), MaxTermHeight)
+}
+
+// sessionChannel opens a session channel unless its connection or its user
+// already has as many open as allowed; the client shows the reason ("open
+// failed: resource shortage: fleet: …").
+func (s *Server) sessionChannel(srv *ssh.Server, conn *gossh.ServerConn, ch gossh.NewChannel, ctx ssh.Context) {
+	// The key is the one the client proved it holds: the server has
+	// verified it before any channel opens.
+	fp := ""
+	if key, ok := ctx.Value(ssh.ContextKeyPublicKey).(ssh.PublicKey); ok && key != nil {
+		fp = gossh.FingerprintSHA256(key)
+	}
+	release, why := s.limits.openSession(ctx.SessionID(), fp)
+	if why != "" {
+		s.log.Warn("ssh session refused", "remote", conn.RemoteAddr().String(), "fingerprint", fp, "why", why)
+		_ = ch.Reject(gossh.ResourceShortage, "fleet: "+why)
+		return
+	}
+	defer release()
+	ssh.DefaultSessionHandler(srv, conn, ch, ctx)
+}
+
+// sessionLimits counts open sessions per connection and per user (by key
+// fingerprint: one key is one user), and consoles over the whole hub.
+type sessionLimits struct {
+	perConn, perUser, consoles int
+
+	mu      sync.Mutex
+	conns   map[string]int
+	users   map[string]int
+	console int
+}
+
+func newSessionLimits(perConn, perUser, consoles int) *sessionLimits {
+	return &sessionLimits{perConn: perConn, perUser: perUser, consoles: consoles, conns: map[string]int{}, users: map[string]int{}}
+}
+
+// openSession takes a session slot of conn and user, or says why it cannot.
+func (l *sessionLimits) openSession(conn, user string) (release func(), why string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.perConn >= 0 && l.conns[conn] >= l.perConn {
+		return nil, fmt.Sprintf("this connection already has %d sessions open, the limit per connection; close one first", l.perConn)
+	}
+	if l.perUser >= 0 && l.users[user] >= l.perUser {
+		return nil, fmt.Sprintf("you already have %d sessions open, the limit per user; close one first", l.perUser)
+	}
+	l.conns[conn]++
+	l.users[user]++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			// Delete at zero so the maps hold only what is open.
+			if l.conns[conn]--; l.conns[conn] <= 0 {
+				delete(l.conns, conn)
+			}
+			if l.users[user]--; l.users[user] <= 0 {
+				delete(l.users, user)
+			}
+		})
+	}, ""
+}
+
+// openConsole takes one of the hub's console slots.
+func (l *sessionLimits) openConsole() (release func(), ok bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.consoles >= 0 && l.console >= l.consoles {
+		return nil, false
+	}
+	l.console++
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			l.mu.Lock()
+			l.console--
+			l.mu.Unlock()
+		})
+	}, true
 }

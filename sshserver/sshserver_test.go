@@ -666,8 +666,8 @@ func TestTwentyConcurrentSessionsGetLiveUpdates(t *testing.T) {
 		t.Skip("20 SSH sessions")
 	}
 	op := newIdentity(t, "olga", fleet.RoleViewer)
-	ts := startServer(t, Options{Users: newUsers(op.user)})
 	const n = 20
+	ts := startServer(t, Options{Users: newUsers(op.user), MaxSessionsPerUser: n, MaxConsoles: n})
 	sessions := make([]*ptySession, n)
 	for i := range sessions {
 		sessions[i] = openConsole(t, ts.addr, op, 140, 20)
