@@ -611,13 +611,71 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 	return snap
 }
 
-// audit writes one audit line; a failure to audit is logged loudly because
-// the action already happened.
+// What one audit line keeps of text a caller chose (a target typed, an
+// error quoting it): a 120 KB argument must not make a 120 KB row.
+const (
+	auditUserBytes    = 128
+	auditTargetBytes  = 256
+	auditOutcomeBytes = 512
+)
+
+func auditEntry(u fleet.User, action, target, outcome string) fleet.AuditEntry {
+	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: action,
+		Target: fleet.Clip(target, auditTargetBytes), Outcome: fleet.Clip(outcome, auditOutcomeBytes)}
+}
+
+// audit writes the audit line of something that changed nothing (a
+// refusal, a failure before acting); a failure to write it is logged.
+// Actions write theirs first, with begin.
 func (h *Hub) audit(u fleet.User, action, target, outcome string) {
-	err := h.store.AddAudit(context.Background(), fleet.AuditEntry{At: time.Now(), User: u.Name, Action: action, Target: target, Outcome: outcome})
-	if err != nil {
-		h.log.Error("could not write the audit line", "user", u.Name, "action", action, "target", target, "err", err)
+	e := auditEntry(u, action, target, outcome)
+	if err := h.store.AddAudit(context.Background(), e); err != nil {
+		h.log.Error("could not write the audit line", "user", e.User, "action", action, "target", e.Target, "err", err)
 	}
+}
+
+// auditStarted is the outcome of an action's audit line while it runs (and
+// for good, should the hub die before it ends).
+const auditStarted = "started"
+
+// auditLine is the audit line of an action under way.
+type auditLine struct {
+	h      *Hub
+	id     int64
+	action string
+	target string
+}
+
+// begin writes the audit line of an action before the action, so that an
+// action whose audit cannot be written (a full disk, a broken database)
+// does not happen: on error the caller must change nothing.
+func (h *Hub) begin(u fleet.User, action, target string) (*auditLine, error) {
+	e := auditEntry(u, action, target, auditStarted)
+	id, err := h.store.BeginAudit(context.Background(), e)
+	if err != nil {
+		h.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", action, "target", e.Target, "err", err)
+		return nil, fmt.Errorf("%s %s was not done: its audit line could not be written (%w); nothing was changed. "+
+			"Free disk space or repair the database in the data dir, then try again", action, e.Target, err)
+	}
+	return &auditLine{h: h, id: id, action: action, target: e.Target}, nil
+}
+
+// end records how the action ended. The action has happened, so a failure
+// here cannot undo it; the line still says who started what.
+func (l *auditLine) end(outcome string) {
+	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Clip(outcome, auditOutcomeBytes)); err != nil {
+		l.h.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
+			"action", l.action, "target", l.target, "outcome", fleet.Clip(outcome, auditOutcomeBytes), "err", err)
+	}
+}
+
+// endErr ends the line with "ok" or the error.
+func (l *auditLine) endErr(err error) {
+	if err != nil {
+		l.end("failed: " + err.Error())
+		return
+	}
+	l.end("ok")
 }
 
 // authorize refuses (and audits the refusal of) an action the user's role
@@ -696,6 +754,10 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 	}
 	var msgs []string
 	for _, name := range names {
+		line, err := h.begin(u, kind, name)
+		if err != nil {
+			return strings.Join(msgs, "\n"), err
+		}
 		var msg string
 		switch kind {
 		case "drain":
@@ -705,11 +767,10 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 		case "restart":
 			msg, err = h.restart(ctx, name)
 		}
+		line.endErr(err)
 		if err != nil {
-			h.audit(u, kind, name, "failed: "+err.Error())
 			return strings.Join(msgs, "\n"), err
 		}
-		h.audit(u, kind, name, "ok")
 		msgs = append(msgs, msg)
 	}
 	return strings.Join(msgs, "\n"), nil
@@ -718,6 +779,7 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
 	h.mu.Lock()
 	w, ok := h.workers[name]
+	was := w.Drained
 	if ok {
 		w.Drained = drained
 		h.workers[name] = w
@@ -727,7 +789,14 @@ func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
 		return w, fmt.Errorf("worker %s is gone", name)
 	}
 	if _, err := h.store.SaveWorker(context.Background(), w); err != nil {
-		return w, fmt.Errorf("recording the drain of %s: %w", name, err)
+		// Not recorded, not done: the flag people see goes back too.
+		h.mu.Lock()
+		if cur, ok := h.workers[name]; ok {
+			cur.Drained = was
+			h.workers[name] = cur
+		}
+		h.mu.Unlock()
+		return w, fmt.Errorf("recording the drain flag of %s: %w; nothing was changed", name, err)
 	}
 	return w, nil
 }
@@ -792,15 +861,20 @@ func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []b
 	if err := h.authorize(u, fleet.RoleAdmin, action, filename); err != nil {
 		return "", err
 	}
-	plan, err := h.apply(ctx, filename, data, dryRun)
+	if dryRun {
+		plan, err := h.apply(ctx, filename, data, true)
+		if err != nil {
+			h.audit(u, action, filename, "failed: "+err.Error())
+		}
+		return plan, err
+	}
+	line, err := h.begin(u, action, filename)
 	if err != nil {
-		h.audit(u, action, filename, "failed: "+err.Error())
 		return "", err
 	}
-	if !dryRun {
-		h.audit(u, action, filename, "ok")
-	}
-	return plan, nil
+	plan, err := h.apply(ctx, filename, data, false)
+	line.endErr(err)
+	return plan, err
 }
 
 func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bool) (string, error) {
@@ -882,12 +956,13 @@ func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
 	if err := h.authorize(u, fleet.RoleAdmin, "user add", nu.Name); err != nil {
 		return err
 	}
-	if err := h.store.AddUser(ctx, nu); err != nil {
-		h.audit(u, "user add", nu.Name, "failed: "+err.Error())
+	line, err := h.begin(u, "user add", nu.Name+" ("+string(nu.Role)+")")
+	if err != nil {
 		return err
 	}
-	h.audit(u, "user add", nu.Name+" ("+string(nu.Role)+")", "ok")
-	return nil
+	err = h.store.AddUser(ctx, nu)
+	line.endErr(err)
+	return err
 }
 
 // RemoveUser removes a console user (admin only).
@@ -895,12 +970,13 @@ func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
 	if err := h.authorize(u, fleet.RoleAdmin, "user rm", name); err != nil {
 		return err
 	}
-	if err := h.store.RemoveUser(ctx, name); err != nil {
-		h.audit(u, "user rm", name, "failed: "+err.Error())
+	line, err := h.begin(u, "user rm", name)
+	if err != nil {
 		return err
 	}
-	h.audit(u, "user rm", name, "ok")
-	return nil
+	err = h.store.RemoveUser(ctx, name)
+	line.endErr(err)
+	return err
 }
 
 // Users lists console users (admin only).
@@ -946,11 +1022,15 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 		return "", err
 	}
 	for _, name := range names {
+		line, err := h.begin(u, "admit --force", name)
+		if err != nil {
+			return "", err
+		}
 		if err := h.mgr.ForceAdmit(ctx, name); err != nil {
-			h.audit(u, "admit --force", name, "failed: "+err.Error())
+			line.endErr(err)
 			return "", fmt.Errorf("admitting %s: %w", name, err)
 		}
-		h.audit(u, "admit --force", name, "ok")
+		line.end("ok")
 		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "admitted by " + u.Name + " over its failed admission check"})
 	}
 	return fmt.Sprintf("admitted %s over its admission check", strings.Join(names, ", ")), nil
@@ -968,8 +1048,12 @@ func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string,
 		h.audit(u, "node trust", node, "failed: "+err.Error())
 		return "", err
 	}
+	line, err := h.begin(u, "node trust", node)
+	if err != nil {
+		return "", err
+	}
 	if err := h.store.SetNodeHostKey(ctx, node, ""); err != nil {
-		h.audit(u, "node trust", node, "failed: "+err.Error())
+		line.endErr(err)
 		return "", err
 	}
 	h.mgr.RetryNode(node)
@@ -977,7 +1061,7 @@ func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string,
 	if n.HostKey != "" {
 		was = nodes.HostKeyFingerprint(n.HostKey)
 	}
-	h.audit(u, "node trust", node, "ok (was "+was+")")
+	line.end("ok (was " + was + ")")
 	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
 	return fmt.Sprintf("node %s: pinned host key cleared; connecting again now, and that connection records the new one", node), nil
 }
@@ -987,13 +1071,13 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (string,
 	if err := h.authorize(u, fleet.RoleAdmin, "key create", name); err != nil {
 		return "", err
 	}
-	key, err := h.store.CreateAPIKey(ctx, name)
+	line, err := h.begin(u, "key create", name)
 	if err != nil {
-		h.audit(u, "key create", name, "failed: "+err.Error())
 		return "", err
 	}
-	h.audit(u, "key create", name, "ok")
-	return key, nil
+	key, err := h.store.CreateAPIKey(ctx, name)
+	line.endErr(err)
+	return key, err
 }
 
 // Keys lists router API keys (names and dates, never the keys).
@@ -1009,12 +1093,13 @@ func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
 	if err := h.authorize(u, fleet.RoleAdmin, "key revoke", name); err != nil {
 		return err
 	}
-	if err := h.store.RevokeAPIKey(ctx, name); err != nil {
-		h.audit(u, "key revoke", name, "failed: "+err.Error())
+	line, err := h.begin(u, "key revoke", name)
+	if err != nil {
 		return err
 	}
-	h.audit(u, "key revoke", name, "ok")
-	return nil
+	err = h.store.RevokeAPIKey(ctx, name)
+	line.endErr(err)
+	return err
 }
 
 // SetTheme stores a user's own console theme ("" = from the terminal's background).

@@ -165,18 +165,32 @@ func (s *Store) Events(ctx context.Context, subject string, afterID int64, limit
 
 // AddAudit records who did what to what, and how it ended.
 func (s *Store) AddAudit(ctx context.Context, a fleet.AuditEntry) error {
+	_, err := s.BeginAudit(ctx, a)
+	return err
+}
+
+// BeginAudit writes the audit entry of an action about to happen and
+// returns its id, for SetAuditOutcome to record how it ended. The hub writes
+// it first so that an action whose audit cannot be written does not happen.
+func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, error) {
 	if a.User == "" || a.Action == "" {
-		return errors.New("add audit entry: an entry needs a user and an action")
+		return 0, errors.New("add audit entry: an entry needs a user and an action")
 	}
 	if a.At.IsZero() {
 		a.At = s.now()
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome) VALUES (?, ?, ?, ?, ?)`,
+	res, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome) VALUES (?, ?, ?, ?, ?)`,
 		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome)
 	if err != nil {
-		return fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
+		return 0, fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
 	}
-	return nil
+	return res.LastInsertId()
+}
+
+// SetAuditOutcome records how the action of audit entry id ended.
+func (s *Store) SetAuditOutcome(ctx context.Context, id int64, outcome string) error {
+	return s.execOne(ctx, fmt.Sprintf("record the outcome of audit entry %d", id), "no such entry", "",
+		`UPDATE audit SET outcome = ? WHERE id = ?`, outcome, id)
 }
 
 // Audit returns the newest limit entries, newest last. limit <= 0 means all.

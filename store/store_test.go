@@ -757,3 +757,30 @@ func TestDemoFleetSurvivesTheDatabase(t *testing.T) {
 		t.Fatalf("re-applying the demo would change:\n%s", p)
 	}
 }
+
+// TestBeginAuditThenOutcome: an action's audit line is written before it
+// runs and its outcome recorded after.
+func TestBeginAuditThenOutcome(t *testing.T) {
+	s, err := Open(t.Context(), filepath.Join(t.TempDir(), "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, err := s.BeginAudit(t.Context(), fleet.AuditEntry{User: "olga", Action: "drain", Target: "ultra/qwen3-4b", Outcome: "started"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SetAuditOutcome(t.Context(), id, "ok"); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.Audit(t.Context(), 0)
+	if err != nil || len(got) != 1 || got[0].ID != id || got[0].Outcome != "ok" {
+		t.Fatalf("audit = %+v, %v; want entry %d ending ok", got, err, id)
+	}
+	if err := s.SetAuditOutcome(t.Context(), id+1, "ok"); !errors.Is(err, ErrNotFound) {
+		t.Errorf("outcome of a missing entry: %v, want ErrNotFound", err)
+	}
+	if _, err := s.BeginAudit(t.Context(), fleet.AuditEntry{Action: "drain"}); err == nil {
+		t.Error("an entry without a user was written")
+	}
+}
