@@ -64,6 +64,11 @@ type Options struct {
 	// SSHMaxConnsPerIPPerMinute limits new SSH connections per address
 	// (0 = the server's default; negative disables).
 	SSHMaxConnsPerIPPerMinute int
+	// SSH session limits per connection, per user and consoles per hub
+	// (0 = the server's defaults; negative disables).
+	SSHMaxSessionsPerConn int
+	SSHMaxSessionsPerUser int
+	SSHMaxConsoles        int
 	// ProbeInterval and ReconcileInterval pace the node manager (0 = its defaults).
 	ProbeInterval     time.Duration
 	ReconcileInterval time.Duration
@@ -340,6 +345,9 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			Source:                   h.ConsoleSource,
 			Exec:                     h.Exec,
 			MaxConnsPerIPPerMinute:   h.opts.SSHMaxConnsPerIPPerMinute,
+			MaxSessionsPerConn:       h.opts.SSHMaxSessionsPerConn,
+			MaxSessionsPerUser:       h.opts.SSHMaxSessionsPerUser,
+			MaxConsoles:              h.opts.SSHMaxConsoles,
 			Logger:                   h.log.With("component", "ssh"),
 			AdminKeysFile:            h.opts.AdminKeysFile,
 			LoopbackBootstrapKeysDir: bootstrap,

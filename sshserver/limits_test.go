@@ -214,7 +214,7 @@ func TestSessionLimits(t *testing.T) {
 		t.Fatal(err)
 	}
 	var exit *gossh.ExitError
-	if err := sess.Wait(); !errors.As(err, &exit) || exit.ExitStatus() != 1 || !strings.Contains(stderr.String(), "already serves 1 consoles") {
+	if err := sess.Wait(); !errors.As(err, &exit) || exit.ExitStatus() != 1 || !strings.Contains(stderr.String(), "already serves 1 console,") {
 		t.Fatalf("a console past the limit: %v, stderr %q; want exit 1 saying the hub serves 1 console", err, stderr.String())
 	}
 	if out, errOut, code := run(t, ts.addr, olga, "whoami", ""); code != 0 || out != "olga operator\n" {

@@ -301,7 +301,8 @@ func (s *Server) dispatch(next ssh.Handler) ssh.Handler {
 		release, ok := s.limits.openConsole()
 		if !ok {
 			s.log.Warn("ssh console refused: too many consoles", "user", u.Name, "remote", sess.RemoteAddr().String(), "limit", s.opts.MaxConsoles)
-			fmt.Fprintf(sess.Stderr(), "fleet: the hub already serves %d consoles, its limit; try again later, or run a command instead (e.g. `workers`)\n", s.opts.MaxConsoles)
+			fmt.Fprintf(sess.Stderr(), "fleet: the hub already serves %s, its limit; try again later, or run a command instead (e.g. `workers`)\n",
+				plural(s.opts.MaxConsoles, "console"))
 			_ = sess.Exit(1)
 			return
 		}
@@ -692,10 +693,10 @@ func (l *sessionLimits) openSession(conn, user string) (release func(), why stri
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.perConn >= 0 && l.conns[conn] >= l.perConn {
-		return nil, fmt.Sprintf("this connection already has %d sessions open, the limit per connection; close one first", l.perConn)
+		return nil, fmt.Sprintf("this connection already has %s open, the limit per connection; close one first", plural(l.perConn, "session"))
 	}
 	if l.perUser >= 0 && l.users[user] >= l.perUser {
-		return nil, fmt.Sprintf("you already have %d sessions open, the limit per user; close one first", l.perUser)
+		return nil, fmt.Sprintf("you already have %s open, the limit per user; close one first", plural(l.perUser, "session"))
 	}
 	l.conns[conn]++
 	l.users[user]++
@@ -731,4 +732,11 @@ func (l *sessionLimits) openConsole() (release func(), ok bool) {
 			l.mu.Unlock()
 		})
 	}, true
+}
+
+func plural(n int, what string) string {
+	if n == 1 {
+		return "1 " + what
+	}
+	return fmt.Sprintf("%d %ss", n, what)
 }

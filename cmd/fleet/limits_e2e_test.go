@@ -122,10 +122,11 @@ func TestReadOnlyDataDirIsSaidToBeReadOnly(t *testing.T) {
 	}
 }
 
-// TestApplyOverTheLimitIsRefusedLocallyAndOverSSH: a fleet file past
-// apply's limit, whose cut would still be a fleet file (a list split in
-// two), is refused whole through the control socket and over SSH alike.
-func TestApplyOverTheLimitIsRefusedLocallyAndOverSSH(t *testing.T) {
+// TestLimitsOverOpenSSH: a fleet file past apply's limit, whose cut would
+// still be a fleet file (a list split in two), is refused whole through the
+// control socket and over SSH alike; and the real OpenSSH client shows the
+// refusal of a session past --ssh-max-sessions-per-user.
+func TestLimitsOverOpenSSH(t *testing.T) {
 	if _, err := exec.LookPath("ssh"); err != nil {
 		t.Skip("the OpenSSH client is not installed (apt-get install -y openssh-client)")
 	}
@@ -140,7 +141,8 @@ func TestApplyOverTheLimitIsRefusedLocallyAndOverSSH(t *testing.T) {
 		t.Fatal(err)
 	}
 	sshPort := freePort(t)
-	launchHub(t, data, freePort(t), "--fleet", file, "--ssh", fmt.Sprintf("127.0.0.1:%d", sshPort), "--admin-keys", adminKeys, "--ssh-rate=-1")
+	launchHub(t, data, freePort(t), "--fleet", file, "--ssh", fmt.Sprintf("127.0.0.1:%d", sshPort), "--admin-keys", adminKeys, "--ssh-rate=-1",
+		"--ssh-max-sessions-per-user=1")
 	waitControl(t, data)
 	before, _ := fleetCmd(t, data, "export")
 
@@ -193,5 +195,25 @@ func TestApplyOverTheLimitIsRefusedLocallyAndOverSSH(t *testing.T) {
 	audit, _ := fleetCmd(t, data, "audit")
 	if strings.Contains(audit, "apply") {
 		t.Errorf("a refused apply reached the hub's apply:\n%s", audit)
+	}
+
+	// One session open (events --follow stays), so the admin's next is refused.
+	follow := exec.CommandContext(ctx, "ssh", append(ssh.args(adminKey, "yes", false), "events", "--follow")...)
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { follow.Process.Kill(); follow.Wait() }()
+	// OpenSSH logs a refused channel at INFO; the first -o given wins.
+	whoami := append([]string{"-o", "LogLevel=INFO"}, append(ssh.args(adminKey, "yes", false), "whoami")...)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		out, _ := exec.CommandContext(ctx, "ssh", whoami...).CombinedOutput()
+		if strings.Contains(string(out), "open failed: resource shortage: fleet: you already have 1 session open, the limit per user") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("with events --follow open, whoami said %q; want the per-user refusal", out)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

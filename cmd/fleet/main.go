@@ -173,6 +173,9 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins")
 	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
 	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "new SSH connections allowed per client address per minute (0: default 30; negative: no limit)")
+	c.Flags().IntVar(&opts.SSHMaxSessionsPerConn, "ssh-max-sessions-per-conn", 0, "SSH sessions open at once on one connection (0: default 10; negative: no limit)")
+	c.Flags().IntVar(&opts.SSHMaxSessionsPerUser, "ssh-max-sessions-per-user", 0, "SSH sessions open at once per console user, over all connections (0: default 10; negative: no limit)")
+	c.Flags().IntVar(&opts.SSHMaxConsoles, "ssh-max-consoles", 0, "interactive consoles open at once on the hub (0: default 16; negative: no limit)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
 }
