@@ -35,11 +35,13 @@ func (w *tail) Write(p []byte) (int, error) {
 	return len(p), nil
 }
 
-func (w *tail) text() string {
+func (w *tail) raw() string {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	return ansi.Strip(w.buf.String())
+	return w.buf.String()
 }
+
+func (w *tail) text() string { return ansi.Strip(w.raw()) }
 
 func (w *tail) waitFor(t *testing.T, what string) {
 	t.Helper()
@@ -103,7 +105,7 @@ func TestHugeTerminalIsCapped(t *testing.T) {
 
 	// The console drew within the cap, and used it: the status line is
 	// right-aligned to the last column, the key help on the last row.
-	col, row := farthestCursor(out.buf.String())
+	col, row := farthestCursor(out.raw())
 	t.Logf("heap in use: %.1f MB before, %.1f MB with a 3000x3000 console, %.1f MB after a 1000x1000 window-change; "+
 		"farthest cursor position column %d, row %d", mb(before), mb(asked), mb(resized), col, row)
 	if col > MaxTermWidth || row > MaxTermHeight {
