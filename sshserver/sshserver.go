@@ -132,8 +132,9 @@ type Server struct {
 type ctxKey struct{ name string }
 
 var (
-	userKey = &ctxKey{"fleet-user"}
-	idleKey = &ctxKey{"fleet-idle"}
+	userKey    = &ctxKey{"fleet-user"}
+	idleKey    = &ctxKey{"fleet-idle"}
+	refusedKey = &ctxKey{"fleet-refused-sessions"}
 )
 
 // New checks the options and prepares the server; ListenAndServe starts it.
@@ -415,7 +416,7 @@ func (s *Server) watchIdle(sess ssh.Session, in *inputClock, p *tea.Program, idl
 
 // rateLimit drops connections from an address that opened too many in the
 // last minute, before any handshake work is spent on them.
-func (s *Server) rateLimit(_ ssh.Context, conn net.Conn) net.Conn {
+func (s *Server) rateLimit(ctx ssh.Context, conn net.Conn) net.Conn {
 	host, _, err := net.SplitHostPort(conn.RemoteAddr().String())
 	if err != nil {
 		host = conn.RemoteAddr().String()
@@ -424,6 +425,7 @@ func (s *Server) rateLimit(_ ssh.Context, conn net.Conn) net.Conn {
 		s.log.Warn("ssh connection rate limit", "remote", host, "limit_per_minute", s.opts.MaxConnsPerIPPerMinute)
 		return nil
 	}
+	ctx.SetValue(refusedKey, new(atomic.Int64))
 	return conn
 }
 
@@ -665,7 +667,14 @@ func (s *Server) sessionChannel(srv *ssh.Server, conn *gossh.ServerConn, ch goss
 	}
 	release, why := s.limits.openSession(ctx.SessionID(), fp)
 	if why != "" {
-		s.log.Warn("ssh session refused", "remote", conn.RemoteAddr().String(), "fingerprint", fp, "why", why)
+		// One warning per connection: a client retrying in a loop must
+		// not turn the refusals into a flood of log lines.
+		level := slog.LevelDebug
+		if n, ok := ctx.Value(refusedKey).(*atomic.Int64); ok && n.Add(1) == 1 {
+			level = slog.LevelWarn
+		}
+		s.log.Log(ctx, level, "ssh session refused (once per connection; more at debug level)",
+			"remote", conn.RemoteAddr().String(), "fingerprint", fp, "why", why)
 		_ = ch.Reject(gossh.ResourceShortage, "fleet: "+why)
 		return
 	}
