@@ -252,8 +252,8 @@ func (s *Server) identify(next ssh.Handler) ssh.Handler {
 		// Measured raw, before it is split into arguments: splitting takes
 		// time quadratic in the length (4 s for 120 KB).
 		if raw := sess.RawCommand(); len(raw) > MaxCommandBytes {
-			s.log.Warn("ssh command refused: too long", "user", u.Name, "remote", sess.RemoteAddr().String(),
-				"bytes", len(raw), "what", fleet.Clip(raw, logArgBytes))
+			s.log.Log(sess.Context(), refusalLevel(sess.Context()), "ssh command refused: too long (warned once per connection)",
+				"user", u.Name, "remote", sess.RemoteAddr().String(), "bytes", len(raw), "what", fleet.Clip(raw, logArgBytes))
 			fmt.Fprintf(sess.Stderr(), "fleet: the command is %d bytes long; the limit is %d bytes (names of nodes and workers are short: check what was sent)\n",
 				len(raw), MaxCommandBytes)
 			_ = sess.Exit(2)
@@ -301,7 +301,8 @@ func (s *Server) dispatch(next ssh.Handler) ssh.Handler {
 		}
 		release, ok := s.limits.openConsole()
 		if !ok {
-			s.log.Warn("ssh console refused: too many consoles", "user", u.Name, "remote", sess.RemoteAddr().String(), "limit", s.opts.MaxConsoles)
+			s.log.Log(sess.Context(), refusalLevel(sess.Context()), "ssh console refused: too many consoles (warned once per connection)",
+				"user", u.Name, "remote", sess.RemoteAddr().String(), "limit", s.opts.MaxConsoles)
 			fmt.Fprintf(sess.Stderr(), "fleet: the hub already serves %s, its limit; try again later, or run a command instead (e.g. `workers`)\n",
 				plural(s.opts.MaxConsoles, "console"))
 			_ = sess.Exit(1)
@@ -667,19 +668,22 @@ func (s *Server) sessionChannel(srv *ssh.Server, conn *gossh.ServerConn, ch goss
 	}
 	release, why := s.limits.openSession(ctx.SessionID(), fp)
 	if why != "" {
-		// One warning per connection: a client retrying in a loop must
-		// not turn the refusals into a flood of log lines.
-		level := slog.LevelDebug
-		if n, ok := ctx.Value(refusedKey).(*atomic.Int64); ok && n.Add(1) == 1 {
-			level = slog.LevelWarn
-		}
-		s.log.Log(ctx, level, "ssh session refused (once per connection; more at debug level)",
+		s.log.Log(ctx, refusalLevel(ctx), "ssh session refused (warned once per connection)",
 			"remote", conn.RemoteAddr().String(), "fingerprint", fp, "why", why)
 		_ = ch.Reject(gossh.ResourceShortage, "fleet: "+why)
 		return
 	}
 	defer release()
 	ssh.DefaultSessionHandler(srv, conn, ch, ctx)
+}
+
+// refusalLevel is Warn for the first refusal on a connection and Debug
+// after it: a client retrying in a loop must not flood the log.
+func refusalLevel(ctx ssh.Context) slog.Level {
+	if n, ok := ctx.Value(refusedKey).(*atomic.Int64); ok && n.Add(1) == 1 {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
 }
 
 // sessionLimits counts open sessions per connection and per user (by key
