@@ -1,0 +1,66 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"fleet"
+)
+
+// What one audit line keeps of text a caller chose (a target typed, an
+// error quoting it): a 120 KB argument must not make a 120 KB row.
+const (
+	auditUserBytes    = 128
+	auditTargetBytes  = 256
+	auditOutcomeBytes = 512
+)
+
+func auditEntry(u fleet.User, action, target, outcome string) fleet.AuditEntry {
+	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: action,
+		Target: fleet.Clip(target, auditTargetBytes), Outcome: fleet.Clip(outcome, auditOutcomeBytes)}
+}
+
+// auditStarted is the outcome of an action's audit line while it runs (and
+// for good, should the hub die before it ends).
+const auditStarted = "started"
+
+// auditLine is the audit line of an action under way.
+type auditLine struct {
+	h      *Hub
+	id     int64
+	action string
+	target string
+}
+
+// begin writes the audit line of an action before the action, so that an
+// action whose audit cannot be written (a full disk, a broken database)
+// does not happen: on error the caller must change nothing.
+func (h *Hub) begin(u fleet.User, action, target string) (*auditLine, error) {
+	e := auditEntry(u, action, target, auditStarted)
+	id, err := h.store.BeginAudit(context.Background(), e)
+	if err != nil {
+		h.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", action, "target", e.Target, "err", err)
+		return nil, fmt.Errorf("%s %s was not done: its audit line could not be written (%w); nothing was changed. "+
+			"Free disk space or repair the database in the data dir, then try again", action, e.Target, err)
+	}
+	return &auditLine{h: h, id: id, action: action, target: e.Target}, nil
+}
+
+// end records how the action ended. The action has happened, so a failure
+// here cannot undo it; the line still says who started what.
+func (l *auditLine) end(outcome string) {
+	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Clip(outcome, auditOutcomeBytes)); err != nil {
+		l.h.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
+			"action", l.action, "target", l.target, "outcome", fleet.Clip(outcome, auditOutcomeBytes), "err", err)
+	}
+}
+
+// endErr ends the line with "ok" or the error.
+func (l *auditLine) endErr(err error) {
+	if err != nil {
+		l.end("failed: " + err.Error())
+		return
+	}
+	l.end("ok")
+}
