@@ -59,12 +59,23 @@ type Options struct {
 	// MetricsEnabled is llama-server's --metrics; vLLM always serves /metrics.
 	MetricsEnabled bool
 	SlotsEndpoint  bool
+	// CacheRAMMiB is --cache-ram: the host-RAM prompt cache's size (-1 no
+	// limit, 0 off); nil is llama-server's default, 8192.
+	CacheRAMMiB *int
+	// SlotPromptSimilarity is --slot-prompt-similarity (0 turns the choice
+	// by similarity off); nil is the default, 0.10.
+	SlotPromptSimilarity *float64
 
 	// vLLM behaviour.
 	ReasoningParser   string
 	AutoToolChoice    bool
 	ToolCallParser    string
 	ForceIncludeUsage bool
+	// PromptTokensDetails is --enable-prompt-tokens-details: usage then
+	// carries prompt_tokens_details.cached_tokens.
+	PromptTokensDetails bool
+	// NoPrefixCaching is --no-enable-prefix-caching.
+	NoPrefixCaching bool
 
 	// ThinkingByDefault is false when the server was started with
 	// chat template kwargs {"enable_thinking": false}.
@@ -293,7 +304,8 @@ func parseLlamaArgs(args []string, o *Options) (explicitSlots int, err error) {
 		var v string
 		switch name {
 		case "-m", "--model", "-hf", "--hf-repo", "-a", "--alias", "-c", "--ctx-size", "--host", "--port",
-			"-np", "--parallel", "--reasoning-format", "--chat-template-kwargs":
+			"-np", "--parallel", "--reasoning-format", "--chat-template-kwargs", "-cram", "--cache-ram",
+			"-sps", "--slot-prompt-similarity":
 			if v, err = s.value(name, inline, hasInline); err != nil {
 				return 0, err
 			}
@@ -350,6 +362,18 @@ func parseLlamaArgs(args []string, o *Options) (explicitSlots int, err error) {
 			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
 				return 0, err
 			}
+		case "-cram", "--cache-ram":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < -1 {
+				return 0, fmt.Errorf("engine flag %s: %q is not a size in MiB (-1 = no limit, 0 = off)", name, v)
+			}
+			o.CacheRAMMiB = &n
+		case "-sps", "--slot-prompt-similarity":
+			f, err := strconv.ParseFloat(v, 64)
+			if err != nil || f < 0 || f > 1 {
+				return 0, fmt.Errorf("engine flag %s: %q is not a fraction between 0 and 1", name, v)
+			}
+			o.SlotPromptSimilarity = &f
 		case "--metrics":
 			o.MetricsEnabled = true
 		case "--slots":
@@ -442,6 +466,12 @@ func parseVLLMArgs(args []string, o *Options) (explicitSlots int, err error) {
 			o.ToolCallParser = v
 		case "--enable-force-include-usage":
 			o.ForceIncludeUsage = true
+		case "--enable-prompt-tokens-details":
+			o.PromptTokensDetails = true
+		case "--enable-prefix-caching":
+			o.NoPrefixCaching = false
+		case "--no-enable-prefix-caching":
+			o.NoPrefixCaching = true
 		case "--default-chat-template-kwargs":
 			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
 				return 0, err

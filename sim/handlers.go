@@ -295,8 +295,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		includeUsage = true
 	}
 	job := &job{
-		s: s, w: w, r: r, plan: pl, promptTokens: nPrompt, stream: req.Stream, includeUsage: includeUsage,
-		chat: true, placement: s.placement(),
+		s: s, w: w, r: r, plan: pl, promptTokens: nPrompt, promptText: toolsText + all.String(),
+		stream: req.Stream, includeUsage: includeUsage, chat: true, placement: s.placement(),
 	}
 	job.run()
 }
@@ -340,7 +340,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	}
 	job := &job{
 		s: s, w: w, r: r, plan: makeTextPlan(s.opts.Seed, prompt, maxTok), promptTokens: nPrompt,
-		stream: req.Stream, includeUsage: includeUsage,
+		promptText: prompt, stream: req.Stream, includeUsage: includeUsage,
 	}
 	job.run()
 }
@@ -409,7 +409,7 @@ func (s *Server) handleEmbeddings(w http.ResponseWriter, r *http.Request) {
 	if err := sleepCtx(r.Context(), s.opts.Profile.PrefillDelay(total)); err != nil {
 		return
 	}
-	s.metrics.prefilled(total, 0, s.opts.Profile.PrefillDelay(total).Seconds(), 0)
+	s.metrics.prefilled(total, 0, 0, s.opts.Profile.PrefillDelay(total).Seconds(), 0)
 	writeJSON(w, http.StatusOK, obj{
 		{"object", "list"}, {"data", data}, {"model", s.opts.ModelID()},
 		{"usage", obj{{"prompt_tokens", total}, {"total_tokens", total}}},
@@ -509,12 +509,17 @@ func (s *Server) handleSlots(w http.ResponseWriter, r *http.Request) {
 		if sl.busy {
 			busy++
 		}
-		out[i] = obj{
-			{"id", i}, {"id_task", sl.taskID}, {"n_ctx", sl.nCtx}, {"speculative", false}, {"is_processing", sl.busy},
+		o := obj{{"id", i}, {"id_task", sl.taskID}, {"n_ctx", sl.nCtx}, {"speculative", false}, {"is_processing", sl.busy}}
+		// A slot that has served a request shows its prompt cache use.
+		if v := s.llamaCache.view(i); v.hadTask {
+			o = append(o, field{"n_prompt_tokens", v.nTokens}, field{"n_prompt_tokens_processed", v.nProcessed},
+				field{"n_prompt_tokens_cache", v.nCache})
+		}
+		out[i] = append(o, obj{
 			{"params", s.generationParams()},
 			{"next_token", obj{{"has_next_token", sl.busy}, {"has_new_line", false}, {"n_remain", sl.remain},
 				{"n_decoded", sl.decoded}}},
-		}
+		}...)
 	}
 	if r.URL.Query().Get("fail_on_no_slot") == "1" && busy == len(snap) {
 		s.writeError(w, http.StatusServiceUnavailable, "unavailable_error", "no slot available", nil)

@@ -15,6 +15,12 @@ type job struct {
 	r            *http.Request
 	plan         plan
 	promptTokens int
+	// promptText is the prompt as the cache sees it (tools, then every
+	// message's text, in order), so a conversation that grows by appending
+	// messages keeps its token prefix.
+	promptText string
+	// cached is how many prompt tokens came from the engine's prompt cache.
+	cached       int
 	stream       bool
 	includeUsage bool
 	chat         bool
@@ -42,7 +48,12 @@ func (j *job) run() {
 		// vLLM sends headers and the role chunk before the request is scheduled.
 		j.startStream()
 	}
-	slot, err := s.pool.acquire(ctx, j.promptTokens, len(j.plan.pieces))
+	tokens := tokenize(j.promptText)
+	var choose func([]int) int
+	if s.llamaCache != nil {
+		choose = func(idle []int) int { return s.llamaCache.choose(idle, tokens) }
+	}
+	slot, err := s.pool.acquire(ctx, j.promptTokens, len(j.plan.pieces), choose)
 	if err != nil {
 		s.metrics.finish("abort", j.promptTokens, 0, 0, time.Since(arrival).Seconds())
 		s.log.Debug("request gave up while queued", "id", j.id, "err", err)
@@ -51,10 +62,38 @@ func (j *job) run() {
 	defer s.pool.release(slot)
 	queued := time.Since(arrival)
 
-	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens)
+	// Only the tokens the prompt cache does not hold are computed.
+	var pinned []uint64
+	prefilled := false
+	if s.llamaCache != nil {
+		j.cached = s.llamaCache.start(slot, tokens)
+		defer func() {
+			if prefilled {
+				s.llamaCache.finish(slot, tokenize(j.promptText+j.content.String()))
+			} else {
+				s.llamaCache.finish(slot, nil)
+			}
+		}()
+	} else {
+		j.cached, pinned = s.blocks.start(tokens)
+		defer func() {
+			all := tokens[:0:0]
+			if prefilled {
+				all = tokenize(j.promptText + j.content.String())
+			}
+			s.blocks.finish(all, pinned)
+		}()
+	}
+	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens - j.cached)
 	if err := sleepCtx(ctx, j.prefill); err != nil {
 		j.abort(arrival, "client gone during prefill")
 		return
+	}
+	prefilled = true
+	if s.llamaCache != nil {
+		s.llamaCache.prefilled(slot, tokens)
+	} else {
+		pinned = s.blocks.prefilled(tokens, pinned)
 	}
 	// Every token, the first included, costs one step at the concurrency of
 	// the moment, so llama's predicted_per_second reads the profile's speed.
@@ -69,7 +108,7 @@ func (j *job) run() {
 		}
 		now := time.Now()
 		if i == 0 {
-			s.metrics.prefilled(j.promptTokens, queued.Seconds(), j.prefill.Seconds(), now.Sub(arrival).Seconds())
+			s.metrics.prefilled(j.promptTokens, j.cached, queued.Seconds(), j.prefill.Seconds(), now.Sub(arrival).Seconds())
 			if j.stream && s.llama() {
 				// llama-server sends headers and the role chunk with the first token.
 				j.startStream()
@@ -279,10 +318,15 @@ func (j *job) emit(p piece, last bool) {
 func (j *job) usage() obj {
 	if j.s.llama() {
 		return obj{{"completion_tokens", j.generated}, {"prompt_tokens", j.promptTokens},
-			{"total_tokens", j.promptTokens + j.generated}, {"prompt_tokens_details", obj{{"cached_tokens", 0}}}}
+			{"total_tokens", j.promptTokens + j.generated}, {"prompt_tokens_details", obj{{"cached_tokens", j.cached}}}}
+	}
+	// vLLM details the cached tokens only when asked to at launch.
+	var details any
+	if j.s.opts.PromptTokensDetails {
+		details = obj{{"cached_tokens", j.cached}}
 	}
 	return obj{{"prompt_tokens", j.promptTokens}, {"total_tokens", j.promptTokens + j.generated},
-		{"completion_tokens", j.generated}, {"prompt_tokens_details", nil}}
+		{"completion_tokens", j.generated}, {"prompt_tokens_details", details}}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -302,11 +346,12 @@ func perTokenMS(n int, d time.Duration) float64 {
 }
 
 func (j *job) timings() obj {
+	computed := j.promptTokens - j.cached
 	return obj{
-		{"cache_n", 0},
-		{"prompt_n", j.promptTokens}, {"prompt_ms", ms(j.prefill)},
-		{"prompt_per_token_ms", perTokenMS(j.promptTokens, j.prefill)},
-		{"prompt_per_second", perSecond(j.promptTokens, j.prefill)},
+		{"cache_n", j.cached},
+		{"prompt_n", computed}, {"prompt_ms", ms(j.prefill)},
+		{"prompt_per_token_ms", perTokenMS(computed, j.prefill)},
+		{"prompt_per_second", perSecond(computed, j.prefill)},
 		{"predicted_n", j.generated}, {"predicted_ms", ms(j.decode)},
 		{"predicted_per_token_ms", perTokenMS(j.generated, j.decode)},
 		{"predicted_per_second", perSecond(j.generated, j.decode)},

@@ -43,11 +43,14 @@ type engineMetrics struct {
 	mu sync.Mutex
 
 	promptTokens, generatedTokens uint64
-	promptSeconds, decodeSeconds  float64
-	nDecode                       uint64
-	busySlotsAtDecode             uint64
-	maxTokensSeen                 int
-	finished                      map[string]uint64
+	// cachedTokens are prompt tokens served from the prompt cache;
+	// prefixQueries the prompt tokens looked up in vLLM's prefix cache.
+	cachedTokens, prefixQueries  uint64
+	promptSeconds, decodeSeconds float64
+	nDecode                      uint64
+	busySlotsAtDecode            uint64
+	maxTokensSeen                int
+	finished                     map[string]uint64
 
 	ttft, itl, e2e, queue, prefill, decode, promptHist, genHist histogram
 }
@@ -66,10 +69,14 @@ func newEngineMetrics() *engineMetrics {
 	}
 }
 
-func (m *engineMetrics) prefilled(tokens int, queueSec, prefillSec, ttftSec float64) {
+// prefilled records a prompt of tokens tokens, cached of them from the
+// prompt cache (always looked up: both engines cache by default).
+func (m *engineMetrics) prefilled(tokens, cached int, queueSec, prefillSec, ttftSec float64) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	m.promptTokens += uint64(tokens)
+	m.cachedTokens += uint64(cached)
+	m.prefixQueries += uint64(tokens)
 	m.promptSeconds += prefillSec
 	m.queue.observe(queueSec)
 	m.prefill.observe(prefillSec)
@@ -170,6 +177,10 @@ func (m *engineMetrics) writeVLLM(w io.Writer, model string, st poolStats, kvCap
 	e.sample("vllm:num_preemptions_total", lb, 0)
 	e.header("vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.")
 	e.sample("vllm:prompt_tokens_total", lb, float64(m.promptTokens))
+	e.header("vllm:prefix_cache_queries_total", "counter", "Prefix cache queries, in terms of number of queried tokens.")
+	e.sample("vllm:prefix_cache_queries_total", lb, float64(m.prefixQueries))
+	e.header("vllm:prefix_cache_hits_total", "counter", "Prefix cache hits, in terms of number of cached tokens.")
+	e.sample("vllm:prefix_cache_hits_total", lb, float64(m.cachedTokens))
 	e.header("vllm:generation_tokens_total", "counter", "Number of generation tokens processed.")
 	e.sample("vllm:generation_tokens_total", lb, float64(m.generatedTokens))
 	e.header("vllm:request_success_total", "counter", "Count of successfully processed requests.")
@@ -208,15 +219,15 @@ func (m *engineMetrics) writeLlama(w io.Writer, st poolStats) error {
 		name, typ, help string
 		v               float64
 	}{
-		{"llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed.", float64(m.promptTokens)},
+		{"llamacpp:prompt_tokens_total", "counter", "Number of prompt tokens processed, excluding cached tokens", float64(m.promptTokens - m.cachedTokens)},
 		{"llamacpp:prompt_seconds_total", "counter", "Prompt process time", m.promptSeconds},
 		{"llamacpp:tokens_predicted_total", "counter", "Number of generation tokens processed.", float64(m.generatedTokens)},
 		{"llamacpp:tokens_predicted_seconds_total", "counter", "Predict process time", m.decodeSeconds},
-		{"llamacpp:prompt_tokens_cached_total", "counter", "Number of prompt tokens served from the cache.", 0},
+		{"llamacpp:prompt_tokens_cached_total", "counter", "Number of prompt tokens reused from the cache", float64(m.cachedTokens)},
 		{"llamacpp:n_decode_total", "counter", "Total number of llama_decode() calls", float64(m.nDecode)},
 		{"llamacpp:n_tokens_max", "counter", "Largest observed n_tokens.", float64(m.maxTokensSeen)},
 		{"llamacpp:n_busy_slots_per_decode", "counter", "Average number of busy slots per llama_decode() call", busyPerDecode},
-		{"llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(m.promptTokens, m.promptSeconds)},
+		{"llamacpp:prompt_tokens_seconds", "gauge", "Average prompt throughput in tokens/s.", rate(m.promptTokens-m.cachedTokens, m.promptSeconds)},
 		{"llamacpp:predicted_tokens_seconds", "gauge", "Average generation throughput in tokens/s.", rate(m.generatedTokens, m.decodeSeconds)},
 		{"llamacpp:requests_processing", "gauge", "Number of requests processing.", float64(st.busy)},
 		{"llamacpp:requests_deferred", "gauge", "Number of requests deferred.", float64(st.waiting)},

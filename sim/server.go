@@ -25,6 +25,10 @@ const (
 	llamaCommit  = "de3ff81"
 	vllmVersion  = "0.17.1"
 	shutdownWait = 5 * time.Second
+	// llama-server's defaults for --cache-ram (MiB) and
+	// --slot-prompt-similarity.
+	defaultCacheRAMMiB    = 8192
+	defaultSlotSimilarity = 0.10
 )
 
 // Server is one simulated engine.
@@ -33,6 +37,10 @@ type Server struct {
 	log     *slog.Logger
 	pool    *slotPool
 	metrics *engineMetrics
+	// Prompt caching: llama-server's slots and host-RAM cache, or vLLM's
+	// prefix blocks; one of them is set.
+	llamaCache *llamaCache
+	blocks     *blockCache
 
 	created  time.Time
 	loadedAt time.Time
@@ -100,6 +108,19 @@ func NewServer(opts Options) (*Server, error) {
 		loadedAt: now.Add(opts.LoadTime),
 		now:      time.Now,
 		idRNG:    rand.New(rand.NewPCG(opts.Seed, uint64(now.UnixNano()))),
+	}
+	if opts.Mimic == fleet.EngineLlamaCpp {
+		ram, sim := defaultCacheRAMMiB, defaultSlotSimilarity
+		if opts.CacheRAMMiB != nil {
+			ram = *opts.CacheRAMMiB
+		}
+		if opts.SlotPromptSimilarity != nil {
+			sim = *opts.SlotPromptSimilarity
+		}
+		s.llamaCache = newLlamaCache(opts.Slots, ram, opts.Profile.KVBytesPerToken, sim)
+	} else {
+		kv := max(opts.Profile.KVCacheTokens, opts.Ctx)
+		s.blocks = newBlockCache(kv, !opts.NoPrefixCaching)
 	}
 	s.handler = s.routes()
 	return s, nil

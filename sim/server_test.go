@@ -745,7 +745,7 @@ func TestSlotsQueueAndDisconnect(t *testing.T) {
 func TestSlotPoolFIFO(t *testing.T) {
 	p := newSlotPool(1, 100)
 	ctx := context.Background()
-	first, err := p.acquire(ctx, 1, 1)
+	first, err := p.acquire(ctx, 1, 1, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -755,7 +755,7 @@ func TestSlotPoolFIFO(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			slot, err := p.acquire(ctx, 1, 1)
+			slot, err := p.acquire(ctx, 1, 1, nil)
 			if err != nil {
 				t.Error(err)
 				return

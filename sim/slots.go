@@ -41,11 +41,13 @@ func newSlotPool(n, nCtx int) *slotPool {
 }
 
 // acquire waits for a free slot, FIFO, until ctx ends. A request that gives
-// up while queued leaves the queue at once.
-func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int) (int, error) {
+// up while queued leaves the queue at once. choose, when set, picks among
+// the idle slots (llama-server's choice by prompt similarity); a queued
+// request takes the slot that frees up.
+func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int, choose func(idle []int) int) (int, error) {
 	p.mu.Lock()
 	if len(p.queue) == 0 {
-		if i := p.freeSlotLocked(); i >= 0 {
+		if i := p.freeSlotLocked(choose); i >= 0 {
 			p.takeLocked(i, promptTokens, remain)
 			p.mu.Unlock()
 			return i, nil
@@ -76,13 +78,20 @@ func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int) (int, 
 	}
 }
 
-func (p *slotPool) freeSlotLocked() int {
+func (p *slotPool) freeSlotLocked(choose func(idle []int) int) int {
+	var idle []int
 	for i := range p.slots {
 		if !p.slots[i].busy {
-			return i
+			idle = append(idle, i)
 		}
 	}
-	return -1
+	switch {
+	case len(idle) == 0:
+		return -1
+	case choose == nil:
+		return idle[0]
+	}
+	return choose(idle)
 }
 
 func (p *slotPool) takeLocked(i, promptTokens, remain int) {

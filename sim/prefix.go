@@ -1,0 +1,380 @@
+package sim
+
+import (
+	"container/list"
+	"hash/fnv"
+	"sync"
+)
+
+// bytesPerToken is the sim's tokenizer: every 4 bytes of the rendered prompt
+// are one token (the last one may be shorter), about what BPE vocabularies
+// give English text and code. The same text prefix is therefore the same
+// token prefix, which is all prompt caching needs, and the count matches
+// promptTokens.
+const bytesPerToken = 4
+
+// tokenize splits text into tokens, each the hash of its 4-byte chunk. An
+// empty text is one token, as promptTokens counts it.
+func tokenize(text string) []uint64 {
+	n := (len(text) + bytesPerToken - 1) / bytesPerToken
+	if n < 1 {
+		return []uint64{chunkHash("")}
+	}
+	out := make([]uint64, n)
+	for i := range out {
+		end := min((i+1)*bytesPerToken, len(text))
+		out[i] = chunkHash(text[i*bytesPerToken : end])
+	}
+	return out
+}
+
+func chunkHash(s string) uint64 {
+	h := fnv.New64a()
+	h.Write([]byte(s))
+	return h.Sum64()
+}
+
+// commonPrefix is the length of the longest common prefix of a and b.
+func commonPrefix(a, b []uint64) int {
+	n := min(len(a), len(b))
+	for i := 0; i < n; i++ {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return n
+}
+
+// evaluateOne applies the rule both engines share: at least the last prompt
+// token is computed, to get the logits of the first generated one.
+func evaluateOne(cached, prompt int) int {
+	if cached >= prompt {
+		return max(prompt-1, 0)
+	}
+	return cached
+}
+
+// llamaCache is llama-server's prompt reuse (tools/server, commit de3ff81):
+// every slot keeps the tokens of its last request (prompt and answer) in
+// its KV cache, and a host-RAM prompt cache (--cache-ram MiB, 8192 by
+// default, -1 unlimited, 0 off) keeps more, oldest evicted first. A request
+// takes the idle slot whose tokens share the largest fraction of its prompt
+// above --slot-prompt-similarity (0.10 by default), else the least recently
+// used idle slot; in the second case, or when the chosen slot would lose
+// more than half its tokens, the slot's tokens go to the host cache and the
+// cached prompt that keeps the most of the new one comes back in its place.
+type llamaCache struct {
+	mu         sync.Mutex
+	slots      []llamaSlot
+	host       *list.List // of []uint64, oldest at the front
+	limitBytes uint64     // 0: no limit
+	enabled    bool
+	tokenBytes uint64
+	similarity float64
+	clock      uint64
+}
+
+type llamaSlot struct {
+	tokens   []uint64
+	lastUsed uint64
+	// What the slot's last request reported, for /slots.
+	hadTask             bool
+	nPrompt, nProcessed int
+	nCached             int
+}
+
+func newLlamaCache(slots, cacheRAMMiB int, tokenBytes uint64, similarity float64) *llamaCache {
+	c := &llamaCache{
+		slots: make([]llamaSlot, slots), host: list.New(), tokenBytes: max(tokenBytes, 1),
+		similarity: similarity, enabled: cacheRAMMiB != 0,
+	}
+	if cacheRAMMiB > 0 {
+		c.limitBytes = uint64(cacheRAMMiB) * mib
+	}
+	return c
+}
+
+// choose picks among idle slots the way llama-server's get_available_slot
+// does: best similarity above the threshold, else least recently used.
+func (c *llamaCache) choose(idle []int, prompt []uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	best, bestSim := -1, 0.0
+	if c.similarity != 0 {
+		for _, i := range idle {
+			if len(c.slots[i].tokens) == 0 {
+				continue
+			}
+			sim := float64(commonPrefix(c.slots[i].tokens, prompt)) / float64(len(prompt))
+			if sim > bestSim && sim > c.similarity {
+				best, bestSim = i, sim
+			}
+		}
+	}
+	if best >= 0 {
+		return best
+	}
+	for _, i := range idle {
+		if best < 0 || c.slots[i].lastUsed < c.slots[best].lastUsed {
+			best = i
+		}
+	}
+	return best
+}
+
+func (c *llamaCache) bytes(tokens []uint64) uint64 { return uint64(len(tokens)) * c.tokenBytes }
+
+func (c *llamaCache) hostBytes() uint64 {
+	var n uint64
+	for e := c.host.Front(); e != nil; e = e.Next() {
+		n += c.bytes(e.Value.([]uint64))
+	}
+	return n
+}
+
+// save stores a slot's tokens in the host cache (server_prompt_cache::alloc).
+func (c *llamaCache) save(tokens []uint64) {
+	if len(tokens) == 0 {
+		return
+	}
+	for e := c.host.Front(); e != nil; e = e.Next() {
+		if commonPrefix(e.Value.([]uint64), tokens) == len(tokens) {
+			return // already held whole
+		}
+	}
+	size := c.bytes(tokens)
+	if c.limitBytes > 0 && size > c.limitBytes {
+		return
+	}
+	for e := c.host.Front(); e != nil; {
+		next := e.Next()
+		if t := e.Value.([]uint64); commonPrefix(t, tokens) == len(t) {
+			c.host.Remove(e) // contained in the new entry
+		}
+		e = next
+	}
+	for c.limitBytes > 0 && c.host.Len() > 0 && c.hostBytes()+size > c.limitBytes {
+		c.host.Remove(c.host.Front())
+	}
+	c.host.PushBack(tokens)
+}
+
+// load replaces the slot's tokens by the cached prompt that keeps more of
+// both (server_prompt_cache::load), taking it out of the cache.
+func (c *llamaCache) load(slot int, prompt []uint64) {
+	cur := c.slots[slot].tokens
+	lcp := commonPrefix(cur, prompt)
+	keepBest := -1.0
+	if len(cur) > 0 {
+		keepBest = float64(lcp) / float64(len(cur))
+	}
+	simBest := float64(lcp) / float64(len(prompt))
+	var found *list.Element
+	for e := c.host.Front(); e != nil; e = e.Next() {
+		t := e.Value.([]uint64)
+		l := commonPrefix(t, prompt)
+		keep, sim := float64(l)/float64(len(t)), float64(l)/float64(len(prompt))
+		if keep < 0.25 {
+			continue // do not trash a large prompt for a small overlap
+		}
+		if keepBest < keep && simBest < sim {
+			keepBest, simBest, found = keep, sim, e
+		}
+	}
+	if found != nil {
+		c.slots[slot].tokens = found.Value.([]uint64)
+		c.host.Remove(found)
+	}
+}
+
+// start is a request taking slot: it runs the prompt cache update when
+// llama-server would and returns how many prompt tokens are reused.
+func (c *llamaCache) start(slot int, prompt []uint64) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.slots[slot]
+	lcp := commonPrefix(s.tokens, prompt)
+	bySimilarity := c.similarity != 0 && len(s.tokens) > 0 &&
+		float64(lcp)/float64(len(prompt)) > c.similarity
+	update := !bySimilarity || float64(lcp)/float64(len(s.tokens)) < 0.5
+	if update && c.enabled {
+		c.save(s.tokens)
+		c.load(slot, prompt)
+	}
+	cached := evaluateOne(commonPrefix(s.tokens, prompt), len(prompt))
+	// The slot's cache now holds the reused prefix; the rest is computed.
+	s.tokens = prompt[:cached:cached]
+	s.hadTask, s.nPrompt, s.nCached, s.nProcessed = true, len(prompt), cached, 0
+	return cached
+}
+
+// prefilled records that the slot computed its whole prompt.
+func (c *llamaCache) prefilled(slot int, prompt []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := &c.slots[slot]
+	s.nProcessed = len(prompt) - s.nCached
+	s.tokens = prompt
+}
+
+// finish leaves the slot holding its prompt and answer (all); nil keeps
+// what it holds, for a request that ended before its prefill did.
+func (c *llamaCache) finish(slot int, all []uint64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.clock++
+	s := &c.slots[slot]
+	if all != nil {
+		s.tokens = all
+	}
+	s.lastUsed = c.clock
+}
+
+// slotView is what /slots shows of a slot's cache.
+type slotView struct {
+	hadTask                     bool
+	nTokens, nProcessed, nCache int
+}
+
+func (c *llamaCache) view(slot int) slotView {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.slots[slot]
+	return slotView{hadTask: s.hadTask, nTokens: len(s.tokens), nProcessed: s.nProcessed, nCache: s.nCached}
+}
+
+// vllmBlockSize is vLLM's default KV block size (--block-size 16).
+const vllmBlockSize = 16
+
+// blockCache is vLLM's automatic prefix caching: the KV cache is split in
+// 16-token blocks, each full block named by the hash of its tokens and of
+// the block before it, so a block is shared by every request whose prompt
+// has the same prefix up to it. Blocks in use by a running request stay;
+// the rest are evicted least recently used first when the KV cache, the
+// profile's KVCacheTokens, is full.
+type blockCache struct {
+	mu       sync.Mutex
+	capacity int
+	enabled  bool
+	blocks   map[uint64]*list.Element
+	lru      *list.List // of *block; front = least recently used
+}
+
+type block struct {
+	hash uint64
+	refs int
+}
+
+func newBlockCache(kvTokens int, enabled bool) *blockCache {
+	return &blockCache{capacity: max(kvTokens/vllmBlockSize, 1), enabled: enabled,
+		blocks: map[uint64]*list.Element{}, lru: list.New()}
+}
+
+// blockHashes chains the hashes of the full blocks of tokens.
+func blockHashes(tokens []uint64) []uint64 {
+	out := make([]uint64, 0, len(tokens)/vllmBlockSize)
+	var prev uint64
+	h := fnv.New64a()
+	var buf [8]byte
+	for i := 0; i+vllmBlockSize <= len(tokens); i += vllmBlockSize {
+		h.Reset()
+		for _, v := range append([]uint64{prev}, tokens[i:i+vllmBlockSize]...) {
+			for k := range buf {
+				buf[k] = byte(v >> (8 * k))
+			}
+			h.Write(buf[:])
+		}
+		prev = h.Sum64()
+		out = append(out, prev)
+	}
+	return out
+}
+
+// start matches the prompt against cached blocks and pins what it uses: the
+// hit is whole blocks, at most len-1 tokens (the last is always computed).
+// It returns the cached token count and the pinned hashes, for finish.
+func (b *blockCache) start(prompt []uint64) (int, []uint64) {
+	if !b.enabled {
+		return 0, nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	hashes := blockHashes(prompt[:max(len(prompt)-1, 0)])
+	var pinned []uint64
+	for _, h := range hashes {
+		e, ok := b.blocks[h]
+		if !ok {
+			break
+		}
+		e.Value.(*block).refs++
+		b.lru.MoveToBack(e)
+		pinned = append(pinned, h)
+	}
+	return len(pinned) * vllmBlockSize, pinned
+}
+
+// prefilled caches the prompt's full blocks as soon as they are computed,
+// pinned for the request's life, so a request with the same prefix that
+// arrives meanwhile shares them. It returns every block the request pins.
+func (b *blockCache) prefilled(prompt []uint64, pinned []uint64) []uint64 {
+	if !b.enabled {
+		return nil
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	hashes := blockHashes(prompt)
+	for _, h := range hashes[len(pinned):] {
+		e, ok := b.blocks[h]
+		if !ok {
+			e = b.lru.PushBack(&block{hash: h})
+			b.blocks[h] = e
+		}
+		e.Value.(*block).refs++
+		b.lru.MoveToBack(e)
+	}
+	b.evictLocked()
+	return hashes
+}
+
+// finish caches the full blocks of the answer too, unpins the request's
+// blocks and evicts beyond the capacity.
+func (b *blockCache) finish(all []uint64, pinned []uint64) {
+	if !b.enabled {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	for _, h := range pinned {
+		if e, ok := b.blocks[h]; ok {
+			e.Value.(*block).refs--
+		}
+	}
+	for _, h := range blockHashes(all) {
+		if e, ok := b.blocks[h]; ok {
+			b.lru.MoveToBack(e)
+			continue
+		}
+		b.blocks[h] = b.lru.PushBack(&block{hash: h})
+	}
+	b.evictLocked()
+}
+
+// evictLocked drops unpinned blocks, least recently used first, until the
+// cache fits its capacity (pinned blocks may exceed it: vLLM would preempt).
+func (b *blockCache) evictLocked() {
+	for e := b.lru.Front(); e != nil && b.lru.Len() > b.capacity; {
+		next := e.Next()
+		if blk := e.Value.(*block); blk.refs == 0 {
+			delete(b.blocks, blk.hash)
+			b.lru.Remove(e)
+		}
+		e = next
+	}
+}
+
+// size is how many blocks the cache holds.
+func (b *blockCache) size() int {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.lru.Len()
+}
