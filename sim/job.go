@@ -30,10 +30,13 @@ type job struct {
 	created int64
 
 	content, reasoning, toolArgs strings.Builder
-	generated                    int
-	toolStarted                  bool
-	streaming                    bool
-	writeErr                     error
+	// generatedText is every generated piece as the model produced it
+	// (thoughts, tags, tool calls included): what the slot's KV holds.
+	generatedText strings.Builder
+	generated     int
+	toolStarted   bool
+	streaming     bool
+	writeErr      error
 
 	prefill, decode time.Duration
 }
@@ -69,7 +72,7 @@ func (j *job) run() {
 		j.cached = s.llamaCache.start(slot, tokens)
 		defer func() {
 			if prefilled {
-				s.llamaCache.finish(slot, tokenize(j.promptText+j.content.String()))
+				s.llamaCache.finish(slot, tokenize(j.promptText+j.generatedText.String()))
 			} else {
 				s.llamaCache.finish(slot, nil)
 			}
@@ -79,7 +82,7 @@ func (j *job) run() {
 		defer func() {
 			all := tokens[:0:0]
 			if prefilled {
-				all = tokenize(j.promptText + j.content.String())
+				all = tokenize(j.promptText + j.generatedText.String())
 			}
 			s.blocks.finish(all, pinned)
 		}()
@@ -277,6 +280,7 @@ func (j *job) delta(p piece) obj {
 }
 
 func (j *job) accumulate(p piece) {
+	j.generatedText.WriteString(p.text)
 	switch p.kind {
 	case pieceThinkTag:
 		if j.placement != thoughtsField {

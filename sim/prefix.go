@@ -228,6 +228,9 @@ func (c *llamaCache) finish(slot int, all []uint64) {
 		s.tokens = all
 	}
 	s.lastUsed = c.clock
+	// The real server resets a slot's prompt statistics when it is
+	// released: /slots shows them only while the request runs.
+	s.nProcessed, s.nCached = 0, 0
 }
 
 // slotView is what /slots shows of a slot's cache.

@@ -82,10 +82,11 @@ func TestLlamaPromptCacheReuse(t *testing.T) {
 	if c, p, ct, _ := cacheFields(t, last); c != n-1 || p != 1 || ct != n-1 {
 		t.Errorf("streamed repeat: cache_n %d prompt_n %d cached_tokens %d", c, p, ct)
 	}
-	// /slots and /metrics report it too.
+	// /slots shows the idle slot holding the prompt and its answer (its
+	// per-request figures reset on release, as on the real server).
 	_, slots := getJSON(t, ts.URL+"/slots")
 	s0 := slots.([]any)[0].(map[string]any)
-	if s0["n_prompt_tokens_cache"] != float64(n-1) || s0["n_prompt_tokens_processed"] != 1.0 {
+	if held, _ := s0["n_prompt_tokens"].(float64); int(held) <= n || s0["n_prompt_tokens_cache"] != 0.0 || s0["n_prompt_tokens_processed"] != 0.0 {
 		t.Errorf("/slots: %v", s0)
 	}
 	_, text := getText(t, ts.URL+"/metrics")
@@ -340,4 +341,37 @@ func httptestServer(t *testing.T, srv *Server) string {
 	ts := httptest.NewServer(srv.Handler())
 	t.Cleanup(ts.Close)
 	return ts.URL
+}
+
+func TestCacheFlags(t *testing.T) {
+	for _, tt := range []struct {
+		args, want string
+	}{
+		{"--mimic llamacpp --profile instant -- --cache-ram -5", "not a size in MiB"},
+		{"--mimic llamacpp --profile instant -- -cram lots", "not a size in MiB"},
+		{"--mimic llamacpp --profile instant -- --slot-prompt-similarity 1.5", "between 0 and 1"},
+	} {
+		if _, err := ParseArgs(strings.Fields(tt.args)); err == nil || !strings.Contains(err.Error(), tt.want) {
+			t.Errorf("%s: err %v, want %q", tt.args, err, tt.want)
+		}
+	}
+	// vLLM with prefix caching off reuses nothing.
+	_, ts := startSim(t, "--mimic vllm --profile instant -- serve qwen3-4b --no-enable-prefix-caching --enable-prompt-tokens-details")
+	prompt := strings.Repeat("no cache here ", 40)
+	post(t, ts.URL+"/v1/chat/completions", chat(prompt, map[string]any{"max_tokens": 2}))
+	_, resp := post(t, ts.URL+"/v1/chat/completions", chat(prompt, map[string]any{"max_tokens": 2}))
+	if d := resp["usage"].(map[string]any)["prompt_tokens_details"].(map[string]any); d["cached_tokens"] != 0.0 {
+		t.Errorf("prefix caching off, yet cached_tokens %v", d["cached_tokens"])
+	}
+	// Similarity 0 turns the choice by similarity off: slots go by LRU.
+	_, ts = startSim(t, "--mimic llamacpp --profile instant -- -np 2 --slot-prompt-similarity 0 --cache-ram 0")
+	a := strings.Repeat("first prompt ", 40)
+	post(t, ts.URL+"/v1/chat/completions", chat(a, map[string]any{"max_tokens": 2}))
+	post(t, ts.URL+"/v1/chat/completions", chat(strings.Repeat("other words ", 40), map[string]any{"max_tokens": 2}))
+	post(t, ts.URL+"/v1/chat/completions", chat(strings.Repeat("third thing ", 40), map[string]any{"max_tokens": 2}))
+	// a's slot was the least recently used and went to the third prompt.
+	_, resp = post(t, ts.URL+"/v1/chat/completions", chat(a, map[string]any{"max_tokens": 2}))
+	if c, _, _, _ := cacheFields(t, resp); c != 0 {
+		t.Errorf("LRU slot choice kept a's prompt: cache_n %d", c)
+	}
 }
