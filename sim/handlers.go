@@ -517,8 +517,9 @@ func (s *Server) handleSlots(w http.ResponseWriter, r *http.Request) {
 		}
 		out[i] = append(o, obj{
 			{"params", s.generationParams()},
-			{"next_token", obj{{"has_next_token", sl.busy}, {"has_new_line", false}, {"n_remain", sl.remain},
-				{"n_decoded", sl.decoded}}},
+			// A list of one, as llama-server (b1-de3ff81) answers it.
+			{"next_token", []any{obj{{"has_next_token", sl.busy}, {"has_new_line", false}, {"n_remain", sl.remain},
+				{"n_decoded", sl.decoded}}}},
 		}...)
 	}
 	if r.URL.Query().Get("fail_on_no_slot") == "1" && busy == len(snap) {

@@ -56,6 +56,9 @@ func TestCacheFieldsMatchRealLlamaServer(t *testing.T) {
 		if again.cacheN != n-1 || again.promptN != 1 || again.cached != n-1 {
 			t.Errorf("%s repeat: cache_n %d prompt_n %d cached_tokens %d of %d, want %d/1/%d", who, again.cacheN, again.promptN, again.cached, n, n-1, n-1)
 		}
+		if nt, ok := again.slot["next_token"].([]any); !ok || len(nt) != 1 {
+			t.Errorf("%s /slots next_token %v is not a list of one", who, again.slot["next_token"])
+		}
 		for _, k := range []string{"n_prompt_tokens", "n_prompt_tokens_processed", "n_prompt_tokens_cache", "id_task", "n_ctx", "is_processing"} {
 			if _, ok := again.slot[k]; !ok {
 				t.Errorf("%s /slots entry lacks %s: %v", who, k, again.slot)
