@@ -66,38 +66,15 @@ func (j *job) run() {
 	queued := time.Since(arrival)
 
 	// Only the tokens the prompt cache does not hold are computed.
-	var pinned []uint64
-	prefilled := false
-	if s.llamaCache != nil {
-		j.cached = s.llamaCache.start(slot, tokens)
-		defer func() {
-			if prefilled {
-				s.llamaCache.finish(slot, tokenize(j.promptText+j.generatedText.String()))
-			} else {
-				s.llamaCache.finish(slot, nil)
-			}
-		}()
-	} else {
-		j.cached, pinned = s.blocks.start(tokens)
-		defer func() {
-			all := tokens[:0:0]
-			if prefilled {
-				all = tokenize(j.promptText + j.generatedText.String())
-			}
-			s.blocks.finish(all, pinned)
-		}()
-	}
+	cache := s.startCache(slot, tokens)
+	j.cached = cache.cached
+	defer func() { cache.end(j.promptText + j.generatedText.String()) }()
 	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens - j.cached)
 	if err := sleepCtx(ctx, j.prefill); err != nil {
 		j.abort(arrival, "client gone during prefill")
 		return
 	}
-	prefilled = true
-	if s.llamaCache != nil {
-		s.llamaCache.prefilled(slot, tokens)
-	} else {
-		pinned = s.blocks.prefilled(tokens, pinned)
-	}
+	cache.computed()
 	// Every token, the first included, costs one step at the concurrency of
 	// the moment, so llama's predicted_per_second reads the profile's speed.
 	decodeStart := time.Now()

@@ -54,6 +54,52 @@ func evaluateOne(cached, prompt int) int {
 	return cached
 }
 
+// cacheUse is one request's use of its engine's prompt cache: llama-server's
+// slot and host cache, or vLLM's prefix blocks.
+type cacheUse struct {
+	s       *Server
+	slot    int
+	tokens  []uint64
+	pinned  []uint64 // vLLM blocks the request holds
+	cached  int      // prompt tokens reused
+	prefill bool     // the prompt has been computed
+}
+
+// startCache looks the prompt up for a request that holds slot.
+func (s *Server) startCache(slot int, tokens []uint64) *cacheUse {
+	u := &cacheUse{s: s, slot: slot, tokens: tokens}
+	if s.llamaCache != nil {
+		u.cached = s.llamaCache.start(slot, tokens)
+	} else {
+		u.cached, u.pinned = s.blocks.start(tokens)
+	}
+	return u
+}
+
+// computed records that the whole prompt is now in the KV cache.
+func (u *cacheUse) computed() {
+	u.prefill = true
+	if u.s.llamaCache != nil {
+		u.s.llamaCache.prefilled(u.slot, u.tokens)
+	} else {
+		u.pinned = u.s.blocks.prefilled(u.tokens, u.pinned)
+	}
+}
+
+// end leaves the prompt and what was generated (text) in the cache, or
+// only what was reused when the request ended before its prefill did.
+func (u *cacheUse) end(text string) {
+	var all []uint64
+	if u.prefill {
+		all = tokenize(text)
+	}
+	if u.s.llamaCache != nil {
+		u.s.llamaCache.finish(u.slot, all)
+	} else {
+		u.s.blocks.finish(all, u.pinned)
+	}
+}
+
 // llamaCache is llama-server's prompt reuse (tools/server, commit de3ff81):
 // every slot keeps the tokens of its last request (prompt and answer) in
 // its KV cache, and a host-RAM prompt cache (--cache-ram MiB, 8192 by
