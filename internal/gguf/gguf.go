@@ -195,50 +195,23 @@ func (w *writer) value(key string, v any) error {
 	var elemType ValueType
 	switch x := v.(type) {
 	case []string:
-		elemType = TypeString
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeString, anys(x)
 	case []float32:
-		elemType = TypeFloat32
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeFloat32, anys(x)
 	case []int32:
-		elemType = TypeInt32
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeInt32, anys(x)
 	case []uint32:
-		elemType = TypeUint32
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeUint32, anys(x)
 	case []uint8:
-		elemType = TypeUint8
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeUint8, anys(x)
 	case []int64:
-		elemType = TypeInt64
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeInt64, anys(x)
 	case []uint64:
-		elemType = TypeUint64
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeUint64, anys(x)
 	case []float64:
-		elemType = TypeFloat64
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeFloat64, anys(x)
 	case []bool:
-		elemType = TypeBool
-		for _, e := range x {
-			items = append(items, e)
-		}
+		elemType, items = TypeBool, anys(x)
 	}
 	w.u32(uint32(elemType))
 	w.u64(uint64(len(items)))
@@ -248,6 +221,14 @@ func (w *writer) value(key string, v any) error {
 		}
 	}
 	return nil
+}
+
+func anys[T any](xs []T) []any {
+	out := make([]any, len(xs))
+	for i, x := range xs {
+		out[i] = x
+	}
+	return out
 }
 
 // Write writes f as GGUF v3.
