@@ -272,6 +272,9 @@ type Worker struct {
 	// is installing, when the installer prints one.
 	Progress float64 `json:"progress,omitempty"`
 	Drained  bool    `json:"drained,omitempty"`
+	// Held is an operator's `fleet stop`: the worker stays stopped, across
+	// hub restarts, until `fleet start`.
+	Held bool `json:"held,omitempty"`
 }
 
 // Name is NODE/MODEL, the worker's name everywhere it is shown.

@@ -195,8 +195,8 @@ func loadPlacements(ctx context.Context, q queryer) ([]fleet.Placement, error) {
 // or f, never a mix. Nodes that stay keep what the hub learned about them
 // (host key, platform, state, drain) unless their address changed, since a
 // new address is a different machine whose pinned key would be wrong.
-// Workers whose placement disappears are deleted with it; callers that must
-// stop those engines read Workers before applying.
+// Workers whose placement disappears are deleted with it; those with an
+// engine are kept as pending stops (PendingStops) until the hub stopped them.
 func (s *Store) ApplyFleet(ctx context.Context, f fleet.Fleet) error {
 	if err := checkFleet(f); err != nil {
 		return fmt.Errorf("apply fleet: %w; nothing was changed", err)
@@ -206,6 +206,9 @@ func (s *Store) ApplyFleet(ctx context.Context, f fleet.Fleet) error {
 		pause = func(string) {}
 	}
 	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := recordPendingStops(ctx, tx, f); err != nil {
+			return err
+		}
 		if err := applyNodes(ctx, tx, f.Nodes); err != nil {
 			return err
 		}

@@ -139,4 +139,21 @@ CREATE TABLE bench_runs (
 );
 CREATE INDEX bench_runs_worker ON bench_runs (worker, id);
 `,
+	// 2: stopping a fleet. held is the operator's "stay stopped" (fleet stop),
+	// kept apart from the observed state so a hub killed mid-restart does not
+	// come back holding the worker. pending_stops keeps engines whose
+	// placement or node was removed until the hub has stopped them; it has
+	// no foreign keys, since the node row it needs to reach them is gone.
+	`
+ALTER TABLE workers ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+UPDATE workers SET held = 1 WHERE state = 'stopped' AND reason = 'stopped by an operator';
+
+CREATE TABLE pending_stops (
+	worker      TEXT PRIMARY KEY,
+	node        TEXT NOT NULL,
+	worker_json TEXT NOT NULL,
+	node_json   TEXT NOT NULL,
+	recorded_at INTEGER NOT NULL
+);
+`,
 }

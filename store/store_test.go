@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"database/sql"
 	"errors"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -122,7 +123,7 @@ func TestOpenRefusesNewerSchema(t *testing.T) {
 	if !errors.Is(err, ErrSchemaTooNew) {
 		t.Fatalf("Open of a newer database: err = %v, want ErrSchemaTooNew", err)
 	}
-	for _, want := range []string{"database schema version 7 is newer than this fleet binary supports (1)", "upgrade fleet or point --data at another directory"} {
+	for _, want := range []string{fmt.Sprintf("database schema version %d is newer than this fleet binary supports (%d)", SchemaVersion()+6, SchemaVersion()), "upgrade fleet or point --data at another directory"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("error %q does not say %q", err, want)
 		}

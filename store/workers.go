@@ -10,17 +10,17 @@ import (
 	"fleet"
 )
 
-const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained`
+const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held`
 
 func scanWorker(sc interface{ Scan(...any) error }) (fleet.Worker, error) {
 	var (
 		w                          fleet.Worker
 		engine, state, argv, largv string
-		simulated, drained         int
+		simulated, drained, held   int
 		startedAt                  int64
 	)
 	err := sc.Scan(&w.ID, &w.Node, &w.Model, &engine, &state, &w.Reason, &w.Port, &w.PID, &w.PGID,
-		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained)
+		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained, &held)
 	if err != nil {
 		return fleet.Worker{}, err
 	}
@@ -40,6 +40,7 @@ func scanWorker(sc interface{ Scan(...any) error }) (fleet.Worker, error) {
 	}
 	w.Simulated = simulated != 0
 	w.Drained = drained != 0
+	w.Held = held != 0
 	w.StartedAt = fromUnixNano(startedAt)
 	return w, nil
 }
@@ -99,16 +100,16 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 	var saved fleet.Worker
 	err = s.inTx(ctx, func(tx *sql.Tx) error {
 		_, err := tx.ExecContext(ctx, `INSERT INTO workers (node, model, engine, state, reason, port, pid, pgid, argv, launch_argv,
-				simulated, started_at, ctx, slots, engine_version, restarts, drained)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+				simulated, started_at, ctx, slots, engine_version, restarts, drained, held)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (node, model) DO UPDATE SET
 				engine = excluded.engine, state = excluded.state, reason = excluded.reason, port = excluded.port,
 				pid = excluded.pid, pgid = excluded.pgid, argv = excluded.argv, launch_argv = excluded.launch_argv,
 				simulated = excluded.simulated, started_at = excluded.started_at, ctx = excluded.ctx,
 				slots = excluded.slots, engine_version = excluded.engine_version, restarts = excluded.restarts,
-				drained = excluded.drained`,
+				drained = excluded.drained, held = excluded.held`,
 			w.Node, w.Model, string(w.Engine), string(w.State), w.Reason, w.Port, w.PID, w.PGID, argv, largv,
-			boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained))
+			boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained), boolInt(w.Held))
 		if err != nil {
 			return err
 		}

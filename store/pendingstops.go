@@ -1,0 +1,128 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"fleet"
+)
+
+// PendingStop is an engine whose placement (or node) was removed from the
+// fleet while it may still run. The hub keeps it, with the node as it was
+// declared, until it has stopped the engine: removing a node from the fleet
+// file must not leave its engines running untracked.
+type PendingStop struct {
+	Worker     fleet.Worker
+	Node       fleet.Node
+	RecordedAt time.Time
+}
+
+// recordPendingStops keeps, inside an apply's transaction and before the
+// nodes and workers are replaced, every worker with an engine whose
+// placement f no longer has.
+func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
+	placed := map[[2]string]bool{}
+	for _, p := range f.Placements {
+		placed[[2]string{p.Node, p.Model}] = true
+	}
+	workers, err := func() ([]fleet.Worker, error) {
+		rows, err := tx.QueryContext(ctx, `SELECT `+workerColumns+` FROM workers WHERE pid > 0 ORDER BY node, model`)
+		if err != nil {
+			return nil, err
+		}
+		defer rows.Close()
+		var ws []fleet.Worker
+		for rows.Next() {
+			w, err := scanWorker(rows)
+			if err != nil {
+				return nil, err
+			}
+			ws = append(ws, w)
+		}
+		return ws, rows.Err()
+	}()
+	if err != nil {
+		return fmt.Errorf("read the workers a removed placement leaves running: %w", err)
+	}
+	now := time.Now()
+	for _, w := range workers {
+		if placed[[2]string{w.Node, w.Model}] {
+			continue
+		}
+		nodes, err := loadNodes(ctx, tx, w.Node)
+		if err != nil || len(nodes) == 0 {
+			return fmt.Errorf("read node %s of removed worker %s: %w", w.Node, w.Name(), err)
+		}
+		if err := putPendingStop(ctx, tx, PendingStop{Worker: w, Node: nodes[0], RecordedAt: now}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func putPendingStop(ctx context.Context, tx *sql.Tx, p PendingStop) error {
+	wj, err := toJSON(p.Worker)
+	if err != nil {
+		return fmt.Errorf("record the pending stop of %s: %w", p.Worker.Name(), err)
+	}
+	// The platform and state are history; the address, identity and host
+	// key are what reaching the node again needs.
+	p.Node.Platform, p.Node.State, p.Node.Reason = nil, "", ""
+	nj, err := toJSON(p.Node)
+	if err != nil {
+		return fmt.Errorf("record the pending stop of %s: %w", p.Worker.Name(), err)
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO pending_stops (worker, node, worker_json, node_json, recorded_at) VALUES (?, ?, ?, ?, ?)
+		ON CONFLICT (worker) DO UPDATE SET node = excluded.node, worker_json = excluded.worker_json,
+			node_json = excluded.node_json, recorded_at = excluded.recorded_at`,
+		p.Worker.Name(), p.Node.Name, wj, nj, unixNano(p.RecordedAt))
+	if err != nil {
+		return fmt.Errorf("record the pending stop of %s: %w", p.Worker.Name(), err)
+	}
+	return nil
+}
+
+// PendingStops lists the engines of removed placements the hub has yet to
+// stop, oldest first.
+func (s *Store) PendingStops(ctx context.Context) ([]PendingStop, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT worker_json, node_json, recorded_at FROM pending_stops ORDER BY recorded_at, worker`)
+	if err != nil {
+		return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
+	}
+	defer rows.Close()
+	var out []PendingStop
+	for rows.Next() {
+		var (
+			wj, nj string
+			at     int64
+			p      PendingStop
+		)
+		if err := rows.Scan(&wj, &nj, &at); err != nil {
+			return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
+		}
+		if err := json.Unmarshal([]byte(wj), &p.Worker); err != nil {
+			return nil, fmt.Errorf("read pending stops from %s: stored worker is not valid JSON: %w", s.path, err)
+		}
+		if err := json.Unmarshal([]byte(nj), &p.Node); err != nil {
+			return nil, fmt.Errorf("read pending stops from %s: stored node is not valid JSON: %w", s.path, err)
+		}
+		p.RecordedAt = fromUnixNano(at)
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
+	}
+	return out, nil
+}
+
+// DeletePendingStop forgets the pending stop of worker (NODE/MODEL) once its
+// engine is stopped; forgetting one that is not recorded is not an error.
+func (s *Store) DeletePendingStop(ctx context.Context, worker string) error {
+	if _, err := s.db.ExecContext(ctx, `DELETE FROM pending_stops WHERE worker = ?`, worker); err != nil {
+		return fmt.Errorf("forget the pending stop of %s: %w", worker, err)
+	}
+	return nil
+}
