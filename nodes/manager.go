@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -114,9 +115,13 @@ type Manager struct {
 	nodes    map[string]*nodeState
 	workers  map[string]*workerState
 	restored map[string]fleet.Worker
-	wake     chan struct{}
-	runCtx   context.Context
-	wg       sync.WaitGroup
+	// removedNodes are nodes no longer in the fleet that a previous hub
+	// still had engines to stop on (RestoreRemoved): they stay connected
+	// only until those engines are stopped.
+	removedNodes map[string]fleet.Node
+	wake         chan struct{}
+	runCtx       context.Context
+	wg           sync.WaitGroup
 }
 
 type nodeState struct {
@@ -161,6 +166,8 @@ func NewManager(opts ManagerOptions) *Manager {
 		workers:  map[string]*workerState{},
 		restored: map[string]fleet.Worker{},
 		wake:     make(chan struct{}, 1),
+
+		removedNodes: map[string]fleet.Node{},
 	}
 }
 
@@ -180,6 +187,22 @@ func (m *Manager) Restore(ws []fleet.Worker) {
 	for _, w := range ws {
 		m.restored[w.Name()] = w
 	}
+	m.mu.Unlock()
+	signal(m.wake)
+}
+
+// RestoreRemoved hands over an engine whose placement was removed while it
+// may still run (a pending stop a previous hub did not finish), with its node
+// as it was declared, so the node can be reached even if the fleet no longer
+// has it. Its engine is stopped, once the node is reachable, unless the
+// fleet places that worker again, in which case it is adopted like any
+// restored worker.
+func (m *Manager) RestoreRemoved(w fleet.Worker, node fleet.Node) {
+	m.mu.Lock()
+	if r, ok := m.restored[w.Name()]; !ok || r.PID == 0 {
+		m.restored[w.Name()] = w
+	}
+	m.removedNodes[node.Name] = node
 	m.mu.Unlock()
 	signal(m.wake)
 }
@@ -326,17 +349,87 @@ func (m *Manager) requestWorker(ctx context.Context, name, what string) error {
 }
 
 // sync brings node watchers and worker supervisors in line with the desired
-// fleet.
+// fleet. A node that leaves the fleet stays connected while a worker on it
+// is retiring: its engine must be stopped before the node is let go.
 func (m *Manager) sync(ctx context.Context) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if ctx.Err() != nil {
 		return
 	}
+	wantWorkers := map[string]fleet.Placement{}
+	for _, p := range m.desired.Placements {
+		name := p.Node + "/" + p.Model
+		if _, dup := wantWorkers[name]; dup {
+			m.logger.Warn("two placements of one model on one node; keeping the first", "worker", name)
+			continue
+		}
+		wantWorkers[name] = p
+	}
+	for name, ws := range m.workers {
+		p, ok := wantWorkers[name]
+		if ok && !ws.retiring {
+			if ws.placement != p {
+				ws.placement = p
+				signal(ws.poke)
+			}
+			continue
+		}
+		if !ws.retiring {
+			ws.retiring = true
+			ws.cancel(errRemoved)
+		}
+	}
+
 	wantNodes := map[string]fleet.Node{}
 	for _, n := range m.desired.Nodes {
 		wantNodes[n.Name] = n
 	}
+	// keep returns the node a retiring worker needs: the one connected now,
+	// else the one a previous hub recorded with its pending stop.
+	keep := func(name string) bool {
+		if _, ok := wantNodes[name]; ok {
+			return true
+		}
+		if ns, ok := m.nodes[name]; ok {
+			wantNodes[name] = ns.node
+			return true
+		}
+		if n, ok := m.removedNodes[name]; ok {
+			wantNodes[name] = n
+			return true
+		}
+		return false
+	}
+	for _, ws := range m.workers {
+		if ws.retiring {
+			keep(ws.placement.Node)
+		}
+	}
+	var orphans []fleet.Worker
+	for name, w := range m.restored {
+		if _, ok := wantWorkers[name]; ok {
+			continue
+		}
+		if _, ok := m.workers[name]; ok {
+			continue
+		}
+		if !keep(w.Node) {
+			if w.PID > 0 {
+				m.logger.Error("a stored engine's node is not known any more; it cannot be stopped from here", "worker", name, "pid", w.PID)
+				m.event("error", name, fmt.Sprintf("engine PID %d ran on node %s, which the fleet no longer declares and no pending stop describes; stop it by hand", w.PID, w.Node))
+			}
+			delete(m.restored, name)
+			continue
+		}
+		orphans = append(orphans, w)
+	}
+	for name := range m.removedNodes {
+		if _, ok := wantNodes[name]; !ok {
+			delete(m.removedNodes, name) // its engines are stopped
+		}
+	}
+
 	for name, ns := range m.nodes {
 		want, ok := wantNodes[name]
 		if ok && want.Address == ns.node.Address && want.Identity == ns.node.Identity {
@@ -366,29 +459,6 @@ func (m *Manager) sync(ctx context.Context) {
 		}()
 	}
 
-	wantWorkers := map[string]fleet.Placement{}
-	for _, p := range m.desired.Placements {
-		name := p.Node + "/" + p.Model
-		if _, dup := wantWorkers[name]; dup {
-			m.logger.Warn("two placements of one model on one node; keeping the first", "worker", name)
-			continue
-		}
-		wantWorkers[name] = p
-	}
-	for name, ws := range m.workers {
-		p, ok := wantWorkers[name]
-		if ok && !ws.retiring {
-			if ws.placement != p {
-				ws.placement = p
-				signal(ws.poke)
-			}
-			continue
-		}
-		if !ws.retiring {
-			ws.retiring = true
-			ws.cancel(errRemoved)
-		}
-	}
 	for name, p := range wantWorkers {
 		if _, ok := m.workers[name]; ok {
 			continue
@@ -398,19 +468,10 @@ func (m *Manager) sync(ctx context.Context) {
 		m.startSupervisor(ctx, ws)
 	}
 	// Workers the store knew whose placement is gone: stop their engines.
-	for name, w := range m.restored {
-		if _, ok := wantWorkers[name]; ok {
-			continue
-		}
-		if _, ok := m.workers[name]; ok {
-			continue
-		}
-		if _, ok := m.nodes[w.Node]; !ok {
-			continue // its node is gone too: nothing to reach it with
-		}
-		ws := m.newWorkerState(name, fleet.Placement{Node: w.Node, Model: w.Model, Engine: w.Engine})
+	for _, w := range orphans {
+		ws := m.newWorkerState(w.Name(), fleet.Placement{Node: w.Node, Model: w.Model, Engine: w.Engine})
 		ws.retiring = true
-		m.workers[name] = ws
+		m.workers[w.Name()] = ws
 		m.startSupervisor(ctx, ws)
 		ws.cancel(errRemoved)
 	}
@@ -422,7 +483,9 @@ func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
 	if r, ok := m.restored[name]; ok {
 		delete(m.restored, name)
 		ws.w = r
-		if r.PID > 0 && r.State != fleet.WorkerStopped {
+		// A stopped worker's PID is 0; a held one with a PID is a stop the
+		// previous hub did not finish, which its supervisor carries out.
+		if r.PID > 0 {
 			ws.proc = enginectl.Process{PID: r.PID, PGID: r.PGID, StartedAt: r.StartedAt, ServedName: r.Model}
 		}
 		// What the store said is history until the engine is checked: a
@@ -623,29 +686,29 @@ func (m *Manager) event(level, subject, msg string) {
 	}
 }
 
-// allocatePort picks a port for ws: its previous one when still free of
-// other workers, else the first free one in the range. Ports of workers on
-// the same node are taken; local and sim nodes share this machine, so their
-// workers' ports are all taken for each other, and the port must also be
-// free to bind here.
+// allocatePort picks a port for ws and reserves it (ws.w.Port) under the
+// same lock, so two workers launching at once cannot pick the same one: its
+// previous port when still free of other workers, else the first free one in
+// the range. Nodes that share a host share one port space: local and sim
+// nodes (and SSH nodes at a loopback address) are all the hub's machine, and
+// SSH nodes at the same host are one machine. On the hub's machine the port
+// must also be free to bind.
 func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	onHub := func(n string) bool {
-		ns, ok := m.nodes[n]
-		if !ok {
-			return false
-		}
-		_, sim := ns.node.SimProfile()
-		return sim || ns.node.Address == fleet.AddressLocal
-	}
-	hub := onHub(node.Name)
+	space := portSpace(node)
+	_, sim := node.SimProfile()
+	testBind := sim || node.Address == fleet.AddressLocal
 	used := map[int]bool{}
 	for _, o := range m.workers {
 		if o == ws || o.w.Port == 0 {
 			continue
 		}
-		if o.placement.Node == node.Name || (hub && onHub(o.placement.Node)) {
+		if o.placement.Node == node.Name {
+			used[o.w.Port] = true
+			continue
+		}
+		if ns, ok := m.nodes[o.placement.Node]; ok && portSpace(ns.node) == space {
 			used[o.w.Port] = true
 		}
 	}
@@ -656,7 +719,7 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 		if used[p] || p < m.opts.PortMin || p > m.opts.PortMax {
 			return false
 		}
-		if !hub {
+		if !testBind {
 			return true // enginectl.CheckPort judges a remote port
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
@@ -666,15 +729,45 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 		ln.Close()
 		return true
 	}
+	pick := 0
 	if ws.w.Port != 0 && free(ws.w.Port) {
-		return ws.w.Port, nil
+		pick = ws.w.Port
 	}
-	for p := m.opts.PortMin; p <= m.opts.PortMax; p++ {
+	for p := m.opts.PortMin; pick == 0 && p <= m.opts.PortMax; p++ {
 		if free(p) {
-			return p, nil
+			pick = p
 		}
 	}
-	return 0, fmt.Errorf("no free port in %d-%d on node %s: widen the port range or remove workers", m.opts.PortMin, m.opts.PortMax, node.Name)
+	if pick == 0 {
+		return 0, fmt.Errorf("no free port in %d-%d on node %s: widen the port range or remove workers", m.opts.PortMin, m.opts.PortMax, node.Name)
+	}
+	ws.w.Port = pick
+	return pick, nil
+}
+
+// portSpace names the machine whose ports a node's engines bind.
+func portSpace(n fleet.Node) string {
+	if _, sim := n.SimProfile(); sim || n.Address == fleet.AddressLocal {
+		return "hub"
+	}
+	_, hostPort, err := ParseSSHAddress(n.Address)
+	if err != nil {
+		return "node " + n.Name
+	}
+	host, _, err := net.SplitHostPort(hostPort)
+	if err != nil {
+		return "node " + n.Name
+	}
+	if host == "localhost" {
+		return "hub"
+	}
+	if ip := net.ParseIP(host); ip != nil {
+		if ip.IsLoopback() {
+			return "hub"
+		}
+		return "host " + ip.String()
+	}
+	return "host " + strings.ToLower(strings.TrimSuffix(host, "."))
 }
 
 func signal(c chan struct{}) {

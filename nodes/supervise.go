@@ -40,9 +40,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		readySince   time.Time
 	)
 	m.mu.Lock()
-	if ws.w.State == fleet.WorkerStopped {
-		ws.held, ws.proc = true, enginectl.Process{}
-	}
+	ws.held = ws.w.Held
 	m.mu.Unlock()
 	answer := func(err error) {
 		for _, c := range pending {
@@ -69,8 +67,15 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		}
 		switch req {
 		case "stop":
-			err := m.stopEngine(ctx, ws, "stopped by an operator")
+			// Held is recorded before the engine stops: a hub killed in
+			// between finds a held worker with a PID and stops it then.
 			ws.held = true
+			m.update(ws, func(w *fleet.Worker) { w.Held = true })
+			err := m.stopEngine(ctx, ws, "stopped by an operator")
+			if err != nil && ws.proc.PID > 0 {
+				m.setState(ws, fleet.WorkerFailed, fmt.Sprintf("stopped by an operator, but %v; it is stopped once the node is reachable", err))
+				err = fmt.Errorf("%w; it is stopped once the node is reachable again", err)
+			}
 			for _, c := range waiters {
 				c <- err
 			}
@@ -83,6 +88,9 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 					}
 					continue
 				}
+			}
+			if ws.held {
+				m.update(ws, func(w *fleet.Worker) { w.Held = false })
 			}
 			ws.held, backoffUntil, failures = false, time.Time{}, 0
 			pending = waiters
@@ -100,7 +108,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 
-		if ws.held {
+		if ws.held && ws.proc.PID == 0 {
 			m.sleep(ctx, ws, nil, 0)
 			continue
 		}
@@ -118,7 +126,10 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			if node.Reason != "" {
 				reason += ": " + node.Reason
 			}
-			if ws.proc.PID > 0 {
+			switch {
+			case ws.held && ws.proc.PID > 0:
+				reason += fmt.Sprintf("; stopped by an operator: engine PID %d is stopped when the node returns", ws.proc.PID)
+			case ws.proc.PID > 0:
 				reason += "; its engine will be adopted when the node returns"
 			}
 			if ws.w.State != fleet.WorkerFailed || ws.w.Reason != reason {
@@ -126,6 +137,15 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			}
 			answer(errors.New(reason))
 			m.sleep(ctx, ws, changed, 0)
+			continue
+		}
+		if ws.held {
+			// Held with an engine recorded: a stop that could not finish
+			// (node unreachable, hub killed). Stop it if it is still ours.
+			if err := m.stopHeld(ctx, ws, t); err != nil {
+				m.event("warn", ws.name, err.Error())
+				m.sleep(ctx, ws, changed, m.opts.ReconcileInterval)
+			}
 			continue
 		}
 		if wait := time.Until(backoffUntil); wait > 0 && len(pending) == 0 {
@@ -576,26 +596,69 @@ func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string
 	return nil
 }
 
+// stopHeld stops the recorded engine of a held worker, after checking it
+// still runs the worker's command (the PID may be someone else's by now).
+func (m *Manager) stopHeld(ctx context.Context, ws *workerState, t Transport) error {
+	m.mu.Lock()
+	launch := ws.w.LaunchArgv
+	m.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("checking engine PID %d before stopping it: %w", ws.proc.PID, err)
+	}
+	if !ours {
+		ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+	}
+	return m.stopEngine(ctx, ws, "stopped by an operator")
+}
+
 // retire stops the engine of a worker whose placement is gone, then forgets
-// the worker.
+// the worker. An engine on a node that cannot be reached is waited for, not
+// forgotten: the hub recorded it as a pending stop, so a hub restarted
+// meanwhile picks it up again.
 func (m *Manager) retire(ctx context.Context, ws *workerState) {
-	node, t, _, up := m.nodeFor(ws)
-	if ws.proc.PID > 0 {
+	for attempt := 1; ws.proc.PID > 0; attempt++ {
+		node, t, changed, up := m.nodeFor(ws)
 		if !up {
-			m.event("warn", ws.name, fmt.Sprintf("placement removed while node %s is unreachable; engine PID %d may still run there", node.Name, ws.proc.PID))
-		} else {
-			m.mu.Lock()
-			launch := ws.w.LaunchArgv
-			m.mu.Unlock()
-			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
-			cancel()
-			if err == nil && !ours {
-				ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+			reason := fmt.Sprintf("placement removed; engine PID %d is stopped once node %s is reachable again", ws.proc.PID, node.Name)
+			if ws.w.Reason != reason {
+				m.setState(ws, fleet.WorkerFailed, reason)
+				m.event("warn", ws.name, reason)
 			}
-			if err := m.stopEngine(ctx, ws, ""); err != nil {
-				m.event("error", ws.name, "placement removed but its engine would not stop: "+err.Error())
+			attempt = 0
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
 			}
+			continue
+		}
+		m.mu.Lock()
+		launch := ws.w.LaunchArgv
+		m.mu.Unlock()
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+		cancel()
+		if err == nil && !ours {
+			ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+		}
+		if err == nil {
+			err = m.stopEngine(ctx, ws, "")
+		}
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		wait := m.opts.restartBackoff(attempt)
+		m.event("error", ws.name, fmt.Sprintf("placement removed but its engine would not stop: %v; trying again in %s", err, wait.Round(time.Second)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
 		}
 	}
 	m.update(ws, func(w *fleet.Worker) {
