@@ -329,6 +329,19 @@ const (
 // Allows reports whether r is at least need.
 func (r Role) Allows(need Role) bool { return r.rank() >= need.rank() }
 
+// ActionRole is the role an action needs, whichever way it arrives (console
+// key, SSH exec, the local CLI): the hub enforces it and audits refusals,
+// and the console reads it only to skip a confirmation the hub would refuse.
+// shape and bench send load to workers, so they need an operator. An action
+// missing here needs an admin.
+func ActionRole(action string) Role {
+	switch action {
+	case "drain", "undrain", "restart", "stop", "start", "shape", "shape --all", "bench", "admit --force", "audit":
+		return RoleOperator
+	}
+	return RoleAdmin
+}
+
 func (r Role) rank() int {
 	switch r {
 	case RoleViewer:

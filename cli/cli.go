@@ -152,6 +152,8 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		actCmd(h, u, "drain", "stop sending new requests to workers (a node name means all its workers); in-flight ones finish"),
 		actCmd(h, u, "undrain", "let drained workers take requests again"),
 		actCmd(h, u, "restart", "drain, stop and relaunch workers; prints the new command line"),
+		actCmd(h, u, "stop", "drain and stop workers' engines; they stay stopped, across hub restarts, until 'start'"),
+		actCmd(h, u, "start", "launch stopped workers again and wait until they are ready"),
 		applyCmd(h, u, stdin),
 		&cobra.Command{
 			Use:   "export",
@@ -212,11 +214,11 @@ func noArgs(c *cobra.Command, args []string) error {
 
 func actCmd(h Hub, u fleet.User, kind, short string) *cobra.Command {
 	return &cobra.Command{
-		Use:   kind + " NODE|NODE/MODEL...",
+		Use:   kind + " NODE|NODE/MODEL|all...",
 		Short: short,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) == 0 {
-				return usageError{fmt.Errorf("%s needs at least one node or worker name (see 'workers')", kind)}
+				return usageError{fmt.Errorf("%s needs at least one node or worker name, or all (see 'workers')", kind)}
 			}
 			return nil
 		},

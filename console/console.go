@@ -42,6 +42,10 @@ type Source interface {
 	// Do performs an action and returns a message to show the operator.
 	Do(ctx context.Context, a Action) (string, error)
 	WorkerLog(ctx context.Context, worker string, lines int) ([]string, error)
+	// Refused tells the hub the user pressed a key for an action their role
+	// does not allow (fleet.ActionRole), so it is audited like a refused
+	// exec; the console shows why and does nothing.
+	Refused(kind string, targets []string)
 }
 
 // Options configure one console.
@@ -649,11 +653,14 @@ func (m *Model) maybeFetchLog(force bool) tea.Cmd {
 	}
 }
 
-// needs refuses a key the user's role does not allow, saying why.
-func (m *Model) needs(kind string, role fleet.Role) bool {
+// needs refuses a key the user's role does not allow, saying why; the hub
+// audits the refusal.
+func (m *Model) needs(kind string, targets []string) bool {
+	role := fleet.ActionRole(kind)
 	if m.opts.User.Role.Allows(role) {
 		return true
 	}
+	m.src.Refused(kind, targets)
 	have := string(m.opts.User.Role)
 	if have == "" {
 		have = "no role"
@@ -783,12 +790,12 @@ func (m *Model) mainKey(s string) tea.Cmd {
 		}
 	case "d", "r":
 		kind := map[string]string{"d": ActionDrain, "r": ActionRestart}[s]
-		if !m.needs(kind, fleet.RoleOperator) {
+		if !m.needs(kind, m.targets()) {
 			return nil
 		}
 		return m.ask(kind)
 	case "u":
-		if !m.needs(ActionUndrain, fleet.RoleOperator) {
+		if !m.needs(ActionUndrain, m.targets()) {
 			return nil
 		}
 		t := m.targets()
@@ -798,7 +805,7 @@ func (m *Model) mainKey(s string) tea.Cmd {
 		}
 		return m.do(Action{Kind: ActionUndrain, Targets: t})
 	case "b":
-		if !m.needs(ActionBench, fleet.RoleOperator) {
+		if !m.needs(ActionBench, m.targets()) {
 			return nil
 		}
 		t := m.targets()
@@ -808,14 +815,14 @@ func (m *Model) mainKey(s string) tea.Cmd {
 		}
 		return m.do(Action{Kind: ActionBench, Targets: t})
 	case "s":
-		if !m.needs("shape", fleet.RoleOperator) {
-			return nil
-		}
 		var t []string
 		for _, w := range m.snap.Workers {
 			if m.marks[w.Name()] {
 				t = append(t, w.Name())
 			}
+		}
+		if !m.needs(ActionShape, t) {
+			return nil
 		}
 		if len(t) != 2 {
 			m.setFlash(flashWarn, fmt.Sprintf("shape compares two workers: mark exactly two with space (%d marked)", len(t)))
@@ -861,25 +868,38 @@ func (m *Model) ask(kind string) tea.Cmd {
 	var prompt string
 	switch kind {
 	case ActionDrain:
-		prompt = fmt.Sprintf("Drain %s?\nIt stops taking new requests now. %s finish first;\nafter %s any still running are cancelled.",
-			describe(t), inFlightPhrase(n), shortDuration(timeout))
+		prompt = fmt.Sprintf("Drain %s?\nIt stops taking new requests now; nothing is in flight.", describe(t))
+		if n > 0 {
+			prompt = fmt.Sprintf("Drain %s?\nIt stops taking new requests now. %s finish first;\nafter %s any still running are cancelled.",
+				describe(t), inFlightPhrase(n), shortDuration(timeout))
+		}
 	case ActionRestart:
 		prompt = fmt.Sprintf("Restart %s?\nIt drains (%s, timeout %s), stops,\nthen launches again with the same recipe.",
-			describe(t), strings.ToLower(inFlightPhrase(n)), shortDuration(timeout))
+			describe(t), inFlightCount(n), shortDuration(timeout))
 	}
 	m.confirm = &pendingAction{action: Action{Kind: kind, Targets: t}, prompt: prompt}
 	m.overlay = overlayConfirm
 	return nil
 }
 
+// inFlightPhrase starts a sentence about n > 0 requests in flight.
 func inFlightPhrase(n int) string {
-	switch n {
-	case 0:
-		return "No requests are in flight to"
-	case 1:
+	if n == 1 {
 		return "1 request in flight will"
 	}
 	return fmt.Sprintf("%d requests in flight will", n)
+}
+
+// inFlightCount is the in-flight figure as a noun phrase, for inside a
+// sentence: "nothing in flight", "1 request in flight".
+func inFlightCount(n int) string {
+	switch n {
+	case 0:
+		return "nothing in flight"
+	case 1:
+		return "1 request in flight"
+	}
+	return fmt.Sprintf("%d requests in flight", n)
 }
 
 func (m *Model) confirmKey(s string) tea.Cmd {

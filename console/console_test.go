@@ -220,6 +220,36 @@ func TestViewerDangerousKeysSayWhy(t *testing.T) {
 			if a := src.Actions(); len(a) != 0 {
 				t.Fatalf("a viewer's %q reached the hub: %+v", tt.key, a)
 			}
+			// The refusal is reported, for the hub to audit it like a refused exec.
+			if r := src.RefusedActions(); len(r) != 1 || !strings.HasPrefix(tt.want, r[0].Kind+" ") {
+				t.Fatalf("refusals reported after a viewer's %q = %+v, want one", tt.key, r)
+			}
+		})
+	}
+}
+
+// The confirmations read as sentences whatever is in flight.
+func TestConfirmationWording(t *testing.T) {
+	tests := []struct {
+		key      string
+		inFlight int
+		want     string
+	}{
+		{"r", 0, "It drains (nothing in flight, timeout 5 min), stops,"},
+		{"r", 1, "It drains (1 request in flight, timeout 5 min), stops,"},
+		{"r", 3, "It drains (3 requests in flight, timeout 5 min), stops,"},
+		{"d", 0, "It stops taking new requests now; nothing is in flight."},
+		{"d", 3, "3 requests in flight will finish first"},
+	}
+	for _, tt := range tests {
+		t.Run(fmt.Sprintf("%s/%d", tt.key, tt.inFlight), func(t *testing.T) {
+			src := consoletest.Demo()
+			src.SetInFlight("rig/qwen3-4b", tt.inFlight)
+			h := newHarness(t, src, operator, 160, 30)
+			h.keys(tt.key)
+			s := h.screen()
+			mustContain(t, s, tt.want)
+			mustNotContain(t, s, "in flight to", "in flight will,")
 		})
 	}
 }

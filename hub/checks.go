@@ -81,7 +81,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 
 // Shape probes two workers with the same prompts and diffs their response shapes.
 func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Report, error) {
-	if err := h.authorize(u, fleet.RoleViewer, "shape", a+" "+b); err != nil {
+	if err := h.authorize(u, fleet.ActionRole("shape"), "shape", a+" "+b); err != nil {
 		return shape.Report{}, err
 	}
 	var shapes [2]shape.Shape
@@ -109,7 +109,7 @@ func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Repor
 
 // ShapeAll checks every ready worker of a model against its reference shape.
 func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape.Report, error) {
-	if err := h.authorize(u, fleet.RoleViewer, "shape --all", model); err != nil {
+	if err := h.authorize(u, fleet.ActionRole("shape --all"), "shape --all", model); err != nil {
 		return nil, err
 	}
 	ref, err := h.referenceShape(ctx, model)

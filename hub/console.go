@@ -38,7 +38,7 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 	case console.ActionDrain, console.ActionUndrain:
 		return s.h.Act(ctx, s.u, a.Kind, a.Targets)
 	case console.ActionRestart:
-		if err := s.h.authorize(s.u, fleet.RoleOperator, "restart", strings.Join(a.Targets, " ")); err != nil {
+		if err := s.h.authorize(s.u, fleet.ActionRole("restart"), "restart", strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		go func() {
@@ -48,6 +48,9 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 		}()
 		return fmt.Sprintf("restarting %s: drain, stop, launch (see its state and events)", strings.Join(a.Targets, ", ")), nil
 	case console.ActionShape:
+		if err := s.h.authorize(s.u, fleet.ActionRole("shape"), "shape", strings.Join(a.Targets, " ")); err != nil {
+			return "", err
+		}
 		if len(a.Targets) != 2 {
 			return "", fmt.Errorf("shape compares two workers: mark two with space, then press s")
 		}
@@ -57,7 +60,7 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 		}
 		return r.Text(120, true), nil
 	case console.ActionBench:
-		if err := s.h.authorize(s.u, fleet.RoleOperator, "bench", strings.Join(a.Targets, " ")); err != nil {
+		if err := s.h.authorize(s.u, fleet.ActionRole("bench"), "bench", strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		for _, t := range a.Targets {
@@ -73,6 +76,12 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 		return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil
 	}
 	return "", fmt.Errorf("unknown action %q", a.Kind)
+}
+
+// Refused audits a console key the user's role does not allow, as the
+// hub's refusal of the same command over SSH exec is audited.
+func (s consoleSource) Refused(kind string, targets []string) {
+	_ = s.h.authorize(s.u, fleet.ActionRole(kind), kind, strings.Join(targets, " "))
 }
 
 func (s consoleSource) WorkerLog(ctx context.Context, worker string, lines int) ([]string, error) {

@@ -256,6 +256,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	h.mgr.SetDesired(f)
 	h.mgr.Restore(known)
+	if err := h.restorePendingStops(ctx, f); err != nil {
+		return nil, err
+	}
 	return h, nil
 }
 
@@ -505,7 +508,11 @@ func (h *Hub) onWorker(w fleet.Worker) {
 	h.workers[w.Name()] = w
 	h.mu.Unlock()
 	saved, err := h.store.SaveWorker(context.Background(), w)
-	if err != nil {
+	if errors.Is(err, store.ErrNotFound) {
+		// A retiring worker whose node or model left the fleet: its pending
+		// stop, not a worker row, keeps it until its engine is stopped.
+		h.log.Debug("not persisting a worker that left the fleet", "worker", w.Name(), "state", w.State)
+	} else if err != nil {
 		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
 	} else {
 		h.mu.Lock()
@@ -525,11 +532,19 @@ func (h *Hub) onWorkerRemoved(w fleet.Worker) {
 	if err := h.store.DeleteWorker(context.Background(), w.Node, w.Model); err != nil && !errors.Is(err, store.ErrNotFound) {
 		h.log.Warn("could not forget a removed worker", "worker", w.Name(), "err", err)
 	}
+	if err := h.store.DeletePendingStop(context.Background(), w.Name()); err != nil {
+		h.log.Warn("could not forget the pending stop of a stopped engine", "worker", w.Name(), "err", err)
+	}
 	h.syncRouter()
 }
 
 func (h *Hub) onNode(n fleet.Node) {
 	h.mu.Lock()
+	if _, declared := h.nodes[n.Name]; !declared {
+		// A node that left the fleet, kept connected only to stop its engines.
+		h.mu.Unlock()
+		return
+	}
 	h.nodes[n.Name] = n
 	h.mu.Unlock()
 	ctx := context.Background()
@@ -654,12 +669,21 @@ func roleName(r fleet.Role) string {
 }
 
 // resolve turns names typed by an operator into worker names: a node name is
-// every worker on it; NODE/MODEL is one worker.
+// every worker on it; NODE/MODEL is one worker; "all" is every worker.
 func (h *Hub) resolve(targets []string) ([]string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	var out []string
 	for _, t := range targets {
+		if t == "all" {
+			if len(h.workers) == 0 {
+				return nil, errors.New("the fleet has no workers yet; place a model in the fleet file")
+			}
+			for name := range h.workers {
+				out = append(out, name)
+			}
+			continue
+		}
 		if _, ok := h.workers[t]; ok {
 			out = append(out, t)
 			continue
@@ -691,17 +715,20 @@ func (h *Hub) resolve(targets []string) ([]string, error) {
 func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error) {
 	target := strings.Join(targets, " ")
 	switch kind {
-	case "drain", "undrain", "restart":
+	case "drain", "undrain", "restart", "stop", "start":
 	default:
-		return "", fmt.Errorf("unknown action %q: use drain, undrain or restart", kind)
+		return "", fmt.Errorf("unknown action %q: use drain, undrain, restart, stop or start", kind)
 	}
-	if err := h.authorize(u, fleet.RoleOperator, kind, target); err != nil {
+	if err := h.authorize(u, fleet.ActionRole(kind), kind, target); err != nil {
 		return "", err
 	}
 	names, err := h.resolve(targets)
 	if err != nil {
 		h.audit(u, kind, target, "failed: "+err.Error())
 		return "", err
+	}
+	if kind == "stop" || kind == "start" {
+		return h.stopStart(ctx, u, kind, names)
 	}
 	var msgs []string
 	for _, name := range names {
@@ -833,6 +860,12 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 	if err != nil {
 		return "", err
 	}
+	// A dry run validates exactly as an apply does, launch checks included.
+	for _, m := range next.Models {
+		if err := enginectl.CheckRecipes(m); err != nil {
+			return "", fmt.Errorf("%s: %w; nothing was changed", filename, err)
+		}
+	}
 	cur, err := h.store.LoadFleet(ctx)
 	if err != nil {
 		return "", err
@@ -952,6 +985,9 @@ type hostKeys struct{ st *store.Store }
 
 func (k hostKeys) PinnedHostKey(ctx context.Context, node string) (string, error) {
 	n, err := k.st.Node(ctx, node)
+	if errors.Is(err, store.ErrNotFound) {
+		return pendingHostKey(ctx, k.st, node)
+	}
 	if err != nil {
 		return "", err
 	}

@@ -261,6 +261,14 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			_, err := h.Act(ctx, u, "restart", []string{"nope"})
 			return err
 		}},
+		{"stop", "stop", fleet.RoleOperator, true, failsWith(unknown + "; " + knownWorkers), func(ctx context.Context, h *Hub, u fleet.User) error {
+			_, err := h.Act(ctx, u, "stop", []string{"nope"})
+			return err
+		}},
+		{"start", "start", fleet.RoleOperator, true, failsWith(unknown + "; " + knownWorkers), func(ctx context.Context, h *Hub, u fleet.User) error {
+			_, err := h.Act(ctx, u, "start", []string{"nope"})
+			return err
+		}},
 		{"apply", "apply", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
 			_, err := h.Apply(ctx, u, "demo.yaml", fleetfile.Demo, false)
 			return err
@@ -327,11 +335,12 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}, func(ctx context.Context, h *Hub, u fleet.User) error {
 			return h.SetTheme(ctx, u, "dark")
 		}},
-		{"shape", "shape", fleet.RoleViewer, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
+		// shape sends load to workers: an operator's, as in the console.
+		{"shape", "shape", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
 			_, err := h.Shape(ctx, u, "nope", ultraWorker)
 			return err
 		}},
-		{"shape all", "shape --all", fleet.RoleViewer, false, failsWith("model qwen3-4b has no reference shape yet"), func(ctx context.Context, h *Hub, u fleet.User) error {
+		{"shape all", "shape --all", fleet.RoleOperator, false, failsWith("model qwen3-4b has no reference shape yet"), func(ctx context.Context, h *Hub, u fleet.User) error {
 			_, err := h.ShapeAll(ctx, u, "qwen3-4b")
 			return err
 		}},
@@ -423,7 +432,7 @@ func TestConsoleSourceRoles(t *testing.T) {
 				return // the allowed paths are TestRolesEnforcedAndAudited's; restart here would outlive the test
 			}
 			before := state(t, h)
-			for _, kind := range []string{console.ActionDrain, console.ActionRestart, console.ActionBench} {
+			for _, kind := range []string{console.ActionDrain, console.ActionRestart, console.ActionBench, console.ActionShape} {
 				mark := lastAuditID(t, h)
 				_, err := src.Do(t.Context(), console.Action{Kind: kind, Targets: []string{ultraWorker}})
 				if err == nil || !strings.Contains(err.Error(), "permission denied") || !strings.Contains(err.Error(), "operator") {
@@ -431,6 +440,14 @@ func TestConsoleSourceRoles(t *testing.T) {
 				}
 				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != kind || !strings.HasPrefix(a[0].Outcome, "denied") {
 					t.Errorf("audit after the console's refused %s = %+v, want one denied %s line", kind, a, kind)
+				}
+			}
+			// A key the console refuses itself is audited like a refused exec.
+			for _, kind := range []string{console.ActionDrain, console.ActionUndrain, console.ActionRestart, console.ActionBench, console.ActionShape} {
+				mark := lastAuditID(t, h)
+				src.Refused(kind, []string{ultraWorker})
+				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != kind || a[0].User != u.Name || a[0].Target != ultraWorker || !strings.HasPrefix(a[0].Outcome, "denied: needs operator") {
+					t.Errorf("audit after the console refused %s = %+v, want one \"denied: needs operator\" line by %s", kind, a, u.Name)
 				}
 			}
 			if after := state(t, h); after != before {

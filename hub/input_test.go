@@ -26,6 +26,17 @@ func withoutMax(t *testing.T) []byte {
 	return []byte(s)
 }
 
+// ownedFlagFleet is the demo fleet whose llama.cpp recipe passes -c, the
+// context flag fleet sets itself: the file parses, the launcher refuses it.
+func ownedFlagFleet(t *testing.T) string {
+	t.Helper()
+	old := `args: [-ngl, "99",`
+	if !strings.Contains(string(fleetfile.Demo), old) {
+		t.Fatalf("the demo fleet changed: %q is not in it", old)
+	}
+	return strings.Replace(string(fleetfile.Demo), old, `args: [-c, "4096", -ngl, "99",`, 1)
+}
+
 // hubNodes is what the running hub (not only the store) believes the nodes are.
 func hubNodes(h *Hub) []string {
 	h.mu.Lock()
@@ -62,6 +73,9 @@ func TestApplyLosesNothing(t *testing.T) {
 		{name: "malformed dry run", data: "nodes: [rig\n", dryRun: true, wantErr: "bad.yaml:1: not valid YAML"},
 		{name: "dry run of a real change", data: string(withoutMax(t)), dryRun: true, wantPlan: "max"},
 		{name: "dry run of no change", data: string(fleetfile.Demo), dryRun: true, wantPlan: "no changes"},
+		// A dry run refuses what the launcher would refuse, as apply does.
+		{name: "dry run of a flag fleet sets", data: ownedFlagFleet(t), dryRun: true, wantErr: "bad.yaml: model qwen3-4b: recipe llamacpp passes -c, which fleet sets itself"},
+		{name: "apply of a flag fleet sets", data: ownedFlagFleet(t), wantErr: "bad.yaml: model qwen3-4b: recipe llamacpp passes -c, which fleet sets itself"},
 		// The control: the same change applied for real does show up, so
 		// the comparisons above can see one.
 		{name: "applied change", data: string(withoutMax(t)), wantPlan: "max", changes: true},
@@ -141,7 +155,7 @@ func TestActUnknownNames(t *testing.T) {
 		{name: "undrain unknown", kind: "undrain", targets: []string{"nope"}, wantErr: knownWorkers},
 		{name: "restart unknown", kind: "restart", targets: []string{"nope"}, wantErr: knownWorkers},
 		{name: "declared node without workers", kind: "drain", targets: []string{"rig"}, wantErr: `node "rig" has no workers yet; place a model on it in the fleet file (` + knownWorkers + ")"},
-		{name: "unknown action", kind: "stop", targets: []string{"ultra"}, wantErr: `unknown action "stop": use drain, undrain or restart`},
+		{name: "unknown action", kind: "halt", targets: []string{"ultra"}, wantErr: `unknown action "halt": use drain, undrain, restart, stop or start`},
 		// The controls: good names do reach the workers.
 		{name: "node name", kind: "drain", targets: []string{"ultra"}, drained: []string{ultraWorker}},
 		{name: "worker name", kind: "drain", targets: []string{maxWorker}, drained: []string{maxWorker}},

@@ -67,6 +67,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 			Short:              c.Short + " (runs in the hub)",
 			DisableFlagParsing: true,
 			RunE: func(cmd *cobra.Command, rest []string) error {
+				// Help is the hub's command tree printed here: it never
+				// needs a running hub.
+				if wantsHelp(rest) {
+					return printHubHelp(c, rest, stdout)
+				}
 				// Flag parsing is off so the hub parses its own flags;
 				// --data, typed anywhere, is this process's.
 				fwdArgs, fwdIn, err := localArgs(cmd.Name(), rest, stdin, &dataDir)
@@ -94,6 +99,30 @@ func hubCommands() []*cobra.Command {
 	tmp := &cobra.Command{Use: "fleet"}
 	cli.Attach(tmp, nil, fleet.User{}, nil)
 	return tmp.Commands()
+}
+
+// wantsHelp says whether args ask for help (-h or --help before any "--").
+func wantsHelp(args []string) bool {
+	for _, a := range args {
+		switch a {
+		case "--":
+			return false
+		case "-h", "--help":
+			return true
+		}
+	}
+	return false
+}
+
+// printHubHelp prints the help of the hub command c, or of its subcommand
+// that args name (`fleet user add --help`).
+func printHubHelp(c *cobra.Command, args []string, stdout io.Writer) error {
+	target := c
+	if sub, _, err := c.Find(args); err == nil && sub != nil {
+		target = sub
+	}
+	target.SetOut(stdout)
+	return target.Help()
 }
 
 // localArgs adapts what only makes sense on this side of the socket: the
@@ -124,6 +153,8 @@ func localArgs(name string, args []string, stdin io.Reader, dataDir *string) ([]
 		}
 	}
 	switch {
+	case file == "-": // the usual spelling of standard input
+		return out, stdin, nil
 	case file != "":
 		f, err := os.Open(file)
 		if err != nil {

@@ -23,6 +23,7 @@ type Source struct {
 	snap    fleet.Snapshot
 	ticks   int
 	actions []console.Action
+	refused []console.Action
 	// Err, when set, is returned by Do.
 	Err error
 	// Reply is the text Do returns for shape and bench. Left empty, bench
@@ -248,4 +249,18 @@ func (s *Source) SetInFlight(worker string, n int) {
 			s.snap.Workers[i].InFlight = n
 		}
 	}
+}
+
+// Refused records a key the user's role did not allow, as the hub audits it.
+func (s *Source) Refused(kind string, targets []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.refused = append(s.refused, console.Action{Kind: kind, Targets: slices.Clone(targets)})
+}
+
+// RefusedActions returns the refusals reported so far.
+func (s *Source) RefusedActions() []console.Action {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return slices.Clone(s.refused)
 }

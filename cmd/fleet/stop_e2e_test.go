@@ -1,0 +1,127 @@
+package main
+
+import (
+	"encoding/json"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// waitNoSims waits until no simulated engine of data runs.
+func waitNoSims(t *testing.T, data string, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for len(simsOf(data)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d simulated engines still run: %v", len(simsOf(data)), simsOf(data))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// waitNodesUp waits until n nodes are up: the hub has probed them, so its
+// workers have had the chance to launch.
+func waitNodesUp(t *testing.T, data string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		out, code := fleetCmd(t, data, "nodes", "--json")
+		var ns []fleet.Node
+		up := 0
+		if code == 0 && json.Unmarshal([]byte(out), &ns) == nil {
+			for _, x := range ns {
+				if x.State == fleet.NodeUp {
+					up++
+				}
+			}
+		}
+		if up == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d nodes up within %s: %s", up, n, within, out)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// `fleet stop all` leaves no engine process, a restarted hub launches none,
+// and `fleet start all` brings the fleet back.
+func TestDemoStopAllStaysStoppedAcrossRestart(t *testing.T) {
+	data := t.TempDir()
+	port := freePort(t)
+	h := startHub(t, data, port)
+	waitReady(t, data, 3, 60*time.Second)
+	if n := len(simsOf(data)); n != 3 {
+		t.Fatalf("%d simulated engines before the stop, want 3", n)
+	}
+
+	out, code := fleetCmd(t, data, "stop", "all")
+	if code != 0 || strings.Count(out, "stays stopped") != 3 {
+		t.Fatalf("stop all: exit %d:\n%s", code, out)
+	}
+	waitNoSims(t, data, 30*time.Second)
+	for _, w := range workersJSON(t, data) {
+		if w.State != fleet.WorkerStopped || !w.Held || w.PID != 0 {
+			t.Errorf("%s after stop all: %s held=%v PID %d", w.Name(), w.State, w.Held, w.PID)
+		}
+	}
+	if audit, _ := fleetCmd(t, data, "audit"); strings.Count(audit, "stop") < 3 {
+		t.Errorf("stop is not audited per worker:\n%s", audit)
+	}
+
+	h.cmd.Process.Signal(syscall.SIGTERM)
+	h.cmd.Wait()
+	startHub(t, data, port)
+	waitNodesUp(t, data, 3, 60*time.Second)
+	// The nodes are up, so every worker's supervisor has looked at it;
+	// give them a few reconcile rounds to do something they must not.
+	time.Sleep(3 * time.Second)
+	if n := len(simsOf(data)); n != 0 {
+		t.Fatalf("the restarted hub launched %d engines of a stopped fleet", n)
+	}
+	for _, w := range workersJSON(t, data) {
+		if w.State != fleet.WorkerStopped {
+			t.Errorf("%s after the hub restarted: %s (%s), want stopped", w.Name(), w.State, w.Reason)
+		}
+	}
+
+	if out, code := fleetCmd(t, data, "start", "all"); code != 0 {
+		t.Fatalf("start all: exit %d:\n%s", code, out)
+	}
+	ws := waitReady(t, data, 3, 60*time.Second)
+	for _, w := range ws {
+		if w.Held {
+			t.Errorf("%s still held after start all", w.Name())
+		}
+	}
+	if n := len(simsOf(data)); n != 3 {
+		t.Errorf("%d simulated engines after start all, want 3", n)
+	}
+}
+
+// An empty fleet file removes the nodes and their placements together; their
+// engines are stopped, not left running untracked.
+func TestApplyEmptyFleetStopsEveryEngine(t *testing.T) {
+	data := t.TempDir()
+	startHub(t, data, freePort(t))
+	waitReady(t, data, 3, 60*time.Second)
+	out, code := fleetCmdIn(t, data, "nodes: []\nmodels: []\nplacements: []\n", "apply", "-f", "-")
+	if code != 0 {
+		t.Fatalf("apply of an empty fleet from standard input: exit %d:\n%s", code, out)
+	}
+	waitNoSims(t, data, 60*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for len(workersJSON(t, data)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("workers still listed: %+v", workersJSON(t, data))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	if events, _ := fleetCmd(t, data, "events", "--limit", "200"); strings.Contains(events, "may still run") {
+		t.Errorf("an engine was left running:\n%s", events)
+	}
+}

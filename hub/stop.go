@@ -1,0 +1,122 @@
+package hub
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+
+	"fleet"
+	"fleet/store"
+)
+
+// stopStart carries out `fleet stop` and `fleet start` on workers at once
+// (a whole fleet waits for its slowest worker, not for the sum of them) and
+// audits each worker. A stop drains first, like restart; the hold it records
+// outlives the hub, so a restarted hub launches none of these workers until
+// `fleet start`.
+func (h *Hub) stopStart(ctx context.Context, u fleet.User, kind string, names []string) (string, error) {
+	msgs := make([]string, len(names))
+	errs := make([]error, len(names))
+	var wg sync.WaitGroup
+	for i, name := range names {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if kind == "stop" {
+				msgs[i], errs[i] = h.stopWorker(ctx, name)
+			} else {
+				msgs[i], errs[i] = h.startWorker(ctx, name)
+			}
+			if errs[i] != nil {
+				h.audit(u, kind, name, "failed: "+errs[i].Error())
+				return
+			}
+			h.audit(u, kind, name, "ok")
+		}()
+	}
+	wg.Wait()
+	var out []string
+	for _, m := range msgs {
+		if m != "" {
+			out = append(out, m)
+		}
+	}
+	return strings.Join(out, "\n"), errors.Join(errs...)
+}
+
+func (h *Hub) stopWorker(ctx context.Context, name string) (string, error) {
+	h.router.Drain(name)
+	inflight := h.router.InFlight(name)
+	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: fmt.Sprintf("stopping: draining first, %d in flight", inflight)})
+	wait, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
+	err := h.router.WaitIdle(wait, name)
+	cancel()
+	if err != nil {
+		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("stop: drain timed out; stopping with %d requests in flight", h.router.InFlight(name))})
+	}
+	err = h.mgr.StopWorker(ctx, name)
+	// The router's drain served the stop; an operator's own drain stays.
+	h.mu.Lock()
+	drained := h.workers[name].Drained
+	h.mu.Unlock()
+	if !drained {
+		h.router.Undrain(name)
+	}
+	if err != nil {
+		return "", fmt.Errorf("stopping %s: %w", name, err)
+	}
+	return fmt.Sprintf("stopped %s: it stays stopped, across hub restarts, until `fleet start %s`", name, name), nil
+}
+
+func (h *Hub) startWorker(ctx context.Context, name string) (string, error) {
+	if err := h.mgr.StartWorker(ctx, name); err != nil {
+		return "", fmt.Errorf("starting %s: %w", name, err)
+	}
+	h.mu.Lock()
+	w := h.workers[name]
+	h.mu.Unlock()
+	return fmt.Sprintf("started %s: %s, PID %d", name, w.State, w.PID), nil
+}
+
+// restorePendingStops hands the node manager the engines of removed
+// placements that a previous hub had not stopped yet. One whose worker the
+// fleet places again is that worker's engine now: its record moves to the
+// worker, which adopts it.
+func (h *Hub) restorePendingStops(ctx context.Context, f fleet.Fleet) error {
+	ps, err := h.store.PendingStops(ctx)
+	if err != nil {
+		return err
+	}
+	placed := map[string]bool{}
+	for _, p := range f.Placements {
+		placed[p.Node+"/"+p.Model] = true
+	}
+	for _, p := range ps {
+		h.mgr.RestoreRemoved(p.Worker, p.Node)
+		if placed[p.Worker.Name()] {
+			if err := h.store.DeletePendingStop(ctx, p.Worker.Name()); err != nil {
+				return err
+			}
+			continue
+		}
+		h.log.Info("engine of a removed placement still to stop", "worker", p.Worker.Name(), "pid", p.Worker.PID, "node", p.Node.Name)
+	}
+	return nil
+}
+
+// pendingHostKey is the pinned key recorded with a pending stop, for a node
+// that left the fleet with engines still to stop.
+func pendingHostKey(ctx context.Context, st *store.Store, node string) (string, error) {
+	ps, err := st.PendingStops(ctx)
+	if err != nil {
+		return "", err
+	}
+	for _, p := range ps {
+		if p.Node.Name == node && p.Node.HostKey != "" {
+			return p.Node.HostKey, nil
+		}
+	}
+	return "", nil
+}
