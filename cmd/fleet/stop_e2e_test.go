@@ -1,13 +1,16 @@
 package main
 
 import (
+	"context"
 	"encoding/json"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
 
 	"fleet"
+	"fleet/store"
 )
 
 // waitNoSims waits until no simulated engine of data runs.
@@ -123,5 +126,54 @@ func TestApplyEmptyFleetStopsEveryEngine(t *testing.T) {
 	}
 	if events, _ := fleetCmd(t, data, "events", "--limit", "200"); strings.Contains(events, "may still run") {
 		t.Errorf("an engine was left running:\n%s", events)
+	}
+}
+
+// A hub killed right after an apply removed the nodes, before it stopped
+// their engines, finds the pending stops when it starts again and carries
+// them out through the nodes as recorded, though the fleet no longer has them.
+func TestPendingStopsSurviveAHubKill(t *testing.T) {
+	data := t.TempDir()
+	port := freePort(t)
+	h := startHub(t, data, port)
+	waitReady(t, data, 3, 60*time.Second)
+	h.cmd.Process.Kill()
+	h.cmd.Wait()
+	if n := len(simsOf(data)); n != 3 {
+		t.Fatalf("%d engines after the hub was killed, want its 3", n)
+	}
+
+	// The apply the killed hub committed: every node and placement gone.
+	ctx := context.Background()
+	st, err := store.Open(ctx, filepath.Join(data, "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := st.ApplyFleet(ctx, fleet.Fleet{}); err != nil {
+		t.Fatal(err)
+	}
+	ps, err := st.PendingStops(ctx)
+	st.Close()
+	if err != nil || len(ps) != 3 {
+		t.Fatalf("pending stops after the apply: %+v, %v; want the 3 engines", ps, err)
+	}
+
+	launchHub(t, data, port) // no fleet file: the stored, empty fleet
+	waitNoSims(t, data, 60*time.Second)
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := store.Open(ctx, filepath.Join(data, "fleet.db"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		ps, err = st.PendingStops(ctx)
+		st.Close()
+		if err == nil && len(ps) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("pending stops not forgotten after their engines stopped: %+v, %v", ps, err)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
