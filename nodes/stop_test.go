@@ -2,7 +2,10 @@ package nodes
 
 import (
 	"context"
+	"os"
+	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -243,5 +246,66 @@ func TestManagerStopsWhenUnreachableNodeReturns(t *testing.T) {
 	}
 	if h.rec.eventLike("may still run") {
 		t.Errorf("an engine was given up on:\n%s", h.rec.dump())
+	}
+}
+
+// Another process on the host takes the port fleet just found free before
+// the engine binds it: the worker moves to another port at once instead of
+// failing into a 10 s backoff (the demo took 21 s instead of 6).
+func TestManagerLaunchLosesItsPortToAStranger(t *testing.T) {
+	dir := t.TempDir()
+	// The first launch starts a stranger on the engine's port, in a session
+	// of its own (not the engine's group), and never listens itself; later
+	// launches run the engine.
+	script := filepath.Join(dir, "llama-server")
+	body := `#!/bin/sh
+port=""; prev=""
+for a in "$@"; do [ "$prev" = "--port" ] && port=$a; prev=$a; done
+if [ ! -e ` + dir + `/taken ]; then
+	: > ` + dir + `/taken
+	setsid ` + fakeEngine + ` --port "$port" -a stranger </dev/null >/dev/null 2>&1 &
+	exec sleep 600
+fi
+exec ` + fakeEngine + ` "$@"
+`
+	if err := os.WriteFile(script, []byte(body), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.RestartBackoff = func(int) time.Duration { return time.Hour } // a backoff would fail the test
+	})
+	cleanupEngines(t, h)
+	m := localModel()
+	r := m.Recipes[fleet.EngineLlamaCpp]
+	r.Bin = script
+	m.Recipes[fleet.EngineLlamaCpp] = r
+	h.m.SetDesired(fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "hub", Address: fleet.AddressLocal}},
+		Models:     []fleet.Model{m},
+		Placements: []fleet.Placement{{Model: m.ID, Node: "hub"}},
+	})
+	h.run()
+	w := h.waitReady("hub/qwen3-4b")
+	var first int
+	h.rec.mu.Lock()
+	for _, x := range h.rec.workers {
+		if x.Port != 0 && first == 0 {
+			first = x.Port
+		}
+	}
+	h.rec.mu.Unlock()
+	t.Cleanup(func() {
+		for _, pid := range enginesOnPort(first) {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	})
+	if w.Port == first || w.Restarts != 0 {
+		t.Errorf("ready on port %d (first picked %d) after %d restarts; want another port and no failure\n%s", w.Port, first, w.Restarts, h.rec.dump())
+	}
+	if !h.rec.eventLike("launching again on another port") {
+		t.Errorf("no event says the port was lost:\n%s", h.rec.dump())
+	}
+	if len(enginesOnPort(first)) != 1 {
+		t.Errorf("the stranger on port %d was touched: %v", first, enginesOnPort(first))
 	}
 }

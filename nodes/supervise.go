@@ -38,6 +38,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		backoffUntil time.Time // no relaunch before this
 		pending      []chan error
 		readySince   time.Time
+		portLosses   int // launches in a row whose port another process took
 	)
 	m.mu.Lock()
 	ws.held = ws.w.Held
@@ -191,6 +192,13 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			if err != nil && interrupted && actx.Err() != nil {
 				continue // an operator request cut the launch short
 			}
+			var lost *portLostError
+			if errors.As(err, &lost) && portLosses < maxPortLosses {
+				portLosses++
+				m.event("warn", ws.name, err.Error()+"; launching again on another port")
+				continue
+			}
+			portLosses = 0
 			if err != nil {
 				answer(err)
 				if !m.reachable(ctx, t) {
@@ -232,6 +240,17 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		}
 	}
 }
+
+// portLostError is a launch that lost its freshly picked port to another
+// process; the supervisor relaunches on another port at once, a few times.
+type portLostError struct{ err error }
+
+func (e *portLostError) Error() string { return e.err.Error() }
+func (e *portLostError) Unwrap() error { return e.err }
+
+// maxPortLosses bounds immediate relaunches after lost ports; beyond it the
+// usual backoff applies.
+const maxPortLosses = 3
 
 func cmpErr(err, fallback error) error {
 	if err != nil {
@@ -434,6 +453,18 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 			if serr := m.stopEngine(ctx, ws, ""); serr != nil {
 				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
 			}
+		}
+		if errors.Is(err, enginectl.ErrNotOurs) && port != prevPort {
+			// Another process took the port fleet had just found free,
+			// before the engine bound it: the host's ports are shared with
+			// more than this fleet. Skip the port, not the next 10 s.
+			m.mu.Lock()
+			if ws.strangerPorts == nil {
+				ws.strangerPorts = map[int]bool{}
+			}
+			ws.strangerPorts[port] = true
+			m.mu.Unlock()
+			return &portLostError{err: err}
 		}
 		return err
 	}
