@@ -385,8 +385,9 @@ func (m *Manager) sync(ctx context.Context) {
 	for _, n := range m.desired.Nodes {
 		wantNodes[n.Name] = n
 	}
-	// keep returns the node a retiring worker needs: the one connected now,
-	// else the one a previous hub recorded with its pending stop.
+	// keep adds to wantNodes the node a retiring worker needs, when not
+	// declared: the one connected now, else the one a previous hub recorded
+	// with its pending stop. It reports whether any is known.
 	keep := func(name string) bool {
 		if _, ok := wantNodes[name]; ok {
 			return true
