@@ -781,7 +781,8 @@ func (m *Model) renderText() []string {
 }
 
 // helpEntries lists every key; the SSH layer's docs and the tests use it too.
-var helpEntries = []struct{ key, what, role string }{
+// action names the hub action a key triggers; its role is fleet.ActionRole's.
+var helpEntries = []struct{ key, what, action string }{
 	{"↑ ↓ / k j", "move the cursor; scroll the detail or a text panel", ""},
 	{"pgup pgdown", "move a page", ""},
 	{"g G / home end", "first / last row", ""},
@@ -791,11 +792,11 @@ var helpEntries = []struct{ key, what, role string }{
 	{"/", "filter the view as you type (enter keeps it, esc clears it)", ""},
 	{"space", "mark a worker; d, u, r and b act on the marked workers", ""},
 	{"esc", "clear the filter, then the marks; close a panel", ""},
-	{"d", "drain: no new requests, in-flight ones finish (asks first)", "operator"},
-	{"u", "undrain: take requests again", "operator"},
-	{"r", "restart: drain, stop, launch again (asks first)", "operator"},
-	{"s", "shape: compare the responses of the two marked workers", "operator"},
-	{"b", "bench: measure the worker at 1, 2 and 4 concurrent requests", "operator"},
+	{"d", "drain: no new requests, in-flight ones finish (asks first)", ActionDrain},
+	{"u", "undrain: take requests again", ActionUndrain},
+	{"r", "restart: drain, stop, launch again (asks first)", ActionRestart},
+	{"s", "shape: compare the responses of the two marked workers", ActionShape},
+	{"b", "bench: measure the worker at 1, 2 and 4 concurrent requests", ActionBench},
 	{"?", "this help", ""},
 	{"q / ctrl+c", "quit (q closes a panel first)", ""},
 }
@@ -805,9 +806,10 @@ func (m *Model) renderHelp() []string {
 	lines := []string{t.Accent.Render("Keys") + t.Muted.Render(fmt.Sprintf("  (you are %s, role %s)", m.opts.User.Name, m.opts.User.Role))}
 	for _, e := range helpEntries {
 		role := ""
-		if e.role != "" {
-			role = " [" + e.role + "]"
-			if !m.opts.User.Role.Allows(fleet.Role(e.role)) {
+		if e.action != "" {
+			need := fleet.ActionRole(e.action)
+			role = " [" + string(need) + "]"
+			if !m.opts.User.Role.Allows(need) {
 				role += " not for you"
 			}
 		}
