@@ -249,6 +249,11 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	for _, w := range known {
+		// What the store says is history until the node manager has checked
+		// the engine: a worker is not shown (or routed to) as ready before.
+		if w.State != fleet.WorkerStopped && w.State != fleet.WorkerRejected {
+			w.State, w.Reason = fleet.WorkerStarting, "checking the engine recorded before the hub restarted"
+		}
 		h.workers[w.Name()] = w
 	}
 	if err := h.loadBenchRuns(ctx); err != nil {
