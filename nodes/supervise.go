@@ -144,8 +144,10 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			// Held with an engine recorded: a stop that could not finish
 			// (node unreachable, hub killed). Stop it if it is still ours.
 			if err := m.stopHeld(ctx, ws, t); err != nil {
-				m.event("warn", ws.name, err.Error())
-				m.sleep(ctx, ws, changed, m.opts.ReconcileInterval)
+				failures++
+				wait := m.opts.restartBackoff(failures)
+				m.event("warn", ws.name, fmt.Sprintf("%v; trying again in %s", err, wait.Round(time.Second)))
+				m.sleep(ctx, ws, changed, wait)
 			}
 			continue
 		}
