@@ -21,6 +21,12 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, kind string, names []
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
+		// The audit line comes first: an action it cannot record is not done.
+		line, err := h.begin(u, kind, name)
+		if err != nil {
+			errs[i] = err
+			continue
+		}
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -29,11 +35,7 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, kind string, names []
 			} else {
 				msgs[i], errs[i] = h.startWorker(ctx, name)
 			}
-			if errs[i] != nil {
-				h.audit(u, kind, name, "failed: "+errs[i].Error())
-				return
-			}
-			h.audit(u, kind, name, "ok")
+			line.endErr(errs[i])
 		}()
 	}
 	wg.Wait()
