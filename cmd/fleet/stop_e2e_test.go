@@ -178,3 +178,47 @@ func TestPendingStopsSurviveAHubKill(t *testing.T) {
 		time.Sleep(200 * time.Millisecond)
 	}
 }
+
+// A node removed from the fleet while it is unreachable keeps its engine on
+// the hub's books: across a hub restart, the hub reaches the node again by
+// the address and host key recorded with the pending stop, and stops it.
+func TestUnreachableRemovedNodeIsStoppedAfterAHubRestart(t *testing.T) {
+	f := startSSHFleet(t, "remote")
+	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	if !alive(w.PID) {
+		t.Fatalf("engine PID %d is not running", w.PID)
+	}
+
+	f.sshd.Kill()
+	waitWorker(t, f.data, w.Name(), "out of the ready set", 45*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	if out, code := fleetCmdIn(t, f.data, "nodes: []\nmodels: []\nplacements: []\n", "apply", "-f", "-"); code != 0 {
+		t.Fatalf("apply of an empty fleet: exit %d:\n%s", code, out)
+	}
+	waitWorker(t, f.data, w.Name(), "waiting for its node", 45*time.Second, func(x fleet.WorkerView) bool {
+		return strings.Contains(x.Reason, "is stopped once node remote is reachable again")
+	})
+	if !alive(w.PID) {
+		t.Fatal("the engine died with the node's sshd; the test needs it running")
+	}
+
+	// The hub restarts on the stored (empty) fleet, then the node returns.
+	f.hub.cmd.Process.Signal(syscall.SIGTERM)
+	f.hub.cmd.Wait()
+	f.hub = launchHub(t, f.data, f.httpPort, "--log-level", "debug")
+	f.sshd.Start()
+	deadline := time.Now().Add(90 * time.Second)
+	for alive(w.PID) {
+		if time.Now().After(deadline) {
+			evs, _ := fleetCmd(t, f.data, "events", "--limit", "100")
+			t.Fatalf("engine PID %d of the removed node still runs after the node returned:\n%s", w.PID, evs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	deadline = time.Now().Add(30 * time.Second)
+	for len(workersJSON(t, f.data)) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("the stopped engine's worker is still listed: %+v", workersJSON(t, f.data))
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
