@@ -232,6 +232,19 @@ func BuildCommand(spec Spec) (Command, error) {
 	return cmd, nil
 }
 
+// ServedName is the model name an engine of kind engine answers to for m:
+// the model ID (vLLM --served-model-name, llama-server -a), or the Ollama
+// tag, which Ollama serves under its own name. The router rewrites request
+// bodies to it, and checks probe engines with it.
+func ServedName(m fleet.Model, engine fleet.EngineKind) string {
+	if engine == fleet.EngineOllama {
+		if r, ok := m.Recipes[engine]; ok && r.Model != "" {
+			return r.Model
+		}
+	}
+	return m.ID
+}
+
 var envKey = regexp.MustCompile(`^[A-Za-z_][A-Za-z0-9_]*$`)
 
 func mimicOf(set fleet.EngineKind, profile string) fleet.EngineKind {
@@ -328,7 +341,7 @@ func vllmCommand(engine fleet.EngineKind, m fleet.Model, r fleet.Recipe, host st
 		}
 		slots = n
 	}
-	return Command{Argv: argv, Env: maps.Clone(r.Env), ServedName: m.ID, Context: m.Context, Slots: slots}, nil
+	return Command{Argv: argv, Env: maps.Clone(r.Env), ServedName: ServedName(m, engine), Context: m.Context, Slots: slots}, nil
 }
 
 // hfRef matches a Hugging Face "owner/repo" with an optional ":quant".
@@ -377,7 +390,7 @@ func llamaCommand(m fleet.Model, r fleet.Recipe, host string, port int) (Command
 		argv = append(argv, "--kv-unified")
 	}
 	argv = append(argv, r.Args...)
-	return Command{Argv: argv, Env: maps.Clone(r.Env), ServedName: m.ID, Context: m.Context, Slots: slots}, nil
+	return Command{Argv: argv, Env: maps.Clone(r.Env), ServedName: ServedName(m, fleet.EngineLlamaCpp), Context: m.Context, Slots: slots}, nil
 }
 
 // isHFRef tells "Qwen/Qwen3-4B-GGUF:Q4_K_M" (download) from a file path.
@@ -425,5 +438,5 @@ func ollamaCommand(m fleet.Model, r fleet.Recipe, host string, port int) (Comman
 	env["OLLAMA_CONTEXT_LENGTH"] = strconv.Itoa(m.Context)
 	env["OLLAMA_NUM_PARALLEL"] = strconv.Itoa(slots)
 	// Ollama answers to its own tag, so that is the name /v1/models lists.
-	return Command{Argv: []string{bin, "serve"}, Env: env, ServedName: r.Model, Context: m.Context, Slots: slots}, nil
+	return Command{Argv: []string{bin, "serve"}, Env: env, ServedName: ServedName(m, fleet.EngineOllama), Context: m.Context, Slots: slots}, nil
 }

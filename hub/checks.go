@@ -74,7 +74,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 	return bench.Target{
 		Name:       w.Node,
 		BaseURL:    fmt.Sprintf("http://127.0.0.1:%d/v1", w.Port),
-		Model:      w.Model,
+		Model:      h.servedName(w),
 		HTTPClient: client,
 	}, w, nil
 }

@@ -582,13 +582,14 @@ func (h *Hub) syncRouter() {
 			continue
 		}
 		bs = append(bs, router.Backend{
-			Name:    name,
-			Model:   w.Model,
-			Engine:  w.Engine,
-			Addr:    net.JoinHostPort("127.0.0.1", fmt.Sprint(w.Port)),
-			Dial:    h.mgr.Dialer(w.Node),
-			Context: w.Context,
-			Slots:   w.Slots,
+			Name:       name,
+			Model:      w.Model,
+			ServedName: h.servedNameLocked(w),
+			Engine:     w.Engine,
+			Addr:       net.JoinHostPort("127.0.0.1", fmt.Sprint(w.Port)),
+			Dial:       h.mgr.Dialer(w.Node),
+			Context:    w.Context,
+			Slots:      w.Slots,
 		})
 		if w.Drained || w.State == fleet.WorkerDraining {
 			drained = append(drained, name)
@@ -599,6 +600,23 @@ func (h *Hub) syncRouter() {
 	for _, name := range drained {
 		h.router.Drain(name)
 	}
+}
+
+func (h *Hub) servedName(w fleet.Worker) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.servedNameLocked(w)
+}
+
+// servedNameLocked is the name w's engine answers to, which the router and
+// the checks send it (an Ollama tag differs from the model ID).
+func (h *Hub) servedNameLocked(w fleet.Worker) string {
+	for _, m := range h.models {
+		if m.ID == w.Model {
+			return enginectl.ServedName(m, w.Engine)
+		}
+	}
+	return w.Model
 }
 
 // Snapshot is the fleet as the console shows it now.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -238,6 +239,13 @@ type forwardResult struct {
 func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, info requestInfo, mode reasoning.Mode, arrived time.Time) forwardResult {
 	b := f.b
 	ctx := req.Context()
+	// The engine gets the name it serves; the client gets back the name it
+	// asked for (see modelname.go).
+	served := b.cfg.servedName()
+	renaming := served != info.Model
+	if renaming {
+		body = withModel(body, quoteJSON(served))
+	}
 	u := b.base
 	u.Path = req.URL.Path
 	u.RawQuery = req.URL.RawQuery
@@ -264,7 +272,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		// The router's key is not the engine's business.
 		out.Header.Del("Authorization")
 	}
-	if mode != reasoning.Off {
+	if mode != reasoning.Off || renaming {
 		// The router reads the answer to rewrite it, so it must come plain.
 		out.Header.Del("Accept-Encoding")
 	}
@@ -291,7 +299,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	}
 
 	sse := isEventStream(resp.Header.Get("Content-Type"))
-	rewrite := mode != reasoning.Off && rewritable(resp)
+	rewrite := (mode != reasoning.Off || renaming) && rewritable(resp)
 	m := newMeter(sse)
 	var upstream io.Reader = resp.Body
 	var firstByte time.Time
@@ -310,10 +318,18 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			return forwardResult{retry: true, err: fmt.Errorf("%s failed while sending its answer: %w", b.cfg.Name, err)}
 		}
 		firstByte = time.Now()
-		out, rerr := rewriteJSONBody(raw, mode)
+		out, rerr := raw, error(nil)
+		if mode != reasoning.Off {
+			out, rerr = rewriteJSONBody(raw, mode)
+		} else if len(raw) > maxRewriteBody {
+			rerr = fmt.Errorf("%w (%d bytes)", errBodyOverLimit, maxRewriteBody)
+		}
+		if renaming && rerr == nil {
+			out = withModel(out, quoteJSON(info.Model))
+		}
 		switch {
 		case errors.Is(rerr, errBodyOverLimit):
-			r.log.Warn("answer passed through without reasoning normalisation", "backend", b.cfg.Name, "err", rerr)
+			r.log.Warn("answer passed through without normalisation", "backend", b.cfg.Name, "err", rerr)
 			upstream = io.MultiReader(bytes.NewReader(raw), resp.Body)
 		case rerr != nil:
 			r.log.Warn("answer passed through without reasoning normalisation", "backend", b.cfg.Name, "err", rerr)
@@ -356,8 +372,12 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		upstream = http.NoBody
 	}
 	var norm *sseNormaliser
-	if rewrite && sse {
+	if rewrite && sse && mode != reasoning.Off {
 		norm = newSSENormaliser(mode)
+	}
+	var rename *sseModelRewriter
+	if rewrite && sse && renaming {
+		rename = newSSEModelRewriter(info.Model)
 	}
 	bufp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bufp)
@@ -374,6 +394,9 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			if norm != nil {
 				chunk = norm.feed(chunk)
 			}
+			if rename != nil {
+				chunk = rename.feed(chunk)
+			}
 			if _, werr := w.Write(chunk); werr != nil {
 				clientErr = werr
 				break
@@ -383,8 +406,15 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			}
 		}
 		if rerr == io.EOF {
+			var tail []byte
 			if norm != nil {
-				if _, werr := w.Write(norm.finish()); werr != nil {
+				tail = norm.finish()
+			}
+			if rename != nil {
+				tail = append(slices.Clone(rename.feed(tail)), rename.finish()...)
+			}
+			if len(tail) > 0 {
+				if _, werr := w.Write(tail); werr != nil {
 					clientErr = werr
 				} else if flusher != nil {
 					flusher.Flush()

@@ -27,10 +27,14 @@ import (
 
 // Backend is one ready worker as the router sees it.
 type Backend struct {
-	Name   string // worker name "NODE/MODEL"
-	Model  string // model ID it serves
-	Engine fleet.EngineKind
-	Addr   string // "127.0.0.1:18001" as seen from the node
+	Name  string // worker name "NODE/MODEL"
+	Model string // model ID it serves
+	// ServedName is the name the engine answers to (vLLM
+	// --served-model-name, llama-server -a, an Ollama tag); "" means Model.
+	// Request bodies are rewritten to it.
+	ServedName string
+	Engine     fleet.EngineKind
+	Addr       string // "127.0.0.1:18001" as seen from the node
 	// Dial reaches Addr; nil means a plain net.Dialer, else e.g. an SSH
 	// direct-tcpip tunnel through the node's connection.
 	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
@@ -361,7 +365,7 @@ type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 // sameEngine reports whether two configurations describe one engine in
 // every field but how it is dialled, so its backend can be kept as is.
 func sameEngine(a, b Backend) bool {
-	return a.Name == b.Name && a.Model == b.Model && a.Engine == b.Engine && a.Addr == b.Addr &&
+	return a.Name == b.Name && a.Model == b.Model && a.ServedName == b.ServedName && a.Engine == b.Engine && a.Addr == b.Addr &&
 		a.Context == b.Context && a.Slots == b.Slots
 }
 
