@@ -52,6 +52,11 @@ type Options struct {
 	DrainTimeout time.Duration
 	// Policy is the router's scheduling policy ("" = fleet).
 	Policy string
+	// QueueTimeout and QueueSize bound the router's queue per model: how
+	// long a request waits for a slot or a coming worker, and how many may
+	// wait (0 = the router's defaults, 30 s and 256).
+	QueueTimeout time.Duration
+	QueueSize    int
 	// RequireKeys makes the router demand an API key even on loopback; a
 	// non-loopback HTTPAddr always does.
 	RequireKeys bool
@@ -86,6 +91,9 @@ type Hub struct {
 	workers map[string]fleet.Worker // by worker name, as the manager last reported
 	nodes   map[string]fleet.Node
 	models  []fleet.Model
+	// placements are the declared ones: a placed worker the manager has not
+	// reported yet is one the router waits for.
+	placements []fleet.Placement
 	// bench is each worker's latest bench sweep, kept here so snapshots
 	// (twice a second per console) never parse stored runs.
 	bench map[string]benchSummary
@@ -117,6 +125,12 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = 5 * time.Minute
+	}
+	if opts.QueueTimeout < 0 {
+		return nil, fmt.Errorf("--queue-timeout %s is negative; give how long a request may wait, e.g. 30s", opts.QueueTimeout)
+	}
+	if opts.QueueSize < 0 {
+		return nil, fmt.Errorf("--queue-size %d is negative; give how many requests may wait per model, e.g. 256", opts.QueueSize)
 	}
 	if err := os.MkdirAll(opts.DataDir, 0o700); err != nil {
 		return nil, fmt.Errorf("creating the data dir %s: %w", opts.DataDir, err)
@@ -195,10 +209,12 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		}
 	}
 	h.router = router.New(router.Options{
-		Logger:     opts.Logger.With("component", "router"),
-		Registerer: prometheus.NewRegistry(),
-		Policy:     opts.Policy,
-		Keys:       keys,
+		Logger:       opts.Logger.With("component", "router"),
+		Registerer:   prometheus.NewRegistry(),
+		Policy:       opts.Policy,
+		QueueTimeout: opts.QueueTimeout,
+		QueueSize:    opts.QueueSize,
+		Keys:         keys,
 		OnSample: func(s fleet.Sample) {
 			select {
 			case h.samples <- s:
@@ -241,6 +257,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		h.nodes[n.Name] = n
 	}
 	h.models = f.Models
+	h.placements = f.Placements
 	if err := h.router.SetModels(f.Models); err != nil {
 		return nil, err
 	}
@@ -264,6 +281,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if err := h.restorePendingStops(ctx, f); err != nil {
 		return nil, err
 	}
+	h.syncRouter()
 	return h, nil
 }
 
@@ -595,11 +613,31 @@ func (h *Hub) syncRouter() {
 			drained = append(drained, name)
 		}
 	}
+	outlook := h.outlookLocked()
 	h.mu.Unlock()
-	h.router.SetBackends(bs)
+	h.router.SetBackendsAndOutlook(bs, outlook)
 	for _, name := range drained {
 		h.router.Drain(name)
 	}
+}
+
+// outlookLocked tells the router, per model, which placed workers are on
+// their way and which cannot serve: a placement whose worker the manager
+// has not reported yet is pending.
+func (h *Hub) outlookLocked() map[string]router.Outlook {
+	states := map[string][]fleet.WorkerState{}
+	for _, p := range h.placements {
+		state := fleet.WorkerPending
+		if w, ok := h.workers[p.Node+"/"+p.Model]; ok {
+			state = w.State
+		}
+		states[p.Model] = append(states[p.Model], state)
+	}
+	out := make(map[string]router.Outlook, len(states))
+	for m, ss := range states {
+		out[m] = router.OutlookOf(ss)
+	}
+	return out
 }
 
 func (h *Hub) servedName(w fleet.Worker) string {
@@ -912,6 +950,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 		}
 		h.mu.Lock()
 		h.models = applied.Models
+		h.placements = applied.Placements
 		for _, n := range applied.Nodes {
 			if old, ok := h.nodes[n.Name]; ok && n.Platform == nil {
 				n.Platform = old.Platform
@@ -929,6 +968,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 			h.log.Error("the router refused the applied models; it keeps the previous ones", "err", err)
 		}
 		h.mgr.SetDesired(applied)
+		h.syncRouter()
 	}
 	if plan.Empty() {
 		return "no changes\n", nil

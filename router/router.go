@@ -9,6 +9,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -53,8 +54,9 @@ type Options struct {
 	Registerer prometheus.Registerer
 	// OnSample gets one Sample{Kind:"request"} per forwarded request.
 	OnSample func(fleet.Sample)
-	// QueueTimeout is how long a request may wait for a free slot before a
-	// 429 (default 30 s).
+	// QueueTimeout is how long a request may wait for a free slot, or for
+	// a worker that is coming (see SetOutlook), before a 429 or 503
+	// (default 30 s).
 	QueueTimeout time.Duration
 	// QueueSize bounds the waiting requests per model (default 256).
 	QueueSize int
@@ -215,6 +217,9 @@ type Router struct {
 	backends []*backend // the ready set, in the order given
 	workers  map[string]*worker
 	queues   map[string]*queue // by model ID
+	// outlooks say, per model ID, which of its workers outside the ready
+	// set may still come (see SetOutlook).
+	outlooks map[string]Outlook
 	// changed is closed (and replaced) whenever a request finishes, so
 	// WaitIdle can sleep without polling.
 	changed chan struct{}
@@ -321,6 +326,19 @@ func (r *Router) SetModels(models []fleet.Model) error {
 // finish on it; a backend whose address is unchanged keeps its connections.
 func (r *Router) SetBackends(bs []Backend) {
 	r.mu.Lock()
+	r.setBackendsLocked(bs)
+}
+
+// SetBackendsAndOutlook is SetBackends and SetOutlook at once, so a worker
+// that moves from coming to ready (or back) is never seen as neither.
+func (r *Router) SetBackendsAndOutlook(bs []Backend, byModel map[string]Outlook) {
+	r.mu.Lock()
+	r.outlooks = maps.Clone(byModel)
+	r.setBackendsLocked(bs)
+}
+
+// setBackendsLocked does SetBackends with r.mu held, and unlocks it.
+func (r *Router) setBackendsLocked(bs []Backend) {
 	old := map[string]*backend{}
 	for _, b := range r.backends {
 		old[b.cfg.Name] = b

@@ -298,7 +298,7 @@ func TestClientDisconnectCancelsUpstream(t *testing.T) {
 func TestDrain(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
-	started := make(chan struct{}, 1)
+	started := make(chan struct{}, 2)
 	release := make(chan struct{})
 	_, b := startBackend(t, "ultra/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
 		started <- struct{}{}
@@ -306,31 +306,36 @@ func TestDrain(t *testing.T) {
 		okJSON(w, req)
 	})
 	r, rsrv := startRouter(t, Options{}, b)
-	done := make(chan int, 1)
+	defer close(release)
+	inflight := make(chan int, 1)
 	go func() {
 		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
-		done <- resp.StatusCode
+		inflight <- resp.StatusCode
 	}()
 	<-started
 	r.Drain(b.Name)
 	if n := r.InFlight(b.Name); n != 1 {
 		t.Fatalf("in flight %d, want 1", n)
 	}
-	// Draining: no new request reaches it.
-	resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
-	if resp.StatusCode != http.StatusServiceUnavailable {
-		t.Errorf("new request while draining got %d, want 503", resp.StatusCode)
-	}
-	decodeError(t, resp)
+	// Draining the last worker: a new request does not reach it, and does
+	// not fail either; it waits in the queue for the worker to come back.
+	queued := make(chan int, 1)
+	go func() {
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		queued <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return r.queueLen("qwen3-4b") == 1 })
 	if !r.Stats()[0].Draining {
 		t.Error("stats do not show draining")
 	}
 	idle := make(chan error, 1)
 	go func() { idle <- r.WaitIdle(ctx, b.Name) }()
-	close(release)
-	if got := <-done; got != 200 {
+	release <- struct{}{}
+	if got := <-inflight; got != 200 {
 		t.Errorf("in-flight request finished with %d, want 200", got)
 	}
 	if err := <-idle; err != nil {
@@ -341,11 +346,28 @@ func TestDrain(t *testing.T) {
 	if err := r.WaitIdle(short, b.Name); err != nil {
 		t.Errorf("WaitIdle on an idle backend: %v", err)
 	}
+	select {
+	case <-started:
+		t.Fatal("a request reached the drained worker")
+	default:
+	}
 	r.Undrain(b.Name)
-	resp = post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
-	resp.Body.Close()
-	if resp.StatusCode != 200 {
-		t.Errorf("after undrain got %d", resp.StatusCode)
+	<-started
+	release <- struct{}{}
+	if got := <-queued; got != 200 {
+		t.Errorf("the request queued during the drain got %d after undrain, want 200", got)
+	}
+}
+
+// waitFor polls cond until it holds, failing the test after hangGuard.
+func waitFor(t *testing.T, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not met within the hang guard")
+		}
+		time.Sleep(5 * time.Millisecond)
 	}
 }
 

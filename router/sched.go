@@ -29,8 +29,10 @@ type waiter struct {
 	job      Job
 	excluded []string
 	enqueued time.Time
-	// done receives the flight, or nil when the backends went away.
+	// done receives the flight, or nil when no backend can take the
+	// request any more; err then says why.
 	done chan *flight
+	err  *schedError
 }
 
 type queue struct{ waiters []*waiter }
@@ -41,6 +43,8 @@ type schedError struct {
 	typ, code  string
 	msg        string
 	retryAfter bool
+	// wait marks no worker ready yet but one coming: the request queues.
+	wait bool
 }
 
 func (e *schedError) Error() string { return e.msg }
@@ -57,7 +61,7 @@ func (w *worker) advanceArea(now time.Time) {
 // candidatesLocked lists the backends a job may go to. It also reports why
 // there are none: no ready backend for the model, or none with the context.
 func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
-	serving, fitting := 0, 0
+	serving, fitting, drained := 0, 0, 0
 	cands, backs := buf[:0], bs[:0]
 	for _, b := range r.backends {
 		if b.cfg.Model != model {
@@ -65,6 +69,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		}
 		w := r.workerLocked(b.cfg.Name)
 		if w.drained {
+			drained++
 			continue
 		}
 		serving++
@@ -94,8 +99,12 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 	}
 	switch {
 	case serving == 0:
-		return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
-			msg: fmt.Sprintf("model %q has no ready worker right now; retry later (the console's worker table shows why)", model)}
+		// Workers on their way, or draining ones an undrain or a restart
+		// brings back, are worth waiting for; with none, say so at once.
+		if coming := r.outlooks[model].Coming; coming > 0 || drained > 0 {
+			return nil, nil, waitForWorker(model, coming, drained)
+		}
+		return nil, nil, r.noWorkerLocked(model)
 	case fitting == 0:
 		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
 			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no ready worker of %q holds that many; shorten the prompt or lower max_tokens",
@@ -155,12 +164,12 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 	var bbuf [8]*backend
 	r.mu.Lock()
 	cands, backs, serr := r.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
-	if serr != nil {
+	if serr != nil && !serr.wait {
 		r.mu.Unlock()
 		return nil, serr
 	}
 	q := r.queues[model]
-	if q == nil || len(q.waiters) == 0 {
+	if serr == nil && (q == nil || len(q.waiters) == 0) {
 		if i := r.policy.Choose(job, cands, r.rng); i >= 0 {
 			f := r.takeLocked(backs[i], model, job, now)
 			r.mu.Unlock()
@@ -188,6 +197,9 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 	case f := <-wt.done:
 		r.metrics.queueWait.WithLabelValues(model).Observe(time.Since(now).Seconds())
 		if f == nil {
+			if wt.err != nil {
+				return nil, wt.err
+			}
 			return nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 				msg: fmt.Sprintf("the workers of model %q went away while the request waited; retry later", model)}
 		}
@@ -195,8 +207,7 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 	case <-ctx.Done():
 		cause = ctx.Err()
 	case <-timer.C:
-		cause = &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueTimeout, retryAfter: true,
-			msg: fmt.Sprintf("model %q: no worker slot freed within %s; retry later or add workers", model, r.opts.QueueTimeout)}
+		cause = r.queueTimeout(model, job, excluded)
 	}
 	r.mu.Lock()
 	if i := slices.Index(q.waiters, wt); i >= 0 {
@@ -212,6 +223,22 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 		r.release(f, nil)
 	}
 	return nil, cause
+}
+
+// queueTimeout is the answer to a request that waited QueueTimeout: 503 when
+// the worker it waited for never became ready, else 429 (the fleet is busy).
+func (r *Router) queueTimeout(model string, job Job, excluded []string) *schedError {
+	var cbuf [8]Candidate
+	var bbuf [8]*backend
+	r.mu.Lock()
+	_, _, serr := r.candidatesLocked(model, job, excluded, time.Now(), cbuf[:], bbuf[:])
+	r.mu.Unlock()
+	if serr != nil && serr.wait {
+		return &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
+			msg: fmt.Sprintf("%s and none became ready within the queue timeout of %s; retry later (fleet serve --queue-timeout sets it)", serr.msg, r.opts.QueueTimeout)}
+	}
+	return &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueTimeout, retryAfter: true,
+		msg: fmt.Sprintf("model %q: no worker slot freed within %s; retry later or add workers", model, r.opts.QueueTimeout)}
 }
 
 // dispatch gives freed slots to queued requests, in FIFO order: the head
@@ -230,7 +257,11 @@ func (r *Router) dispatch(model string) {
 		head := q.waiters[0]
 		head.job.Behind = len(q.waiters) - 1
 		cands, backs, serr := r.candidatesLocked(model, head.job, head.excluded, now, cbuf[:], bbuf[:])
+		if serr != nil && serr.wait {
+			break // still coming: the queue keeps waiting
+		}
 		if serr != nil {
+			head.err = serr
 			head.done <- nil
 		} else {
 			i := r.policy.Choose(head.job, cands, r.rng)
