@@ -48,8 +48,10 @@ func (j *job) run() {
 	j.created = arrival.Unix()
 	j.id = j.newID()
 	if j.stream && !s.llama() {
-		// vLLM sends headers and the role chunk before the request is scheduled.
-		j.startStream()
+		// vLLM sends its headers before the request is scheduled, but its
+		// role chunk only with the first token: the same engine step makes
+		// both (see the first token below).
+		j.writeHeaders()
 	}
 	tokens := tokenize(j.promptText)
 	var choose func([]int) int
@@ -89,9 +91,13 @@ func (j *job) run() {
 		now := time.Now()
 		if i == 0 {
 			s.metrics.prefilled(j.promptTokens, j.cached, queued.Seconds(), j.prefill.Seconds(), now.Sub(arrival).Seconds())
-			if j.stream && s.llama() {
-				// llama-server sends headers and the role chunk with the first token.
-				j.startStream()
+			if j.stream {
+				// Both engines send the role chunk with the first token;
+				// llama-server its headers too.
+				if s.llama() {
+					j.writeHeaders()
+				}
+				j.sendRole()
 			}
 		}
 		s.metrics.token(now.Sub(last).Seconds(), busy, i == 0)
@@ -135,7 +141,7 @@ func (j *job) object() string {
 	return "text_completion"
 }
 
-func (j *job) startStream() {
+func (j *job) writeHeaders() {
 	h := j.w.Header()
 	if j.s.llama() {
 		h.Set("Content-Type", "text/event-stream")
@@ -145,14 +151,17 @@ func (j *job) startStream() {
 	h.Set("Cache-Control", "no-cache")
 	j.w.WriteHeader(http.StatusOK)
 	j.streaming = true
+	j.flush()
+}
+
+// sendRole sends a chat stream's first chunk, the role-only one.
+func (j *job) sendRole() {
 	if j.chat {
 		role := obj{{"role", "assistant"}, {"content", ""}}
 		if j.s.llama() {
 			role = obj{{"role", "assistant"}, {"content", nil}}
 		}
 		j.sendChoice(role, "")
-	} else {
-		j.flush()
 	}
 }
 
