@@ -393,8 +393,11 @@ type WorkerView struct {
 	InFlight int    `json:"in_flight"`
 	// Live figures at the worker's current load, from the router's measurements.
 	TokPerSec float64 `json:"tok_s"`
-	TTFTms    float64 `json:"ttft_ms"`
 	ITLms     float64 `json:"itl_ms"`
+	// TTFTms is the measured median time to first token of the worker's
+	// recent requests; PredictedTTFTms the scheduler's speed model's guess.
+	TTFTms          float64 `json:"ttft_ms"`
+	PredictedTTFTms float64 `json:"predicted_ttft_ms,omitempty"`
 	// Recent history, oldest first, for sparklines.
 	TTFTHistory []float64 `json:"ttft_history_ms,omitempty"`
 	ITLHistory  []float64 `json:"itl_history_ms,omitempty"`

@@ -420,17 +420,30 @@ func writeJSON(w io.Writer, v any) error {
 
 func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMODEL\tGPU\tHOST\tENGINE\tCTX\tSTATE\tLOAD\tTOK/S\tPID\tPORT\tSTARTED WITH")
+	fmt.Fprintln(tw, "NODE\tMODEL\tGPU\tHOST\tENGINE\tCTX\tSTATE\tLOAD\tTOK/S\tTTFT\tPID\tPORT\tSTARTED WITH")
 	for _, x := range ws {
 		state := string(x.State)
 		if x.Drained && x.State == fleet.WorkerReady {
 			state = "drained"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%d\t%d\t%s\n",
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%d\t%d\t%s\n",
 			x.Node, x.Model, x.GPU, x.Host, x.Engine.Label(), ctxLabel(x.Context), state,
-			x.InFlight, x.Slots, tokS(x.TokPerSec), x.PID, x.Port, strings.Join(x.Argv, " "))
+			x.InFlight, x.Slots, tokS(x.TokPerSec), ttftLabel(x.TTFTms), x.PID, x.Port, strings.Join(x.Argv, " "))
 	}
 	return tw.Flush()
+}
+
+// ttftLabel is the measured median TTFT, "-" before any request.
+func ttftLabel(ms float64) string {
+	switch {
+	case ms <= 0:
+		return "-"
+	case ms < 10:
+		return fmt.Sprintf("%.1fms", ms)
+	case ms < 1000:
+		return fmt.Sprintf("%.0fms", ms)
+	}
+	return fmt.Sprintf("%.2fs", ms/1000)
 }
 
 func printNodes(w io.Writer, ns []fleet.Node) error {

@@ -26,7 +26,7 @@ var errDenied = errors.New("permission denied: drain needs the operator role; yo
 func (f *fakeHub) Snapshot(context.Context) fleet.Snapshot {
 	return fleet.Snapshot{Workers: []fleet.WorkerView{{
 		Worker: fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady, Argv: []string{"llama-server", "-c", "16384"}, Context: 16384, Slots: 4},
-		Host:   "macOS", GPU: "Apple M1 Ultra",
+		Host:   "macOS", GPU: "Apple M1 Ultra", TTFTms: 187.4, PredictedTTFTms: 20,
 	}}}
 }
 func (f *fakeHub) Act(_ context.Context, u fleet.User, kind string, targets []string) (string, error) {
@@ -83,6 +83,7 @@ func TestExitStatuses(t *testing.T) {
 		actions int
 	}{
 		{"workers table", viewer, []string{"workers"}, "", ExitOK, "llama-server -c 16384", "", 0},
+		{"workers table shows the measured TTFT", viewer, []string{"workers"}, "", ExitOK, "187ms", "", 0},
 		{"drain by an operator", operator, []string{"drain", "ultra"}, "", ExitOK, "drain ok", "", 1},
 		{"drain by a viewer fails and says why", viewer, []string{"drain", "ultra"}, "", ExitFail, "", "needs the operator role", 0},
 		{"drain without a target is usage", operator, []string{"drain"}, "", ExitUsage, "", "at least one node", 0},

@@ -652,7 +652,7 @@ func (m *Model) detailLines() []string {
 	out = append(out,
 		label("PID ")+fmt.Sprint(w.PID)+label("  port ")+fmt.Sprint(w.Port)+label("  memory ")+mem+
 			label("  started ")+started+label("  restarts ")+fmt.Sprint(w.Restarts),
-		label("load ")+loadCell(w)+label("  tok/s ")+tokCell(w.TokPerSec)+label("  TTFT ")+msCell(w.TTFTms)+
+		label("load ")+loadCell(w)+label("  tok/s ")+tokCell(w.TokPerSec)+label("  TTFT p50 ")+msCell(w.TTFTms)+label(" (predicted ")+msCell(w.PredictedTTFTms)+label(")")+
 			label("  ITL ")+msCell(w.ITLms)+label("  ctx ")+ctxCell(w.Context)+label("  simulated ")+yesNo(w.Simulated),
 		label("Started with:"),
 	)

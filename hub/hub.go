@@ -682,6 +682,7 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 		if s, ok := stats[name]; ok {
 			v.InFlight = s.InFlight
 			v.TokPerSec, v.TTFTms, v.ITLms = s.TokPerSec, s.TTFTms, s.ITLms
+			v.PredictedTTFTms = s.PredictedTTFTms
 			v.TTFTHistory, v.ITLHistory = s.TTFTHistory, s.ITLHistory
 		}
 		snap.Workers = append(snap.Workers, v)

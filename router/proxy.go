@@ -462,40 +462,62 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 }
 
 // finish records a completed request: metrics, live stats, the sample, and
-// the speed model.
+// the speed model. TTFT is the time to the first token: in a stream, the
+// first chunk that carries content, reasoning or a tool call (an early
+// role-only chunk or a comment is not a token); in a non-streamed answer,
+// the engine's own prefill time where it reports one (llama-server's
+// timings.prompt_ms), else it is left out rather than guessed.
 func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, firstByte, end time.Time, status int) {
 	if firstByte.IsZero() {
 		firstByte = end
 	}
 	tokens := m.outputTokens()
-	clientTTFT := firstByte.Sub(arrived)
 	e2e := end.Sub(arrived)
-	backendTTFT := firstByte.Sub(sent)
-	var itl time.Duration
-	switch {
-	case m.sse && tokens > 1 && !m.firstData.IsZero():
-		itl = m.lastData.Sub(m.firstData) / time.Duration(tokens-1)
-	case !m.sse && tokens > 1:
-		// A non-streamed answer arrives at once: split its time into the
-		// TTFT the worker would have had and the decode after it.
-		r.mu.Lock()
-		pred := r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, info.PromptTokens)
-		r.mu.Unlock()
-		backendTTFT = min(pred, end.Sub(sent))
-		itl = (end.Sub(sent) - backendTTFT) / time.Duration(tokens-1)
+	var backendTTFT, itl time.Duration // 0: not known
+	if m.sse {
+		if !m.firstToken.IsZero() {
+			backendTTFT = max(m.firstToken.Sub(sent), 1)
+			if tokens > 1 && m.lastData.After(m.firstToken) {
+				itl = m.lastData.Sub(m.firstToken) / time.Duration(tokens-1)
+			}
+		}
+	} else {
+		if p, ok := promptTime(m.tail); ok {
+			backendTTFT = max(min(p, end.Sub(sent)), 1)
+		}
+		if tokens > 1 {
+			// A non-streamed answer arrives at once: split its time into
+			// the prefill (reported, else the speed model's guess, used for
+			// the decode speed only) and the decode after it.
+			split := backendTTFT
+			if split == 0 {
+				r.mu.Lock()
+				split = min(r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, info.PromptTokens), end.Sub(sent))
+				r.mu.Unlock()
+			}
+			itl = (end.Sub(sent) - split) / time.Duration(tokens-1)
+		}
+	}
+	var clientTTFT time.Duration
+	if backendTTFT > 0 {
+		clientTTFT = sent.Sub(arrived) + backendTTFT
 	}
 	ok := status < 400
 	var o *outcome
 	if ok {
 		o = &outcome{ok: true, ttft: backendTTFT, itl: itl, outputTokens: tokens}
-		f.b.observers.ttft.Observe(clientTTFT.Seconds())
+		if clientTTFT > 0 {
+			f.b.observers.ttft.Observe(clientTTFT.Seconds())
+		}
 		f.b.observers.e2e.Observe(e2e.Seconds())
 		if itl > 0 {
 			f.b.observers.itl.Observe(itl.Seconds())
 		}
 		r.mu.Lock()
 		w := r.workerLocked(f.b.cfg.Name)
-		w.ttftHistory.add(ms(clientTTFT))
+		if clientTTFT > 0 {
+			w.ttftHistory.add(ms(clientTTFT))
+		}
 		if itl > 0 {
 			w.itlHistory.add(ms(itl))
 		}
@@ -504,7 +526,11 @@ func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, fi
 	r.release(f, o)
 	if ok && r.opts.OnSample != nil {
 		s := fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: clientTTFT, ITL: itl, E2E: e2e, OutputTokens: tokens}
-		if d := end.Sub(firstByte); tokens > 1 && d > 0 {
+		decodeFrom := firstByte
+		if !m.firstToken.IsZero() {
+			decodeFrom = m.firstToken
+		}
+		if d := end.Sub(decodeFrom); tokens > 1 && d > 0 {
 			s.TokPerSec = float64(tokens-1) / d.Seconds()
 		}
 		r.opts.OnSample(s)
@@ -526,7 +552,10 @@ type meter struct {
 	events    int
 	firstData time.Time
 	lastData  time.Time
-	usage     int
+	// firstToken is when the first data event carrying a token (content,
+	// reasoning, a tool call, completion text) arrived.
+	firstToken time.Time
+	usage      int
 	// tail keeps the end of a non-streamed body, where usage sits.
 	tail []byte
 }
@@ -585,6 +614,9 @@ func (m *meter) endLine(now time.Time) {
 				m.events++
 				if m.firstData.IsZero() {
 					m.firstData = now
+				}
+				if m.firstToken.IsZero() && carriesToken(payload) {
+					m.firstToken = now
 				}
 				m.lastData = now
 			}

@@ -151,10 +151,14 @@ type BackendStats struct {
 	// Cooling is true while the backend rests after failures.
 	Cooling bool
 	// TokPerSec is the per-request decode speed a new request would get at
-	// the backend's current load; TTFTms and ITLms likewise.
+	// the backend's current load; ITLms likewise.
 	TokPerSec float64
-	TTFTms    float64
 	ITLms     float64
+	// TTFTms is the measured median time to first token of the backend's
+	// recent requests (0 before any); PredictedTTFTms is what the speed
+	// model expects for a short prompt at the current load.
+	TTFTms          float64
+	PredictedTTFTms float64
 	// Recent per-request measurements, oldest first.
 	TTFTHistory []float64
 	ITLHistory  []float64
@@ -498,16 +502,17 @@ func (r *Router) Stats() []BackendStats {
 		ttft := w.speed.TTFT(load, 0)
 		itl := w.speed.ITL(load)
 		st := BackendStats{
-			Name:        b.cfg.Name,
-			Model:       b.cfg.Model,
-			InFlight:    w.inFlight,
-			Slots:       w.slots(b.cfg.Slots, now),
-			Draining:    w.drained,
-			Cooling:     now.Before(w.coolingUntil),
-			TTFTms:      ms(ttft),
-			ITLms:       ms(itl),
-			TTFTHistory: w.ttftHistory.values(),
-			ITLHistory:  w.itlHistory.values(),
+			Name:            b.cfg.Name,
+			Model:           b.cfg.Model,
+			InFlight:        w.inFlight,
+			Slots:           w.slots(b.cfg.Slots, now),
+			Draining:        w.drained,
+			Cooling:         now.Before(w.coolingUntil),
+			TTFTms:          median(w.ttftHistory.values()),
+			PredictedTTFTms: ms(ttft),
+			ITLms:           ms(itl),
+			TTFTHistory:     w.ttftHistory.values(),
+			ITLHistory:      w.itlHistory.values(),
 		}
 		if itl > 0 {
 			st.TokPerSec = float64(time.Second) / float64(itl)
@@ -529,6 +534,19 @@ func (r *Router) SeedSpeed(name string, points ...SpeedPoint) {
 	for _, p := range points {
 		w.speed.Seed(p)
 	}
+}
+
+// median of vs, 0 for none.
+func median(vs []float64) float64 {
+	if len(vs) == 0 {
+		return 0
+	}
+	s := slices.Clone(vs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }

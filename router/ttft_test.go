@@ -1,0 +1,107 @@
+package router
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"testing"
+	"time"
+)
+
+// TestTTFTIsTimedAtTheFirstToken: an engine (or proxy) that sends its
+// headers, its role-only chunk and a comment at once and the first token
+// only after prefill must show that prefill as its TTFT, whatever kind of
+// token comes first. The bound is a lower one: a slow machine can only make
+// the measured time longer.
+func TestTTFTIsTimedAtTheFirstToken(t *testing.T) {
+	const prefill = 300 * time.Millisecond
+	for _, tc := range []struct{ name, first string }{
+		{"content", `{"choices":[{"index":0,"delta":{"content":"Hi"}}]}`},
+		{"reasoning", `{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}`},
+		{"reasoning_content", `{"choices":[{"index":0,"delta":{"reasoning_content":"hm"}}]}`},
+		{"tool call", `{"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"f","arguments":""}}]}}]}`},
+		{"completion text", `{"choices":[{"index":0,"text":"Hi"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fl := w.(http.Flusher)
+				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n: ping\n\n")
+				fl.Flush()
+				time.Sleep(prefill)
+				_, _ = io.WriteString(w, "data: "+tc.first+"\n\n")
+				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" there"}}]}`+"\n\n")
+				_, _ = io.WriteString(w, `data: {"choices":[],"usage":{"completion_tokens":2}}`+"\n\ndata: [DONE]\n\n")
+			})
+			r, rs := startRouter(t, Options{}, b)
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			st := r.Stats()[0]
+			if len(st.TTFTHistory) != 1 {
+				t.Fatalf("TTFT history %v, want one measurement", st.TTFTHistory)
+			}
+			if got := time.Duration(st.TTFTms * float64(time.Millisecond)); got < prefill {
+				t.Errorf("TTFT %s, shorter than the %s before the first token: the role chunk was timed", got, prefill)
+			}
+		})
+	}
+}
+
+// TestNonStreamedTTFT: a non-streamed answer's TTFT is the engine's own
+// prefill time where it reports one (llama-server's timings.prompt_ms), not
+// the whole request; where it reports none, TTFT is left out.
+func TestNonStreamedTTFT(t *testing.T) {
+	const took = time.Second
+	for _, tc := range []struct {
+		name    string
+		body    string
+		wantTTF bool
+	}{
+		{"llama-server timings", `{"choices":[{"index":0,"message":{"role":"assistant","content":"a b c"}}],"usage":{"completion_tokens":3},` +
+			`"timings":{"prompt_n":40,"prompt_ms":123.4,"predicted_n":3,"predicted_ms":800}}`, true},
+		{"no timings (vLLM)", `{"choices":[{"index":0,"message":{"role":"assistant","content":"a b c"}}],"usage":{"completion_tokens":3}}`, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, b := startBackend(t, "ultra/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+				time.Sleep(took)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = io.WriteString(w, tc.body)
+			})
+			r, rs := startRouter(t, Options{}, b)
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","messages":[]}`)
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			st := r.Stats()[0]
+			if !tc.wantTTF {
+				if len(st.TTFTHistory) != 0 || st.TTFTms != 0 {
+					t.Errorf("TTFT %v ms, history %v: want none recorded without the engine's timings", st.TTFTms, st.TTFTHistory)
+				}
+				return
+			}
+			if len(st.TTFTHistory) != 1 {
+				t.Fatalf("TTFT history %v, want one measurement", st.TTFTHistory)
+			}
+			// prompt_ms plus the router's own (sub-millisecond) wait: far
+			// from the second the whole answer took.
+			if st.TTFTms < 123.4 || st.TTFTms >= float64(took/time.Millisecond) {
+				t.Errorf("TTFT %.1f ms, want the reported 123.4 ms prefill (the whole request took %s)", st.TTFTms, took)
+			}
+		})
+	}
+}
+
+func TestMedian(t *testing.T) {
+	for _, tc := range []struct {
+		in   []float64
+		want float64
+	}{{nil, 0}, {[]float64{5}, 5}, {[]float64{9, 1, 5}, 5}, {[]float64{4, 1, 3, 2}, 2.5}} {
+		if got := median(tc.in); got != tc.want {
+			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
