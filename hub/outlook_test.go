@@ -1,0 +1,37 @@
+package hub
+
+import (
+	"testing"
+
+	"fleet"
+)
+
+// TestOutlookCountsPlacedWorkers: the router learns, per model, which placed
+// workers are on their way (a placement the manager has not reported yet
+// is pending) and which cannot serve.
+func TestOutlookCountsPlacedWorkers(t *testing.T) {
+	h := &Hub{
+		placements: []fleet.Placement{
+			{Model: "a", Node: "n1"}, {Model: "a", Node: "n2"}, {Model: "a", Node: "n3"},
+			{Model: "b", Node: "n1"}, {Model: "b", Node: "n2"},
+		},
+		workers: map[string]fleet.Worker{
+			"n1/a": {Node: "n1", Model: "a", State: fleet.WorkerStarting},
+			"n2/a": {Node: "n2", Model: "a", State: fleet.WorkerReady},
+			"n1/b": {Node: "n1", Model: "b", State: fleet.WorkerFailed},
+			"n2/b": {Node: "n2", Model: "b", State: fleet.WorkerRejected},
+			// A worker whose placement is gone is not the model's supply.
+			"n9/a": {Node: "n9", Model: "a", State: fleet.WorkerInstalling},
+		},
+	}
+	got := h.outlookLocked()
+	if a := got["a"]; a.Coming != 2 || len(a.Down) != 0 {
+		t.Errorf("model a: %+v, want 2 coming (n1 starting, n3 not reported yet) and none down", a)
+	}
+	if b := got["b"]; b.Coming != 0 || b.Down[fleet.WorkerFailed] != 1 || b.Down[fleet.WorkerRejected] != 1 {
+		t.Errorf("model b: %+v, want 1 failed and 1 rejected", b)
+	}
+	if _, ok := got["c"]; ok {
+		t.Errorf("a model with no placement has an outlook: %+v", got["c"])
+	}
+}
