@@ -283,9 +283,11 @@ func (w Worker) Name() string { return w.Node + "/" + w.Model }
 // Sample is one measurement of a worker: a request the router served, or a
 // bench or shape result.
 type Sample struct {
-	Worker       string        `json:"worker"`
-	At           time.Time     `json:"at"`
-	Kind         string        `json:"kind"` // "request", "bench", "shape"
+	Worker string    `json:"worker"`
+	At     time.Time `json:"at"`
+	Kind   string    `json:"kind"` // "request", "bench", "shape"
+	// TTFT is the time to the first token; 0 when not known (a non-streamed
+	// answer whose engine reports no prefill time).
 	TTFT         time.Duration `json:"ttft"`
 	ITL          time.Duration `json:"itl"`
 	E2E          time.Duration `json:"e2e"`
