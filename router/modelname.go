@@ -3,6 +3,7 @@ package router
 import (
 	"bytes"
 	"encoding/json"
+	"strings"
 )
 
 // One model name everywhere: a client may name a model by its ID or any
@@ -16,7 +17,9 @@ import (
 // modelField finds the top-level "model" member of the JSON object p and
 // returns the byte range of its string value, quotes included. Only the top
 // level is searched: a "model" key nested in a message or a tool argument is
-// the client's data, not the routing name.
+// the client's data, not the routing name. With the key repeated, the last
+// one counts, as it does for Go's decoder (which routed the request) and
+// Python's (which the engine runs).
 func modelField(p []byte) (start, end int, ok bool) {
 	i := skipSpace(p, 0)
 	if i >= len(p) || p[i] != '{' {
@@ -25,11 +28,8 @@ func modelField(p []byte) (start, end int, ok bool) {
 	i++
 	for {
 		i = skipSpace(p, i)
-		if i >= len(p) || p[i] == '}' {
-			return 0, 0, false
-		}
-		if p[i] != '"' {
-			return 0, 0, false
+		if i >= len(p) || p[i] == '}' || p[i] != '"' {
+			return start, end, ok
 		}
 		keyEnd := skipString(p, i)
 		if keyEnd < 0 {
@@ -46,10 +46,7 @@ func modelField(p []byte) (start, end int, ok bool) {
 			return 0, 0, false
 		}
 		if string(key) == `"model"` {
-			if p[i] != '"' {
-				return 0, 0, false
-			}
-			return i, valEnd, true
+			start, end, ok = i, valEnd, p[i] == '"'
 		}
 		i = skipSpace(p, valEnd)
 		if i < len(p) && p[i] == ',' {
@@ -109,7 +106,7 @@ func skipValue(p []byte, i int) int {
 		return -1
 	}
 	j := i
-	for j < len(p) && !bytes.ContainsRune([]byte(",}] \t\r\n"), rune(p[j])) {
+	for j < len(p) && strings.IndexByte(",}] \t\r\n", p[j]) < 0 {
 		j++
 	}
 	if j == i {

@@ -23,6 +23,8 @@ func TestWithModel(t *testing.T) {
 		{"not a string", `{"model":7}`, `{"model":7}`},
 		{"already right", `{"model":"qwen3-4b"}`, `{"model":"qwen3-4b"}`},
 		{"not JSON", `[DONE]`, `[DONE]`},
+		{"repeated key: the last counts", `{"model":"a","model":"qwen3"}`, `{"model":"a","model":"qwen3-4b"}`},
+		{"truncated", `{"model":"qwen3","messages":[`, `{"model":"qwen3","messages":[`},
 		{"escaped value", `{"model":"a\"b","x":1}`, `{"model":"qwen3-4b","x":1}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
