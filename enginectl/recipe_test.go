@@ -322,3 +322,29 @@ func TestFileStem(t *testing.T) {
 		}
 	}
 }
+
+// TestServedNameIsWhatTheEngineIsStartedWith: the name the router and the
+// checks send each engine is the one its command line makes it serve.
+func TestServedNameIsWhatTheEngineIsStartedWith(t *testing.T) {
+	for _, tc := range []struct {
+		engine fleet.EngineKind
+		want   string
+	}{
+		{fleet.EngineVLLM, "qwen3-4b"},
+		{fleet.EngineLlamaCpp, "qwen3-4b"},
+		{fleet.EngineOllama, "qwen3:4b"},
+	} {
+		t.Run(string(tc.engine), func(t *testing.T) {
+			if got := ServedName(qwen(), tc.engine); got != tc.want {
+				t.Errorf("ServedName = %q, want %q", got, tc.want)
+			}
+			cmd, err := BuildCommand(Spec{Node: localNode, Model: qwen(), Engine: tc.engine, Port: 18004})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if cmd.ServedName != tc.want {
+				t.Errorf("the command serves %q, ServedName says %q", cmd.ServedName, tc.want)
+			}
+		})
+	}
+}
