@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 
@@ -125,4 +126,41 @@ func jsonDocs(raw []byte) [][]byte {
 		}
 	}
 	return out
+}
+
+// TestAliasWithReasoningNormalisation: the answer is renamed after it is
+// normalised, streamed or not.
+func TestAliasWithReasoningNormalisation(t *testing.T) {
+	srv := simtest.Start(t, strings.Fields("--mimic vllm --profile instant -- serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --reasoning-parser qwen3")...)
+	r := New(Options{})
+	models := testModels()
+	models[0].Reasoning = "inline"
+	if err := r.SetModels(models); err != nil {
+		t.Fatal(err)
+	}
+	r.SetBackends([]Backend{{Name: "rig/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineVLLM, Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4}})
+	rs := httptest.NewServer(r.Handler())
+	defer rs.Close()
+	for _, stream := range []bool{false, true} {
+		body := `{"model":"qwen3","max_tokens":32,"stream":` + map[bool]string{false: "false", true: "true"}[stream] +
+			`,"messages":[{"role":"user","content":"What is 17 multiplied by 23?"}]}`
+		resp, err := http.Post(rs.URL+"/v1/chat/completions", "application/json", strings.NewReader(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		raw, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("stream=%v: %s: %s", stream, resp.Status, raw)
+		}
+		if !bytes.Contains(raw, []byte("<think>")) {
+			t.Errorf("stream=%v: the answer was not normalised to inline reasoning: %.300s", stream, raw)
+		}
+		for _, doc := range jsonDocs(raw) {
+			var m struct{ Model string }
+			if err := json.Unmarshal(doc, &m); err != nil || m.Model != "qwen3" {
+				t.Fatalf("stream=%v: chunk carries model %q, want the alias: %s", stream, m.Model, doc)
+			}
+		}
+	}
 }
