@@ -1,8 +1,10 @@
 // Package router is fleet's embedded OpenAI-compatible proxy: it keeps the
-// set of ready backends, picks one per request, forwards the body untouched,
-// streams the answer back chunk by chunk and measures every request. Answers
-// pass through byte for byte, except chat completions of a model that opts
-// into reasoning normalisation, which every worker then answers in one shape.
+// set of ready backends, picks one per request, forwards the body untouched
+// but for the model name (each engine gets the name it serves), streams the
+// answer back chunk by chunk and measures every request. Answers pass through
+// byte for byte, except that they carry the model name the client asked for,
+// and that chat completions of a model that opts into reasoning
+// normalisation come from every worker in one shape.
 package router
 
 import (
