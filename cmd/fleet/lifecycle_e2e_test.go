@@ -14,9 +14,9 @@ import (
 	"time"
 )
 
-// postChat sends one chat completion naming model and returns the status
+// postChatNamed sends one chat completion naming model and returns the status
 // and body.
-func postChat(t *testing.T, base, model string, stream bool) (int, []byte) {
+func postChatNamed(t *testing.T, base, model string, stream bool) (int, []byte) {
 	t.Helper()
 	body := fmt.Sprintf(`{"model":%q,"stream":%t,"max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`, model, stream)
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
@@ -55,7 +55,7 @@ func TestDemoAnswersTheFirstRequestAndEveryAlias(t *testing.T) {
 		}
 		time.Sleep(2 * time.Millisecond)
 	}
-	if status, body := postChat(t, base, "qwen3-4b", false); status != http.StatusOK {
+	if status, body := postChatNamed(t, base, "qwen3-4b", false); status != http.StatusOK {
 		t.Fatalf("the first request, sent as the router opened, got %d: %s", status, body)
 	}
 
@@ -75,7 +75,7 @@ func TestDemoAnswersTheFirstRequestAndEveryAlias(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
-			status, body := postChat(t, base, "qwen3", i%2 == 0)
+			status, body := postChatNamed(t, base, "qwen3", i%2 == 0)
 			good := status == http.StatusOK && allCarry(body, "qwen3")
 			mu.Lock()
 			defer mu.Unlock()
