@@ -286,8 +286,9 @@ type Sample struct {
 	Worker string    `json:"worker"`
 	At     time.Time `json:"at"`
 	Kind   string    `json:"kind"` // "request", "bench", "shape"
-	// TTFT is the time to the first token; 0 when not known (a non-streamed
-	// answer whose engine reports no prefill time).
+	// TTFT is the time to the first token, from the moment the worker was
+	// sent the request; 0 when not known (a non-streamed answer whose
+	// engine reports no prefill time).
 	TTFT         time.Duration `json:"ttft"`
 	ITL          time.Duration `json:"itl"`
 	E2E          time.Duration `json:"e2e"`

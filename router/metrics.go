@@ -32,7 +32,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			Name: "fleet_router_in_flight", Help: "Requests currently forwarded to each backend.",
 		}, []string{"backend"}),
 		ttft: prometheus.NewHistogramVec(prometheus.HistogramOpts{
-			Name: "fleet_router_ttft_seconds", Help: "Time from the request reaching the router to the first response byte.", Buckets: latencyBuckets,
+			Name: "fleet_router_ttft_seconds", Help: "Time from the request reaching the router to the first token (the first chunk with content, reasoning or a tool call; for a non-streamed answer, the engine's reported prefill time).", Buckets: latencyBuckets,
 		}, []string{"model", "backend"}),
 		itl: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "fleet_router_itl_seconds", Help: "Mean time per output token after the first, per request.", Buckets: latencyBuckets,

@@ -99,3 +99,38 @@ func TestComingWorkerThatNeverArrivesTimesOutWith503(t *testing.T) {
 		t.Errorf("message %q does not say what it waited for", e.Error.Message)
 	}
 }
+
+// TestQueueWaitIsNotTheWorkersTTFT: a request that waited in the router for
+// a worker to come up does not charge that wait to the worker's TTFT.
+func TestQueueWaitIsNotTheWorkersTTFT(t *testing.T) {
+	const wait = time.Second
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	_, b := startBackend(t, "ultra/qwen3-4b", 4, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, sseEvent("hi")+sseEvent(" there")+"data: [DONE]\n\n")
+	})
+	r, rs := startRouter(t, Options{QueueTimeout: hangGuard})
+	r.SetOutlook(map[string]Outlook{"qwen3-4b": {Coming: 1}})
+	got := make(chan int, 1)
+	go func() {
+		resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		got <- resp.StatusCode
+	}()
+	waitFor(t, func() bool { return r.queueLen("qwen3-4b") == 1 })
+	time.Sleep(wait)
+	r.SetBackendsAndOutlook([]Backend{b}, map[string]Outlook{"qwen3-4b": {}})
+	if status := <-got; status != http.StatusOK {
+		t.Fatalf("status %d, want 200", status)
+	}
+	h := r.Stats()[0].TTFTHistory
+	if len(h) != 1 {
+		t.Fatalf("TTFT history %v, want one measurement", h)
+	}
+	// The worker answered at once; the second was the router's.
+	if h[0] >= float64(wait/time.Millisecond) {
+		t.Errorf("the worker's TTFT is %.1f ms: it includes the %s the request waited in the router", h[0], wait)
+	}
+}

@@ -515,8 +515,10 @@ func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, fi
 		}
 		r.mu.Lock()
 		w := r.workerLocked(f.b.cfg.Name)
-		if clientTTFT > 0 {
-			w.ttftHistory.add(ms(clientTTFT))
+		// The worker's own TTFT, from the moment it was sent the request:
+		// a wait in the router's queue is the fleet's, not the worker's.
+		if backendTTFT > 0 {
+			w.ttftHistory.add(ms(backendTTFT))
 		}
 		if itl > 0 {
 			w.itlHistory.add(ms(itl))
@@ -525,7 +527,7 @@ func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, fi
 	}
 	r.release(f, o)
 	if ok && r.opts.OnSample != nil {
-		s := fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: clientTTFT, ITL: itl, E2E: e2e, OutputTokens: tokens}
+		s := fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: backendTTFT, ITL: itl, E2E: e2e, OutputTokens: tokens}
 		decodeFrom := firstByte
 		if !m.firstToken.IsZero() {
 			decodeFrom = m.firstToken

@@ -157,8 +157,9 @@ type BackendStats struct {
 	TokPerSec float64
 	ITLms     float64
 	// TTFTms is the measured median time to first token of the backend's
-	// recent requests (0 before any); PredictedTTFTms is what the speed
-	// model expects for a short prompt at the current load.
+	// recent requests, from the moment the router sent each (0 before
+	// any); PredictedTTFTms is what the speed model expects for a short
+	// prompt at the current load.
 	TTFTms          float64
 	PredictedTTFTms float64
 	// Recent per-request measurements, oldest first.
