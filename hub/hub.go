@@ -623,13 +623,17 @@ func (h *Hub) syncRouter() {
 
 // outlookLocked tells the router, per model, which placed workers are on
 // their way and which cannot serve: a placement whose worker the manager
-// has not reported yet is pending.
+// has not reported yet is pending, and a worker stopped on its way to a
+// restart (not held by 'fleet stop') is coming back.
 func (h *Hub) outlookLocked() map[string]router.Outlook {
 	states := map[string][]fleet.WorkerState{}
 	for _, p := range h.placements {
 		state := fleet.WorkerPending
 		if w, ok := h.workers[p.Node+"/"+p.Model]; ok {
 			state = w.State
+			if state == fleet.WorkerStopped && !w.Held {
+				state = fleet.WorkerStarting
+			}
 		}
 		states[p.Model] = append(states[p.Model], state)
 	}

@@ -14,12 +14,17 @@ func TestOutlookCountsPlacedWorkers(t *testing.T) {
 		placements: []fleet.Placement{
 			{Model: "a", Node: "n1"}, {Model: "a", Node: "n2"}, {Model: "a", Node: "n3"},
 			{Model: "b", Node: "n1"}, {Model: "b", Node: "n2"},
+			{Model: "c", Node: "n1"}, {Model: "c", Node: "n2"},
 		},
 		workers: map[string]fleet.Worker{
 			"n1/a": {Node: "n1", Model: "a", State: fleet.WorkerStarting},
 			"n2/a": {Node: "n2", Model: "a", State: fleet.WorkerReady},
 			"n1/b": {Node: "n1", Model: "b", State: fleet.WorkerFailed},
 			"n2/b": {Node: "n2", Model: "b", State: fleet.WorkerRejected},
+			// Stopped on the way to a restart it comes back; held by
+			// 'fleet stop' it does not.
+			"n1/c": {Node: "n1", Model: "c", State: fleet.WorkerStopped, Reason: "restarting"},
+			"n2/c": {Node: "n2", Model: "c", State: fleet.WorkerStopped, Held: true},
 			// A worker whose placement is gone is not the model's supply.
 			"n9/a": {Node: "n9", Model: "a", State: fleet.WorkerInstalling},
 		},
@@ -31,7 +36,10 @@ func TestOutlookCountsPlacedWorkers(t *testing.T) {
 	if b := got["b"]; b.Coming != 0 || b.Down[fleet.WorkerFailed] != 1 || b.Down[fleet.WorkerRejected] != 1 {
 		t.Errorf("model b: %+v, want 1 failed and 1 rejected", b)
 	}
-	if _, ok := got["c"]; ok {
-		t.Errorf("a model with no placement has an outlook: %+v", got["c"])
+	if c := got["c"]; c.Coming != 1 || c.Down[fleet.WorkerStopped] != 1 {
+		t.Errorf("model c: %+v, want the restarting worker coming and the held one stopped", c)
+	}
+	if _, ok := got["d"]; ok {
+		t.Errorf("a model with no placement has an outlook: %+v", got["d"])
 	}
 }
