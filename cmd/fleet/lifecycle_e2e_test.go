@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -135,4 +136,55 @@ func TestServeQueueFlags(t *testing.T) {
 			t.Errorf("serve %s created the data dir before refusing", flag)
 		}
 	}
+}
+
+// TestRestartOfTheOnlyWorkerKeepsRequestsWaiting: while the only worker of
+// a model drains, stops and relaunches, requests wait for it and are
+// served, instead of failing with 503.
+func TestRestartOfTheOnlyWorkerKeepsRequestsWaiting(t *testing.T) {
+	data := t.TempDir()
+	file := filepath.Join(data, "fleet.yaml")
+	if err := os.WriteFile(file, []byte(`nodes:
+  - name: rig
+    address: sim:rtx3060-vllm
+models:
+  - id: qwen3-4b
+    aliases: [qwen3]
+    context: 16384
+    memory_gb: 3
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+placements:
+  - model: qwen3-4b
+    nodes: [rig]
+`), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := launchHub(t, data, freePort(t), "--fleet", file)
+	base := "http://" + h.http
+	before := waitReady(t, data, 1, 60*time.Second)[0]
+
+	restarted := make(chan string, 1)
+	go func() {
+		out, code := fleetCmd(t, data, "restart", "rig")
+		restarted <- fmt.Sprintf("exit %d: %s", code, out)
+	}()
+	// Send once the worker has left ready (draining, stopped or starting).
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		ws := workersJSON(t, data)
+		if len(ws) == 1 && (ws[0].State != "ready" || ws[0].Drained || ws[0].PID != before.PID) {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the worker never left ready during the restart: %+v", ws)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	status, body := postChatNamed(t, base, "qwen3", true)
+	if status != http.StatusOK || !allCarry(body, "qwen3") {
+		t.Errorf("a request sent during the restart of the only worker got %d: %.300s", status, body)
+	}
+	t.Log("restart: ", <-restarted)
 }
