@@ -20,6 +20,7 @@ import (
 	"fleet"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
+	"fleet/columns"
 	"fleet/store"
 )
 
@@ -418,32 +419,27 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
-	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tMODEL\tGPU\tHOST\tENGINE\tCTX\tSTATE\tLOAD\tTOK/S\tTTFT\tPID\tPORT\tSTARTED WITH")
-	for _, x := range ws {
-		state := string(x.State)
-		if x.Drained && x.State == fleet.WorkerReady {
-			state = "drained"
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d/%d\t%s\t%s\t%d\t%d\t%s\n",
-			x.Node, x.Model, x.GPU, x.Host, x.Engine.Label(), ctxLabel(x.Context), state,
-			x.InFlight, x.Slots, tokS(x.TokPerSec), ttftLabel(x.TTFTms), x.PID, x.Port, strings.Join(x.Argv, " "))
-	}
-	return tw.Flush()
+// workerColumns are the columns of `workers`, defined in package columns
+// with the console's.
+var workerColumns = []columns.Column{
+	columns.Node, columns.Model, columns.GPU, columns.Host, columns.Engine, columns.Ctx, columns.State,
+	columns.Load, columns.TokS, columns.TTFT, columns.PID, columns.Port, columns.Argv,
 }
 
-// ttftLabel is the measured median TTFT, "-" before any request.
-func ttftLabel(ms float64) string {
-	switch {
-	case ms <= 0:
-		return "-"
-	case ms < 10:
-		return fmt.Sprintf("%.1fms", ms)
-	case ms < 1000:
-		return fmt.Sprintf("%.0fms", ms)
+func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	cells := make([]string, len(workerColumns))
+	for i, c := range workerColumns {
+		cells[i] = c.CLIHeader()
 	}
-	return fmt.Sprintf("%.2fs", ms/1000)
+	fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	for _, x := range ws {
+		for i, c := range workerColumns {
+			cells[i] = c.Cell(x)
+		}
+		fmt.Fprintln(tw, strings.Join(cells, "\t"))
+	}
+	return tw.Flush()
 }
 
 func printNodes(w io.Writer, ns []fleet.Node) error {
@@ -476,7 +472,7 @@ func printModels(w io.Writer, ms []fleet.Model) error {
 			}
 			id, aliases, ctx, mem := "", "", "", ""
 			if first {
-				id, aliases, ctx, mem = m.ID, strings.Join(m.Aliases, ","), ctxLabel(m.Context), fmt.Sprintf("%g GB", m.MemoryGB)
+				id, aliases, ctx, mem = m.ID, strings.Join(m.Aliases, ","), columns.Tokens(m.Context), fmt.Sprintf("%g GB", m.MemoryGB)
 				first = false
 			}
 			weights := r.Model
@@ -487,20 +483,6 @@ func printModels(w io.Writer, ms []fleet.Model) error {
 		}
 	}
 	return tw.Flush()
-}
-
-func ctxLabel(n int) string {
-	if n >= 1024 && n%1024 == 0 {
-		return fmt.Sprintf("%dk", n/1024)
-	}
-	return fmt.Sprint(n)
-}
-
-func tokS(v float64) string {
-	if v <= 0 {
-		return "-"
-	}
-	return fmt.Sprintf("%.0f", v)
 }
 
 func gib(b uint64) float64 { return float64(b) / (1 << 30) }

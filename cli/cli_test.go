@@ -19,11 +19,15 @@ import (
 type fakeHub struct {
 	acts    [][]string
 	applied string
+	workers []fleet.WorkerView // the snapshot's workers when set
 }
 
 var errDenied = errors.New("permission denied: drain needs the operator role; you (v) are viewer")
 
 func (f *fakeHub) Snapshot(context.Context) fleet.Snapshot {
+	if f.workers != nil {
+		return fleet.Snapshot{Workers: f.workers}
+	}
 	return fleet.Snapshot{Workers: []fleet.WorkerView{{
 		Worker: fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady, Argv: []string{"llama-server", "-c", "16384"}, Context: 16384, Slots: 4},
 		Host:   "macOS", GPU: "Apple M1 Ultra", TTFTms: 187.4, PredictedTTFTms: 20,
@@ -131,6 +135,35 @@ func TestWorkersJSONCarriesTheTableFields(t *testing.T) {
 		if _, ok := rows[0][key]; !ok {
 			t.Errorf("workers --json lacks %q: %v", key, rows[0])
 		}
+	}
+}
+
+// The `workers` table writes each cell as the console does (package
+// columns): the CLI used to print 4000 where the console said 4k, 42 for
+// 42.5 tok/s, 0/0 for unknown slots and 2.35s for the console's 2.3s.
+func TestWorkersTableCellsAreTheConsoles(t *testing.T) {
+	h := &fakeHub{workers: []fleet.WorkerView{{
+		Worker: fleet.Worker{Node: "max", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerInstalling,
+			Progress: 42.4, Argv: []string{"llama-server", "-c", "4000"}, Context: 4000, PID: 4242, Port: 8001},
+		Host: "macOS", GPU: "Apple M4 Max", InFlight: 1, TokPerSec: 42.46, TTFTms: 2345,
+	}}}
+	var out bytes.Buffer
+	if code := Run(context.Background(), h, fleet.User{Role: fleet.RoleViewer}, []string{"workers"}, nil, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 2 {
+		t.Fatalf("workers printed %d lines, want a header and one row:\n%s", len(lines), out.String())
+	}
+	header := strings.Fields(lines[0])
+	wantHeader := []string{"NODE", "MODEL", "GPU", "HOST", "ENGINE", "CTX", "STATE", "LOAD", "TOK/S", "TTFT", "PID", "PORT", "STARTED", "WITH"}
+	if strings.Join(header, " ") != strings.Join(wantHeader, " ") {
+		t.Errorf("header = %q, want %q", header, wantHeader)
+	}
+	got := strings.Fields(lines[1])
+	want := []string{"max", "qwen3-4b", "Apple", "M4", "Max", "macOS", "llama.cpp", "4k", "installing", "42%", "1/-", "42.5", "2.3s", "4242", "8001", "llama-server", "-c", "4000"}
+	if strings.Join(got, " ") != strings.Join(want, " ") {
+		t.Errorf("row = %q,\nwant  %q", got, want)
 	}
 }
 

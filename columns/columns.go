@@ -1,0 +1,118 @@
+// Package columns defines each column of the worker table once: its header,
+// its width in the console, and a pure function from a worker to its cell.
+// The CLI's `workers` table and the console's worker table both pick their
+// columns from here, so the two cannot show the same worker differently.
+package columns
+
+import (
+	"fmt"
+	"strings"
+
+	"fleet"
+)
+
+// Column is one column of the worker table.
+type Column struct {
+	// Header is the console's title of the column; the CLI prints it in
+	// capitals, as tabular commands do.
+	Header string
+	// Width is the console's fixed width in cells; 0 sizes the column to its
+	// widest cell (and header), up to Max when Max is set.
+	Width, Max int
+	// Right aligns the cell to the right (figures).
+	Right bool
+	Cell  func(fleet.WorkerView) string
+}
+
+// The columns. A new one is added here and picked in the CLI's and the
+// console's lists.
+var (
+	Node   = Column{Header: "Node", Max: 24, Cell: func(w fleet.WorkerView) string { return w.Node }}
+	Model  = Column{Header: "Model", Max: 32, Cell: func(w fleet.WorkerView) string { return w.Model }}
+	GPU    = Column{Header: "GPU", Max: 18, Cell: func(w fleet.WorkerView) string { return w.GPU }}
+	Host   = Column{Header: "Host", Max: 11, Cell: func(w fleet.WorkerView) string { return w.Host }}
+	Engine = Column{Header: "Engine", Max: 10, Cell: func(w fleet.WorkerView) string { return w.Engine.Label() }}
+	Ctx    = Column{Header: "Ctx", Width: 5, Right: true, Cell: func(w fleet.WorkerView) string { return Tokens(w.Context) }}
+	State  = Column{Header: "State", Cell: StateCell}
+	Load   = Column{Header: "Load", Right: true, Cell: LoadCell}
+	TokS   = Column{Header: "tok/s", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Rate(w.TokPerSec) }}
+	TTFT   = Column{Header: "TTFT", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.TTFTms) }}
+	ITL    = Column{Header: "ITL", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.ITLms) }}
+	PID    = Column{Header: "PID", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.PID) }}
+	Port   = Column{Header: "Port", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.Port) }}
+	Argv   = Column{Header: "Started with", Cell: func(w fleet.WorkerView) string { return strings.Join(w.Argv, " ") }}
+)
+
+// NodeOrWorker is the console's Node column: the node's name where it runs
+// one worker, NODE/MODEL where it runs several (perNode counts the workers
+// of each node), so a row names its worker without a Model column.
+func NodeOrWorker(perNode map[string]int) Column {
+	c := Node
+	c.Cell = func(w fleet.WorkerView) string {
+		if perNode[w.Node] > 1 {
+			return w.Name()
+		}
+		return w.Node
+	}
+	return c
+}
+
+// StateCell is the lifecycle state, with the install's progress while an
+// engine is being installed. A drained worker is already "draining" in the
+// snapshot, so no column looks at the drain flag.
+func StateCell(w fleet.WorkerView) string {
+	if w.State == fleet.WorkerInstalling && w.Progress > 0 {
+		return fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
+	}
+	return string(w.State)
+}
+
+// LoadCell is requests in flight over the worker's slots, "-" for slots
+// not known.
+func LoadCell(w fleet.WorkerView) string {
+	if w.Slots <= 0 {
+		return fmt.Sprintf("%d/-", w.InFlight)
+	}
+	return fmt.Sprintf("%d/%d", w.InFlight, w.Slots)
+}
+
+// Tokens is a context size: 16384 → "16k", 4000 → "4k", 0 → "-".
+func Tokens(n int) string {
+	switch {
+	case n <= 0:
+		return "-"
+	case n%1024 == 0:
+		return fmt.Sprintf("%dk", n/1024)
+	case n >= 1000:
+		return fmt.Sprintf("%dk", n/1000)
+	}
+	return fmt.Sprint(n)
+}
+
+// Rate is a tokens-per-second figure, one decimal below 100, "-" before
+// any measurement.
+func Rate(v float64) string {
+	switch {
+	case v <= 0:
+		return "-"
+	case v < 100:
+		return fmt.Sprintf("%.1f", v)
+	}
+	return fmt.Sprintf("%.0f", v)
+}
+
+// Millis is a latency in milliseconds, "-" before any measurement.
+func Millis(v float64) string {
+	switch {
+	case v <= 0:
+		return "-"
+	case v < 10:
+		return fmt.Sprintf("%.1fms", v)
+	case v < 1000:
+		return fmt.Sprintf("%.0fms", v)
+	}
+	return fmt.Sprintf("%.1fs", v/1000)
+}
+
+// CLIHeader is the column's title in the CLI's table.
+func (c Column) CLIHeader() string { return strings.ToUpper(c.Header) }

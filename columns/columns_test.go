@@ -1,0 +1,64 @@
+package columns
+
+import (
+	"testing"
+
+	"fleet"
+)
+
+func TestCells(t *testing.T) {
+	w := func(f func(*fleet.WorkerView)) fleet.WorkerView {
+		v := fleet.WorkerView{Worker: fleet.Worker{Node: "rig", Model: "qwen3-4b", State: fleet.WorkerReady}}
+		f(&v)
+		return v
+	}
+	tests := []struct {
+		name string
+		col  Column
+		w    fleet.WorkerView
+		want string
+	}{
+		{"ctx in KiB", Ctx, w(func(v *fleet.WorkerView) { v.Context = 16384 }), "16k"},
+		{"ctx in thousands", Ctx, w(func(v *fleet.WorkerView) { v.Context = 4000 }), "4k"},
+		{"ctx small", Ctx, w(func(v *fleet.WorkerView) { v.Context = 512 }), "512"},
+		{"ctx unknown", Ctx, w(func(v *fleet.WorkerView) {}), "-"},
+		{"tok/s small keeps a decimal", TokS, w(func(v *fleet.WorkerView) { v.TokPerSec = 42.46 }), "42.5"},
+		{"tok/s large", TokS, w(func(v *fleet.WorkerView) { v.TokPerSec = 1234.4 }), "1234"},
+		{"tok/s unmeasured", TokS, w(func(v *fleet.WorkerView) {}), "-"},
+		{"TTFT under 10 ms", TTFT, w(func(v *fleet.WorkerView) { v.TTFTms = 4.25 }), "4.2ms"},
+		{"TTFT ms", TTFT, w(func(v *fleet.WorkerView) { v.TTFTms = 187.2 }), "187ms"},
+		{"TTFT seconds", TTFT, w(func(v *fleet.WorkerView) { v.TTFTms = 2345 }), "2.3s"},
+		{"ITL unmeasured", ITL, w(func(v *fleet.WorkerView) {}), "-"},
+		{"load with slots", Load, w(func(v *fleet.WorkerView) { v.InFlight, v.Slots = 3, 4 }), "3/4"},
+		{"load without slots", Load, w(func(v *fleet.WorkerView) { v.InFlight = 1 }), "1/-"},
+		{"state", State, w(func(v *fleet.WorkerView) {}), "ready"},
+		{"state installing with progress", State, w(func(v *fleet.WorkerView) { v.State, v.Progress = fleet.WorkerInstalling, 42.4 }), "installing 42%"},
+		{"state installing before progress", State, w(func(v *fleet.WorkerView) { v.State = fleet.WorkerInstalling }), "installing"},
+		{"state ignores a finished install's progress", State, w(func(v *fleet.WorkerView) { v.Progress = 100 }), "ready"},
+		{"argv", Argv, w(func(v *fleet.WorkerView) { v.Argv = []string{"llama-server", "-c", "16384"} }), "llama-server -c 16384"},
+		{"engine", Engine, w(func(v *fleet.WorkerView) { v.Engine = fleet.EngineLlamaCpp }), "llama.cpp"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if got := tt.col.Cell(tt.w); got != tt.want {
+				t.Errorf("%s cell = %q, want %q", tt.col.Header, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestNodeOrWorkerNamesTheWorkerOnASharedNode(t *testing.T) {
+	col := NodeOrWorker(map[string]int{"rig": 2, "max": 1})
+	for node, want := range map[string]string{"rig": "rig/qwen3-4b", "max": "max"} {
+		w := fleet.WorkerView{Worker: fleet.Worker{Node: node, Model: "qwen3-4b"}}
+		if got := col.Cell(w); got != want {
+			t.Errorf("Node cell of a worker on %s = %q, want %q", node, got, want)
+		}
+	}
+}
+
+func TestCLIHeaderIsTheHeaderInCapitals(t *testing.T) {
+	if got := Argv.CLIHeader(); got != "STARTED WITH" {
+		t.Errorf("Argv.CLIHeader() = %q, want STARTED WITH", got)
+	}
+}
