@@ -10,6 +10,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"fleet"
+	"fleet/columns"
 )
 
 const (
@@ -23,8 +24,8 @@ const noBenchHint = "no bench yet: press b to run one (operator)"
 
 // renderBench is the detail's bench section: the seed's headline row and a
 // bar chart each of total tok/s and TTFT p50 against concurrency.
-func (m *Model) renderBench(w fleet.WorkerView) []string {
-	t := m.theme
+func (cm *common) renderBench(w fleet.WorkerView) []string {
+	t := cm.theme
 	if len(w.Bench) == 0 {
 		return []string{t.Muted.Render("Bench: ") + t.Muted.Render(noBenchHint)}
 	}
@@ -33,11 +34,11 @@ func (m *Model) renderBench(w fleet.WorkerView) []string {
 	title := "bench"
 	if !w.BenchAt.IsZero() {
 		title = fmt.Sprintf("bench (at %s, %s ago)", w.BenchAt.Format("2006-01-02 15:04:05"),
-			max(m.opts.Now().Sub(w.BenchAt), 0).Round(time.Second))
+			max(cm.opts.Now().Sub(w.BenchAt), 0).Round(time.Second))
 	}
 	out := []string{t.Muted.Render(title)}
 	indent := strings.Repeat(" ", benchIndent)
-	for i, line := range benchTable(pts, m.width-benchIndent) {
+	for i, line := range benchTable(pts, cm.width-benchIndent) {
 		style := t.Text
 		if i == 0 {
 			style = t.Header
@@ -51,15 +52,15 @@ func (m *Model) renderBench(w fleet.WorkerView) []string {
 	for i, p := range pts {
 		levels[i] = fmt.Sprint(p.Concurrency)
 		tok[i], tokLabels[i] = p.TotalTokPerSec, benchTok(p.TotalTokPerSec)
-		ttft[i], ttftLabels[i] = p.TTFTp50ms, msCell(p.TTFTp50ms)
+		ttft[i], ttftLabels[i] = p.TTFTp50ms, columns.Millis(p.TTFTp50ms)
 	}
 	charts := []barChart{
 		{title: "total tok/s by concurrency", values: tok, labels: tokLabels, levels: levels},
 		{title: "TTFT p50 by concurrency", values: ttft, labels: ttftLabels, levels: levels},
 	}
-	slot, bar, sideBySide := benchChartSize(charts, m.width)
+	slot, bar, sideBySide := benchChartSize(charts, cm.width)
 	if sideBySide {
-		left, right := m.barChartRows(charts[0], slot, bar), m.barChartRows(charts[1], slot, bar)
+		left, right := cm.barChartRows(charts[0], slot, bar), cm.barChartRows(charts[1], slot, bar)
 		gap := strings.Repeat(" ", benchChartGap)
 		for i := range left {
 			out = append(out, indent+left[i]+gap+right[i])
@@ -67,7 +68,7 @@ func (m *Model) renderBench(w fleet.WorkerView) []string {
 		return out
 	}
 	for _, c := range charts {
-		for _, row := range m.barChartRows(c, slot, bar) {
+		for _, row := range cm.barChartRows(c, slot, bar) {
 			out = append(out, indent+row)
 		}
 	}
@@ -120,7 +121,7 @@ func benchTable(pts []fleet.BenchPoint, width int) []string {
 	rows := [][]string{{"concurrency", "total tok/s", "per request", "TTFT p50"}}
 	for _, p := range pts {
 		rows = append(rows, []string{fmt.Sprint(p.Concurrency), benchTok(p.TotalTokPerSec),
-			benchTok(p.PerRequestTokPerSec), msCell(p.TTFTp50ms)})
+			benchTok(p.PerRequestTokPerSec), columns.Millis(p.TTFTp50ms)})
 	}
 	return alignColumns(rows)
 }
@@ -158,7 +159,7 @@ func ttftList(pts []fleet.BenchPoint) string {
 		if allMs {
 			parts[i] = fmt.Sprintf("%.0f", p.TTFTp50ms)
 		} else {
-			parts[i] = msCell(p.TTFTp50ms)
+			parts[i] = columns.Millis(p.TTFTp50ms)
 		}
 	}
 	s := strings.Join(parts, "/")
@@ -211,8 +212,8 @@ func benchChartSize(charts []barChart, width int) (slot, bar int, sideBySide boo
 // bars, and the concurrency levels. Bars come from Chart, each value
 // repeated across its bar's columns, so partial blocks give the same eight
 // steps per row as the history charts.
-func (m *Model) barChartRows(c barChart, slot, bar int) []string {
-	t := m.theme
+func (cm *common) barChartRows(c barChart, slot, bar int) []string {
+	t := cm.theme
 	width := c.width(slot)
 	hi := 0.0
 	for _, v := range c.values {

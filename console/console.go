@@ -8,11 +8,10 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
-	"sort"
 	"strings"
 	"time"
 
+	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
 
 	"fleet"
@@ -87,10 +86,6 @@ const (
 	viewCount
 )
 
-func (v viewKind) String() string {
-	return [...]string{"workers", "nodes", "models", "events"}[v]
-}
-
 type overlayKind int
 
 const (
@@ -144,55 +139,36 @@ type (
 	}
 )
 
-// Model is the console's state. It is a tea.Model; use New.
+// Model is the console: the views, each a small model of its own over a
+// shared common, and what lies over them (the detail, help, a confirmation,
+// a text panel). It is a tea.Model; use New.
 type Model struct {
-	src    Source
-	opts   Options
-	log    *slog.Logger
-	theme  themes.Theme
-	paints paints
+	*common
+	src Source
 	// themeFixed is set when the operator chose a theme, so the terminal's
 	// background colour does not override it.
 	themeFixed bool
 
-	width, height int
+	workers workersView
+	nodes   nodesView
+	models  modelsView
+	evts    eventsView
+	detail  detailView
+	views   [viewCount]tableView
+	view    viewKind
 
-	snap   fleet.Snapshot
-	loaded bool
-	// workerIdx is the filtered view of snap.Workers, in snapshot order.
-	workerIdx []int
-	nodeIdx   []int
-	modelIdx  []int
-	events    []fleet.Event // snapshot events plus the audit trail
-	eventIdx  []int         // into events, newest first
-	haystack  []string
-	layout    workerLayout
-
-	view      viewKind
-	cursor    [viewCount]int
-	offset    [viewCount]int
-	filter    [viewCount]string
-	filtering bool
-
-	marks map[string]bool
-
-	overlay      overlayKind
-	detail       string // worker name shown in the detail
-	detailLog    []string
-	detailLogErr error
-	detailOffset int // lines scrolled past the detail's pinned first line
-	logAt        time.Time
-	logBusy      bool
-	confirm      *pendingAction
-	textTitle    string
-	text         []string
-	textOffset   int
-	helpOffset   int
-	flash        string
-	flashLevel   flashLevel
-	busy         int
-	tracking     map[string]tracker
-	quitting     bool
+	filtering  bool
+	overlay    overlayKind
+	confirm    *pendingAction
+	textTitle  string
+	text       []string
+	textOffset int
+	helpOffset int
+	flash      string
+	flashLevel flashLevel
+	busy       int
+	tracking   map[string]tracker
+	quitting   bool
 }
 
 // New builds the console for one operator.
@@ -217,27 +193,26 @@ func newModel(src Source, opts Options) *Model {
 	if logger == nil {
 		logger = slog.New(slog.DiscardHandler)
 	}
-	m := &Model{
-		src:      src,
-		opts:     opts,
-		log:      logger,
-		width:    opts.Width,
-		height:   opts.Height,
-		marks:    map[string]bool{},
-		tracking: map[string]tracker{},
-	}
+	c := &common{opts: opts, log: logger, width: opts.Width, height: opts.Height, keys: newKeyMap()}
+	m := &Model{common: c, src: src, tracking: map[string]tracker{}}
 	if opts.Theme.Name != "" {
-		m.theme, m.themeFixed = opts.Theme, true
+		c.theme, m.themeFixed = opts.Theme, true
 	} else {
-		m.theme = themes.ForBackground(true)
+		c.theme = themes.ForBackground(true)
 	}
-	m.paints = newPaints(m.theme)
-	if m.width <= 0 {
-		m.width = 80
+	c.paints = newPaints(c.theme)
+	if c.width <= 0 {
+		c.width = 80
 	}
-	if m.height <= 0 {
-		m.height = 24
+	if c.height <= 0 {
+		c.height = 24
 	}
+	m.workers = workersView{common: c, marks: map[string]bool{}}
+	m.nodes = nodesView{common: c}
+	m.models = modelsView{common: c}
+	m.evts = eventsView{common: c}
+	m.detail = detailView{common: c}
+	m.views = [viewCount]tableView{&m.workers, &m.nodes, &m.models, &m.evts}
 	return m
 }
 
@@ -265,7 +240,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = max(msg.Width, 20), max(msg.Height, 6)
-		m.relayout()
+		m.workers.relayout()
 		m.clampAll()
 		return m, nil
 	case tea.BackgroundColorMsg:
@@ -279,7 +254,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	case snapshotMsg:
 		m.apply(msg.snap)
 		cmds := []tea.Cmd{m.tick()}
-		if c := m.maybeFetchLog(false); c != nil {
+		if c := m.fetchLog(false); c != nil {
 			cmds = append(cmds, c)
 		}
 		return m, tea.Batch(cmds...)
@@ -287,10 +262,7 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.busy--
 		return m, m.actionDone(msg)
 	case logMsg:
-		m.logBusy = false
-		if msg.worker == m.detail {
-			m.detailLog, m.detailLogErr = msg.lines, msg.err
-		}
+		m.detail.gotLog(msg)
 		return m, nil
 	case tea.KeyPressMsg:
 		return m, m.key(msg)
@@ -298,99 +270,27 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 	return m, nil
 }
 
-// apply takes a new snapshot: recomputes filters and layout, keeps the cursor
-// on the same worker when rows move, and advances drain/restart trackers.
+// apply takes a new snapshot: each view refilters, the worker table keeps
+// its cursor on the same worker, and the drain/restart trackers advance.
 func (m *Model) apply(s fleet.Snapshot) {
 	var cursorName string
-	if w, ok := m.cursorWorker(); ok {
+	if w, ok := m.workers.cursorWorker(); ok {
 		cursorName = w.Name()
 	}
-	m.snap = s
-	m.loaded = true
-	m.haystack = m.haystack[:0]
-	for _, w := range s.Workers {
-		m.haystack = append(m.haystack, strings.ToLower(strings.Join([]string{
-			w.Name(), w.GPU, w.Host, w.Engine.Label(), string(w.State), strings.Join(w.Argv, " "),
-		}, " ")))
-	}
-	// The events view shows the audit trail interleaved with the events, so
-	// "who drained ultra" sits next to "ultra drained".
-	m.events = append(m.events[:0], s.Events...)
-	for _, a := range s.Audit {
-		m.events = append(m.events, fleet.Event{
-			ID: a.ID, At: a.At, Level: "audit", Subject: a.Target,
-			Message: fmt.Sprintf("%s by %s: %s", a.Action, a.User, a.Outcome),
-		})
-	}
-	m.eventIdx = m.eventIdx[:0]
-	for i := range m.events {
-		m.eventIdx = append(m.eventIdx, i)
-	}
-	sort.SliceStable(m.eventIdx, func(a, b int) bool {
-		return m.events[m.eventIdx[a]].At.After(m.events[m.eventIdx[b]].At)
-	})
-	m.refilter()
-	if cursorName != "" {
-		for pos, i := range m.workerIdx {
-			if m.snap.Workers[i].Name() == cursorName {
-				m.cursor[viewWorkers] = pos
-				break
-			}
-		}
-	}
+	m.setSnapshot(s)
+	m.workers.setSnapshot(cursorName)
+	m.nodes.refilter()
+	m.models.refilter()
+	m.evts.refilter()
 	m.clampAll()
 	m.track()
 }
 
-func (m *Model) refilter() {
-	f := strings.ToLower(m.filter[viewWorkers])
-	m.workerIdx = m.workerIdx[:0]
-	for i := range m.snap.Workers {
-		if f == "" || strings.Contains(m.haystack[i], f) {
-			m.workerIdx = append(m.workerIdx, i)
-		}
+func (m *Model) fetchLog(force bool) tea.Cmd {
+	if m.overlay != overlayDetail {
+		return nil
 	}
-	f = strings.ToLower(m.filter[viewNodes])
-	m.nodeIdx = m.nodeIdx[:0]
-	for i, n := range m.snap.Nodes {
-		if f == "" || strings.Contains(strings.ToLower(nodeHaystack(n)), f) {
-			m.nodeIdx = append(m.nodeIdx, i)
-		}
-	}
-	f = strings.ToLower(m.filter[viewModels])
-	m.modelIdx = m.modelIdx[:0]
-	for i, md := range m.snap.Models {
-		if f == "" || strings.Contains(strings.ToLower(modelHaystack(md)), f) {
-			m.modelIdx = append(m.modelIdx, i)
-		}
-	}
-	if f = strings.ToLower(m.filter[viewEvents]); f != "" {
-		kept := m.eventIdx[:0]
-		for _, i := range m.eventIdx {
-			e := m.events[i]
-			if strings.Contains(strings.ToLower(e.Level+" "+e.Subject+" "+e.Message), f) {
-				kept = append(kept, i)
-			}
-		}
-		m.eventIdx = kept
-	}
-	m.relayout()
-}
-
-func nodeHaystack(n fleet.Node) string {
-	s := n.Name + " " + n.Address + " " + string(n.State) + " " + n.Reason
-	if n.Platform != nil {
-		s += " " + n.Platform.HostLabel() + " " + n.Platform.GPULabel()
-	}
-	return s
-}
-
-func modelHaystack(md fleet.Model) string {
-	parts := append([]string{md.ID}, md.Aliases...)
-	for k, r := range md.Recipes {
-		parts = append(parts, string(k), r.Model, r.Profile)
-	}
-	return strings.Join(parts, " ")
+	return m.detail.fetchLog(m.src, force)
 }
 
 // track finishes drains and restarts the snapshot shows as done.
@@ -420,7 +320,7 @@ func (m *Model) track() {
 			if len(w.Bench) > 0 && !w.BenchAt.Equal(t.benchAt) {
 				delete(m.tracking, name)
 				where := " (enter on it shows the chart)"
-				if m.overlay == overlayDetail && m.detail == name {
+				if m.overlay == overlayDetail && m.detail.worker == name {
 					where = ""
 				}
 				m.setFlash(flashOK, fmt.Sprintf("bench of %s done: %s%s", name, benchSummary(w.Bench), where))
@@ -447,59 +347,9 @@ func (m *Model) benchFailure(name string, since time.Time) (fleet.Event, bool) {
 	return fleet.Event{}, false
 }
 
-func (m *Model) workerByName(name string) (fleet.WorkerView, bool) {
-	for _, w := range m.snap.Workers {
-		if w.Name() == name {
-			return w, true
-		}
-	}
-	return fleet.WorkerView{}, false
-}
-
-func (m *Model) cursorWorker() (fleet.WorkerView, bool) {
-	c := m.cursor[viewWorkers]
-	if c < 0 || c >= len(m.workerIdx) {
-		return fleet.WorkerView{}, false
-	}
-	return m.snap.Workers[m.workerIdx[c]], true
-}
-
-func (m *Model) rowCount(v viewKind) int {
-	switch v {
-	case viewWorkers:
-		return len(m.workerIdx)
-	case viewNodes:
-		return len(m.nodeIdx)
-	case viewModels:
-		return len(m.modelIdx)
-	}
-	return len(m.eventIdx)
-}
-
-// bodyHeight is the rows between the title bar and the two bottom lines.
-func (m *Model) bodyHeight() int { return max(m.height-3, 1) }
-
-// pageRows is how many data rows a table view shows (one goes to the header).
-func (m *Model) pageRows() int { return max(m.bodyHeight()-1, 1) }
-
 func (m *Model) clampAll() {
-	for v := viewKind(0); v < viewCount; v++ {
-		n := m.rowCount(v)
-		m.cursor[v] = max(0, min(m.cursor[v], n-1))
-		page := m.pageRows()
-		if v == viewModels {
-			page = 1 // models scroll by model block; see renderModels
-		}
-		if m.cursor[v] < m.offset[v] {
-			m.offset[v] = m.cursor[v]
-		}
-		if m.cursor[v] >= m.offset[v]+page {
-			m.offset[v] = m.cursor[v] - page + 1
-		}
-		m.offset[v] = max(0, min(m.offset[v], max(n-page, 0)))
-		if m.cursor[v] < m.offset[v] {
-			m.offset[v] = m.cursor[v]
-		}
+	for _, v := range m.views {
+		v.state().clamp(v.rows(), v.page())
 	}
 }
 
@@ -507,33 +357,29 @@ func (m *Model) setFlash(level flashLevel, text string) {
 	m.flash, m.flashLevel = text, level
 }
 
-// targets are the marked workers, or the one under the cursor.
+// targets are the worker shown in the detail, else the marked workers, else
+// the workers of the node under the cursor, else the worker under it.
 func (m *Model) targets() []string {
-	if m.overlay == overlayDetail && m.detail != "" {
-		return []string{m.detail}
+	if m.overlay == overlayDetail && m.detail.worker != "" {
+		return []string{m.detail.worker}
 	}
-	if len(m.marks) > 0 {
+	if out := m.workers.marked(); len(out) > 0 {
+		return out
+	}
+	if m.view == viewNodes {
+		n, ok := m.nodes.cursorNode()
+		if !ok {
+			return nil
+		}
 		var out []string
 		for _, w := range m.snap.Workers {
-			if m.marks[w.Name()] {
-				out = append(out, w.Name())
-			}
-		}
-		if len(out) > 0 {
-			return out
-		}
-	}
-	if m.view == viewNodes && m.cursor[viewNodes] < len(m.nodeIdx) {
-		node := m.snap.Nodes[m.nodeIdx[m.cursor[viewNodes]]].Name
-		var out []string
-		for _, w := range m.snap.Workers {
-			if w.Node == node {
+			if w.Node == n.Name {
 				out = append(out, w.Name())
 			}
 		}
 		return out
 	}
-	if w, ok := m.cursorWorker(); ok {
+	if w, ok := m.workers.cursorWorker(); ok {
 		return []string{w.Name()}
 	}
 	return nil
@@ -595,10 +441,7 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		}
 		m.track()
 	case ActionShape:
-		m.overlay = overlayText
-		m.textTitle = fmt.Sprintf("%s %s", a.Kind, strings.Join(a.Targets, " vs "))
-		m.text = strings.Split(strings.TrimRight(msg.text, "\n"), "\n")
-		m.textOffset = 0
+		m.showText(fmt.Sprintf("%s %s", a.Kind, strings.Join(a.Targets, " vs ")), msg.text)
 		m.setFlash(flashOK, fmt.Sprintf("%s done (esc closes)", a.Kind))
 	case ActionDrain, ActionRestart:
 		now := m.opts.Now()
@@ -635,43 +478,25 @@ func nonEmpty(s, fallback string) string {
 	return strings.TrimSpace(s)
 }
 
-func (m *Model) maybeFetchLog(force bool) tea.Cmd {
-	if m.overlay != overlayDetail || m.detail == "" || m.logBusy {
-		return nil
-	}
-	now := m.opts.Now()
-	if !force && now.Sub(m.logAt) < logRefreshEvery {
-		return nil
-	}
-	m.logBusy, m.logAt = true, now
-	src, parent, worker := m.src, m.opts.Context, m.detail
-	return func() tea.Msg {
-		ctx, cancel := context.WithTimeout(parent, logHangGuard)
-		defer cancel()
-		lines, err := src.WorkerLog(ctx, worker, logLines)
-		return logMsg{worker: worker, lines: lines, err: err}
-	}
-}
-
 // needs refuses a key the user's role does not allow, saying why; the hub
 // audits the refusal.
-func (m *Model) needs(kind string, targets []string) bool {
-	role := fleet.ActionRole(kind)
-	if m.opts.User.Role.Allows(role) {
+func (m *Model) needs(b binding, targets []string) bool {
+	if b.allowed(m.opts.User.Role) {
 		return true
 	}
-	m.src.Refused(kind, targets)
+	role, _ := b.role()
+	m.src.Refused(b.action, targets)
 	have := string(m.opts.User.Role)
 	if have == "" {
 		have = "no role"
 	}
-	m.setFlash(flashWarn, fmt.Sprintf("%s needs the %s role; you are %s", kind, role, have))
+	m.setFlash(flashWarn, fmt.Sprintf("%s needs the %s role; you are %s", b.action, role, have))
 	return false
 }
 
 func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
-	s := k.String()
-	if s == "ctrl+c" {
+	keys := m.keys
+	if k.String() == "ctrl+c" {
 		m.quitting = true
 		return tea.Quit
 	}
@@ -684,144 +509,128 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 	}
 	switch m.overlay {
 	case overlayConfirm:
-		return m.confirmKey(s)
+		return m.confirmKey(k)
 	case overlayHelp:
-		switch s {
-		case "esc", "q", "?", "enter":
+		switch {
+		case key.Matches(k, keys.panelBack.Binding, keys.Help.Binding):
 			m.overlay = overlayNone
-		case "down", "j":
+		case key.Matches(k, keys.Down.Binding):
 			m.helpOffset++
-		case "up", "k":
+		case key.Matches(k, keys.Up.Binding):
 			m.helpOffset = max(0, m.helpOffset-1)
 		}
 		return nil
 	case overlayText:
-		switch s {
-		case "esc", "q", "enter":
+		last := max(len(m.text)-1, 0)
+		switch {
+		case key.Matches(k, keys.panelBack.Binding):
 			m.overlay = overlayNone
-		case "down", "j":
-			m.textOffset = min(m.textOffset+1, max(len(m.text)-1, 0))
-		case "up", "k":
+		case key.Matches(k, keys.Down.Binding):
+			m.textOffset = min(m.textOffset+1, last)
+		case key.Matches(k, keys.Up.Binding):
 			m.textOffset = max(0, m.textOffset-1)
-		case "pgdown":
-			m.textOffset = min(m.textOffset+m.bodyHeight(), max(len(m.text)-1, 0))
-		case "pgup":
+		case key.Matches(k, keys.PageDown.Binding):
+			m.textOffset = min(m.textOffset+m.bodyHeight(), last)
+		case key.Matches(k, keys.PageUp.Binding):
 			m.textOffset = max(0, m.textOffset-m.bodyHeight())
 		}
 		return nil
 	case overlayDetail:
-		switch s {
-		case "esc", "q", "enter":
-			m.overlay, m.detail = overlayNone, ""
-			return nil
-		case "down", "j", "up", "k", "pgdown", "pgup", "home", "g", "end", "G":
-			m.scrollDetail(s)
-			return nil
-		case "d", "u", "r", "b", "?":
-			return m.mainKey(s)
+		switch {
+		case key.Matches(k, keys.panelBack.Binding):
+			m.overlay = overlayNone
+			m.detail.close()
+		case key.Matches(k, keys.Up.Binding, keys.Down.Binding, keys.PageUp.Binding, keys.PageDown.Binding, keys.Home.Binding, keys.End.Binding):
+			m.detail.scroll(k)
+		case key.Matches(k, keys.passthrough()...):
+			return m.mainKey(k)
 		}
 		return nil
 	}
-	return m.mainKey(s)
+	return m.mainKey(k)
 }
 
-func (m *Model) mainKey(s string) tea.Cmd {
-	v := m.view
-	switch s {
-	case "q":
+func (m *Model) mainKey(k tea.KeyPressMsg) tea.Cmd {
+	keys := m.keys
+	v := m.views[m.view]
+	l := v.state()
+	switch {
+	case key.Matches(k, keys.Quit.Binding):
 		m.quitting = true
 		return tea.Quit
-	case "?":
+	case key.Matches(k, keys.Help.Binding):
 		m.overlay, m.helpOffset = overlayHelp, 0
-	case "tab":
+	case key.Matches(k, keys.NextView.Binding):
 		m.view = (m.view + 1) % viewCount
-	case "shift+tab":
+	case key.Matches(k, keys.PrevView.Binding):
 		m.view = (m.view + viewCount - 1) % viewCount
-	case "up", "k":
-		m.cursor[v]--
-	case "down", "j":
-		m.cursor[v]++
-	case "pgup":
-		m.cursor[v] -= m.pageRows()
-	case "pgdown":
-		m.cursor[v] += m.pageRows()
-	case "home", "g":
-		m.cursor[v] = 0
-	case "end", "G":
-		m.cursor[v] = m.rowCount(v) - 1
-	case "/":
+	case key.Matches(k, keys.Up.Binding):
+		l.cursor--
+	case key.Matches(k, keys.Down.Binding):
+		l.cursor++
+	case key.Matches(k, keys.PageUp.Binding):
+		l.cursor -= m.pageRows()
+	case key.Matches(k, keys.PageDown.Binding):
+		l.cursor += m.pageRows()
+	case key.Matches(k, keys.Home.Binding):
+		l.cursor = 0
+	case key.Matches(k, keys.End.Binding):
+		l.cursor = v.rows() - 1
+	case key.Matches(k, keys.Filter.Binding):
 		m.filtering = true
-	case "esc":
+	case key.Matches(k, keys.Esc.Binding):
 		switch {
-		case m.filter[v] != "":
-			m.filter[v] = ""
-			m.refilter()
-		case len(m.marks) > 0:
-			clear(m.marks)
+		case l.filter != "":
+			l.filter = ""
+			v.refilter()
+		case len(m.workers.marks) > 0:
+			clear(m.workers.marks)
 			m.setFlash(flashInfo, "marks cleared")
 		}
-	case "enter":
-		if v == viewEvents {
-			if c := m.cursor[v]; c < len(m.eventIdx) {
-				e := m.events[m.eventIdx[c]]
+	case key.Matches(k, keys.Enter.Binding):
+		switch m.view {
+		case viewEvents:
+			if e, ok := m.evts.cursorEvent(); ok {
 				m.showText(fmt.Sprintf("%s %s %s", e.At.Format("2006-01-02 15:04:05"), e.Level, e.Subject), e.Message)
 			}
-			return nil
-		}
-		if v != viewWorkers {
-			return nil
-		}
-		if w, ok := m.cursorWorker(); ok {
-			m.overlay, m.detail = overlayDetail, w.Name()
-			m.detailLog, m.detailLogErr, m.detailOffset = nil, nil, 0
-			return m.maybeFetchLog(true)
-		}
-	case "space":
-		if v != viewWorkers {
-			return nil
-		}
-		if w, ok := m.cursorWorker(); ok {
-			if m.marks[w.Name()] {
-				delete(m.marks, w.Name())
-			} else {
-				m.marks[w.Name()] = true
+		case viewWorkers:
+			if w, ok := m.workers.cursorWorker(); ok {
+				m.overlay = overlayDetail
+				m.detail.open(w.Name())
+				return m.fetchLog(true)
 			}
-			m.cursor[v]++
 		}
-	case "d", "r":
-		kind := map[string]string{"d": ActionDrain, "r": ActionRestart}[s]
-		if !m.needs(kind, m.targets()) {
+		return nil
+	case key.Matches(k, keys.Mark.Binding):
+		if m.view == viewWorkers {
+			m.workers.toggleMark()
+		}
+	case key.Matches(k, keys.Drain.Binding, keys.Restart.Binding):
+		b := keys.Drain
+		if key.Matches(k, keys.Restart.Binding) {
+			b = keys.Restart
+		}
+		if !m.needs(b, m.targets()) {
 			return nil
 		}
-		return m.ask(kind)
-	case "u":
-		if !m.needs(ActionUndrain, m.targets()) {
+		return m.ask(b.action)
+	case key.Matches(k, keys.Undrain.Binding, keys.Bench.Binding):
+		b := keys.Undrain
+		if key.Matches(k, keys.Bench.Binding) {
+			b = keys.Bench
+		}
+		if !m.needs(b, m.targets()) {
 			return nil
 		}
 		t := m.targets()
 		if len(t) == 0 {
-			m.setFlash(flashWarn, "no worker to undrain here")
+			m.setFlash(flashWarn, fmt.Sprintf("no worker to %s here", b.action))
 			return nil
 		}
-		return m.do(Action{Kind: ActionUndrain, Targets: t})
-	case "b":
-		if !m.needs(ActionBench, m.targets()) {
-			return nil
-		}
-		t := m.targets()
-		if len(t) == 0 {
-			m.setFlash(flashWarn, "no worker to bench here")
-			return nil
-		}
-		return m.do(Action{Kind: ActionBench, Targets: t})
-	case "s":
-		var t []string
-		for _, w := range m.snap.Workers {
-			if m.marks[w.Name()] {
-				t = append(t, w.Name())
-			}
-		}
-		if !m.needs(ActionShape, t) {
+		return m.do(Action{Kind: b.action, Targets: t})
+	case key.Matches(k, keys.Shape.Binding):
+		t := m.workers.marked()
+		if !m.needs(keys.Shape, t) {
 			return nil
 		}
 		if len(t) != 2 {
@@ -832,28 +641,6 @@ func (m *Model) mainKey(s string) tea.Cmd {
 	}
 	m.clampAll()
 	return nil
-}
-
-// scrollDetail moves the detail's view; the bound is taken from the lines
-// the detail has now, since a log or bench arriving changes its length.
-func (m *Model) scrollDetail(key string) {
-	limit := m.detailMaxOffset(len(m.detailLines()))
-	page := max(m.bodyHeight()-1, 1)
-	switch key {
-	case "down", "j":
-		m.detailOffset++
-	case "up", "k":
-		m.detailOffset--
-	case "pgdown":
-		m.detailOffset += page
-	case "pgup":
-		m.detailOffset -= page
-	case "home", "g":
-		m.detailOffset = 0
-	case "end", "G":
-		m.detailOffset = limit
-	}
-	m.detailOffset = max(0, min(m.detailOffset, limit))
 }
 
 // ask opens the confirmation for a drain or restart, naming what will happen.
@@ -902,52 +689,53 @@ func inFlightCount(n int) string {
 	return fmt.Sprintf("%d requests in flight", n)
 }
 
-func (m *Model) confirmKey(s string) tea.Cmd {
-	switch s {
-	case "y", "Y":
+// closeConfirm goes back to what the confirmation was asked from.
+func (m *Model) closeConfirm() {
+	m.confirm = nil
+	m.overlay = overlayNone
+	if m.detail.worker != "" {
+		m.overlay = overlayDetail
+	}
+}
+
+func (m *Model) confirmKey(k tea.KeyPressMsg) tea.Cmd {
+	switch {
+	case key.Matches(k, m.keys.confirmYes.Binding):
 		p := m.confirm
-		m.confirm = nil
-		m.overlay = overlayNone
-		if m.detail != "" {
-			m.overlay = overlayDetail
-		}
-		clear(m.marks)
+		m.closeConfirm()
+		clear(m.workers.marks)
 		return m.do(p.action)
-	case "n", "N", "esc", "q":
+	case key.Matches(k, m.keys.confirmNo.Binding):
 		kind := m.confirm.action.Kind
-		m.confirm = nil
-		m.overlay = overlayNone
-		if m.detail != "" {
-			m.overlay = overlayDetail
-		}
+		m.closeConfirm()
 		m.setFlash(flashInfo, kind+" cancelled")
 	}
 	return nil
 }
 
 func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
-	v := m.view
-	switch k.String() {
-	case "enter":
+	v := m.views[m.view]
+	l := v.state()
+	switch {
+	case key.Matches(k, m.keys.filterKeep.Binding):
 		m.filtering = false
-	case "esc":
+	case key.Matches(k, m.keys.filterClear.Binding):
 		m.filtering = false
-		m.filter[v] = ""
-	case "backspace":
-		if r := []rune(m.filter[v]); len(r) > 0 {
-			m.filter[v] = string(r[:len(r)-1])
+		l.filter = ""
+	case k.String() == "backspace":
+		if r := []rune(l.filter); len(r) > 0 {
+			l.filter = string(r[:len(r)-1])
 		}
-	case "ctrl+u":
-		m.filter[v] = ""
+	case key.Matches(k, m.keys.filterErase.Binding):
+		l.filter = ""
 	default:
 		if k.Text == "" {
 			return nil
 		}
-		m.filter[v] += k.Text
+		l.filter += k.Text
 	}
-	m.refilter()
-	m.cursor[v] = 0
-	m.offset[v] = 0
+	v.refilter()
+	l.cursor, l.offset = 0, 0
 	m.clampAll()
 	return nil
 }
@@ -960,14 +748,4 @@ func shortDuration(d time.Duration) string {
 		return d.Round(time.Second).String()
 	}
 	return d.String()
-}
-
-// Marked reports the names of marked workers (for tests and the SSH layer).
-func (m *Model) Marked() []string {
-	out := make([]string, 0, len(m.marks))
-	for n := range m.marks {
-		out = append(out, n)
-	}
-	slices.Sort(out)
-	return out
 }

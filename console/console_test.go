@@ -597,3 +597,38 @@ func TestMultiLineEvent(t *testing.T) {
 	h.keys("esc")
 	mustContain(t, h.screen(), "[events]")
 }
+
+// The hint lines leave off the keys the role may not use (k9s leaves them
+// unbound in read-only mode); the help screen still lists them as not for
+// the viewer, and pressing one still says why (TestViewerDangerousKeysSayWhy).
+func TestHintsLeaveOutKeysTheRoleCannotUse(t *testing.T) {
+	tests := []struct {
+		name       string
+		user       fleet.User
+		table      []string
+		detail     []string
+		notInTable []string
+	}{
+		{"operator", operator,
+			[]string{"↑↓ move", "enter detail", "d drain", "u undrain", "r restart", "s shape", "b bench", "? help"},
+			[]string{"esc back", "d drain", "u undrain", "r restart", "b bench", "? help"}, nil},
+		{"viewer", viewer,
+			[]string{"↑↓ move", "enter detail", "/ filter", "space mark", "tab view", "? help", "q quit"},
+			[]string{"esc back", "↑↓ scroll", "? help"},
+			[]string{"drain", "restart", "shape", "bench"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			h := newHarness(t, consoletest.Demo(), tt.user, 160, 30)
+			last := func() string {
+				lines := strings.Split(h.screen(), "\n")
+				return lines[len(lines)-1]
+			}
+			mustContain(t, last(), tt.table...)
+			mustNotContain(t, last(), tt.notInTable...)
+			h.keys("enter")
+			mustContain(t, last(), tt.detail...)
+			mustNotContain(t, last(), tt.notInTable...)
+		})
+	}
+}

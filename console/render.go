@@ -12,110 +12,6 @@ import (
 	"fleet"
 )
 
-// workerLayout is the worker table's column widths. It is computed when the
-// snapshot, filter or window changes, not per frame, so rendering touches
-// only the visible rows.
-type workerLayout struct {
-	node, gpu, host, engine, state, load, spark, argv int
-	nodeWorkers                                       map[string]int
-}
-
-const (
-	colCtx    = 5
-	colTok    = 6
-	colMs     = 6
-	maxNode   = 24
-	maxGPU    = 18
-	maxHost   = 11
-	maxEngine = 10
-)
-
-func (m *Model) relayout() {
-	l := workerLayout{
-		node: len("Node"), gpu: len("GPU"), host: len("Host"), engine: len("Engine"),
-		state: len("State"), load: len("Load"), nodeWorkers: map[string]int{},
-	}
-	for _, w := range m.snap.Workers {
-		l.nodeWorkers[w.Node]++
-	}
-	for _, i := range m.workerIdx {
-		w := m.snap.Workers[i]
-		l.node = max(l.node, ansi.StringWidth(l.nodeLabel(w)))
-		l.gpu = max(l.gpu, ansi.StringWidth(w.GPU))
-		l.host = max(l.host, ansi.StringWidth(w.Host))
-		l.engine = max(l.engine, ansi.StringWidth(w.Engine.Label()))
-		l.state = max(l.state, len(stateCell(w)))
-		l.load = max(l.load, len(loadCell(w)))
-	}
-	l.node, l.gpu, l.host, l.engine = min(l.node, maxNode), min(l.gpu, maxGPU), min(l.host, maxHost), min(l.engine, maxEngine)
-	// mark + 10 separators + fixed columns; what is left goes to the sparklines
-	// first (they are the point of the table), then to "Started with".
-	fixed := 1 + 10 + l.node + l.gpu + l.host + l.engine + colCtx + l.state + l.load + colTok + 2*colMs
-	for _, spark := range []int{8, 6, 4, 0} {
-		l.spark = spark
-		sparkCols := 0
-		if spark > 0 {
-			sparkCols = 2 * (spark + 1)
-		}
-		l.argv = m.width - fixed - sparkCols - 1
-		if l.argv >= 24 || spark == 0 {
-			break
-		}
-	}
-	l.argv = max(l.argv, 0)
-	m.layout = l
-}
-
-// nodeLabel is the Node column: the node's name where it runs one worker,
-// NODE/MODEL where it runs several (DESIGN.md's naming rule).
-func (l workerLayout) nodeLabel(w fleet.WorkerView) string {
-	if l.nodeWorkers[w.Node] > 1 {
-		return w.Name()
-	}
-	return w.Node
-}
-
-func loadCell(w fleet.WorkerView) string {
-	if w.Slots <= 0 {
-		return fmt.Sprintf("%d/-", w.InFlight)
-	}
-	return fmt.Sprintf("%d/%d", w.InFlight, w.Slots)
-}
-
-func ctxCell(n int) string {
-	switch {
-	case n <= 0:
-		return "-"
-	case n%1024 == 0:
-		return fmt.Sprintf("%dk", n/1024)
-	case n >= 1000:
-		return fmt.Sprintf("%dk", n/1000)
-	}
-	return fmt.Sprint(n)
-}
-
-func tokCell(v float64) string {
-	switch {
-	case v <= 0:
-		return "-"
-	case v < 100:
-		return fmt.Sprintf("%.1f", v)
-	}
-	return fmt.Sprintf("%.0f", v)
-}
-
-func msCell(v float64) string {
-	switch {
-	case v <= 0:
-		return "-"
-	case v < 10:
-		return fmt.Sprintf("%.1fms", v)
-	case v < 1000:
-		return fmt.Sprintf("%.0fms", v)
-	}
-	return fmt.Sprintf("%.1fs", v/1000)
-}
-
 // fit pads or truncates s to exactly w cells.
 func fit(s string, w int) string {
 	if w <= 0 {
@@ -162,20 +58,11 @@ func (m *Model) Render() string {
 	case overlayText:
 		body = m.renderText()
 	case overlayDetail:
-		body = m.renderDetail()
+		body = m.detail.render()
 	case overlayConfirm:
 		body = m.renderConfirm()
 	default:
-		switch m.view {
-		case viewWorkers:
-			body = m.renderWorkers()
-		case viewNodes:
-			body = m.renderNodes()
-		case viewModels:
-			body = m.renderModels()
-		case viewEvents:
-			body = m.renderEvents()
-		}
+		body = m.views[m.view].render()
 	}
 	h := m.bodyHeight()
 	if len(body) > h {
@@ -202,12 +89,12 @@ func (m *Model) renderTitle() string {
 	t := m.theme
 	var tabs strings.Builder
 	tabs.WriteString(" fleet ")
-	for v := viewKind(0); v < viewCount; v++ {
-		name := v.String()
-		if m.filter[v] != "" {
+	for v, tv := range m.views {
+		name := tv.name()
+		if tv.state().filter != "" {
 			name += "*"
 		}
-		if v == m.view && m.overlay != overlayDetail {
+		if viewKind(v) == m.view && m.overlay != overlayDetail {
 			tabs.WriteString("[" + name + "]")
 		} else {
 			tabs.WriteString(" " + name + " ")
@@ -232,7 +119,7 @@ func (m *Model) renderTitle() string {
 func (m *Model) renderStatus() string {
 	t := m.theme
 	if m.filtering {
-		return t.Accent.Render("/") + t.Text.Render(fit(m.filter[m.view]+"█", m.width-1))
+		return t.Accent.Render("/") + t.Text.Render(fit(m.views[m.view].state().filter+"█", m.width-1))
 	}
 	var parts []string
 	for _, name := range sortedKeys(m.tracking) {
@@ -259,13 +146,13 @@ func (m *Model) renderStatus() string {
 		if !m.loaded {
 			return t.Muted.Render(fit("loading…", m.width))
 		}
-		n := m.rowCount(m.view)
-		line := fmt.Sprintf("%s: %d shown", m.view, n)
-		if f := m.filter[m.view]; f != "" {
+		v := m.views[m.view]
+		line := fmt.Sprintf("%s: %d shown", v.name(), v.rows())
+		if f := v.state().filter; f != "" {
 			line += fmt.Sprintf(" matching %q (esc clears)", f)
 		}
-		if len(m.marks) > 0 {
-			line += fmt.Sprintf(" · %d marked", len(m.marks))
+		if n := len(m.workers.marks); n > 0 {
+			line += fmt.Sprintf(" · %d marked", n)
 		}
 		return t.Muted.Render(fit(line, m.width))
 	}
@@ -286,27 +173,28 @@ func sortedKeys(mp map[string]tracker) []string {
 	return out
 }
 
+// renderHints is the last line: the keys of what is on screen, from the
+// keymap, without the keys the user's role may not use.
 func (m *Model) renderHints() string {
 	t := m.theme
-	var pairs [][2]string
+	k := m.keys
+	var pairs []hint
 	switch {
 	case m.filtering:
-		pairs = [][2]string{{"enter", "keep filter"}, {"esc", "clear"}, {"ctrl+u", "erase"}}
+		pairs = helpsOf(k.filterKeep, k.filterClear, k.filterErase)
 	case m.overlay == overlayConfirm:
-		pairs = [][2]string{{"y", "yes"}, {"n", "no"}}
+		pairs = helpsOf(k.confirmYes, k.confirmNo)
 	case m.overlay == overlayDetail:
-		pairs = [][2]string{{"esc", "back"}, {"↑↓", "scroll"}, {"d", "drain"}, {"u", "undrain"}, {"r", "restart"}, {"b", "bench"}, {"?", "help"}}
+		pairs = k.detailHints(m.opts.User.Role)
 	case m.overlay != overlayNone:
-		pairs = [][2]string{{"↑↓", "scroll"}, {"esc", "back"}}
+		pairs = k.panelHints()
 	default:
-		pairs = [][2]string{{"↑↓", "move"}, {"enter", "detail"}, {"/", "filter"}, {"space", "mark"},
-			{"d", "drain"}, {"u", "undrain"}, {"r", "restart"}, {"s", "shape"}, {"b", "bench"},
-			{"tab", "view"}, {"?", "help"}, {"q", "quit"}}
+		pairs = k.mainHints(m.opts.User.Role)
 	}
 	var b strings.Builder
 	width := 0
 	for i, p := range pairs {
-		w := len(p[0]) + 1 + len(p[1])
+		w := ansi.StringWidth(p.key) + 1 + ansi.StringWidth(p.what)
 		if i > 0 {
 			w += 2
 		}
@@ -316,403 +204,10 @@ func (m *Model) renderHints() string {
 		if i > 0 {
 			b.WriteString("  ")
 		}
-		b.WriteString(t.Key.Render(p[0]) + " " + t.Muted.Render(p[1]))
+		b.WriteString(t.Key.Render(p.key) + " " + t.Muted.Render(p.what))
 		width += w
 	}
 	return b.String()
-}
-
-func (m *Model) renderWorkers() []string {
-	t := m.theme
-	l := m.layout
-	if !m.loaded {
-		return []string{t.Muted.Render("waiting for the first snapshot…")}
-	}
-	if len(m.snap.Workers) == 0 {
-		return []string{t.Muted.Render("no workers yet: apply a fleet file (ssh … apply < fleet.yaml) or place a model")}
-	}
-	rows := make([]string, 0, m.pageRows()+1)
-	var hb strings.Builder
-	hb.WriteString(" ")
-	hb.WriteString(fit("Node", l.node) + " " + fit("GPU", l.gpu) + " " + fit("Host", l.host) + " " +
-		fit("Engine", l.engine) + " " + fitRight("Ctx", colCtx) + " " + fit("State", l.state) + " " +
-		fitRight("Load", l.load) + " " + fitRight("tok/s", colTok) + " ")
-	if l.spark > 0 {
-		hb.WriteString(fit("TTFT", colMs+1+l.spark) + " " + fit("ITL", colMs+1+l.spark) + " ")
-	} else {
-		hb.WriteString(fitRight("TTFT", colMs) + " " + fitRight("ITL", colMs) + " ")
-	}
-	if l.argv > 0 {
-		hb.WriteString(fit("Started with", l.argv))
-	}
-	rows = append(rows, t.Header.Render(fit(hb.String(), m.width)))
-	if len(m.workerIdx) == 0 {
-		return append(rows, t.Muted.Render(fmt.Sprintf("no worker matches %q (esc clears the filter)", m.filter[viewWorkers])))
-	}
-	end := min(m.offset[viewWorkers]+m.pageRows(), len(m.workerIdx))
-	for pos := m.offset[viewWorkers]; pos < end; pos++ {
-		rows = append(rows, m.workerRow(m.snap.Workers[m.workerIdx[pos]], pos == m.cursor[viewWorkers]))
-	}
-	return rows
-}
-
-func (m *Model) workerRow(w fleet.WorkerView, selected bool) string {
-	t := m.theme
-	l := m.layout
-	mark := " "
-	if m.marks[w.Name()] {
-		mark = "•"
-	}
-	left := fit(l.nodeLabel(w), l.node) + " " + fit(w.GPU, l.gpu) + " " + fit(w.Host, l.host) + " " +
-		fit(w.Engine.Label(), l.engine) + " " + fitRight(ctxCell(w.Context), colCtx) + " "
-	state := fit(stateCell(w), l.state)
-	mid := " " + fitRight(loadCell(w), l.load) + " " + fitRight(tokCell(w.TokPerSec), colTok) + " "
-	ttft, itl := fitRight(msCell(w.TTFTms), colMs), fitRight(msCell(w.ITLms), colMs)
-	var ttftSpark, itlSpark string
-	if l.spark > 0 {
-		ttftSpark = Spark(w.TTFTHistory, l.spark, SparkBound(w.TTFTHistory, 50))
-		itlSpark = Spark(w.ITLHistory, l.spark, SparkBound(w.ITLHistory, 5))
-	}
-	argv := ""
-	if l.argv > 0 {
-		argv = fit(strings.Join(w.Argv, " "), l.argv)
-	}
-	if selected {
-		line := mark + left + state + mid + ttft
-		if l.spark > 0 {
-			line += " " + ttftSpark
-		}
-		line += " " + itl
-		if l.spark > 0 {
-			line += " " + itlSpark
-		}
-		line += " " + argv
-		return t.Selected.Render(fit(line, m.width))
-	}
-	p := m.paints
-	var b strings.Builder
-	b.Grow(m.width * 3)
-	p.marked.wrap(&b, mark)
-	p.text.wrap(&b, left)
-	p.forState(w.State).wrap(&b, state)
-	p.text.wrap(&b, mid+ttft)
-	if l.spark > 0 {
-		b.WriteByte(' ')
-		p.spark.wrap(&b, ttftSpark)
-	}
-	p.text.wrap(&b, " "+itl)
-	if l.spark > 0 {
-		b.WriteByte(' ')
-		p.spark.wrap(&b, itlSpark)
-	}
-	if argv != "" {
-		b.WriteByte(' ')
-		p.muted.wrap(&b, argv)
-	}
-	return b.String()
-}
-
-func (m *Model) renderNodes() []string {
-	t := m.theme
-	headers := []string{"Name", "Address", "Host", "GPU", "Memory free/total", "State", "Workers", "Note"}
-	workers := map[string]int{}
-	for _, w := range m.snap.Workers {
-		workers[w.Node]++
-	}
-	cells := make([][]string, 0, len(m.nodeIdx))
-	for _, i := range m.nodeIdx {
-		n := m.snap.Nodes[i]
-		host, gpu, mem := "?", "?", "-"
-		if p := n.Platform; p != nil {
-			host, gpu = p.HostLabel(), p.GPULabel()
-			if p.MemTotalBytes > 0 {
-				mem = fmt.Sprintf("%s/%s", gib(p.MemFreeBytes), gib(p.MemTotalBytes))
-			}
-		}
-		note := n.Reason
-		if n.Drained {
-			note = strings.TrimSpace("drained " + note)
-		}
-		cells = append(cells, []string{n.Name, n.Address, host, gpu, mem, string(n.State), fmt.Sprint(workers[n.Name]), note})
-	}
-	return m.simpleTable(viewNodes, headers, cells, func(row, col int) lipgloss.Style {
-		if col == 5 {
-			return t.NodeState(fleet.NodeState(cells[row][5]))
-		}
-		if col == 7 {
-			return t.Warn
-		}
-		return t.Text
-	})
-}
-
-func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
-
-// simpleTable renders a small table (nodes) with the cursor and scrolling of v.
-func (m *Model) simpleTable(v viewKind, headers []string, cells [][]string, style func(row, col int) lipgloss.Style) []string {
-	t := m.theme
-	widths := make([]int, len(headers))
-	for c, h := range headers {
-		widths[c] = ansi.StringWidth(h)
-	}
-	for _, row := range cells {
-		for c, cell := range row {
-			widths[c] = min(max(widths[c], ansi.StringWidth(cell)), 40)
-		}
-	}
-	var hb strings.Builder
-	for c, h := range headers {
-		hb.WriteString(" " + fit(h, widths[c]))
-	}
-	out := []string{t.Header.Render(fit(hb.String(), m.width))}
-	if len(cells) == 0 {
-		return append(out, t.Muted.Render("nothing to show"+filterNote(m.filter[v])))
-	}
-	end := min(m.offset[v]+m.pageRows(), len(cells))
-	for r := m.offset[v]; r < end; r++ {
-		if r == m.cursor[v] {
-			var lb strings.Builder
-			for c, cell := range cells[r] {
-				lb.WriteString(" " + fit(cell, widths[c]))
-			}
-			out = append(out, t.Selected.Render(fit(lb.String(), m.width)))
-			continue
-		}
-		var lb strings.Builder
-		used := 0
-		for c, cell := range cells[r] {
-			w := min(widths[c], m.width-used-1)
-			if w <= 0 {
-				break
-			}
-			lb.WriteString(" " + style(r, c).Render(fit(cell, w)))
-			used += w + 1
-		}
-		out = append(out, lb.String())
-	}
-	return out
-}
-
-func filterNote(f string) string {
-	if f == "" {
-		return ""
-	}
-	return fmt.Sprintf(" matching %q (esc clears the filter)", f)
-}
-
-// modelBlock is the lines one model takes in the models view.
-func (m *Model) modelBlock(md fleet.Model) []string {
-	t := m.theme
-	ready, total := 0, 0
-	for _, w := range m.snap.Workers {
-		if w.Model == md.ID {
-			total++
-			if w.State == fleet.WorkerReady {
-				ready++
-			}
-		}
-	}
-	head := md.ID
-	if len(md.Aliases) > 0 {
-		head += " (" + strings.Join(md.Aliases, ", ") + ")"
-	}
-	facts := fmt.Sprintf("  ctx %s", ctxCell(md.Context))
-	if md.MemoryGB > 0 {
-		facts += fmt.Sprintf(" · needs %.1f GB", md.MemoryGB)
-	}
-	if md.SpeedTolerance > 0 {
-		facts += fmt.Sprintf(" · speed tolerance %.2f", md.SpeedTolerance)
-	}
-	if md.Reasoning != "" {
-		facts += " · reasoning " + md.Reasoning
-	}
-	facts += fmt.Sprintf(" · %d/%d workers ready", ready, total)
-	lines := []string{t.Accent.Render(head) + t.Muted.Render(facts)}
-	for _, k := range fleet.EngineKinds {
-		r, ok := md.Recipes[k]
-		if !ok {
-			continue
-		}
-		var parts []string
-		if r.Model != "" {
-			parts = append(parts, r.Model)
-		}
-		parts = append(parts, r.Args...)
-		if r.Profile != "" {
-			parts = append(parts, "profile "+r.Profile)
-		}
-		line := "    " + fit(k.Label(), 11) + " " + strings.Join(parts, " ")
-		if r.Bin != "" {
-			line += "  bin " + r.Bin
-		}
-		if r.Install != "" {
-			line += "  install: " + r.Install
-		}
-		if len(r.Env) > 0 {
-			line += fmt.Sprintf("  env %d vars", len(r.Env))
-		}
-		lines = append(lines, t.Text.Render(fit(line, m.width)))
-	}
-	return append(lines, "")
-}
-
-func (m *Model) renderModels() []string {
-	t := m.theme
-	if len(m.modelIdx) == 0 {
-		return []string{t.Muted.Render("no models" + filterNote(m.filter[viewModels]))}
-	}
-	var out []string
-	h := m.bodyHeight()
-	for pos := m.offset[viewModels]; pos < len(m.modelIdx) && len(out) < h; pos++ {
-		block := m.modelBlock(m.snap.Models[m.modelIdx[pos]])
-		if pos == m.cursor[viewModels] {
-			block[0] = t.Selected.Render(fit("▸ "+ansi.Strip(block[0]), m.width))
-		} else {
-			block[0] = "  " + block[0]
-		}
-		out = append(out, block...)
-	}
-	return out
-}
-
-func (m *Model) renderEvents() []string {
-	t := m.theme
-	if len(m.eventIdx) == 0 {
-		return []string{t.Muted.Render("no events" + filterNote(m.filter[viewEvents]))}
-	}
-	out := []string{t.Header.Render(fit(" Time     Level Subject              Message", m.width))}
-	end := min(m.offset[viewEvents]+m.pageRows(), len(m.eventIdx))
-	for pos := m.offset[viewEvents]; pos < end; pos++ {
-		e := m.events[m.eventIdx[pos]]
-		if pos == m.cursor[viewEvents] {
-			out = append(out, t.Selected.Render(fit(" "+eventLine(e, m.width-1), m.width)))
-			continue
-		}
-		msgW := max(m.width-1-9-6-21, 0)
-		out = append(out, " "+t.Muted.Render(e.At.Format("15:04:05"))+" "+t.Level(e.Level).Render(fit(e.Level, 5))+" "+
-			t.Accent.Render(fit(e.Subject, 20))+" "+t.Text.Render(fit(oneLine(e.Message), msgW)))
-	}
-	return out
-}
-
-func eventLine(e fleet.Event, width int) string {
-	return fit(e.At.Format("15:04:05")+" "+fit(e.Level, 5)+" "+fit(e.Subject, 20)+" "+oneLine(e.Message), width)
-}
-
-// oneLine joins a multi-line message (a bench table in an event) so it
-// keeps to its row; enter on the event shows it whole.
-func oneLine(s string) string {
-	if !strings.Contains(s, "\n") {
-		return s
-	}
-	var parts []string
-	for _, l := range strings.Split(s, "\n") {
-		if l = strings.TrimSpace(l); l != "" {
-			parts = append(parts, l)
-		}
-	}
-	return strings.Join(parts, " · ")
-}
-
-// renderDetail shows the detail from the scroll offset on, its first line
-// (name and state) pinned so a scrolled view still says whose it is.
-func (m *Model) renderDetail() []string {
-	lines := m.detailLines()
-	off := min(m.detailOffset, m.detailMaxOffset(len(lines)))
-	if off <= 0 {
-		return lines
-	}
-	return append(lines[:1:1], lines[1+off:]...)
-}
-
-func (m *Model) detailMaxOffset(lines int) int { return max(lines-m.bodyHeight(), 0) }
-
-func (m *Model) detailLines() []string {
-	t := m.theme
-	w, ok := m.workerByName(m.detail)
-	if !ok {
-		return []string{t.Warn.Render(fmt.Sprintf("%s is no longer in the fleet (esc goes back)", m.detail))}
-	}
-	label := func(s string) string { return t.Muted.Render(s) }
-	out := []string{
-		t.Accent.Render(w.Name()) + "  " + t.State(w.State).Render(string(w.State)) + "  " +
-			t.Text.Render(fmt.Sprintf("%s %s · %s · %s", w.Engine.Label(), w.EngineVersion, w.GPU, w.Host)),
-	}
-	if w.Reason != "" {
-		out = append(out, t.Err.Render("reason: "+w.Reason))
-	}
-	mem := "-"
-	if w.MemoryBytes > 0 {
-		mem = gib(w.MemoryBytes)
-	}
-	started := "-"
-	if !w.StartedAt.IsZero() {
-		started = fmt.Sprintf("%s (%s ago)", w.StartedAt.Format("2006-01-02 15:04:05"), m.opts.Now().Sub(w.StartedAt).Round(time.Second))
-	}
-	out = append(out,
-		label("PID ")+fmt.Sprint(w.PID)+label("  port ")+fmt.Sprint(w.Port)+label("  memory ")+mem+
-			label("  started ")+started+label("  restarts ")+fmt.Sprint(w.Restarts),
-		label("load ")+loadCell(w)+label("  tok/s ")+tokCell(w.TokPerSec)+label("  TTFT p50 ")+msCell(w.TTFTms)+label(" (predicted ")+msCell(w.PredictedTTFTms)+label(")")+
-			label("  ITL ")+msCell(w.ITLms)+label("  ctx ")+ctxCell(w.Context)+label("  simulated ")+yesNo(w.Simulated),
-		label("Started with:"),
-	)
-	for _, line := range wrapArgs(w.Argv, max(m.width-4, 10)) {
-		out = append(out, "  "+t.Text.Render(line))
-	}
-	if w.Simulated && len(w.LaunchArgv) > 0 {
-		out = append(out, label("Simulated; really runs:"))
-		for _, line := range wrapArgs(w.LaunchArgv, max(m.width-4, 10)) {
-			out = append(out, "  "+t.Muted.Render(line))
-		}
-	}
-	out = append(out, m.renderBench(w)...)
-	chartW := max(min(m.width-12, 120), 10)
-	for _, c := range []struct {
-		name  string
-		hist  []float64
-		floor float64
-	}{{"TTFT", w.TTFTHistory, 50}, {"ITL", w.ITLHistory, 5}} {
-		hi := SparkBound(c.hist, c.floor)
-		out = append(out, label(fmt.Sprintf("%s history (%d samples, top %s)", c.name, len(c.hist), msCell(hi))))
-		for i, row := range Chart(c.hist, chartW, 3, hi) {
-			axis := "          "
-			if i == 0 {
-				axis = fitRight(msCell(hi), 9) + " "
-			}
-			out = append(out, t.Muted.Render(axis)+t.Spark.Render(row))
-		}
-	}
-	out = append(out, label("Log (last lines):"))
-	switch {
-	case m.detailLogErr != nil:
-		out = append(out, "  "+t.Err.Render(fit(m.detailLogErr.Error(), m.width-2)))
-	case m.detailLog == nil:
-		out = append(out, "  "+t.Muted.Render("reading…"))
-	case len(m.detailLog) == 0:
-		out = append(out, "  "+t.Muted.Render("(empty)"))
-	}
-	for _, line := range m.detailLog {
-		out = append(out, "  "+t.Text.Render(fit(line, m.width-2)))
-	}
-	out = append(out, label("Recent events:"))
-	n := 0
-	for _, i := range m.eventIdx {
-		e := m.events[i]
-		if e.Subject != w.Name() && e.Subject != w.Node {
-			continue
-		}
-		out = append(out, "  "+t.Level(e.Level).Render(eventLine(e, m.width-2)))
-		if n++; n == 8 {
-			break
-		}
-	}
-	if n == 0 {
-		out = append(out, "  "+t.Muted.Render("(none)"))
-	}
-	for i := range out {
-		out[i] = ansi.Truncate(out[i], m.width, "…")
-	}
-	return out
 }
 
 // wrapArgs packs a command line into lines of at most width cells, breaking
@@ -780,40 +275,27 @@ func (m *Model) renderText() []string {
 	return out
 }
 
-// helpEntries lists every key; the SSH layer's docs and the tests use it too.
-// action names the hub action a key triggers; its role is fleet.ActionRole's.
-var helpEntries = []struct{ key, what, action string }{
-	{"↑ ↓ / k j", "move the cursor; scroll the detail or a text panel", ""},
-	{"pgup pgdown", "move a page", ""},
-	{"g G / home end", "first / last row", ""},
-	{"enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;", ""},
-	{"", "in the events view, the whole event (a bench's table)", ""},
-	{"tab / shift+tab", "next / previous view: workers → nodes → models → events", ""},
-	{"/", "filter the view as you type (enter keeps it, esc clears it)", ""},
-	{"space", "mark a worker; d, u, r and b act on the marked workers", ""},
-	{"esc", "clear the filter, then the marks; close a panel", ""},
-	{"d", "drain: no new requests, in-flight ones finish (asks first)", ActionDrain},
-	{"u", "undrain: take requests again", ActionUndrain},
-	{"r", "restart: drain, stop, launch again (asks first)", ActionRestart},
-	{"s", "shape: compare the responses of the two marked workers", ActionShape},
-	{"b", "bench: measure the worker at 1, 2 and 4 concurrent requests", ActionBench},
-	{"?", "this help", ""},
-	{"q / ctrl+c", "quit (q closes a panel first)", ""},
-}
-
+// renderHelp is the help screen, generated from the keymap: each key with
+// what it does and, for the keys that act, the role they need.
 func (m *Model) renderHelp() []string {
 	t := m.theme
 	lines := []string{t.Accent.Render("Keys") + t.Muted.Render(fmt.Sprintf("  (you are %s, role %s)", m.opts.User.Name, m.opts.User.Role))}
-	for _, e := range helpEntries {
+	for _, b := range m.keys.main() {
+		h := b.Help()
+		if h.Key == "" {
+			continue // documented with its neighbour
+		}
 		role := ""
-		if e.action != "" {
-			need := fleet.ActionRole(e.action)
+		if need, ok := b.role(); ok {
 			role = " [" + string(need) + "]"
-			if !m.opts.User.Role.Allows(need) {
+			if !b.allowed(m.opts.User.Role) {
 				role += " not for you"
 			}
 		}
-		lines = append(lines, "  "+t.Key.Render(fit(e.key, 16))+" "+t.Text.Render(e.what)+t.Muted.Render(role))
+		lines = append(lines, "  "+t.Key.Render(fit(h.Key, 16))+" "+t.Text.Render(h.Desc)+t.Muted.Render(role))
+		if b.more != "" {
+			lines = append(lines, "  "+t.Key.Render(fit("", 16))+" "+t.Text.Render(b.more))
+		}
 	}
 	if m.helpOffset > 0 && m.helpOffset < len(lines) {
 		lines = lines[m.helpOffset:]
@@ -822,13 +304,4 @@ func (m *Model) renderHelp() []string {
 		lines[i] = ansi.Truncate(lines[i], m.width, "…")
 	}
 	return lines
-}
-
-// stateCell is the State column: the lifecycle state, with the install's
-// progress while an engine is being installed.
-func stateCell(w fleet.WorkerView) string {
-	if w.State == fleet.WorkerInstalling && w.Progress > 0 {
-		return fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
-	}
-	return string(w.State)
 }

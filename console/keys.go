@@ -1,0 +1,176 @@
+package console
+
+import (
+	"charm.land/bubbles/v2/key"
+
+	"fleet"
+)
+
+// binding is one key of the console: the keys that press it and its help
+// line (key.Binding), its word on the hint line, and, for a key that acts on
+// workers, the hub action whose role (fleet.ActionRole) it needs. The help
+// screen, the hint lines and the detail's passthrough are all generated from
+// the keymap, so a key is added in one place.
+type binding struct {
+	key.Binding
+	// hintKey and hint are its entry on the main hint line ("" leaves it off).
+	hintKey, hint string
+	// detailHint is its entry on the detail's hint line; "" leaves it off.
+	detailHint string
+	// action is the hub action the key asks for; "" for keys that only move.
+	action string
+	// detail passes the key through to the main handler from the worker
+	// detail, where it acts on the worker shown.
+	detail bool
+	// more continues the help line (a second line of help text).
+	more string
+}
+
+func bind(keys []string, helpKey, help string) binding {
+	return binding{Binding: key.NewBinding(key.WithKeys(keys...), key.WithHelp(helpKey, help))}
+}
+
+// role is what the key needs; keys without an action need nothing.
+func (b binding) role() (fleet.Role, bool) {
+	if b.action == "" {
+		return "", false
+	}
+	return fleet.ActionRole(b.action), true
+}
+
+// allowed reports whether r may use the key. Keys r may not use are left off
+// the hint lines (as k9s leaves dangerous keys unbound in read-only mode);
+// pressing one still says why and is reported to the hub.
+func (b binding) allowed(r fleet.Role) bool {
+	need, ok := b.role()
+	return !ok || r.Allows(need)
+}
+
+// keyMap is every key of the main views and the detail, in the order the
+// help screen and hint lines show them. A binding whose help key is empty is
+// documented by its neighbour (down with up).
+type keyMap struct {
+	Up, Down, PageUp, PageDown, Home, End binding
+	Enter, Filter, Mark, Esc              binding
+	Drain, Undrain, Restart, Shape, Bench binding
+	NextView, PrevView, Help, Quit        binding
+	filterKeep, filterClear, filterErase  binding
+	confirmYes, confirmNo                 binding
+	panelBack                             binding
+}
+
+func newKeyMap() *keyMap {
+	k := &keyMap{
+		Up:       bind([]string{"up", "k"}, "↑ ↓ / k j", "move the cursor; scroll the detail or a text panel"),
+		Down:     bind([]string{"down", "j"}, "", ""),
+		PageUp:   bind([]string{"pgup"}, "pgup pgdown", "move a page"),
+		PageDown: bind([]string{"pgdown"}, "", ""),
+		Home:     bind([]string{"home", "g"}, "g G / home end", "first / last row"),
+		End:      bind([]string{"end", "G"}, "", ""),
+		Enter:    bind([]string{"enter"}, "enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;"),
+		Filter:   bind([]string{"/"}, "/", "filter the view as you type (enter keeps it, esc clears it)"),
+		Mark:     bind([]string{"space"}, "space", "mark a worker; d, u, r and b act on the marked workers"),
+		Esc:      bind([]string{"esc"}, "esc", "clear the filter, then the marks; close a panel"),
+		Drain:    bind([]string{"d"}, "d", "drain: no new requests, in-flight ones finish (asks first)"),
+		Undrain:  bind([]string{"u"}, "u", "undrain: take requests again"),
+		Restart:  bind([]string{"r"}, "r", "restart: drain, stop, launch again (asks first)"),
+		Shape:    bind([]string{"s"}, "s", "shape: compare the responses of the two marked workers"),
+		Bench:    bind([]string{"b"}, "b", "bench: measure the worker at 1, 2 and 4 concurrent requests"),
+		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events"),
+		PrevView: bind([]string{"shift+tab"}, "", ""),
+		Help:     bind([]string{"?"}, "?", "this help"),
+		Quit:     bind([]string{"q", "ctrl+c"}, "q / ctrl+c", "quit (q closes a panel first)"),
+
+		filterKeep:  bind([]string{"enter"}, "enter", "keep filter"),
+		filterClear: bind([]string{"esc"}, "esc", "clear"),
+		filterErase: bind([]string{"ctrl+u"}, "ctrl+u", "erase"),
+		confirmYes:  bind([]string{"y", "Y"}, "y", "yes"),
+		confirmNo:   bind([]string{"n", "N", "esc", "q"}, "n", "no"),
+		panelBack:   bind([]string{"esc", "q", "enter"}, "esc", "back"),
+	}
+	k.Up.hintKey, k.Up.hint, k.Up.detailHint = "↑↓", "move", "scroll"
+	k.Enter.hintKey, k.Enter.hint = "enter", "detail"
+	k.Enter.more = "in the events view, the whole event (a bench's table)"
+	k.Filter.hintKey, k.Filter.hint = "/", "filter"
+	k.Mark.hintKey, k.Mark.hint = "space", "mark"
+	for _, a := range []struct {
+		b      *binding
+		action string
+		detail bool
+	}{
+		{&k.Drain, ActionDrain, true}, {&k.Undrain, ActionUndrain, true}, {&k.Restart, ActionRestart, true},
+		{&k.Shape, ActionShape, false}, {&k.Bench, ActionBench, true},
+	} {
+		a.b.action, a.b.detail = a.action, a.detail
+		a.b.hintKey, a.b.hint = a.b.Help().Key, a.action
+		if a.detail {
+			a.b.detailHint = a.action
+		}
+	}
+	k.NextView.hintKey, k.NextView.hint = "tab", "view"
+	k.Help.hintKey, k.Help.hint, k.Help.detailHint, k.Help.detail = "?", "help", "help", true
+	k.Quit.hintKey, k.Quit.hint = "q", "quit"
+	return k
+}
+
+// main is the keymap of the views and the detail in help order.
+func (k *keyMap) main() []*binding {
+	return []*binding{
+		&k.Up, &k.Down, &k.PageUp, &k.PageDown, &k.Home, &k.End,
+		&k.Enter, &k.Filter, &k.Mark, &k.Esc,
+		&k.Drain, &k.Undrain, &k.Restart, &k.Shape, &k.Bench,
+		&k.NextView, &k.PrevView, &k.Help, &k.Quit,
+	}
+}
+
+// passthrough is the keys the detail hands to the main handler, to act on
+// the worker shown.
+func (k *keyMap) passthrough() []key.Binding {
+	var out []key.Binding
+	for _, b := range k.main() {
+		if b.detail {
+			out = append(out, b.Binding)
+		}
+	}
+	return out
+}
+
+// panelHints is the hint line of the help and text panels.
+func (k *keyMap) panelHints() []hint {
+	return []hint{{k.Up.hintKey, k.Up.detailHint}, {k.panelBack.Help().Key, k.panelBack.Help().Desc}}
+}
+
+// hint is one "key word" pair of a hint line.
+type hint struct{ key, what string }
+
+// mainHints is the hint line of the table views for role r.
+func (k *keyMap) mainHints(r fleet.Role) []hint {
+	var out []hint
+	for _, b := range k.main() {
+		if b.hint != "" && b.allowed(r) {
+			out = append(out, hint{b.hintKey, b.hint})
+		}
+	}
+	return out
+}
+
+// detailHints is the detail's hint line for role r: back, scroll, then the
+// keys passed through to the main handler.
+func (k *keyMap) detailHints(r fleet.Role) []hint {
+	out := []hint{{k.panelBack.Help().Key, k.panelBack.Help().Desc}}
+	for _, b := range k.main() {
+		if b.detailHint != "" && b.allowed(r) {
+			out = append(out, hint{b.hintKey, b.detailHint})
+		}
+	}
+	return out
+}
+
+// helpsOf is the hint line of a mode with its own few keys.
+func helpsOf(bs ...binding) []hint {
+	out := make([]hint, len(bs))
+	for i, b := range bs {
+		out[i] = hint{b.Help().Key, b.Help().Desc}
+	}
+	return out
+}
