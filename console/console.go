@@ -496,7 +496,7 @@ func (m *Model) needs(b binding, targets []string) bool {
 
 func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 	keys := m.keys
-	if k.String() == "ctrl+c" {
+	if key.Matches(k, keys.interrupt.Binding) {
 		m.quitting = true
 		return tea.Quit
 	}
@@ -722,7 +722,7 @@ func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.filterClear.Binding):
 		m.filtering = false
 		l.filter = ""
-	case k.String() == "backspace":
+	case key.Matches(k, m.keys.filterBack.Binding):
 		if r := []rune(l.filter); len(r) > 0 {
 			l.filter = string(r[:len(r)-1])
 		}

@@ -54,63 +54,75 @@ type keyMap struct {
 	Enter, Filter, Mark, Esc              binding
 	Drain, Undrain, Restart, Shape, Bench binding
 	NextView, PrevView, Help, Quit        binding
+	interrupt                             binding
 	filterKeep, filterClear, filterErase  binding
+	filterBack                            binding
 	confirmYes, confirmNo                 binding
 	panelBack                             binding
 }
 
+// newKeyMap is the one place a key is defined: its keys, its help, its
+// hint words, its action and whether the detail passes it through.
 func newKeyMap() *keyMap {
-	k := &keyMap{
-		Up:       bind([]string{"up", "k"}, "↑ ↓ / k j", "move the cursor; scroll the detail or a text panel"),
+	return &keyMap{
+		Up: bind([]string{"up", "k"}, "↑ ↓ / k j", "move the cursor; scroll the detail or a text panel").
+			hinted("↑↓", "move").inDetail("scroll"),
 		Down:     bind([]string{"down", "j"}, "", ""),
 		PageUp:   bind([]string{"pgup"}, "pgup pgdown", "move a page"),
 		PageDown: bind([]string{"pgdown"}, "", ""),
 		Home:     bind([]string{"home", "g"}, "g G / home end", "first / last row"),
 		End:      bind([]string{"end", "G"}, "", ""),
-		Enter:    bind([]string{"enter"}, "enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;"),
-		Filter:   bind([]string{"/"}, "/", "filter the view as you type (enter keeps it, esc clears it)"),
-		Mark:     bind([]string{"space"}, "space", "mark a worker; d, u, r and b act on the marked workers"),
-		Esc:      bind([]string{"esc"}, "esc", "clear the filter, then the marks; close a panel"),
-		Drain:    bind([]string{"d"}, "d", "drain: no new requests, in-flight ones finish (asks first)"),
-		Undrain:  bind([]string{"u"}, "u", "undrain: take requests again"),
-		Restart:  bind([]string{"r"}, "r", "restart: drain, stop, launch again (asks first)"),
-		Shape:    bind([]string{"s"}, "s", "shape: compare the responses of the two marked workers"),
-		Bench:    bind([]string{"b"}, "b", "bench: measure the worker at 1, 2 and 4 concurrent requests"),
-		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events"),
+		Enter: bind([]string{"enter"}, "enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;").
+			hinted("enter", "detail").continued("in the events view, the whole event (a bench's table)"),
+		Filter: bind([]string{"/"}, "/", "filter the view as you type (enter keeps it, esc clears it)").hinted("/", "filter"),
+		Mark:   bind([]string{"space"}, "space", "mark a worker; d, u, r and b act on the marked workers").hinted("space", "mark"),
+		Esc:    bind([]string{"esc"}, "esc", "clear the filter, then the marks; close a panel"),
+
+		Drain:   act("d", "drain: no new requests, in-flight ones finish (asks first)", ActionDrain).passed(),
+		Undrain: act("u", "undrain: take requests again", ActionUndrain).passed(),
+		Restart: act("r", "restart: drain, stop, launch again (asks first)", ActionRestart).passed(),
+		// shape compares the two marked workers, so the detail of one has none.
+		Shape: act("s", "shape: compare the responses of the two marked workers", ActionShape),
+		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests", ActionBench).passed(),
+
+		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events").hinted("tab", "view"),
 		PrevView: bind([]string{"shift+tab"}, "", ""),
-		Help:     bind([]string{"?"}, "?", "this help"),
-		Quit:     bind([]string{"q", "ctrl+c"}, "q / ctrl+c", "quit (q closes a panel first)"),
+		Help:     bind([]string{"?"}, "?", "this help").hinted("?", "help").inDetail("help").passed(),
+		Quit:     bind([]string{"q"}, "q / ctrl+c", "quit (q closes a panel first)").hinted("q", "quit"),
+		// interrupt quits from anywhere, a panel or the filter prompt
+		// included; the help shows it with Quit.
+		interrupt: bind([]string{"ctrl+c"}, "", ""),
 
 		filterKeep:  bind([]string{"enter"}, "enter", "keep filter"),
 		filterClear: bind([]string{"esc"}, "esc", "clear"),
 		filterErase: bind([]string{"ctrl+u"}, "ctrl+u", "erase"),
+		filterBack:  bind([]string{"backspace"}, "", ""),
 		confirmYes:  bind([]string{"y", "Y"}, "y", "yes"),
 		confirmNo:   bind([]string{"n", "N", "esc", "q"}, "n", "no"),
 		panelBack:   bind([]string{"esc", "q", "enter"}, "esc", "back"),
 	}
-	k.Up.hintKey, k.Up.hint, k.Up.detailHint = "↑↓", "move", "scroll"
-	k.Enter.hintKey, k.Enter.hint = "enter", "detail"
-	k.Enter.more = "in the events view, the whole event (a bench's table)"
-	k.Filter.hintKey, k.Filter.hint = "/", "filter"
-	k.Mark.hintKey, k.Mark.hint = "space", "mark"
-	for _, a := range []struct {
-		b      *binding
-		action string
-		detail bool
-	}{
-		{&k.Drain, ActionDrain, true}, {&k.Undrain, ActionUndrain, true}, {&k.Restart, ActionRestart, true},
-		{&k.Shape, ActionShape, false}, {&k.Bench, ActionBench, true},
-	} {
-		a.b.action, a.b.detail = a.action, a.detail
-		a.b.hintKey, a.b.hint = a.b.Help().Key, a.action
-		if a.detail {
-			a.b.detailHint = a.action
-		}
+}
+
+// act is a key that asks the hub for action: its hint word is the action's
+// name, and its role is the action's.
+func act(k, help, action string) binding {
+	b := bind([]string{k}, k, help).hinted(k, action)
+	b.action = action
+	return b
+}
+
+func (b binding) hinted(k, what string) binding { b.hintKey, b.hint = k, what; return b }
+func (b binding) inDetail(what string) binding  { b.detailHint = what; return b }
+func (b binding) continued(more string) binding { b.more = more; return b }
+
+// passed makes the detail hand the key to the main handler, to act on the
+// worker shown, and shows it on the detail's hint line.
+func (b binding) passed() binding {
+	b.detail = true
+	if b.detailHint == "" {
+		b.detailHint = b.hint
 	}
-	k.NextView.hintKey, k.NextView.hint = "tab", "view"
-	k.Help.hintKey, k.Help.hint, k.Help.detailHint, k.Help.detail = "?", "help", "help", true
-	k.Quit.hintKey, k.Quit.hint = "q", "quit"
-	return k
+	return b
 }
 
 // main is the keymap of the views and the detail in help order.
