@@ -160,10 +160,8 @@ type Model struct {
 	filtering  bool
 	overlay    overlayKind
 	confirm    *pendingAction
-	textTitle  string
-	text       []string
-	textOffset int
-	helpOffset int
+	text       textPanel
+	help       helpPanel
 	flash      string
 	flashLevel flashLevel
 	busy       int
@@ -212,6 +210,7 @@ func newModel(src Source, opts Options) *Model {
 	m.models = modelsView{common: c}
 	m.evts = eventsView{common: c}
 	m.detail = detailView{common: c}
+	m.help = helpPanel{common: c}
 	m.views = [viewCount]tableView{&m.workers, &m.nodes, &m.models, &m.evts}
 	return m
 }
@@ -461,9 +460,7 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 
 func (m *Model) showText(title, text string) {
 	m.overlay = overlayText
-	m.textTitle = title
-	m.text = strings.Split(strings.TrimRight(text, "\n"), "\n")
-	m.textOffset = 0
+	m.text = textPanel{common: m.common, title: title, lines: strings.Split(strings.TrimRight(text, "\n"), "\n")}
 }
 
 func firstLine(s string) string {
@@ -511,28 +508,17 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 	case overlayConfirm:
 		return m.confirmKey(k)
 	case overlayHelp:
-		switch {
-		case key.Matches(k, keys.panelBack.Binding, keys.Help.Binding):
+		if key.Matches(k, keys.panelBack.Binding, keys.Help.Binding) {
 			m.overlay = overlayNone
-		case key.Matches(k, keys.Down.Binding):
-			m.helpOffset++
-		case key.Matches(k, keys.Up.Binding):
-			m.helpOffset = max(0, m.helpOffset-1)
+		} else {
+			m.help.scroll(k)
 		}
 		return nil
 	case overlayText:
-		last := max(len(m.text)-1, 0)
-		switch {
-		case key.Matches(k, keys.panelBack.Binding):
+		if key.Matches(k, keys.panelBack.Binding) {
 			m.overlay = overlayNone
-		case key.Matches(k, keys.Down.Binding):
-			m.textOffset = min(m.textOffset+1, last)
-		case key.Matches(k, keys.Up.Binding):
-			m.textOffset = max(0, m.textOffset-1)
-		case key.Matches(k, keys.PageDown.Binding):
-			m.textOffset = min(m.textOffset+m.bodyHeight(), last)
-		case key.Matches(k, keys.PageUp.Binding):
-			m.textOffset = max(0, m.textOffset-m.bodyHeight())
+		} else {
+			m.text.scroll(k)
 		}
 		return nil
 	case overlayDetail:
@@ -559,7 +545,7 @@ func (m *Model) mainKey(k tea.KeyPressMsg) tea.Cmd {
 		m.quitting = true
 		return tea.Quit
 	case key.Matches(k, keys.Help.Binding):
-		m.overlay, m.helpOffset = overlayHelp, 0
+		m.overlay, m.help.offset = overlayHelp, 0
 	case key.Matches(k, keys.NextView.Binding):
 		m.view = (m.view + 1) % viewCount
 	case key.Matches(k, keys.PrevView.Binding):

@@ -54,9 +54,9 @@ func (m *Model) Render() string {
 	var body []string
 	switch m.overlay {
 	case overlayHelp:
-		body = m.renderHelp()
+		body = m.help.render()
 	case overlayText:
-		body = m.renderText()
+		body = m.text.render()
 	case overlayDetail:
 		body = m.detail.render()
 	case overlayConfirm:
@@ -261,47 +261,8 @@ func (m *Model) renderConfirm() []string {
 	if m.confirm == nil {
 		return nil
 	}
-	body := t.Warn.Render(m.confirm.prompt) + "\n\n" + t.Key.Render("y") + t.Text.Render(" yes   ") + t.Key.Render("n") + t.Text.Render(" no")
+	yes, no := m.keys.confirmYes.Help(), m.keys.confirmNo.Help()
+	body := t.Warn.Render(m.confirm.prompt) + "\n\n" + t.Key.Render(yes.Key) + t.Text.Render(" "+yes.Desc+"   ") + t.Key.Render(no.Key) + t.Text.Render(" "+no.Desc)
 	box := t.Dialog.Render(body)
 	return strings.Split(lipgloss.Place(m.width, m.bodyHeight(), lipgloss.Center, lipgloss.Center, box), "\n")
-}
-
-func (m *Model) renderText() []string {
-	t := m.theme
-	out := []string{t.Accent.Render(fit(m.textTitle, m.width))}
-	for i := m.textOffset; i < len(m.text) && len(out) < m.bodyHeight(); i++ {
-		out = append(out, t.Text.Render(fit(m.text[i], m.width)))
-	}
-	return out
-}
-
-// renderHelp is the help screen, generated from the keymap: each key with
-// what it does and, for the keys that act, the role they need.
-func (m *Model) renderHelp() []string {
-	t := m.theme
-	lines := []string{t.Accent.Render("Keys") + t.Muted.Render(fmt.Sprintf("  (you are %s, role %s)", m.opts.User.Name, m.opts.User.Role))}
-	for _, b := range m.keys.main() {
-		h := b.Help()
-		if h.Key == "" {
-			continue // documented with its neighbour
-		}
-		role := ""
-		if need, ok := b.role(); ok {
-			role = " [" + string(need) + "]"
-			if !b.allowed(m.opts.User.Role) {
-				role += " not for you"
-			}
-		}
-		lines = append(lines, "  "+t.Key.Render(fit(h.Key, 16))+" "+t.Text.Render(h.Desc)+t.Muted.Render(role))
-		if b.more != "" {
-			lines = append(lines, "  "+t.Key.Render(fit("", 16))+" "+t.Text.Render(b.more))
-		}
-	}
-	if m.helpOffset > 0 && m.helpOffset < len(lines) {
-		lines = lines[m.helpOffset:]
-	}
-	for i := range lines {
-		lines[i] = ansi.Truncate(lines[i], m.width, "…")
-	}
-	return lines
 }
