@@ -22,7 +22,7 @@ const (
 // noBenchHint is what the detail says for a worker never benched.
 const noBenchHint = "no bench yet: press b to run one (operator)"
 
-// renderBench is the detail's bench section: the seed's headline row and a
+// renderBench is the detail's bench section: the README's bench table row and a
 // bar chart each of total tok/s and TTFT p50 against concurrency.
 func (cm *common) renderBench(w fleet.WorkerView) []string {
 	t := cm.theme
@@ -75,7 +75,7 @@ func (cm *common) renderBench(w fleet.WorkerView) []string {
 	return out
 }
 
-// benchTok formats a tok/s figure as the seed's table does: whole numbers,
+// benchTok formats a tok/s figure as the README's bench table does: whole numbers,
 // with a decimal only where the figure is small enough to need one.
 func benchTok(v float64) string {
 	switch {
@@ -87,9 +87,9 @@ func benchTok(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-// benchTable is the seed's headline table ("1 request tok/s | 2 concurrent
+// benchTable is the README's bench table ("1 request tok/s | 2 concurrent
 // total | 4 concurrent total | per request at 4 | TTFT p50"), a header and
-// one row of values with the columns right-aligned. The seed's wording needs
+// one row of values with the columns right-aligned. That wording needs
 // about 95 cells; narrower terminals get the same columns abbreviated, and
 // when even those do not fit (a sweep of many levels) the table turns on its
 // side: a row per level.
