@@ -286,12 +286,84 @@ func Adopt(ctx context.Context, r Runner, p Process, launchArgv []string, opts .
 		return false, nil
 	}
 	want := expandHome(launchArgv, info.Home)
-	if !argvMatches(info, want) {
-		o.logger.Info("not adopting: PID runs something else", "pid", p.PID, "argv", info.Argv, "args", info.Args, "want", want)
+	if argvMatches(info, want) {
+		o.logger.Info("adopting running engine", "pid", p.PID)
+		return true, nil
+	}
+	// A wrapper script that execs the real engine keeps our PID but shows
+	// another executable and argv: what start recorded on the node decides.
+	ours, why, err := launchedAs(ctx, r, p, launchArgv)
+	if err != nil {
+		return false, fmt.Errorf("adopt PID %d: %w", p.PID, err)
+	}
+	if !ours {
+		o.logger.Info("not adopting: PID runs something else", "pid", p.PID, "argv", info.Argv, "args", info.Args, "want", want, "recorded", why)
 		return false, nil
 	}
-	o.logger.Info("adopting running engine", "pid", p.PID)
+	o.logger.Info("adopting running engine by the PID and argv recorded at its launch", "pid", p.PID, "exe", info.Exe)
 	return true, nil
+}
+
+// launchSlack is how much younger than its pid file the launched process
+// may look: both ages are read in whole seconds, and the pid file is
+// written just after the launch.
+const launchSlack = 2
+
+// launchedAs reports whether p is the process start launched with
+// launchArgv, judged by the pid and argv files start wrote beside the log:
+// the pid file names p.PID, the argv file holds launchArgv (after an `env
+// K=V` prefix, if any), and the process is not younger than the pid file,
+// which a later process given the same PID would be. why says which check
+// failed.
+func launchedAs(ctx context.Context, r Runner, p Process, launchArgv []string) (bool, string, error) {
+	if p.PIDPath == "" {
+		return false, "no pid file known", nil
+	}
+	argvPath := strings.TrimSuffix(p.PIDPath, ".pid") + ".argv"
+	out, err := runScript(ctx, r, "launched", strconv.Itoa(p.PID), p.PIDPath, argvPath)
+	if code, ok := ExitCode(err); ok && (code == 3 || code == 4) {
+		return false, "process or launch records gone", nil
+	}
+	if err != nil {
+		return false, "", err
+	}
+	head, recorded, ok := bytes.Cut(out, []byte("\nargv\n"))
+	if !ok {
+		return false, "", fmt.Errorf("launched: unexpected output %q", out)
+	}
+	kv := keyValues(append(head, '\n'))
+	if pid, _ := strconv.Atoi(strings.TrimSpace(kv["pid"])); pid != p.PID {
+		return false, fmt.Sprintf("pid file names PID %s", strings.TrimSpace(kv["pid"])), nil
+	}
+	age, err1 := strconv.Atoi(kv["pidfile_age"])
+	elapsed, err2 := strconv.Atoi(kv["elapsed"])
+	if err1 != nil || err2 != nil {
+		return false, "", fmt.Errorf("launched: unreadable ages in %q", head)
+	}
+	if elapsed+launchSlack < age {
+		return false, fmt.Sprintf("process started %ds ago, after its pid file (%ds old)", elapsed, age), nil
+	}
+	var argv []string
+	for a := range bytes.SplitSeq(bytes.TrimSuffix(recorded, []byte{0}), []byte{0}) {
+		argv = append(argv, string(a))
+	}
+	want := expandHome(launchArgv, kv["home"])
+	n := len(argv) - len(want)
+	if n < 0 || !slices.Equal(argv[n:], want) {
+		return false, fmt.Sprintf("recorded argv %q", argv), nil
+	}
+	// What comes before is start's `env K=V …` prefix, or nothing.
+	if n > 0 {
+		if argv[0] != "env" {
+			return false, fmt.Sprintf("recorded argv %q", argv), nil
+		}
+		for _, kv := range argv[1:n] {
+			if !strings.Contains(kv, "=") {
+				return false, fmt.Sprintf("recorded argv %q", argv), nil
+			}
+		}
+	}
+	return true, "", nil
 }
 
 func expandHome(argv []string, home string) []string {

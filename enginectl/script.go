@@ -25,12 +25,14 @@ shift
 
 have_proc() { [ -z "${FLEET_ENGINECTL_NO_PROC:-}" ] && [ -r /proc/self/stat ]; }
 
-# expand_home WORD: a leading ~/ is the node's home, as a login shell would do.
+# expand_home WORD: sets xh to WORD with a leading ~/ as the node's home, as
+# a login shell would do. It sets a variable instead of printing because
+# $(...) strips trailing newlines, and arguments must arrive byte for byte.
 expand_home() {
 	case $1 in
-	"~") printf '%s' "$HOME" ;;
-	"~/"*) printf '%s/%s' "$HOME" "${1#"~/"}" ;;
-	*) printf '%s' "$1" ;;
+	"~") xh=$HOME ;;
+	"~/"*) xh=$HOME/${1#"~/"} ;;
+	*) xh=$1 ;;
 	esac
 }
 
@@ -63,11 +65,11 @@ case $op in
 start)
 	# start STATEDIR STEM BIN ARGV...: launch ARGV in its own session, stdin
 	# from /dev/null, output to STEM.log, and record STEM.pid and STEM.argv.
-	dir=$(expand_home "$1"); stem=$2; bin=$(expand_home "$3"); shift 3
+	expand_home "$1"; dir=$xh; stem=$2; expand_home "$3"; bin=$xh; shift 3
 	[ -n "$dir" ] || dir=$HOME/.fleet
 	n=$#
 	while [ "$n" -gt 0 ]; do
-		a=$(expand_home "$1"); shift; set -- "$@" "$a"; n=$((n - 1))
+		expand_home "$1"; shift; set -- "$@" "$xh"; n=$((n - 1))
 	done
 	mkdir -p "$dir" || { echo "cannot create the state directory $dir on the node" >&2; exit 73; }
 	command -v "$bin" >/dev/null 2>&1 || { echo "$bin: not found on the node (PATH=$PATH); install the engine or set bin: in the recipe" >&2; exit 127; }
@@ -126,6 +128,33 @@ argv)
 		ps -ww -o args= -p "$pid"
 	fi
 	;;
+launched)
+	# launched PID PIDFILE ARGVFILE: what the start operation recorded (the
+	# PID in PIDFILE, the argv in ARGVFILE) and how old the pid file and the
+	# process are, in seconds, so that a PID reused by a later process, which
+	# is younger than the pid file, is not taken for the engine.
+	pid=$1; expand_home "$2"; pidf=$xh; expand_home "$3"; argvf=$xh
+	[ -n "$(stat_fields "$pid")" ] || exit 3
+	[ -f "$pidf" ] && [ -f "$argvf" ] || exit 4
+	now=$(date +%s)
+	mtime=$(stat -c %Y "$pidf" 2>/dev/null || stat -f %m "$pidf" 2>/dev/null)
+	if have_proc; then
+		line=$(cat "/proc/$pid/stat" 2>/dev/null) || exit 3
+		rest=${line##*) }
+		set -- $rest
+		shift 19
+		hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
+		elapsed=$(awk -v st="$1" -v hz="$hz" '{ printf "%d\n", $1 - st / hz }' /proc/uptime)
+	else
+		elapsed=$(ps -o etime= -p "$pid" | awk '{ n = split($1, a, /[-:]/); s = 0
+			if (n == 4) s = a[1] * 86400 + a[2] * 3600 + a[3] * 60 + a[4]
+			else if (n == 3) s = a[1] * 3600 + a[2] * 60 + a[3]
+			else if (n == 2) s = a[1] * 60 + a[2]
+			print s }')
+	fi
+	printf 'home=%s\npid=%s\npidfile_age=%s\nelapsed=%s\nargv\n' "$HOME" "$(cat "$pidf")" "$((now - mtime))" "$elapsed"
+	cat "$argvf"
+	;;
 listeners)
 	# listeners PORT: "PID PGID" of each process holding a TCP socket bound
 	# to PORT for listening ("? ?" when the socket's owner is not visible to
@@ -156,13 +185,14 @@ listeners)
 	;;
 tail)
 	# tail N FILE
-	f=$(expand_home "$2")
-	[ -f "$f" ] && tail -n "$1" "$f"
+	expand_home "$2"
+	[ -f "$xh" ] && tail -n "$1" "$xh"
 	;;
 which)
 	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
 	# says 127, which a transport could also mean).
-	command -v "$(expand_home "$1")" || exit 1
+	expand_home "$1"
+	command -v "$xh" || exit 1
 	;;
 *)
 	echo "fleet-enginectl: unknown operation $op" >&2; exit 64

@@ -498,9 +498,7 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 	w := ws.w
 	proc := ws.proc
 	m.mu.Unlock()
-	if proc.LogPath == "" {
-		proc.LogPath = logPath(m.stateDir(t), node.Name, w.Model)
-	}
+	proc = m.withFiles(proc, t, node.Name, w.Model)
 	ok, err := enginectl.Adopt(ctx, t, proc, w.LaunchArgv, eo...)
 	if err != nil {
 		return false, err
@@ -535,6 +533,20 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 	m.setState(ws, state, reason)
 	m.event("info", ws.name, fmt.Sprintf("adopted running engine PID %d on port %d", proc.PID, w.Port))
 	return true, nil
+}
+
+// withFiles fills in the paths of an engine's log and pid files, which a
+// Process rebuilt from the store lacks: the pid file (and the argv file
+// beside it) let Adopt know an engine whose wrapper exec'd another
+// executable.
+func (m *Manager) withFiles(proc enginectl.Process, t Transport, node, model string) enginectl.Process {
+	if proc.LogPath == "" {
+		proc.LogPath = logPath(m.stateDir(t), node, model)
+	}
+	if proc.PIDPath == "" {
+		proc.PIDPath = strings.TrimSuffix(proc.LogPath, ".log") + ".pid"
+	}
+	return proc
 }
 
 // monitor watches a serving worker until something needs the supervisor.
@@ -636,6 +648,7 @@ func (m *Manager) stopHeld(ctx context.Context, ws *workerState, t Transport) er
 	launch := ws.w.LaunchArgv
 	m.mu.Unlock()
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ws.proc = m.withFiles(ws.proc, t, ws.placement.Node, ws.placement.Model)
 	ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
 	cancel()
 	if err != nil {
@@ -672,6 +685,7 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 		launch := ws.w.LaunchArgv
 		m.mu.Unlock()
 		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ws.proc = m.withFiles(ws.proc, t, node.Name, ws.placement.Model)
 		ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
 		cancel()
 		if err == nil && !ours {
