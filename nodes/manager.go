@@ -65,6 +65,14 @@ type ManagerOptions struct {
 	OnWorkerRemoved func(fleet.Worker)
 	// OnNode receives probe results and up/unreachable changes.
 	OnNode func(fleet.Node)
+	// OnNodeSuspect hears that a node stopped answering keepalives (reason
+	// says so) or answers again (reason ""): its workers should get no new
+	// requests meanwhile, though the ones streaming keep going.
+	OnNodeSuspect func(node, reason string)
+	// ReachInterval is how often an unreachable SSH node is tried with a
+	// plain TCP connect, so that it is reconnected within about that long
+	// of answering again whatever the reconnect backoff (default 2s).
+	ReachInterval time.Duration
 	// OnEvent receives launches, adoptions, stale-port stops, install
 	// output lines and failures.
 	OnEvent func(fleet.Event)
@@ -90,6 +98,7 @@ func (o ManagerOptions) withDefaults() ManagerOptions {
 	def(&o.ReadyTimeout, 10*time.Minute)
 	def(&o.InstallTimeout, 30*time.Minute)
 	def(&o.StopGrace, 30*time.Second)
+	def(&o.ReachInterval, 2*time.Second)
 	if o.HealthFailures <= 0 {
 		o.HealthFailures = 3
 	}
@@ -132,6 +141,8 @@ type nodeState struct {
 	// changed is closed and replaced whenever node.State changes, waking
 	// every worker waiting for the node.
 	changed chan struct{}
+	// suspect says why the node's connection is suspect; "" when it is not.
+	suspect string
 }
 
 type workerState struct {
@@ -268,12 +279,21 @@ func (m *Manager) Dialer(node string) func(ctx context.Context, network, addr st
 		n, ok := m.nodes[node]
 		var t Transport
 		var nd fleet.Node
+		var suspect string
 		if ok {
-			t, nd = n.transport, n.node
+			t, nd, suspect = n.transport, n.node, n.suspect
 		}
 		m.mu.Unlock()
 		if !ok {
 			return nil, fmt.Errorf("node %s is not part of the fleet", node)
+		}
+		// A request that cannot reach its worker now is better sent to
+		// another at once than held up behind a silent node.
+		if nd.State != fleet.NodeUp {
+			return nil, fmt.Errorf("node %s is %s: %s", node, nd.State, cmp.Or(nd.Reason, "not probed yet"))
+		}
+		if suspect != "" {
+			return nil, fmt.Errorf("node %s is not answering (%s)", node, suspect)
 		}
 		if nd.DialsDirect() {
 			_, hostPort, err := ParseSSHAddress(nd.Address)
@@ -512,23 +532,144 @@ func (m *Manager) startSupervisor(ctx context.Context, ws *workerState) {
 	}()
 }
 
-// watchNode connects to a node and probes it every ProbeInterval.
+// watchNode connects to a node and probes it every ProbeInterval. While an
+// SSH node is unreachable it also tries a TCP connect every ReachInterval
+// and reconnects as soon as one succeeds, rather than at the end of a
+// reconnect backoff that may have grown to half a minute.
 func (m *Manager) watchNode(ctx context.Context, ns *nodeState) {
 	for {
 		m.probeNode(ctx, ns)
+		m.mu.Lock()
+		node, t := ns.node, ns.transport
+		m.mu.Unlock()
+		var answered <-chan struct{}
+		rctx, cancel := context.WithCancel(ctx)
+		if node.State == fleet.NodeUnreachable && !strings.HasPrefix(node.Address, fleet.AddressSimPrefix) && node.Address != fleet.AddressLocal {
+			if _, addr, err := ParseSSHAddress(node.Address); err == nil {
+				answered = m.whenAnswers(rctx, addr)
+			}
+		}
 		select {
 		case <-ctx.Done():
+			cancel()
 			return
 		case <-time.After(m.opts.ProbeInterval):
 		case <-ns.poke:
+		case <-answered:
+			m.logger.Info("unreachable node answers TCP again; reconnecting", "node", node.Name)
+			if r, ok := t.(interface{ resetBackoff() }); ok {
+				r.resetBackoff()
+			}
 		}
+		cancel()
 	}
+}
+
+// whenAnswers returns a channel closed once a TCP connect to addr succeeds,
+// tried every ReachInterval until ctx ends. A connect is all it does: cheap
+// for the node, and no reason to wait out the SSH reconnect backoff.
+func (m *Manager) whenAnswers(ctx context.Context, addr string) <-chan struct{} {
+	ok := make(chan struct{})
+	go func() {
+		every := m.opts.ReachInterval
+		for {
+			d := net.Dialer{Timeout: every}
+			conn, err := d.DialContext(ctx, "tcp", addr)
+			if err == nil {
+				conn.Close()
+				close(ok)
+				return
+			}
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+	return ok
 }
 
 func (m *Manager) transportOptions() Options {
 	o := m.opts.Transport
 	o.Logger, o.DataDir, o.SimPlatform, o.HostKeys, o.OnEvent = m.logger, m.opts.DataDir, m.opts.SimPlatform, m.opts.HostKeys, m.opts.OnEvent
+	o.OnLink = m.onLink
 	return o
+}
+
+// onLink acts on a change of a node's connection as it happens: a suspect
+// node gets no new requests, and a lost one leaves the ready set now rather
+// than at the next probe.
+func (m *Manager) onLink(name string, state LinkState, err error) {
+	m.mu.Lock()
+	ns, ok := m.nodes[name]
+	if !ok {
+		m.mu.Unlock()
+		return
+	}
+	was := ns.suspect
+	switch state {
+	case LinkSuspect:
+		ns.suspect = errText(err)
+	case LinkUp:
+		ns.suspect = ""
+	case LinkLost:
+		ns.suspect = ""
+	}
+	now := ns.suspect
+	var node fleet.Node
+	var affected []*workerState
+	lost := state == LinkLost && ns.node.State == fleet.NodeUp
+	if lost {
+		ns.node.State, ns.node.Reason = fleet.NodeUnreachable, "connection lost: "+errText(err)
+		close(ns.changed)
+		ns.changed = make(chan struct{})
+		node = ns.node
+		for _, ws := range m.workers {
+			if ws.placement.Node == name {
+				affected = append(affected, ws)
+			}
+		}
+	}
+	m.mu.Unlock()
+	if was != now && m.opts.OnNodeSuspect != nil {
+		m.opts.OnNodeSuspect(name, now)
+	}
+	if !lost {
+		return
+	}
+	for _, ws := range affected {
+		signal(ws.poke)
+	}
+	m.event("error", name, "node unreachable: "+node.Reason)
+	m.logger.Info("node state", "node", name, "state", node.State, "reason", node.Reason)
+	if m.opts.OnNode != nil {
+		m.opts.OnNode(node)
+	}
+	signal(ns.poke) // reconnect at once if it answers
+}
+
+// CheckNode asks a node's connection for a keepalive answer within timeout,
+// for when a request to it got no first byte in time: nil when it
+// answered; otherwise the node is suspect (OnNodeSuspect) until one is.
+func (m *Manager) CheckNode(ctx context.Context, name string, timeout time.Duration) error {
+	m.mu.Lock()
+	ns, ok := m.nodes[name]
+	var t Transport
+	if ok {
+		t = ns.transport
+	}
+	m.mu.Unlock()
+	if !ok {
+		return fmt.Errorf("node %s is not part of the fleet", name)
+	}
+	c, ok := t.(interface {
+		CheckLink(context.Context, time.Duration) error
+	})
+	if !ok {
+		return nil // local and sim nodes have no link to lose
+	}
+	return c.CheckLink(ctx, timeout)
 }
 
 func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
@@ -565,6 +706,11 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 		ns.node.State, ns.node.Reason = fleet.NodeUp, ""
 		ns.node.Platform, ns.node.ProbedAt = &p, time.Now()
 	}
+	// A suspicion belongs to a connection; a probe's outcome supersedes it.
+	cleared := ns.suspect != "" && (err != nil || prev != fleet.NodeUp)
+	if cleared {
+		ns.suspect = ""
+	}
 	if prev != ns.node.State {
 		close(ns.changed)
 		ns.changed = make(chan struct{})
@@ -584,6 +730,9 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 		}
 	}
 	m.mu.Unlock()
+	if cleared && m.opts.OnNodeSuspect != nil {
+		m.opts.OnNodeSuspect(node.Name, "")
+	}
 	for _, ws := range affected {
 		signal(ws.poke)
 	}
@@ -632,6 +781,14 @@ func (m *Manager) RetryNode(name string) {
 		r.resetBackoff()
 	}
 	signal(ns.poke)
+}
+
+// nodeSuspect reports whether the node's connection is suspect.
+func (m *Manager) nodeSuspect(name string) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	ns, ok := m.nodes[name]
+	return ok && ns.suspect != ""
 }
 
 // markNodeSuspect asks for an immediate probe after a worker saw its

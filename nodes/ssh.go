@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -32,13 +33,25 @@ type sshTransport struct {
 	logger   *slog.Logger
 	identity string // expanded identity path, "" for the agent
 
-	mu          sync.Mutex
-	client      *ssh.Client
+	mu     sync.Mutex
+	client *ssh.Client
+	// dialing is closed when the dial in progress ends; nil when none is.
+	// Callers wait on it, not on mu, so a dial to a silent host holds up
+	// only those that need the connection and are willing to wait.
+	dialing     chan struct{}
 	stopKeep    chan struct{}
 	failures    int
 	nextAttempt time.Time
 	lastErr     error
-	closed      bool
+	// suspect is set while a keepalive on client goes unanswered.
+	suspect bool
+	// checking is set while a CheckLink keepalive is out.
+	checking bool
+	// lost says why lostClient ended, for the errors of calls that were
+	// using it (instead of "EOF").
+	lost       error
+	lostClient *ssh.Client
+	closed     bool
 }
 
 // ParseSSHAddress splits "user@host[:port]" (IPv6 hosts in brackets). A
@@ -120,47 +133,197 @@ func (t *sshTransport) Name() string { return t.node.Name }
 
 // connected returns a live client, dialling one if needed. After a failed
 // attempt the next one waits out a growing backoff; calls in between fail at
-// once with the last error instead of hammering a dead host.
+// once with the last error instead of hammering a dead host. The dial runs
+// without the lock: callers arriving meanwhile wait for its outcome as long
+// as their ctx allows.
 func (t *sshTransport) connected(ctx context.Context) (*ssh.Client, error) {
+	for {
+		t.mu.Lock()
+		if t.closed {
+			t.mu.Unlock()
+			return nil, fmt.Errorf("node %s: transport closed", t.node.Name)
+		}
+		if t.client != nil {
+			c := t.client
+			t.mu.Unlock()
+			return c, nil
+		}
+		if wait := t.dialing; wait != nil {
+			t.mu.Unlock()
+			select {
+			case <-wait:
+				continue
+			case <-ctx.Done():
+				return nil, fmt.Errorf("node %s: waiting for the connection: %w", t.node.Name, context.Cause(ctx))
+			}
+		}
+		if wait := time.Until(t.nextAttempt); wait > 0 && t.lastErr != nil {
+			err := t.lastErr
+			t.mu.Unlock()
+			return nil, fmt.Errorf("%w (next connection attempt in %s)", err, wait.Round(time.Second))
+		}
+		done := make(chan struct{})
+		t.dialing = done
+		t.mu.Unlock()
+
+		client, err := t.dial(ctx)
+
+		t.mu.Lock()
+		t.dialing = nil
+		close(done)
+		if t.closed {
+			t.mu.Unlock()
+			if client != nil {
+				client.Close()
+			}
+			return nil, fmt.Errorf("node %s: transport closed", t.node.Name)
+		}
+		if err != nil {
+			t.failures++
+			backoff := min(time.Second<<min(t.failures-1, 10), t.opts.ReconnectBackoffMax)
+			t.nextAttempt = time.Now().Add(backoff)
+			t.lastErr = err
+			t.mu.Unlock()
+			return nil, err
+		}
+		if t.failures > 0 {
+			t.logger.Info("reconnected", "after_failures", t.failures)
+		}
+		t.failures, t.lastErr, t.suspect = 0, nil, false
+		t.client = client
+		stop := make(chan struct{})
+		t.stopKeep = stop
+		t.mu.Unlock()
+		go t.keepalive(client, stop)
+		go t.watch(client)
+		return client, nil
+	}
+}
+
+// watch forgets a connection once it ended (remote closed, keepalives went
+// unanswered, or Close) so the next call redials, and says so at once.
+func (t *sshTransport) watch(client *ssh.Client) {
+	err := client.Wait()
+	t.mu.Lock()
+	if t.client != client {
+		t.mu.Unlock()
+		return
+	}
+	t.client = nil
+	t.suspect = false
+	close(t.stopKeep)
+	reason := error(nil)
+	if t.lostClient == client {
+		reason = t.lost
+	}
+	if reason == nil {
+		reason = fmt.Errorf("the connection closed (%v)", cmp.Or(errText(err), "EOF"))
+		t.lost, t.lostClient = reason, client
+	}
+	closed := t.closed
+	t.mu.Unlock()
+	if closed {
+		return
+	}
+	t.logger.Warn("connection lost", "reason", reason)
+	t.link(LinkLost, reason)
+}
+
+func errText(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}
+
+// lostReason is why client's connection ended, or nil while it has not.
+func (t *sshTransport) lostReason(client *ssh.Client) error {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	if t.closed {
-		return nil, fmt.Errorf("node %s: transport closed", t.node.Name)
+	if t.lostClient == client {
+		return t.lost
 	}
-	if t.client != nil {
-		return t.client, nil
+	return nil
+}
+
+// loseWith ends client's connection for the given reason.
+func (t *sshTransport) loseWith(client *ssh.Client, reason error) {
+	t.mu.Lock()
+	if t.lostClient != client {
+		t.lost, t.lostClient = reason, client
 	}
-	if wait := time.Until(t.nextAttempt); wait > 0 && t.lastErr != nil {
-		return nil, fmt.Errorf("%w (next connection attempt in %s)", t.lastErr, wait.Round(time.Second))
+	t.mu.Unlock()
+	client.Close()
+}
+
+// setSuspect records whether client's connection is suspect and reports a
+// change.
+func (t *sshTransport) setSuspect(client *ssh.Client, suspect bool, reason error) {
+	t.mu.Lock()
+	if t.client != client || t.suspect == suspect {
+		t.mu.Unlock()
+		return
 	}
-	client, err := t.dial(ctx)
-	if err != nil {
-		t.failures++
-		backoff := min(time.Second<<min(t.failures-1, 10), t.opts.ReconnectBackoffMax)
-		t.nextAttempt = time.Now().Add(backoff)
-		t.lastErr = err
-		return nil, err
+	t.suspect = suspect
+	t.mu.Unlock()
+	if suspect {
+		t.logger.Warn("node suspect", "reason", reason)
+		t.link(LinkSuspect, reason)
+	} else {
+		t.logger.Info("node answers keepalives again")
+		t.link(LinkUp, nil)
 	}
-	if t.failures > 0 {
-		t.logger.Info("reconnected", "after_failures", t.failures)
+}
+
+func (t *sshTransport) link(state LinkState, err error) {
+	if t.opts.OnLink != nil {
+		t.opts.OnLink(t.node.Name, state, err)
 	}
-	t.failures, t.lastErr = 0, nil
-	t.client = client
-	t.stopKeep = make(chan struct{})
-	go t.keepalive(client, t.stopKeep)
-	go func() {
-		// The connection ended (remote closed, keepalive gave up, or Close):
-		// forget it so the next call redials.
-		err := client.Wait()
+}
+
+// CheckLink sends one keepalive now and waits up to timeout for its answer:
+// nil when it came, an error (and the connection marked suspect until a
+// keepalive is answered) when not. For when traffic suggests the node went
+// silent before the next regular keepalive would tell.
+func (t *sshTransport) CheckLink(ctx context.Context, timeout time.Duration) error {
+	t.mu.Lock()
+	client, busy := t.client, t.checking
+	if client != nil && !busy {
+		t.checking = true
+	}
+	t.mu.Unlock()
+	if client == nil {
+		return fmt.Errorf("node %s is not connected", t.node.Name)
+	}
+	if busy {
+		return fmt.Errorf("node %s: a check is already out", t.node.Name)
+	}
+	defer func() {
 		t.mu.Lock()
-		if t.client == client {
-			t.client = nil
-			close(t.stopKeep)
-			t.logger.Warn("connection lost", "err", err)
-		}
+		t.checking = false
 		t.mu.Unlock()
 	}()
-	return client, nil
+	reply := make(chan error, 1)
+	go func() {
+		_, _, err := client.SendRequest("keepalive@openssh.com", true, nil)
+		reply <- err
+	}()
+	timer := time.NewTimer(timeout)
+	defer timer.Stop()
+	select {
+	case err := <-reply:
+		if err != nil {
+			return fmt.Errorf("node %s: %w", t.node.Name, err)
+		}
+		t.setSuspect(client, false, nil)
+		return nil
+	case <-timer.C:
+		err := fmt.Errorf("no answer to a keepalive in %s", timeout)
+		t.setSuspect(client, true, err)
+		return fmt.Errorf("node %s: %w", t.node.Name, err)
+	case <-ctx.Done():
+		return context.Cause(ctx)
+	}
 }
 
 // resetBackoff lets the next call dial at once.
@@ -277,11 +440,14 @@ func (t *sshTransport) authMethod() (ssh.AuthMethod, func(), error) {
 	return ssh.PublicKeysCallback(agent.NewClient(conn).Signers), func() { conn.Close() }, nil
 }
 
-// keepalive drops the connection after KeepaliveMissed unanswered checks,
-// which makes every command and tunnel on it fail at once: a node that
-// vanished without closing its socket gives an error, not a hang.
+// keepalive marks the connection suspect at its first unanswered check
+// and healthy again when one is answered; it drops the connection after
+// KeepaliveMissed unanswered checks in a row, which makes every command and
+// tunnel on it fail at once: a node that vanished without closing its
+// socket gives an error, not a hang.
 func (t *sshTransport) keepalive(client *ssh.Client, stop <-chan struct{}) {
-	tick := time.NewTicker(t.opts.KeepaliveInterval)
+	every := t.opts.KeepaliveInterval
+	tick := time.NewTicker(every)
 	defer tick.Stop()
 	missed := 0
 	for {
@@ -295,22 +461,28 @@ func (t *sshTransport) keepalive(client *ssh.Client, stop <-chan struct{}) {
 			_, _, err := client.SendRequest("keepalive@openssh.com", true, nil)
 			reply <- err
 		}()
+		timer := time.NewTimer(every)
 		select {
 		case <-stop:
+			timer.Stop()
 			return
 		case err := <-reply:
+			timer.Stop()
 			if err != nil {
-				client.Close()
+				t.loseWith(client, fmt.Errorf("keepalive failed: %w", err))
 				return
 			}
 			missed = 0
-		case <-time.After(t.opts.KeepaliveInterval):
+			t.setSuspect(client, false, nil)
+		case <-timer.C:
 			missed++
 			if missed >= t.opts.KeepaliveMissed {
+				reason := fmt.Errorf("no answer to %d keepalives in %s", missed, time.Duration(missed)*every)
 				t.logger.Warn("node stopped answering keepalives; dropping the connection", "missed", missed)
-				client.Close()
+				t.loseWith(client, reason)
 				return
 			}
+			t.setSuspect(client, true, fmt.Errorf("no answer to a keepalive in %s", every))
 		}
 	}
 }
@@ -331,6 +503,9 @@ func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, 
 	sess, err := client.NewSession()
 	if err != nil {
 		t.drop(client)
+		if lost := t.lostReason(client); lost != nil {
+			return fmt.Errorf("node %s: connection lost: %w", t.node.Name, lost)
+		}
 		return fmt.Errorf("node %s: opening a session: %w", t.node.Name, err)
 	}
 	defer sess.Close()
@@ -366,6 +541,9 @@ func (t *sshTransport) Run(ctx context.Context, argv []string, stdin io.Reader, 
 	}
 	// No exit status: the connection went away under the command.
 	t.drop(client)
+	if lost := t.lostReason(client); lost != nil {
+		err = lost
+	}
 	return fmt.Errorf("node %s: connection lost while running %s: %w", t.node.Name, argv[0], err)
 }
 
@@ -461,13 +639,29 @@ func (f *pidFilter) forward(p []byte) error {
 	return err
 }
 
+// DialContext opens a tunnel through the live connection. It never dials
+// the node itself: a tunnel is wanted now (a request is waiting, and may go
+// to another worker), so without a connection it fails at once and the
+// node's watcher reconnects.
 func (t *sshTransport) DialContext(ctx context.Context, network, addr string) (net.Conn, error) {
-	client, err := t.connected(ctx)
-	if err != nil {
-		return nil, err
+	t.mu.Lock()
+	client, closed, lost, lastErr := t.client, t.closed, t.lost, t.lastErr
+	t.mu.Unlock()
+	if closed {
+		return nil, fmt.Errorf("node %s: transport closed", t.node.Name)
+	}
+	if client == nil {
+		why := cmp.Or(lastErr, lost)
+		if why == nil {
+			return nil, fmt.Errorf("node %s is not connected", t.node.Name)
+		}
+		return nil, fmt.Errorf("node %s is not connected: %w", t.node.Name, why)
 	}
 	conn, err := client.DialContext(ctx, network, addr)
 	if err != nil {
+		if lost := t.lostReason(client); lost != nil {
+			err = lost
+		}
 		return nil, fmt.Errorf("node %s: tunnel to %s: %w", t.node.Name, addr, err)
 	}
 	return conn, nil

@@ -24,6 +24,7 @@ const (
 	outcomeNodeDown                // the node cannot be reached
 	outcomeCrashed                 // the engine died or stopped answering
 	outcomeChanged                 // the desired command line changed
+	outcomeRecheck                 // the node was lost and is back: adopt again
 )
 
 // stableReady is how long a worker must stay ready before its consecutive
@@ -227,7 +228,9 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		case outcomeRequest:
 		case outcomeNodeDown:
 			m.markNodeSuspect(node.Name)
-			m.setState(ws, fleet.WorkerFailed, fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason))
+			why := fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason)
+			m.setState(ws, fleet.WorkerFailed, why)
+			m.event("error", ws.name, "left the ready set: "+why)
 		case outcomeChanged:
 			m.event("info", ws.name, "the desired command line changed ("+reason+"); restarting the engine with the new one")
 			if err := m.stopEngine(ctx, ws, "restarting with the new command line"); err != nil {
@@ -554,11 +557,32 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 	healthFails := 0
 	tick := time.NewTicker(m.opts.ReconcileInterval)
 	defer tick.Stop()
+	// A check in progress is cut short when the node's state changes: a
+	// lost connection takes the worker out of the ready set at once, not
+	// after a command on the dead connection has timed out.
+	_, _, changed, _ := m.nodeFor(ws)
+	nodeChanged, cancelChecks := context.WithCancel(ctx)
+	defer cancelChecks()
+	go func() {
+		select {
+		case <-changed:
+			cancelChecks()
+		case <-nodeChanged.Done():
+		}
+	}()
+	nodeDown := func() (outcome, string, bool) {
+		cur, _, _, up := m.nodeFor(ws)
+		if !up {
+			return outcomeNodeDown, cmpString(cur.Reason, string(cur.State)), true
+		}
+		return 0, "", false
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return outcomeDone, ""
 		case <-ws.poke:
+		case <-nodeChanged.Done():
 		case <-tick.C:
 		}
 		if ctx.Err() != nil {
@@ -567,23 +591,35 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 		if m.hasRequest(ws) {
 			return outcomeRequest, ""
 		}
-		cur, _, _, up := m.nodeFor(ws)
-		if !up {
-			return outcomeNodeDown, cmpString(cur.Reason, string(cur.State))
+		if out, reason, down := nodeDown(); down {
+			return out, reason
 		}
+		if nodeChanged.Err() != nil {
+			return outcomeRecheck, ""
+		}
+		cur, _, _, _ := m.nodeFor(ws)
 		if _, cmd, err := m.desiredCommand(ws, cur, t); err != nil {
 			return outcomeChanged, err.Error()
 		} else if !slices.Equal(cmd.Argv, ws.w.Argv) {
 			return outcomeChanged, "now: " + strings.Join(cmd.Argv, " ")
 		}
-		cctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		cctx, cancel := context.WithTimeout(nodeChanged, 30*time.Second)
 		alive, err := enginectl.Alive(cctx, t, ws.proc.PID)
 		cancel()
 		if ctx.Err() != nil {
 			return outcomeDone, ""
 		}
+		if out, reason, down := nodeDown(); down {
+			return out, reason
+		}
+		if nodeChanged.Err() != nil {
+			return outcomeRecheck, ""
+		}
 		if err != nil {
-			if !m.reachable(ctx, t) {
+			if !m.reachable(nodeChanged, t) {
+				if out, reason, down := nodeDown(); down {
+					return out, reason
+				}
 				return outcomeNodeDown, err.Error()
 			}
 			continue
@@ -593,12 +629,21 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 			ws.proc = enginectl.Process{}
 			return outcomeCrashed, fmt.Sprintf("engine PID %d exited", pid)
 		}
-		hctx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		hctx, cancel := context.WithTimeout(nodeChanged, 15*time.Second)
 		err = healthy(hctx, t, ws.w.Port, ws.w.Engine)
 		cancel()
 		if err == nil {
 			healthFails = 0
 			continue
+		}
+		if out, reason, down := nodeDown(); down {
+			return out, reason
+		}
+		if nodeChanged.Err() != nil {
+			return outcomeRecheck, ""
+		}
+		if m.nodeSuspect(ws.placement.Node) {
+			continue // the node, not the engine, is not answering
 		}
 		healthFails++
 		if healthFails >= m.opts.HealthFailures {

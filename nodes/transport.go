@@ -100,7 +100,24 @@ type Options struct {
 	KeepaliveMissed   int
 	// ReconnectBackoffMax caps the wait between reconnect attempts (default 30s).
 	ReconnectBackoffMax time.Duration
+	// OnLink hears at once about changes of an SSH node's connection:
+	// suspect at its first unanswered keepalive (err says so), up again
+	// when one is answered, lost when it ended (err says why). May be nil.
+	OnLink func(node string, state LinkState, err error)
 }
+
+// LinkState is the health of an SSH node's connection.
+type LinkState int
+
+const (
+	// LinkUp: keepalives are answered.
+	LinkUp LinkState = iota
+	// LinkSuspect: a keepalive went unanswered; the connection is kept, so
+	// a blip costs nothing but new requests, which go elsewhere.
+	LinkSuspect
+	// LinkLost: the connection ended; every session and tunnel on it failed.
+	LinkLost
+)
 
 func (o Options) logger() *slog.Logger {
 	if o.Logger == nil {
