@@ -38,6 +38,8 @@ const Path = "/usr/sbin/sshd"
 type Server struct {
 	t        testing.TB
 	dir      string
+	host     string   // the address sshd listens on
+	prefix   []string // runs sshd elsewhere, e.g. in a network namespace
 	port     int
 	hostKey  string
 	identity string
@@ -52,6 +54,14 @@ type Server struct {
 // cleanups of everything set up later (clients before their server).
 func New(t testing.TB) *Server {
 	t.Helper()
+	return NewOn(t, "127.0.0.1", nil)
+}
+
+// NewOn is New for an sshd listening on host, started through prefix (for
+// instance `ip netns exec NAME`, to run it in a network namespace whose
+// address host is).
+func NewOn(t testing.TB, host string, prefix []string) *Server {
+	t.Helper()
 	if _, err := os.Stat(Path); err != nil {
 		t.Skipf("OpenSSH server not installed (%s missing): install openssh-server to run the tests against a real sshd", Path)
 	}
@@ -63,7 +73,7 @@ func New(t testing.TB) *Server {
 		}
 	}
 	dir := t.TempDir()
-	s := &Server{t: t, dir: dir, port: FreePort(t)}
+	s := &Server{t: t, dir: dir, host: host, prefix: prefix, port: FreePort(t)}
 	s.home = filepath.Join(dir, "home")
 	if err := os.Mkdir(s.home, 0o700); err != nil {
 		t.Fatal(err)
@@ -88,7 +98,7 @@ func New(t testing.TB) *Server {
 // multiplexes many sessions over one connection and reconnects in bursts.
 func (s *Server) writeConfig() {
 	cfg := fmt.Sprintf(`Port %d
-ListenAddress 127.0.0.1
+ListenAddress %s
 HostKey %s
 AuthorizedKeysFile %s
 PubkeyAuthentication yes
@@ -103,7 +113,7 @@ MaxSessions 64
 MaxStartups 64
 LogLevel VERBOSE
 SetEnv HOME=%s
-`, s.port, s.hostKey, filepath.Join(s.dir, "authorized_keys"), filepath.Join(s.dir, "sshd.pid"), s.home)
+`, s.port, s.host, s.hostKey, filepath.Join(s.dir, "authorized_keys"), filepath.Join(s.dir, "sshd.pid"), s.home)
 	if err := os.WriteFile(filepath.Join(s.dir, "sshd_config"), []byte(cfg), 0o600); err != nil {
 		s.t.Fatal(err)
 	}
@@ -123,7 +133,8 @@ func (s *Server) RotateHostKey() {
 func (s *Server) Start() {
 	s.t.Helper()
 	s.log = &syncBuffer{}
-	s.cmd = exec.Command(Path, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
+	argv := append(append([]string{}, s.prefix...), Path, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stderr = s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("starting sshd: %v", err)
@@ -206,11 +217,11 @@ func descendants(root int) []int {
 	return out
 }
 
-// Addr is the server's 127.0.0.1:PORT.
-func (s *Server) Addr() string { return net.JoinHostPort("127.0.0.1", strconv.Itoa(s.port)) }
+// Addr is the server's HOST:PORT (127.0.0.1:PORT unless made with NewOn).
+func (s *Server) Addr() string { return net.JoinHostPort(s.host, strconv.Itoa(s.port)) }
 
-// Address is the node address a fleet file would give: USER@127.0.0.1:PORT
-// for the user running the test.
+// Address is the node address a fleet file would give: USER@HOST:PORT for
+// the user running the test.
 func (s *Server) Address() string {
 	s.t.Helper()
 	u, err := user.Current()
