@@ -278,7 +278,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	}
 
 	sent := time.Now()
-	resp, err := b.transport.RoundTrip(out)
+	resp, err := r.roundTripHedged(f, out, info.Stream)
 	if err != nil {
 		r.release(f, nil)
 		if ctx.Err() != nil {

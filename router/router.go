@@ -85,6 +85,10 @@ type Options struct {
 	Keys KeyVerifier
 	// Seed makes the random policies reproducible (0 = time-based).
 	Seed uint64
+	// OnNoFirstByte is told when a request got no first byte from a worker
+	// within its hedge deadline (see hedge.go), so the hub can check the
+	// worker's node. May be nil.
+	OnNoFirstByte func(backend string)
 	// EngineLoadMaxAge is how long an ObserveEngineLoad figure counts
 	// (default 15 s: three of the hub's 5 s scrape intervals, so one missed
 	// scrape does not drop it); older ones are ignored.
@@ -234,6 +238,7 @@ type Router struct {
 	// outputs is a per-model running estimate of output tokens, for
 	// requests that do not say max_tokens.
 	outputs map[string]*estimate
+	hedge   hedgeState
 }
 
 // New builds a router with no models and no backends.

@@ -94,6 +94,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		cands = append(cands, c)
 		backs = append(backs, b)
 	}
+	cands, backs = r.withoutSuspectsLocked(cands, backs, now)
 	if len(cands) > 0 {
 		return cands, backs, nil
 	}

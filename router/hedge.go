@@ -1,0 +1,282 @@
+package router
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"sync/atomic"
+	"time"
+)
+
+// A worker whose node fell silent accepts requests and never answers them.
+// The router does not wait for the connection to be declared lost (three
+// missed keepalives, 15 s and more): as "The Tail at Scale" hedges, a
+// request with no first byte from its worker within a deadline drawn from
+// that worker's predicted time to first byte is taken back and sent to
+// another worker, and the silent one is suspect: it gets no new requests,
+// and the other requests still waiting for its first byte are taken back
+// too. Requests already streaming from it keep going, so a blip costs them
+// a pause, not the answer. The hub also marks every worker of a node
+// suspect while its connection misses keepalives (SetSuspect), and clears
+// the suspicion when the node answers again.
+
+const (
+	// hedgeFactor times the predicted time to first byte is how long a
+	// request waits for it before going elsewhere: far enough past the
+	// prediction that a busy worker is not abandoned for being busy.
+	hedgeFactor = 3
+	// hedgeFloor keeps predictions of a few milliseconds from hedging on
+	// scheduling noise.
+	hedgeFloor = 750 * time.Millisecond
+)
+
+// suspicion is why a worker gets no new requests for now.
+type suspicion struct {
+	reason string
+	// until ends a suspicion the router raised itself (a hedge); zero
+	// means until SetSuspect clears it.
+	until time.Time
+}
+
+// hedgeState is guarded by Router.mu.
+type hedgeState struct {
+	suspect map[string]suspicion
+	// waiting holds, per worker, the requests sent to it that have no
+	// first byte yet.
+	waiting map[string]map[*firstByteWait]struct{}
+}
+
+// firstByteWait is one request waiting for its first byte.
+type firstByteWait struct {
+	f *flight
+	// state: 0 waiting, 1 first byte arrived, 2 taken back.
+	state  atomic.Int32
+	cancel context.CancelCauseFunc
+}
+
+// takeBack cancels the request unless its first byte already came.
+func (w *firstByteWait) takeBack(cause error) bool {
+	if !w.state.CompareAndSwap(0, 2) {
+		return false
+	}
+	w.cancel(cause)
+	return true
+}
+
+// errNoFirstByte is why a request was taken back from a worker.
+type errNoFirstByte struct {
+	backend string
+	why     string
+}
+
+func (e *errNoFirstByte) Error() string {
+	return fmt.Sprintf("no first byte from %s (%s); sent to another worker", e.backend, e.why)
+}
+
+// SetSuspect marks a worker suspect (reason says why) or clears it (reason
+// ""). A suspect worker gets no new request while another worker of its
+// model can take it, and its requests still waiting for a first byte are
+// sent to another worker at once; requests already answering go on.
+func (r *Router) SetSuspect(name, reason string) {
+	r.mu.Lock()
+	if reason == "" {
+		_, was := r.hedge.suspect[name]
+		delete(r.hedge.suspect, name)
+		models := r.queuedModelsLocked()
+		r.mu.Unlock()
+		if was {
+			r.log.Info("worker takes new requests again", "backend", name)
+			for _, m := range models {
+				r.dispatch(m)
+			}
+		}
+		return
+	}
+	if r.hedge.suspect == nil {
+		r.hedge.suspect = map[string]suspicion{}
+	}
+	r.hedge.suspect[name] = suspicion{reason: reason}
+	victims := r.takeBackLocked(name, reason)
+	r.mu.Unlock()
+	r.log.Warn("worker suspect: no new requests", "backend", name, "reason", reason, "taken_back", victims)
+}
+
+// takeBackLocked cancels the requests waiting for a first byte from name,
+// if another worker of their model can take them.
+func (r *Router) takeBackLocked(name, why string) int {
+	n := 0
+	for w := range r.hedge.waiting[name] {
+		if r.alternativeLocked(w.f, time.Now()) && w.takeBack(&errNoFirstByte{backend: name, why: why}) {
+			n++
+		}
+	}
+	return n
+}
+
+// suspectLocked reports whether the named worker is suspect now.
+func (r *Router) suspectLocked(name string, now time.Time) bool {
+	s, ok := r.hedge.suspect[name]
+	return ok && (s.until.IsZero() || now.Before(s.until))
+}
+
+// withoutSuspectsLocked drops suspect workers from the candidates, unless
+// that would leave none: a suspicion is a hint, and a request better waits
+// on a suspect worker than is refused.
+func (r *Router) withoutSuspectsLocked(cands []Candidate, backs []*backend, now time.Time) ([]Candidate, []*backend) {
+	keep := 0
+	for _, b := range backs {
+		if !r.suspectLocked(b.cfg.Name, now) {
+			keep++
+		}
+	}
+	if keep == 0 || keep == len(backs) {
+		return cands, backs
+	}
+	c2, b2 := cands[:0], backs[:0]
+	for i, b := range backs {
+		if !r.suspectLocked(b.cfg.Name, now) {
+			c2 = append(c2, cands[i])
+			b2 = append(b2, b)
+		}
+	}
+	return c2, b2
+}
+
+// alternativeLocked reports whether a worker other than f's could take
+// f's request now.
+func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
+	for _, b := range r.backends {
+		if b == f.b || b.cfg.Model != f.model || b.cfg.Name == f.b.cfg.Name {
+			continue
+		}
+		if b.cfg.Context > 0 && f.job.NeedContext > b.cfg.Context {
+			continue
+		}
+		w := r.workerLocked(b.cfg.Name)
+		if w.drained || r.suspectLocked(b.cfg.Name, now) || now.Before(w.coolingUntil) {
+			continue
+		}
+		return true
+	}
+	return false
+}
+
+// hedgeDeadlineLocked is how long f's request may go without a first byte:
+// a multiple of the worker's predicted time to first token, or, for an
+// answer that is not streamed (its first byte comes with its last), to
+// the whole answer.
+func (r *Router) hedgeDeadlineLocked(f *flight, stream bool) time.Duration {
+	w := r.workerLocked(f.b.cfg.Name)
+	c := max(f.startConcurrency, 1)
+	pred := w.speed.TTFT(c, f.job.PromptTokens)
+	if !stream {
+		pred = w.speed.Completion(c, f.job)
+	}
+	return max(hedgeFloor, hedgeFactor*pred)
+}
+
+// roundTripHedged is the forward path's round trip to f's worker: it
+// returns once the first byte of the body has arrived (or the body ended),
+// or with an error when the request was taken back because that did not
+// happen in time.
+func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*http.Response, error) {
+	name := f.b.cfg.Name
+	ctx, cancel := context.WithCancelCause(out.Context())
+	wait := &firstByteWait{f: f, cancel: cancel}
+	r.mu.Lock()
+	if r.hedge.waiting == nil {
+		r.hedge.waiting = map[string]map[*firstByteWait]struct{}{}
+	}
+	if r.hedge.waiting[name] == nil {
+		r.hedge.waiting[name] = map[*firstByteWait]struct{}{}
+	}
+	r.hedge.waiting[name][wait] = struct{}{}
+	deadline := r.hedgeDeadlineLocked(f, stream)
+	r.mu.Unlock()
+	timer := time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
+
+	resp, err := f.b.transport.RoundTrip(out.WithContext(ctx))
+	var first []byte
+	var firstErr error
+	if err == nil {
+		buf := make([]byte, 4096)
+		n, rerr := resp.Body.Read(buf)
+		first, firstErr = buf[:n], rerr
+	}
+	timer.Stop()
+	r.mu.Lock()
+	delete(r.hedge.waiting[name], wait)
+	if len(r.hedge.waiting[name]) == 0 {
+		delete(r.hedge.waiting, name)
+	}
+	r.mu.Unlock()
+	if !wait.state.CompareAndSwap(0, 1) {
+		// Taken back: whatever came, it came too late to be used.
+		if resp != nil {
+			resp.Body.Close()
+		}
+		return nil, context.Cause(ctx)
+	}
+	if err != nil {
+		return nil, err
+	}
+	if firstErr != nil && firstErr != io.EOF && len(first) == 0 {
+		resp.Body.Close()
+		return nil, firstErr
+	}
+	resp.Body = &prefetchedBody{head: first, headErr: firstErr, rest: resp.Body}
+	return resp, nil
+}
+
+// noFirstByte takes a request back from a worker that did not send its
+// first byte within deadline, makes that worker suspect for a cooldown,
+// takes back its other requests that wait for a first byte too, and asks
+// the hub to check the worker's node. With no other worker to go to, the
+// request keeps waiting.
+func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
+	f := wait.f
+	name := f.b.cfg.Name
+	why := fmt.Sprintf("no first byte within %s", deadline.Round(time.Millisecond))
+	now := time.Now()
+	r.mu.Lock()
+	taken := 0
+	if r.alternativeLocked(f, now) {
+		if r.hedge.suspect == nil {
+			r.hedge.suspect = map[string]suspicion{}
+		}
+		if s, ok := r.hedge.suspect[name]; !ok || !s.until.IsZero() {
+			r.hedge.suspect[name] = suspicion{reason: why, until: now.Add(r.opts.Cooldown)}
+		}
+		taken = r.takeBackLocked(name, why)
+	}
+	r.mu.Unlock()
+	r.log.Warn("request got no first byte in time", "backend", name, "deadline", deadline, "taken_back", taken)
+	if r.opts.OnNoFirstByte != nil {
+		go r.opts.OnNoFirstByte(name)
+	}
+}
+
+// prefetchedBody is a response body whose first bytes were read already.
+type prefetchedBody struct {
+	head    []byte
+	headErr error
+	rest    io.ReadCloser
+}
+
+func (b *prefetchedBody) Read(p []byte) (int, error) {
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		if len(b.head) == 0 && b.headErr != nil {
+			return n, b.headErr
+		}
+		return n, nil
+	}
+	if b.headErr != nil {
+		return 0, b.headErr
+	}
+	return b.rest.Read(p)
+}
+
+func (b *prefetchedBody) Close() error { return b.rest.Close() }

@@ -1,0 +1,199 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// startSilent starts a backend that accepts requests and never answers
+// them, like an engine on a node that fell off the network, counting what
+// it received.
+func startSilent(t *testing.T, name string, hits *atomic.Int32) Backend {
+	t.Helper()
+	gone := make(chan struct{})
+	_, b := startBackend(t, name, 4, func(w http.ResponseWriter, req *http.Request) {
+		hits.Add(1)
+		select {
+		case <-req.Context().Done():
+		case <-gone:
+		}
+	})
+	// Registered after the server's Close, so it runs first and lets the
+	// held requests end.
+	t.Cleanup(func() { close(gone) })
+	return b
+}
+
+// Requests sent to a silent worker go to another one once they have had no
+// first byte for a few predicted TTFTs, the other requests waiting on it go
+// with them, and it gets no new ones while suspect.
+func TestSilentWorkerIsHedged(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var silentHits, goodHits atomic.Int32
+	silent := startSilent(t, "mac/qwen3-4b", &silentHits)
+	_, good := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		goodHits.Add(1)
+		okJSON(w, req)
+	})
+	checked := make(chan string, 10)
+	_, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, Cooldown: time.Minute, OnNoFirstByte: func(b string) { checked <- b }}, silent, good)
+
+	// Four at once: round robin sends two to the silent worker.
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var slowest time.Duration
+	for range 4 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("status %d: %s", resp.StatusCode, body)
+			}
+			mu.Lock()
+			slowest = max(slowest, time.Since(start))
+			mu.Unlock()
+		}()
+	}
+	wg.Wait()
+	if got := silentHits.Load(); got != 2 {
+		t.Fatalf("silent worker got %d requests, want 2 (round robin)", got)
+	}
+	if got := goodHits.Load(); got != 4 {
+		t.Errorf("the answering worker served %d requests, want all 4", got)
+	}
+	t.Logf("slowest request %s (hedge floor %s)", slowest.Round(time.Millisecond), hedgeFloor)
+	select {
+	case b := <-checked:
+		if b != silent.Name {
+			t.Errorf("node check asked for %s", b)
+		}
+	case <-ctx.Done():
+		t.Fatal("the hub was not asked to check the silent worker's node")
+	}
+	// Suspect: no new requests while another worker can take them.
+	for range 6 {
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+	}
+	if got := silentHits.Load(); got != 2 {
+		t.Errorf("the suspect worker got %d requests, want no new ones after the first 2", got)
+	}
+}
+
+// The hub's suspicion (a node missing keepalives) takes back the requests
+// waiting for a first byte from its workers at once, keeps new requests
+// off them, and lifting it brings them back.
+func TestSetSuspectTakesBackWaitingRequests(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var silentHits atomic.Int32
+	silent := startSilent(t, "mac/qwen3-4b", &silentHits)
+	_, good := startBackend(t, "rig/qwen3-4b", 4, okJSON)
+	r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin}, silent)
+	// A slow worker by its measurements: its hedge deadline is far off.
+	r.SeedSpeed(silent.Name, SpeedPoint{Concurrency: 1, TTFT: time.Minute, ITL: time.Second})
+
+	done := make(chan int, 1)
+	go func() {
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	for silentHits.Load() == 0 {
+		if ctx.Err() != nil {
+			t.Fatal("request never reached the silent worker")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	r.SetBackends([]Backend{silent, good})
+	select {
+	case <-done:
+		t.Fatal("the request left the silent worker before it was suspect")
+	case <-time.After(200 * time.Millisecond):
+	}
+	r.SetSuspect(silent.Name, "no answer to a keepalive in 5s")
+	select {
+	case code := <-done:
+		if code != 200 {
+			t.Errorf("taken-back request answered %d, want 200 from the other worker", code)
+		}
+	case <-ctx.Done():
+		t.Fatal("the waiting request was not taken back from the suspect worker")
+	}
+	for range 4 {
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+		resp.Body.Close()
+	}
+	if got := silentHits.Load(); got != 1 {
+		t.Errorf("suspect worker got %d requests, want only the first", got)
+	}
+	r.SetSuspect(silent.Name, "")
+	for i := 0; silentHits.Load() == 1; i++ {
+		if i == 4 {
+			t.Fatal("the worker got no requests after its suspicion was lifted")
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 300*time.Millisecond)
+		req, _ := http.NewRequestWithContext(rctx, http.MethodPost, rsrv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+		rcancel()
+	}
+}
+
+// A worker that is slow, not silent, is not abandoned when no other can
+// take the request; a stream that has started keeps its worker through a
+// pause longer than the hedge deadline (a blip).
+func TestHedgeSparesOnlyWorkerAndStartedStreams(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	_, slow := startBackend(t, "mac/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		time.Sleep(hedgeFloor + 500*time.Millisecond)
+		okJSON(w, req)
+	})
+	_, rsrv := startRouter(t, Options{}, slow)
+	resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("the only worker, slow: status %d, want 200", resp.StatusCode)
+	}
+
+	var pausedHits atomic.Int32
+	_, paused := startBackend(t, "max/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		pausedHits.Add(1)
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, sseEvent("a"))
+		w.(http.Flusher).Flush()
+		time.Sleep(hedgeFloor + 500*time.Millisecond)
+		_, _ = io.WriteString(w, sseEvent("b"))
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	_, good := startBackend(t, "rig/qwen3-4b", 4, okJSON)
+	_, rsrv2 := startRouter(t, Options{Policy: PolicyRoundRobin}, paused, good)
+	for pausedHits.Load() == 0 {
+		resp := post(t, ctx, rsrv2.URL, `{"model":"qwen3-4b","stream":true,"max_tokens":8}`)
+		all, _ := io.ReadAll(bufio.NewReader(resp.Body))
+		resp.Body.Close()
+		if pausedHits.Load() == 1 && (!strings.Contains(string(all), `"content":"b"`) || !strings.HasSuffix(string(all), "data: [DONE]\n\n")) {
+			t.Errorf("a started stream was cut during its pause: %q", all)
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no request reached the pausing worker")
+		}
+	}
+}
