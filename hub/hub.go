@@ -215,6 +215,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		QueueTimeout: opts.QueueTimeout,
 		QueueSize:    opts.QueueSize,
 		Keys:         keys,
+		// A request got no first byte: is the worker's node still there?
+		OnNoFirstByte: h.checkWorkerNode,
 		OnSample: func(s fleet.Sample) {
 			select {
 			case h.samples <- s:
@@ -247,6 +249,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		OnWorker:        h.onWorker,
 		OnWorkerRemoved: h.onWorkerRemoved,
 		OnNode:          h.onNode,
+		OnNodeSuspect:   h.onNodeSuspect,
 		OnEvent:         h.onEvent,
 	})
 	f, err := st.LoadFleet(ctx)

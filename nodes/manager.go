@@ -614,7 +614,8 @@ func (m *Manager) onLink(name string, state LinkState, err error) {
 	case LinkUp:
 		ns.suspect = ""
 	case LinkLost:
-		ns.suspect = ""
+		// Stays suspect until it is up again: its workers leave the ready
+		// set now, and must not take requests before they are back.
 	}
 	now := ns.suspect
 	var node fleet.Node
@@ -706,8 +707,8 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 		ns.node.State, ns.node.Reason = fleet.NodeUp, ""
 		ns.node.Platform, ns.node.ProbedAt = &p, time.Now()
 	}
-	// A suspicion belongs to a connection; a probe's outcome supersedes it.
-	cleared := ns.suspect != "" && (err != nil || prev != fleet.NodeUp)
+	// A suspicion belongs to a connection: a new one that probes well ends it.
+	cleared := ns.suspect != "" && err == nil && prev != fleet.NodeUp
 	if cleared {
 		ns.suspect = ""
 	}
