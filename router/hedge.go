@@ -45,11 +45,18 @@ type hedgeState struct {
 	// waiting holds, per worker, the requests sent to it that have no
 	// first byte yet.
 	waiting map[string]map[*firstByteWait]struct{}
+	// hedged holds the client requests (by context, the same for every
+	// attempt) already taken back once by a hedge: their next attempt
+	// waits as long as it takes, so a prompt slower than predicted
+	// everywhere is answered late rather than refused after the retries.
+	hedged map[context.Context]struct{}
 }
 
 // firstByteWait is one request waiting for its first byte.
 type firstByteWait struct {
 	f *flight
+	// client is the client request's context.
+	client context.Context
 	// state: 0 waiting, 1 first byte arrived, 2 taken back.
 	state  atomic.Int32
 	cancel context.CancelCauseFunc
@@ -108,6 +115,7 @@ func (r *Router) takeBackLocked(name, why string) int {
 	n := 0
 	for w := range r.hedge.waiting[name] {
 		if r.alternativeLocked(w.f, time.Now()) && w.takeBack(&errNoFirstByte{backend: name, why: why}) {
+			r.markHedgedLocked(w.client)
 			n++
 		}
 	}
@@ -183,7 +191,7 @@ func (r *Router) hedgeDeadlineLocked(f *flight, stream bool) time.Duration {
 func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*http.Response, error) {
 	name := f.b.cfg.Name
 	ctx, cancel := context.WithCancelCause(out.Context())
-	wait := &firstByteWait{f: f, cancel: cancel}
+	wait := &firstByteWait{f: f, client: out.Context(), cancel: cancel}
 	r.mu.Lock()
 	if r.hedge.waiting == nil {
 		r.hedge.waiting = map[string]map[*firstByteWait]struct{}{}
@@ -193,8 +201,12 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*ht
 	}
 	r.hedge.waiting[name][wait] = struct{}{}
 	deadline := r.hedgeDeadlineLocked(f, stream)
+	_, again := r.hedge.hedged[wait.client]
 	r.mu.Unlock()
-	timer := time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
+	var timer *time.Timer
+	if !again {
+		timer = time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
+	}
 
 	resp, err := f.b.transport.RoundTrip(out.WithContext(ctx))
 	var first []byte
@@ -204,7 +216,9 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*ht
 		n, rerr := resp.Body.Read(buf)
 		first, firstErr = buf[:n], rerr
 	}
-	timer.Stop()
+	if timer != nil {
+		timer.Stop()
+	}
 	r.mu.Lock()
 	delete(r.hedge.waiting[name], wait)
 	if len(r.hedge.waiting[name]) == 0 {
@@ -255,6 +269,23 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 	if r.opts.OnNoFirstByte != nil {
 		go r.opts.OnNoFirstByte(name)
 	}
+}
+
+// markHedgedLocked remembers that the client request of ctx was taken
+// back by a hedge, until the request ends.
+func (r *Router) markHedgedLocked(ctx context.Context) {
+	if _, ok := r.hedge.hedged[ctx]; ok {
+		return
+	}
+	if r.hedge.hedged == nil {
+		r.hedge.hedged = map[context.Context]struct{}{}
+	}
+	r.hedge.hedged[ctx] = struct{}{}
+	context.AfterFunc(ctx, func() {
+		r.mu.Lock()
+		delete(r.hedge.hedged, ctx)
+		r.mu.Unlock()
+	})
 }
 
 // prefetchedBody is a response body whose first bytes were read already.

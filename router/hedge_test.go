@@ -197,3 +197,39 @@ func TestHedgeSparesOnlyWorkerAndStartedStreams(t *testing.T) {
 		}
 	}
 }
+
+// A request is taken back once: when every worker is slower than predicted
+// (a long prompt, say) and each answers its node check, the request is
+// answered late by the second worker instead of hopping until the retries
+// run out.
+func TestHedgeTakesARequestBackOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var hits atomic.Int32
+	slow := func(w http.ResponseWriter, req *http.Request) {
+		hits.Add(1)
+		select {
+		case <-time.After(2*hedgeFloor + 500*time.Millisecond):
+			okJSON(w, req)
+		case <-req.Context().Done():
+		}
+	}
+	var bs []Backend
+	for _, n := range []string{"a/qwen3-4b", "b/qwen3-4b", "c/qwen3-4b"} {
+		_, b := startBackend(t, n, 4, slow)
+		bs = append(bs, b)
+	}
+	var rt atomic.Pointer[Router]
+	// As the hub does when the worker's node answers its keepalive.
+	r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, OnNoFirstByte: func(b string) { rt.Load().SetSuspect(b, "") }}, bs...)
+	rt.Store(r)
+	resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Errorf("status %d: %s", resp.StatusCode, body)
+	}
+	if got := hits.Load(); got != 2 {
+		t.Errorf("the request reached %d workers, want 2 (taken back once)", got)
+	}
+}
