@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"fleet"
@@ -533,61 +534,107 @@ func (m *Manager) startSupervisor(ctx context.Context, ws *workerState) {
 }
 
 // watchNode connects to a node and probes it every ProbeInterval. While an
-// SSH node is unreachable it also tries a TCP connect every ReachInterval
-// and reconnects as soon as one succeeds, rather than at the end of a
-// reconnect backoff that may have grown to half a minute.
+// SSH node is unreachable and silent (a TCP connect to it gets no answer)
+// it is not probed, which would only wait out a dial timeout: a TCP connect
+// is tried every ReachInterval instead, and the node is reconnected as soon
+// as one succeeds, rather than at the end of a reconnect backoff that may
+// have grown to half a minute.
 func (m *Manager) watchNode(ctx context.Context, ns *nodeState) {
+	probe := true
 	for {
-		m.probeNode(ctx, ns)
+		if probe {
+			m.probeNode(ctx, ns)
+		}
+		probe = true
 		m.mu.Lock()
-		node, t := ns.node, ns.transport
+		node, t, changed := ns.node, ns.transport, ns.changed
 		m.mu.Unlock()
 		var answered <-chan struct{}
+		var tcp *reach
 		rctx, cancel := context.WithCancel(ctx)
 		if node.State == fleet.NodeUnreachable && !strings.HasPrefix(node.Address, fleet.AddressSimPrefix) && node.Address != fleet.AddressLocal {
 			if _, addr, err := ParseSSHAddress(node.Address); err == nil {
-				answered = m.whenAnswers(rctx, addr)
+				tcp = m.whenAnswers(rctx, addr)
+				answered = tcp.answered
 			}
 		}
+		timer := time.NewTimer(m.opts.ProbeInterval)
 		select {
 		case <-ctx.Done():
-			cancel()
-			return
-		case <-time.After(m.opts.ProbeInterval):
+		case <-timer.C:
+			// Still silent: a dial would only time out; the TCP watch
+			// will tell when it answers.
+			probe = tcp == nil || !tcp.silent.Load()
 		case <-ns.poke:
+		case <-changed:
+			probe = false // the state changed under us: choose how to wait again
 		case <-answered:
-			m.logger.Info("unreachable node answers TCP again; reconnecting", "node", node.Name)
-			if r, ok := t.(interface{ resetBackoff() }); ok {
-				r.resetBackoff()
+			if tcp.revived.Load() {
+				m.logger.Info("unreachable node answers TCP again; reconnecting", "node", node.Name)
+				if r, ok := t.(interface{ resetBackoff() }); ok {
+					r.resetBackoff()
+				}
 			}
 		}
+		timer.Stop()
 		cancel()
+		if ctx.Err() != nil {
+			return
+		}
 	}
 }
 
-// whenAnswers returns a channel closed once a TCP connect to addr succeeds,
-// tried every ReachInterval until ctx ends. A connect is all it does: cheap
-// for the node, and no reason to wait out the SSH reconnect backoff.
-func (m *Manager) whenAnswers(ctx context.Context, addr string) <-chan struct{} {
-	ok := make(chan struct{})
+// reach is a TCP watch on an unreachable node.
+type reach struct {
+	// answered is closed when a connect succeeded: at once after failed
+	// ones (revived is then set), else one interval later, so that a node
+	// whose TCP answers but whose SSH does not is probed at that pace, its
+	// reconnect backoff kept.
+	answered chan struct{}
+	silent   atomic.Bool // connects are failing
+	revived  atomic.Bool
+}
+
+// whenAnswers tries a TCP connect to addr every ReachInterval until one
+// succeeds or ctx ends. A connect is all it does: cheap for the node.
+func (m *Manager) whenAnswers(ctx context.Context, addr string) *reach {
+	r := &reach{answered: make(chan struct{})}
 	go func() {
 		every := m.opts.ReachInterval
 		for {
+			// One attempt per interval, start to start: a connect to a
+			// silent host takes the whole interval to time out, and
+			// sleeping after it would double the gap.
+			next := time.Now().Add(every)
 			d := net.Dialer{Timeout: every}
 			conn, err := d.DialContext(ctx, "tcp", addr)
 			if err == nil {
 				conn.Close()
-				close(ok)
+				if r.silent.Load() {
+					r.revived.Store(true)
+				} else {
+					select {
+					case <-ctx.Done():
+						return
+					case <-time.After(time.Until(next)):
+					}
+				}
+				r.silent.Store(false)
+				close(r.answered)
 				return
 			}
+			if ctx.Err() != nil {
+				return
+			}
+			r.silent.Store(true)
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(every):
+			case <-time.After(time.Until(next)):
 			}
 		}
 	}()
-	return ok
+	return r
 }
 
 func (m *Manager) transportOptions() Options {
@@ -647,7 +694,8 @@ func (m *Manager) onLink(name string, state LinkState, err error) {
 	if m.opts.OnNode != nil {
 		m.opts.OnNode(node)
 	}
-	signal(ns.poke) // reconnect at once if it answers
+	// The node's watcher wakes on the state change: it reconnects as soon as
+	// the node answers TCP, and does not dial it while it is silent.
 }
 
 // CheckNode asks a node's connection for a keepalive answer within timeout,
@@ -797,8 +845,11 @@ func (m *Manager) nodeSuspect(name string) bool {
 func (m *Manager) markNodeSuspect(name string) {
 	m.mu.Lock()
 	ns, ok := m.nodes[name]
+	known := ok && ns.node.State == fleet.NodeUnreachable
 	m.mu.Unlock()
-	if ok {
+	// Already known unreachable: its watcher is on it, and a probe now
+	// would only dial a node that may be silent.
+	if ok && !known {
 		signal(ns.poke)
 	}
 }

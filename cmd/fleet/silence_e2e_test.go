@@ -84,21 +84,38 @@ func TestSilentNodeUnderLoad(t *testing.T) {
 		wg      sync.WaitGroup
 	)
 	start := time.Now()
-	var restoredAt time.Time
+	var restoredAt time.Time // written before returned closes, read after
 	go func() {
 		time.Sleep(cutAt)
 		laptop.ns.Cut()
 		t.Logf("%s: laptop silent", time.Since(start).Round(time.Millisecond))
 	}()
-	restored := make(chan struct{})
+	// When the node returns, watch for its worker to be ready again while
+	// the load goes on.
+	var readyAfter time.Duration
+	var before, back fleet.WorkerView
+	returned := make(chan struct{})
+	laptopWorker := func() fleet.WorkerView {
+		for _, w := range workersJSON(t, data) {
+			if w.Name() == "laptop/qwen3-4b" {
+				return w
+			}
+		}
+		return fleet.WorkerView{}
+	}
 	go func() {
-		defer close(restored)
+		defer close(returned)
 		time.Sleep(cutAt + silence)
+		before = laptopWorker()
 		laptop.ns.Restore()
-		mu.Lock()
 		restoredAt = time.Now()
-		mu.Unlock()
 		t.Logf("%s: laptop back", time.Since(start).Round(time.Millisecond))
+		for deadline := time.Now().Add(60 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+			if back = laptopWorker(); back.State == fleet.WorkerReady {
+				readyAfter = time.Since(restoredAt)
+				return
+			}
+		}
 	}()
 	tick := time.NewTicker(time.Second / rate)
 	for i := 0; time.Since(start) < duration; i++ {
@@ -113,13 +130,15 @@ func TestSilentNodeUnderLoad(t *testing.T) {
 		<-tick.C
 	}
 	tick.Stop()
-	<-restored
-	mu.Lock()
-	back := restoredAt
-	mu.Unlock()
-	w := waitWorker(t, data, "laptop/qwen3-4b", "ready again", 60*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
-	readyAfter := time.Since(back)
+	<-returned
 	wg.Wait()
+	if before.State == fleet.WorkerReady {
+		t.Errorf("the laptop's worker was still ready after %s of silence: %+v", silence, before)
+	}
+	if readyAfter == 0 {
+		t.Fatalf("the laptop's worker was not ready within 60 s of the node's return: state %s, %s", back.State, back.Reason)
+	}
+	w := back
 
 	var lat []time.Duration
 	failed := 0
