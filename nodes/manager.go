@@ -569,11 +569,9 @@ func (m *Manager) watchNode(ctx context.Context, ns *nodeState) {
 		case <-changed:
 			probe = false // the state changed under us: choose how to wait again
 		case <-answered:
-			if tcp.revived.Load() {
-				m.logger.Info("unreachable node answers TCP again; reconnecting", "node", node.Name)
-				if r, ok := t.(interface{ resetBackoff() }); ok {
-					r.resetBackoff()
-				}
+			m.logger.Info("unreachable node answers TCP again; reconnecting", "node", node.Name)
+			if r, ok := t.(interface{ resetBackoff() }); ok {
+				r.resetBackoff()
 			}
 		}
 		timer.Stop()
@@ -586,13 +584,11 @@ func (m *Manager) watchNode(ctx context.Context, ns *nodeState) {
 
 // reach is a TCP watch on an unreachable node.
 type reach struct {
-	// answered is closed when a connect succeeded: at once after failed
-	// ones (revived is then set), else one interval later, so that a node
-	// whose TCP answers but whose SSH does not is probed at that pace, its
-	// reconnect backoff kept.
+	// answered is closed when a connect succeeded after failed ones. A
+	// node whose TCP answered from the start has another problem (sshd,
+	// keys) and is left to the probes and their backoff.
 	answered chan struct{}
 	silent   atomic.Bool // connects are failing
-	revived  atomic.Bool
 }
 
 // whenAnswers tries a TCP connect to addr every ReachInterval until one
@@ -610,17 +606,9 @@ func (m *Manager) whenAnswers(ctx context.Context, addr string) *reach {
 			conn, err := d.DialContext(ctx, "tcp", addr)
 			if err == nil {
 				conn.Close()
-				if r.silent.Load() {
-					r.revived.Store(true)
-				} else {
-					select {
-					case <-ctx.Done():
-						return
-					case <-time.After(time.Until(next)):
-					}
+				if r.silent.Swap(false) {
+					close(r.answered)
 				}
-				r.silent.Store(false)
-				close(r.answered)
 				return
 			}
 			if ctx.Err() != nil {
@@ -695,7 +683,12 @@ func (m *Manager) onLink(name string, state LinkState, err error) {
 		m.opts.OnNode(node)
 	}
 	// The node's watcher wakes on the state change: it reconnects as soon as
-	// the node answers TCP, and does not dial it while it is silent.
+	// the node answers TCP, and does not dial it while it is silent. A node
+	// that closed the connection rather than falling silent (its sshd
+	// restarted) may be back already: probe it now.
+	if was == "" {
+		signal(ns.poke)
+	}
 }
 
 // CheckNode asks a node's connection for a keepalive answer within timeout,
