@@ -29,6 +29,7 @@ import (
 	"fleet/cli"
 	"fleet/enginectl"
 	"fleet/fleetfile"
+	"fleet/internal/mdns"
 	"fleet/nodes"
 	"fleet/router"
 	"fleet/sim"
@@ -66,6 +67,9 @@ type Options struct {
 	AdminKeysFile string
 	// Theme is the console's server-wide theme ("" = from each client's background).
 	Theme string
+	// MDNSName is announced by mDNS as NAME.local with an _ssh._tcp service
+	// when the console listens off loopback ("" = no announcement).
+	MDNSName string
 	// SSHMaxConnsPerIPPerMinute limits new SSH connections per address
 	// (0 = the server's default; negative disables).
 	SSHMaxConnsPerIPPerMinute int
@@ -190,6 +194,14 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, err
 		}
 		keys = st
+	}
+	if err := requireConsoleAdmins(ctx, st, opts); err != nil {
+		return nil, err
+	}
+	if opts.MDNSName != "" {
+		if _, err := mdns.ParseName(opts.MDNSName); err != nil {
+			return nil, fmt.Errorf("--mdns: %w", err)
+		}
 	}
 	if _, err := router.NewPolicy(cmp.Or(opts.Policy, "fleet")); err != nil {
 		return nil, fmt.Errorf("--policy: %w", err)
@@ -398,6 +410,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		}()
 	}
 	if console != nil {
+		defer h.announce()()
 		spawn(func() {
 			if err := console.ListenAndServe(ctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("ssh console: %w", err)

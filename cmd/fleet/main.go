@@ -14,6 +14,8 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
+	"runtime/debug"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -23,8 +25,43 @@ import (
 	"fleet"
 	"fleet/cli"
 	"fleet/hub"
+	"fleet/internal/mdns"
 	"fleet/sim"
 )
+
+// Set at release time by goreleaser's ldflags (-X main.version=…); a plain
+// `go build` says dev and the module's VCS stamp, if any.
+var (
+	version = "dev"
+	commit  = ""
+	date    = ""
+)
+
+// versionLine is what `fleet version` and `fleet --version` print.
+func versionLine() string {
+	c, d := commit, date
+	if c == "" {
+		if bi, ok := debug.ReadBuildInfo(); ok {
+			for _, s := range bi.Settings {
+				switch s.Key {
+				case "vcs.revision":
+					c = s.Value
+				case "vcs.time":
+					d = s.Value
+				}
+			}
+		}
+	}
+	line := "fleet " + version
+	if c != "" {
+		line += " (commit " + c
+		if d != "" {
+			line += ", built " + d
+		}
+		line += ")"
+	}
+	return line
+}
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -52,6 +89,8 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		SilenceUsage:  true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.Version = version
+	root.SetVersionTemplate(versionLine() + "\n")
 	root.PersistentFlags().StringVar(&dataDir, "data", defaultDataDir(), "data dir: the SQLite database, the hub's control socket and keys")
 	root.SetArgs(args)
 	root.SetIn(stdin)
@@ -59,7 +98,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 
 	exit := cli.ExitOK
-	root.AddCommand(serveCmd(&dataDir), simCmd(), simulateCmd())
+	root.AddCommand(serveCmd(&dataDir), simCmd(), simulateCmd(), &cobra.Command{
+		Use:   "version",
+		Short: "print the version of this fleet binary",
+		Args:  cobra.NoArgs,
+		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), versionLine()) },
+	})
 	// Every hub command runs inside the hub; locally it is forwarded through
 	// the control socket with the arguments as typed.
 	for _, c := range hubCommands() {
@@ -190,8 +234,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 			return h.Run(c.Context(), func(addr string) {
 				fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
 				if opts.SSHAddr != "" {
-					host, port, _ := net.SplitHostPort(opts.SSHAddr)
-					fmt.Fprintf(c.OutOrStdout(), "console: ssh -p %s %s\n", port, host)
+					printConsole(c.OutOrStdout(), opts.SSHAddr, opts.MDNSName)
 				}
 			})
 		},
@@ -205,6 +248,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses)")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins")
+	c.Flags().StringVar(&opts.MDNSName, "mdns", mdns.DefaultName, "announce the console off loopback by mDNS as NAME.local (ssh NAME.local); empty: no announcement")
 	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
 	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "new SSH connections allowed per client address per minute (0: default 30; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxSessionsPerConn, "ssh-max-sessions-per-conn", 0, "SSH sessions open at once on one connection (0: default 10; negative: no limit)")
@@ -212,6 +256,33 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().IntVar(&opts.SSHMaxConsoles, "ssh-max-consoles", 0, "interactive consoles open at once on the hub (0: default 16; negative: no limit)")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
+}
+
+// printConsole tells how to reach the console: by its mDNS name, with the
+// ~/.ssh/config stanza that makes `ssh NAME.local` work as typed, when it is
+// announced; by address otherwise.
+func printConsole(w io.Writer, addr, mdnsName string) {
+	host, port, _ := net.SplitHostPort(addr)
+	name, err := mdns.ParseName(mdnsName)
+	if mdnsName == "" || err != nil || fleet.IsLoopbackAddr(addr) {
+		fmt.Fprintf(w, "console: ssh -p %s %s\n", port, host)
+		return
+	}
+	fmt.Fprintf(w, "console: ssh %s.local (announced by mDNS)\n", name)
+	n, _ := strconv.Atoi(port)
+	if stanza := mdns.SSHConfig(name, n); stanza != "" {
+		fmt.Fprintf(w, "for `ssh %s.local` as typed, add to ~/.ssh/config on each laptop:\n%s", name, indent(stanza, "    "))
+	}
+}
+
+func indent(s, prefix string) string {
+	lines := strings.SplitAfter(s, "\n")
+	for i, l := range lines {
+		if l != "" {
+			lines[i] = prefix + l
+		}
+	}
+	return strings.Join(lines, "")
 }
 
 func simCmd() *cobra.Command {

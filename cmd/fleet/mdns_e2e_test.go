@@ -1,0 +1,340 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	hmdns "github.com/hashicorp/mdns"
+	"github.com/miekg/dns"
+	"golang.org/x/crypto/ssh"
+	"golang.org/x/sys/unix"
+)
+
+// lanPair is two network namespaces joined by a veth pair: the hub's
+// machine and a laptop on the same LAN, with no other traffic on it.
+type lanPair struct {
+	hubNS, laptopNS string
+	hubIP, laptopIP string
+	hubIf, laptopIf string
+}
+
+func ipCmd(t *testing.T, args ...string) {
+	t.Helper()
+	if out, err := exec.Command("ip", args...).CombinedOutput(); err != nil {
+		t.Fatalf("ip %s: %v\n%s", strings.Join(args, " "), err, out)
+	}
+}
+
+// newLANPair makes the namespaces; they are removed when the test ends,
+// failed or not (removing a namespace removes its end of the veth pair).
+func newLANPair(t *testing.T) *lanPair {
+	t.Helper()
+	if _, err := exec.LookPath("ip"); err != nil {
+		t.Skip("needs the ip command (iproute2) to make network namespaces: apt-get install iproute2")
+	}
+	if os.Geteuid() != 0 {
+		t.Skip("needs root to make network namespaces (CI runs as root)")
+	}
+	id := os.Getpid() % 100000
+	l := &lanPair{
+		hubNS: fmt.Sprintf("fleet-mdns-hub-%d", id), laptopNS: fmt.Sprintf("fleet-mdns-lap-%d", id),
+		hubIf: fmt.Sprintf("fmh%d", id), laptopIf: fmt.Sprintf("fml%d", id),
+		hubIP: "10.213.0.1", laptopIP: "10.213.0.2",
+	}
+	t.Cleanup(func() {
+		exec.Command("ip", "netns", "del", l.hubNS).Run()
+		exec.Command("ip", "netns", "del", l.laptopNS).Run()
+	})
+	ipCmd(t, "netns", "add", l.hubNS)
+	ipCmd(t, "netns", "add", l.laptopNS)
+	ipCmd(t, "link", "add", l.hubIf, "netns", l.hubNS, "type", "veth", "peer", "name", l.laptopIf, "netns", l.laptopNS)
+	for _, side := range []struct{ ns, ifname, ip string }{{l.hubNS, l.hubIf, l.hubIP}, {l.laptopNS, l.laptopIf, l.laptopIP}} {
+		ipCmd(t, "-n", side.ns, "addr", "add", side.ip+"/24", "dev", side.ifname)
+		ipCmd(t, "-n", side.ns, "link", "set", side.ifname, "up")
+		ipCmd(t, "-n", side.ns, "link", "set", "lo", "up")
+	}
+	// A laptop has a default route; this one has the multicast route that
+	// stands for it.
+	ipCmd(t, "-n", l.laptopNS, "route", "add", "224.0.0.0/4", "dev", l.laptopIf)
+	return l
+}
+
+// inNetns runs f on an OS thread moved into the named namespace, so the
+// sockets f opens live there.
+func inNetns(ns string, f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		// The thread is unlocked only once it is back home; otherwise it
+		// ends with this goroutine.
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer self.Close()
+		target, err := os.Open(filepath.Join("/run/netns", ns))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("entering netns %s: %w", ns, err)
+			return
+		}
+		err = f()
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// queryA asks for name's A record the way a laptop's resolver does: a
+// multicast query from port 5353 to 224.0.0.251:5353.
+func queryA(name string) ([]net.IP, error) {
+	c, err := net.ListenUDP("udp4", &net.UDPAddr{Port: 5353})
+	if err != nil {
+		return nil, err
+	}
+	defer c.Close()
+	q := new(dns.Msg)
+	q.SetQuestion(dns.Fqdn(name), dns.TypeA)
+	q.RecursionDesired = false
+	b, err := q.Pack()
+	if err != nil {
+		return nil, err
+	}
+	if _, err := c.WriteTo(b, &net.UDPAddr{IP: net.IPv4(224, 0, 0, 251), Port: 5353}); err != nil {
+		return nil, err
+	}
+	c.SetReadDeadline(time.Now().Add(2 * time.Second))
+	buf := make([]byte, 9000)
+	for {
+		n, _, err := c.ReadFrom(buf)
+		if err != nil {
+			return nil, err
+		}
+		var m dns.Msg
+		if m.Unpack(buf[:n]) != nil || !m.Response {
+			continue // our own query, looped back, or noise
+		}
+		var ips []net.IP
+		for _, rr := range m.Answer {
+			if a, ok := rr.(*dns.A); ok && strings.EqualFold(a.Hdr.Name, dns.Fqdn(name)) {
+				ips = append(ips, a.A)
+			}
+		}
+		if len(ips) > 0 {
+			return ips, nil
+		}
+	}
+}
+
+// TestSSHFleetLocalFromAnotherMachine: a hub whose console listens off
+// loopback answers, on another machine of its LAN, the mDNS queries `ssh
+// fleet.local` makes (fleet.local's address, the _ssh._tcp service and its
+// port), and the console there takes the admin's key and nothing else. It
+// prints the ~/.ssh/config stanza for its port; without --admin-keys (and
+// no console user) it refuses to start off loopback.
+func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
+	lan := newLANPair(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	const port = 22022 // inside the test's own namespace: nothing else binds there
+	console := fmt.Sprintf("0.0.0.0:%d", port)
+	wrap := []string{"ip", "netns", "exec", lan.hubNS}
+
+	out, code := runServe(t, wrap, data, "--ssh", console)
+	if code == 0 || !strings.Contains(out, "no --admin-keys") {
+		t.Fatalf("serve off loopback without admin keys: exit %d, want a refusal naming --admin-keys; output:\n%s", code, out)
+	}
+
+	key, pub := sshKey(t, dir, "admin")
+	adminKeys := filepath.Join(dir, "admin_keys")
+	if err := os.WriteFile(adminKeys, []byte(pub+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	hub := exec.CommandContext(ctx, "ip", "netns", "exec", lan.hubNS, fleetBin, "--data", data, "serve",
+		"--http", "127.0.0.1:18080", "--ssh", console, "--admin-keys", adminKeys)
+	hub.Cancel = func() error { return hub.Process.Signal(unix.SIGTERM) }
+	hubLog := filepath.Join(dir, "hub.log")
+	hubOut := func() string { b, _ := os.ReadFile(hubLog); return string(b) }
+	logf, err := os.Create(hubLog)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf.Close()
+	hub.Stdout, hub.Stderr = logf, logf
+	if err := hub.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cancel()
+		hub.Wait()
+		if t.Failed() {
+			t.Logf("hub output:\n%s", hubOut())
+		}
+	})
+	waitControl(t, data)
+
+	stanza := fmt.Sprintf("Host fleet.local\n        Port %d\n", port)
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(hubOut(), stanza) {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not print the ~/.ssh/config stanza %q", stanza)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+
+	// The laptop resolves fleet.local (what `ssh fleet.local` does first).
+	var ips []net.IP
+	err = inNetns(lan.laptopNS, func() error {
+		var err error
+		for i := 0; i < 15; i++ {
+			if ips, err = queryA("fleet.local"); err == nil {
+				return nil
+			}
+		}
+		return err
+	})
+	if err != nil || len(ips) != 1 || ips[0].String() != lan.hubIP {
+		t.Fatalf("A query for fleet.local from the laptop's namespace: %v, %v; want [%s]", ips, err, lan.hubIP)
+	}
+
+	// It browses the console's _ssh._tcp service (as ssh-discovery tools and
+	// Finder do) and finds the host and port.
+	var found *hmdns.ServiceEntry
+	err = inNetns(lan.laptopNS, func() error {
+		ifi, err := net.InterfaceByName(lan.laptopIf)
+		if err != nil {
+			return err
+		}
+		for i := 0; i < 15 && found == nil; i++ {
+			entries := make(chan *hmdns.ServiceEntry, 16)
+			p := hmdns.DefaultParams("_ssh._tcp")
+			p.Entries, p.Interface, p.DisableIPv6, p.Timeout = entries, ifi, true, 2*time.Second
+			p.Logger = log.New(io.Discard, "", 0)
+			if err := hmdns.Query(p); err != nil {
+				return err
+			}
+			close(entries)
+			for e := range entries {
+				if e.Host == "fleet.local." {
+					found = e
+				}
+			}
+		}
+		return nil
+	})
+	if err != nil || found == nil {
+		t.Fatalf("browsing _ssh._tcp from the laptop's namespace: %v, found %+v", err, found)
+	}
+	if found.Port != port || found.AddrV4.String() != lan.hubIP {
+		t.Fatalf("_ssh._tcp says %s:%d; want %s:%d", found.AddrV4, found.Port, lan.hubIP, port)
+	}
+
+	// The laptop connects where mDNS said: the admin's key gets the console's
+	// commands; a password and an unknown key get nothing.
+	signer := loadSigner(t, key)
+	strangerKey, _ := sshKey(t, dir, "stranger")
+	stranger := loadSigner(t, strangerKey)
+	target := net.JoinHostPort(ips[0].String(), fmt.Sprint(found.Port))
+	run := func(auth ssh.AuthMethod, cmd string) (string, error) {
+		var out string
+		err := inNetns(lan.laptopNS, func() error {
+			conn, err := net.DialTimeout("tcp", target, 10*time.Second)
+			if err != nil {
+				return err
+			}
+			cc, chans, reqs, err := ssh.NewClientConn(conn, "fleet.local:22022", &ssh.ClientConfig{
+				User: "ops", Auth: []ssh.AuthMethod{auth},
+				HostKeyCallback: ssh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second,
+			})
+			if err != nil {
+				conn.Close()
+				return err
+			}
+			client := ssh.NewClient(cc, chans, reqs)
+			defer client.Close()
+			s, err := client.NewSession()
+			if err != nil {
+				return err
+			}
+			b, err := s.CombinedOutput(cmd)
+			out = string(b)
+			return err
+		})
+		return out, err
+	}
+	if out, err := run(ssh.PublicKeys(signer), "whoami"); err != nil || !strings.Contains(out, "(admin)") {
+		t.Fatalf("the admin's key over the LAN: %q, %v; want the admin's identity", out, err)
+	}
+	if _, err := run(ssh.Password("admin"), "whoami"); err == nil {
+		t.Fatal("a password logged in to the console off loopback; want public keys only")
+	}
+	if _, err := run(ssh.PublicKeys(stranger), "whoami"); err == nil {
+		t.Fatal("an unknown key logged in to the console off loopback")
+	}
+
+	// --mdns= turns the announcement off: a restarted hub answers nothing.
+	cancel()
+	hub.Wait()
+	hub2 := exec.Command("ip", "netns", "exec", lan.hubNS, fleetBin, "--data", data, "serve",
+		"--http", "127.0.0.1:18080", "--ssh", console, "--mdns=")
+	log2 := filepath.Join(dir, "hub2.log")
+	logf2, err := os.Create(log2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer logf2.Close()
+	hub2.Stdout, hub2.Stderr = logf2, logf2
+	if err := hub2.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		hub2.Process.Signal(unix.SIGTERM)
+		hub2.Wait()
+	}()
+	waitControl(t, data)
+	err = inNetns(lan.laptopNS, func() error {
+		_, err := queryA("fleet.local")
+		return err
+	})
+	out2, _ := os.ReadFile(log2)
+	var ne net.Error
+	if !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("with --mdns= the hub still answered for fleet.local (err %v); output:\n%s", err, out2)
+	}
+	if strings.Contains(string(out2), "fleet.local") {
+		t.Fatalf("with --mdns= serve still names fleet.local:\n%s", out2)
+	}
+}
+
+func loadSigner(t *testing.T, path string) ssh.Signer {
+	t.Helper()
+	pem, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := ssh.ParsePrivateKey(pem)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
