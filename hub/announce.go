@@ -22,7 +22,18 @@ func (h *Hub) announce() (stop func()) {
 		return func() {}
 	}
 	h.log.Info("console announced by mDNS", "host", a.Host, "service", mdns.ServiceType, "addresses", a.IPs)
+	h.mu.Lock()
+	h.lanName = a.Host
+	h.mu.Unlock()
 	return func() { _ = a.Close() }
+}
+
+// LANName is the console's announced name (e.g. "fleet.local"), or "" when
+// it is not announced. Set before Run calls ready.
+func (h *Hub) LANName() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lanName
 }
 
 // requireConsoleAdmins refuses a console off loopback that nobody could log

@@ -110,6 +110,8 @@ type Hub struct {
 	httpAddr string
 	// lock is the data dir's lock, held until Close.
 	lock *os.File
+	// lanName is the console's mDNS name once announced (announce.go).
+	lanName string
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.

@@ -234,7 +234,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 			return h.Run(c.Context(), func(addr string) {
 				fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
 				if opts.SSHAddr != "" {
-					printConsole(c.OutOrStdout(), opts.SSHAddr, opts.MDNSName)
+					printConsole(c.OutOrStdout(), opts.SSHAddr, h.LANName())
 				}
 			})
 		},
@@ -258,20 +258,19 @@ func serveCmd(dataDir *string) *cobra.Command {
 	return c
 }
 
-// printConsole tells how to reach the console: by its mDNS name, with the
-// ~/.ssh/config stanza that makes `ssh NAME.local` work as typed, when it is
-// announced; by address otherwise.
-func printConsole(w io.Writer, addr, mdnsName string) {
+// printConsole tells how to reach the console: by its mDNS name (e.g.
+// fleet.local), with the ~/.ssh/config stanza that makes `ssh fleet.local`
+// work as typed, when it is announced; by address otherwise.
+func printConsole(w io.Writer, addr, lanName string) {
 	host, port, _ := net.SplitHostPort(addr)
-	name, err := mdns.ParseName(mdnsName)
-	if mdnsName == "" || err != nil || fleet.IsLoopbackAddr(addr) {
+	if lanName == "" {
 		fmt.Fprintf(w, "console: ssh -p %s %s\n", port, host)
 		return
 	}
-	fmt.Fprintf(w, "console: ssh %s.local (announced by mDNS)\n", name)
+	fmt.Fprintf(w, "console: ssh %s (announced by mDNS)\n", lanName)
 	n, _ := strconv.Atoi(port)
-	if stanza := mdns.SSHConfig(name, n); stanza != "" {
-		fmt.Fprintf(w, "for `ssh %s.local` as typed, add to ~/.ssh/config on each laptop:\n%s", name, indent(stanza, "    "))
+	if stanza := mdns.SSHConfig(strings.TrimSuffix(lanName, ".local"), n); stanza != "" {
+		fmt.Fprintf(w, "for `ssh %s` as typed, add to ~/.ssh/config on each laptop:\n%s", lanName, indent(stanza, "    "))
 	}
 }
 
