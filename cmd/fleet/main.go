@@ -247,7 +247,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses)")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
-	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins")
+	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins (needed off loopback until a console user exists)")
 	c.Flags().StringVar(&opts.MDNSName, "mdns", mdns.DefaultName, "announce the console off loopback by mDNS as NAME.local (ssh NAME.local); empty: no announcement")
 	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
 	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "new SSH connections allowed per client address per minute (0: default 30; negative: no limit)")

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -53,8 +52,16 @@ func newLANPair(t *testing.T) *lanPair {
 		hubIP: "10.213.0.1", laptopIP: "10.213.0.2",
 	}
 	t.Cleanup(func() {
-		exec.Command("ip", "netns", "del", l.hubNS).Run()
-		exec.Command("ip", "netns", "del", l.laptopNS).Run()
+		for _, ns := range []string{l.hubNS, l.laptopNS} {
+			// What the test started in its namespaces (a daemonised
+			// avahi-daemon among them) ends with them.
+			if out, err := exec.Command("ip", "netns", "pids", ns).Output(); err == nil {
+				for _, pid := range strings.Fields(string(out)) {
+					exec.Command("kill", pid).Run()
+				}
+			}
+			exec.Command("ip", "netns", "del", ns).Run()
+		}
 	})
 	ipCmd(t, "netns", "add", l.hubNS)
 	ipCmd(t, "netns", "add", l.laptopNS)
@@ -168,43 +175,12 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 	if err := os.WriteFile(adminKeys, []byte(pub+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	hub := exec.CommandContext(ctx, "ip", "netns", "exec", lan.hubNS, fleetBin, "--data", data, "serve",
-		"--http", "127.0.0.1:18080", "--ssh", console, "--admin-keys", adminKeys)
-	hub.Cancel = func() error { return hub.Process.Signal(unix.SIGTERM) }
-	hubLog := filepath.Join(dir, "hub.log")
-	hubOut := func() string { b, _ := os.ReadFile(hubLog); return string(b) }
-	logf, err := os.Create(hubLog)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer logf.Close()
-	hub.Stdout, hub.Stderr = logf, logf
-	if err := hub.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		cancel()
-		hub.Wait()
-		if t.Failed() {
-			t.Logf("hub output:\n%s", hubOut())
-		}
-	})
-	waitControl(t, data)
-
-	stanza := fmt.Sprintf("Host fleet.local\n        Port %d\n", port)
-	deadline := time.Now().Add(30 * time.Second)
-	for !strings.Contains(hubOut(), stanza) {
-		if time.Now().After(deadline) {
-			t.Fatalf("serve did not print the ~/.ssh/config stanza %q", stanza)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
+	hubOut, stopHub := serveIn(t, lan.hubNS, data, filepath.Join(dir, "hub.log"), "--ssh", console, "--admin-keys", adminKeys)
+	waitOutput(t, hubOut, fmt.Sprintf("Host fleet.local\n        Port %d\n", port))
 
 	// The laptop resolves fleet.local (what `ssh fleet.local` does first).
 	var ips []net.IP
-	err = inNetns(lan.laptopNS, func() error {
+	err := inNetns(lan.laptopNS, func() error {
 		var err error
 		for i := 0; i < 15; i++ {
 			if ips, err = queryA("fleet.local"); err == nil {
@@ -292,38 +268,92 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 		t.Fatal("an unknown key logged in to the console off loopback")
 	}
 
-	// --mdns= turns the announcement off: a restarted hub answers nothing.
-	cancel()
-	hub.Wait()
-	hub2 := exec.Command("ip", "netns", "exec", lan.hubNS, fleetBin, "--data", data, "serve",
-		"--http", "127.0.0.1:18080", "--ssh", console, "--mdns=")
-	log2 := filepath.Join(dir, "hub2.log")
-	logf2, err := os.Create(log2)
+	stopHub()
+
+	// A console bound to the LAN address under another name is announced
+	// as that name with that address; --mdns= announces nothing.
+	for _, tt := range []struct {
+		flag, answers, silent string
+	}{
+		{flag: "--mdns=lab", answers: "lab.local", silent: "fleet.local"},
+		{flag: "--mdns=", silent: "fleet.local"},
+	} {
+		out, stop := serveIn(t, lan.hubNS, data, filepath.Join(dir, "hub"+tt.flag+".log"),
+			"--ssh", net.JoinHostPort(lan.hubIP, fmt.Sprint(port)), tt.flag)
+		if tt.answers != "" {
+			var ips []net.IP
+			err := inNetns(lan.laptopNS, func() error {
+				var err error
+				for i := 0; i < 15; i++ {
+					if ips, err = queryA(tt.answers); err == nil {
+						return nil
+					}
+				}
+				return err
+			})
+			if err != nil || len(ips) != 1 || ips[0].String() != lan.hubIP {
+				t.Fatalf("%s: A query for %s: %v, %v; want [%s]\n%s", tt.flag, tt.answers, ips, err, lan.hubIP, out())
+			}
+			waitOutput(t, out, fmt.Sprintf("Host %s\n        Port %d\n", tt.answers, port))
+		}
+		err := inNetns(lan.laptopNS, func() error {
+			_, err := queryA(tt.silent)
+			return err
+		})
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			t.Fatalf("%s: the hub answered for %s (err %v):\n%s", tt.flag, tt.silent, err, out())
+		}
+		if strings.Contains(out(), tt.silent) {
+			t.Fatalf("%s: serve names %s:\n%s", tt.flag, tt.silent, out())
+		}
+		stop() // the next hub takes the data dir's lock
+	}
+}
+
+// waitOutput waits for a hub to print want (the ~/.ssh/config stanza comes
+// once the hub is ready, a moment after its control socket answers).
+func waitOutput(t *testing.T, output func() string, want string) {
+	t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for !strings.Contains(output(), want) {
+		if time.Now().After(deadline) {
+			t.Fatalf("serve did not print %q:\n%s", want, output())
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// serveIn runs `fleet serve` in namespace ns until stop (or the test's
+// end) and returns its output so far.
+func serveIn(t *testing.T, ns, data, logPath string, flags ...string) (output func() string, stop func()) {
+	t.Helper()
+	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer logf2.Close()
-	hub2.Stdout, hub2.Stderr = logf2, logf2
-	if err := hub2.Start(); err != nil {
+	args := append([]string{"netns", "exec", ns, fleetBin, "--data", data, "serve", "--http", "127.0.0.1:18080"}, flags...)
+	hub := exec.Command("ip", args...)
+	hub.Stdout, hub.Stderr = logf, logf
+	if err := hub.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() {
-		hub2.Process.Signal(unix.SIGTERM)
-		hub2.Wait()
-	}()
-	waitControl(t, data)
-	err = inNetns(lan.laptopNS, func() error {
-		_, err := queryA("fleet.local")
-		return err
+	stop = func() {
+		if hub.ProcessState == nil {
+			hub.Process.Signal(unix.SIGTERM)
+			hub.Wait()
+		}
+		logf.Close()
+	}
+	t.Cleanup(func() {
+		stop()
+		if t.Failed() {
+			b, _ := os.ReadFile(logPath)
+			t.Logf("%s:\n%s", filepath.Base(logPath), b)
+		}
 	})
-	out2, _ := os.ReadFile(log2)
-	var ne net.Error
-	if !errors.As(err, &ne) || !ne.Timeout() {
-		t.Fatalf("with --mdns= the hub still answered for fleet.local (err %v); output:\n%s", err, out2)
-	}
-	if strings.Contains(string(out2), "fleet.local") {
-		t.Fatalf("with --mdns= serve still names fleet.local:\n%s", out2)
-	}
+	waitControl(t, data)
+	return func() string { b, _ := os.ReadFile(logPath); return string(b) }, stop
 }
 
 func loadSigner(t *testing.T, path string) ssh.Signer {
@@ -337,4 +367,60 @@ func loadSigner(t *testing.T, path string) ssh.Signer {
 		t.Fatal(err)
 	}
 	return s
+}
+
+// TestSSHFleetLocalWithAvahi is `ssh fleet.local` as a Linux laptop types it:
+// OpenSSH resolves the name through nss-mdns and avahi-daemon (run in the
+// laptop's namespace, with its own /run and nsswitch.conf), with the
+// ~/.ssh/config stanza exactly as serve printed it.
+func TestSSHFleetLocalWithAvahi(t *testing.T) {
+	for _, need := range []string{"/usr/sbin/avahi-daemon", "/usr/bin/unshare", "/usr/bin/ssh"} {
+		if _, err := os.Stat(need); err != nil {
+			t.Skipf("needs %s (apt-get install avahi-daemon libnss-mdns openssh-client util-linux; "+
+				"with a policy-rc.d that keeps avahi from starting on the host's own network)", need)
+		}
+	}
+	if matches, _ := filepath.Glob("/usr/lib/*/libnss_mdns4_minimal.so.2"); len(matches) == 0 {
+		t.Skip("needs nss-mdns (apt-get install libnss-mdns)")
+	}
+	lan := newLANPair(t)
+	dir := t.TempDir()
+	data := filepath.Join(dir, "data")
+	key, pub := sshKey(t, dir, "admin")
+	adminKeys := filepath.Join(dir, "admin_keys")
+	if err := os.WriteFile(adminKeys, []byte(pub+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	out, _ := serveIn(t, lan.hubNS, data, filepath.Join(dir, "hub.log"), "--ssh", "0.0.0.0:22022", "--admin-keys", adminKeys)
+	waitOutput(t, out, "        Port 22022\n")
+	var stanza strings.Builder
+	for _, line := range strings.SplitAfter(out(), "\n") {
+		if strings.HasPrefix(line, "    Host ") || strings.HasPrefix(line, "        Port ") {
+			stanza.WriteString(strings.TrimPrefix(line, "    "))
+		}
+	}
+	files := map[string]string{
+		"ssh_config":    stanza.String(),
+		"avahi.conf":    "[server]\nuse-ipv6=no\nallow-interfaces=" + lan.laptopIf + "\nenable-dbus=no\n[publish]\ndisable-publishing=yes\n",
+		"nsswitch.conf": "passwd: files\ngroup: files\nhosts: files mdns4_minimal [NOTFOUND=return]\n",
+	}
+	for name, body := range files {
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(body), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	script := fmt.Sprintf(`set -e
+mkdir -p /run/avahi-daemon && mount -t tmpfs tmpfs /run/avahi-daemon
+mount --bind %[1]s/nsswitch.conf /etc/nsswitch.conf
+avahi-daemon --no-drop-root --no-chroot -f %[1]s/avahi.conf -D
+trap 'avahi-daemon -k' EXIT
+for i in $(seq 1 30); do getent hosts fleet.local && break; sleep 1; done
+ssh -F %[1]s/ssh_config -i %[2]s -o IdentitiesOnly=yes -o BatchMode=yes -o StrictHostKeyChecking=accept-new \
+  -o UserKnownHostsFile=%[1]s/known_hosts -o ConnectTimeout=10 -o LogLevel=ERROR fleet.local whoami
+`, dir, key)
+	cmd := exec.Command("ip", "netns", "exec", lan.laptopNS, "unshare", "-m", "--propagation", "private", "bash", "-c", script)
+	got, err := cmd.CombinedOutput()
+	if err != nil || !strings.Contains(string(got), lan.hubIP+" ") || !strings.Contains(string(got), "admin (admin)") {
+		t.Fatalf("ssh fleet.local from the laptop (stanza %q): %v\n%s", stanza.String(), err, got)
+	}
 }
