@@ -9,6 +9,9 @@ import (
 // Policy names.
 const (
 	PolicyFleet          = "fleet"
+	PolicyFleetNoPrefix  = "fleet-no-prefix"
+	PolicySessionSticky  = "session-sticky"
+	PolicyCacheAware     = "cache-aware"
 	PolicyP2CLeastLoaded = "p2c-least-loaded"
 	PolicyRoundRobin     = "round-robin"
 	PolicyRandom         = "random"
@@ -16,7 +19,8 @@ const (
 )
 
 // PolicyNames lists the policies NewPolicy knows, the recommended one first.
-var PolicyNames = []string{PolicyFleet, PolicyP2CLeastLoaded, PolicyRoundRobin, PolicyRandom, PolicyLeastLoaded}
+var PolicyNames = []string{PolicyFleet, PolicyFleetNoPrefix, PolicyP2CLeastLoaded, PolicyRoundRobin, PolicyRandom,
+	PolicySessionSticky, PolicyCacheAware, PolicyLeastLoaded}
 
 // Job is what the scheduler knows about a request before it runs.
 type Job struct {
@@ -29,6 +33,9 @@ type Job struct {
 	// Behind is how many requests wait in the queue behind this one: while
 	// it waits for a fast slot, they wait too.
 	Behind int
+	// Prefix is the prompt's chunk hash chain (PrefixChain); nil when the
+	// request has no prompt to reuse.
+	Prefix []uint64
 }
 
 // Candidate is an eligible backend as a policy sees it: it serves the model,
@@ -45,6 +52,9 @@ type Candidate struct {
 	// NextFree is the predicted time until one of its requests ends; it
 	// matters only when the backend is full.
 	NextFree time.Duration
+	// Cached is the prompt tokens the backend is predicted to hold in its
+	// prompt cache, from the router's prefix index of it.
+	Cached int
 }
 
 func (c Candidate) free() bool { return c.InFlight < c.Slots }
@@ -64,7 +74,13 @@ type Policy interface {
 func NewPolicy(name string) (Policy, error) {
 	switch name {
 	case PolicyFleet, "":
+		return &fleetPolicy{p2cAbove: 16, prefix: true}, nil
+	case PolicyFleetNoPrefix:
 		return &fleetPolicy{p2cAbove: 16}, nil
+	case PolicySessionSticky:
+		return sessionStickyPolicy{}, nil
+	case PolicyCacheAware:
+		return newCacheAwarePolicy(), nil
 	case PolicyP2CLeastLoaded:
 		return p2cPolicy{}, nil
 	case PolicyRoundRobin:
@@ -169,12 +185,26 @@ func (randomPolicy) Choose(_ Job, cands []Candidate, rng *rand.Rand) int {
 // completion time at full load: when that wins, the job waits for it rather
 // than going to a slow idle worker (the seed's 27B-at-8-tok/s failure).
 // Above p2cAbove candidates it compares two random ones, keeping the
-// decision O(1) for large pools.
-type fleetPolicy struct{ p2cAbove int }
+// decision O(1) for large pools. With prefix, a backend's prefill counts
+// only the prompt tokens its prompt cache is predicted not to hold, at its
+// learned prefill rate: the prefix is worth exactly the time it saves, so
+// affinity never outweighs a queue or a slow decode.
+type fleetPolicy struct {
+	p2cAbove int
+	prefix   bool
+}
 
-func (*fleetPolicy) Name() string { return PolicyFleet }
+func (p *fleetPolicy) Name() string {
+	if p.prefix {
+		return PolicyFleet
+	}
+	return PolicyFleetNoPrefix
+}
 
 func (p *fleetPolicy) cost(job Job, c Candidate) time.Duration {
+	if p.prefix && c.Cached > 0 {
+		job.PromptTokens = max(job.PromptTokens-c.Cached, 1)
+	}
 	if c.free() {
 		return c.Speed.Completion(c.InFlight+1, job)
 	}
@@ -202,16 +232,35 @@ func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
 		}
 		return a
 	}
-	best := -1
-	var bestCost time.Duration
+	best, bestFree := -1, -1
+	var bestCost, bestFreeCost time.Duration
+	affinity := false
 	for i, c := range cands {
+		affinity = affinity || c.Cached > 0
 		cost := p.cost(job, c)
 		if best < 0 || cost < bestCost {
 			best, bestCost = i, cost
 		}
+		if c.free() && (bestFree < 0 || cost < bestFreeCost) {
+			bestFree, bestFreeCost = i, cost
+		}
+	}
+	// Prefix-aware, a full backend is waited for only when it is predicted
+	// to finish in less than half the time of the best free one. Its
+	// prediction is optimistic (the next free slot may go to an earlier
+	// request) and its cache advantage draws every session to it, so
+	// waiting on the smaller margin piles the fleet's sessions into its
+	// queue while the others idle (issue 10: "affinity must not pile a
+	// popular prefix onto one worker"). Where no backend holds any of the
+	// prompt, the choice is fleet-no-prefix's.
+	if p.prefix && affinity && bestFree >= 0 && bestFreeCost < waitMargin*bestCost {
+		return bestFree
 	}
 	if best >= 0 && !cands[best].free() {
 		return -1
 	}
 	return best
 }
+
+// waitMargin: see fleetPolicy.Choose.
+const waitMargin = 2

@@ -1,6 +1,7 @@
 package simulate
 
 import (
+	"container/heap"
 	"math"
 	"math/rand/v2"
 	"sort"
@@ -9,34 +10,50 @@ import (
 	"fleet/router"
 )
 
+const routerChunkTokens = router.PrefixChunkTokens
+
 // simReq is one request's life in the simulation.
 type simReq struct {
 	arr        arrival
 	job        router.Job
+	prompt     seq
 	enqueued   time.Duration
 	dispatched time.Duration
 	prefillEnd time.Duration
+	computed   bool
 	// remaining decode tokens after the first.
 	remaining    float64
 	predictedEnd time.Duration
 	startConc    int
 	area0        float64
+	// cached is what the engine reused; predicted the router's index match
+	// in chunks when it was sent.
+	cached, predicted int
+	slot, pinned      int
 }
 
 type simWorker struct {
 	spec   *WorkerSpec
 	active []*simReq
-	speed  *router.SpeedModel
-	area   float64 // ∫active dt in request-seconds, as the router keeps it
-	served int
+	// pending is the engine's own queue, for policies that send to a full
+	// worker (router.EngineQueued).
+	pending []*simReq
+	speed   *router.SpeedModel
+	index   *router.PrefixIndex
+	llama   *llamaCache
+	blocks  *blockCache
+	area    float64 // ∫active dt in request-seconds, as the router keeps it
+	served  int
+	// prompt and cached tokens of its finished requests.
+	promptTok, cachedTok float64
 }
 
 // benchPromptTokens is the admission bench's prompt length (the seed's
 // 45-token prompts); the hub seeds each worker's speed model from it.
 const benchPromptTokens = 45
 
-func newSimWorker(spec *WorkerSpec) *simWorker {
-	w := &simWorker{spec: spec, speed: router.NewSpeedModel(router.SpeedPrior{})}
+func newSimWorker(spec *WorkerSpec, c *caches) *simWorker {
+	w := &simWorker{spec: spec, speed: router.NewSpeedModel(router.SpeedPrior{}), index: router.NewPrefixIndex(0)}
 	// What the hub's admission bench measures on every worker before it
 	// takes traffic: one request alone. Everything else is learned online.
 	w.speed.Seed(router.SpeedPoint{
@@ -46,10 +63,35 @@ func newSimWorker(spec *WorkerSpec) *simWorker {
 		ITL:              secs(1 / spec.rate(1)),
 		PrefillTokPerSec: spec.PrefillTokPerSec,
 	})
+	switch spec.Engine {
+	case engineLlama:
+		w.llama = newLlamaCache(c, spec.Slots, spec.CacheTokens)
+	case engineVLLM:
+		w.blocks = newBlockCache(c, spec.CacheTokens)
+	}
 	return w
 }
 
 func secs(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// arrivalHeap orders arrivals by time, then by their order of creation.
+type arrivalHeap []arrival
+
+func (h arrivalHeap) Len() int { return len(h) }
+func (h arrivalHeap) Less(i, j int) bool {
+	if h[i].at != h[j].at {
+		return h[i].at < h[j].at
+	}
+	return h[i].id < h[j].id
+}
+func (h arrivalHeap) Swap(i, j int) { h[i], h[j] = h[j], h[i] }
+func (h *arrivalHeap) Push(x any)   { *h = append(*h, x.(arrival)) }
+func (h *arrivalHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
 
 // sim is one policy's run. It mirrors the router's dispatch: a new request
 // goes straight to the policy when nobody waits, else joins a FIFO queue
@@ -57,29 +99,52 @@ func secs(s float64) time.Duration { return time.Duration(s * float64(time.Secon
 type sim struct {
 	s       *Scenario
 	policy  router.Policy
+	engineQ bool
 	rng     *rand.Rand
 	now     time.Duration
 	workers []*simWorker
 	queue   []*simReq
+	caches  *caches
+	// future arrivals; sessions add their next turn as a turn ends.
+	pending arrivalHeap
+	plans   []sessionPlan
+	nextID  int
 	// outputMean mirrors the router's per-model output estimate.
 	outputMean, outputN float64
 	cands               []router.Candidate
 
-	ttft, e2e []float64
-	rejected  int
+	ttft, e2e            []float64
+	rejected             int
+	promptTok, cachedTok float64
 }
 
-func (s Scenario) runOne(p router.Policy, arrivals []arrival) Result {
-	sm := &sim{s: &s, policy: p, rng: rand.New(rand.NewPCG(s.Seed^0xfeed, s.Seed)), outputMean: 256}
-	for i := range s.Workers {
-		sm.workers = append(sm.workers, newSimWorker(&s.Workers[i]))
+func (s Scenario) runOne(p router.Policy, arrivals []arrival, plans []sessionPlan) Result {
+	sm := &sim{s: &s, policy: p, rng: rand.New(rand.NewPCG(s.Seed^0xfeed, s.Seed)), outputMean: 256, plans: plans,
+		caches: &caches{}}
+	if eq, ok := p.(router.EngineQueued); ok && eq.QueuesAtEngine() {
+		sm.engineQ = true
 	}
-	next := 0
+	if s.Agent != nil {
+		sm.caches.system = s.Agent.System
+	}
+	for i := range s.Workers {
+		sm.workers = append(sm.workers, newSimWorker(&s.Workers[i], sm.caches))
+	}
+	for _, a := range arrivals {
+		sm.push(a)
+	}
+	for i, sp := range plans {
+		sm.push(arrival{at: sp.start, session: i, kind: sp.kind, turn: 0, prompt: sp.turns[0].prompt, output: sp.turns[0].output})
+	}
+	total := len(arrivals)
+	for _, sp := range plans {
+		total += len(sp.turns)
+	}
 	done := 0
-	for done < len(arrivals) {
+	for done < total {
 		t := time.Duration(math.MaxInt64)
-		if next < len(arrivals) {
-			t = arrivals[next].at
+		if len(sm.pending) > 0 {
+			t = sm.pending[0].at
 		}
 		for _, w := range sm.workers {
 			r := w.spec.rate(len(w.active))
@@ -97,12 +162,17 @@ func (s Scenario) runOne(p router.Policy, arrivals []arrival) Result {
 		sm.advance(t)
 		done += sm.finishDue()
 		done += sm.expireQueue()
-		for next < len(arrivals) && arrivals[next].at <= sm.now {
-			sm.arrive(arrivals[next])
-			next++
+		for len(sm.pending) > 0 && sm.pending[0].at <= sm.now {
+			sm.arrive(heap.Pop(&sm.pending).(arrival))
 		}
 	}
 	return sm.result()
+}
+
+func (sm *sim) push(a arrival) {
+	a.id = sm.nextID
+	sm.nextID++
+	heap.Push(&sm.pending, a)
 }
 
 func (sm *sim) advance(t time.Duration) {
@@ -126,6 +196,10 @@ func (sm *sim) finishDue() int {
 	for _, w := range sm.workers {
 		for i := 0; i < len(w.active); {
 			q := w.active[i]
+			if !q.computed && sm.now >= q.prefillEnd {
+				q.computed = true
+				sm.prefilled(w, q)
+			}
 			if sm.now < q.prefillEnd || q.remaining > 1e-6 {
 				i++
 				continue
@@ -133,6 +207,11 @@ func (sm *sim) finishDue() int {
 			w.active = append(w.active[:i], w.active[i+1:]...)
 			sm.record(w, q)
 			finished++
+			for len(w.pending) > 0 && len(w.active) < w.spec.Slots {
+				next := w.pending[0]
+				w.pending = w.pending[1:]
+				sm.run(w, next)
+			}
 		}
 	}
 	if finished > 0 {
@@ -141,10 +220,31 @@ func (sm *sim) finishDue() int {
 	return finished
 }
 
+func (sm *sim) prefilled(w *simWorker, q *simReq) {
+	switch {
+	case w.llama != nil:
+		w.llama.prefilled(q.slot, q.prompt)
+	case w.blocks != nil:
+		q.pinned = w.blocks.prefilled(q.prompt, q.pinned)
+	}
+}
+
 func (sm *sim) record(w *simWorker, q *simReq) {
+	all := q.prompt
+	all.n += q.arr.output
+	switch {
+	case w.llama != nil:
+		w.llama.finish(q.slot, all)
+	case w.blocks != nil:
+		w.blocks.finish(q.prompt, all, q.pinned)
+	}
 	w.served++
 	sm.ttft = append(sm.ttft, ms(q.prefillEnd-q.arr.at))
 	sm.e2e = append(sm.e2e, ms(sm.now-q.arr.at))
+	sm.promptTok += float64(q.arr.prompt)
+	sm.cachedTok += float64(q.cached)
+	w.promptTok += float64(q.arr.prompt)
+	w.cachedTok += float64(q.cached)
 	life := (sm.now - q.dispatched).Seconds()
 	mean := float64(q.startConc)
 	if life > 0 {
@@ -154,15 +254,37 @@ func (sm *sim) record(w *simWorker, q *simReq) {
 	if q.arr.output > 1 {
 		itl = (sm.now - q.prefillEnd) / time.Duration(q.arr.output-1)
 	}
-	w.speed.Observe(q.startConc, mean, q.job.PromptTokens, q.prefillEnd-q.dispatched, itl)
+	// The engines report the cached tokens (llama-server always, vLLM with
+	// --enable-prompt-tokens-details): the speed model learns prefill on
+	// what was computed, and the prefix index corrects itself.
+	w.speed.Observe(q.startConc, mean, q.arr.prompt-q.cached, q.prefillEnd-q.dispatched, itl)
+	if len(q.job.Prefix) > 0 && w.spec.Engine != "" {
+		w.index.Observe(q.job.Prefix, q.predicted, q.arr.prompt, q.cached)
+	}
 	sm.outputN++
 	alpha := max(1/sm.outputN, 0.1)
 	sm.outputMean += alpha * (float64(q.arr.output) - sm.outputMean)
+	sm.nextTurn(q.arr)
+}
+
+// nextTurn schedules the session's next turn a think time after this one.
+func (sm *sim) nextTurn(a arrival) {
+	if a.session < 0 {
+		return
+	}
+	sp := sm.plans[a.session]
+	if a.turn+1 >= len(sp.turns) {
+		return
+	}
+	tp := sp.turns[a.turn+1]
+	sm.push(arrival{at: sm.now + sp.turns[a.turn].think, session: a.session, kind: a.kind, turn: a.turn + 1,
+		prompt: tp.prompt, output: tp.output})
 }
 
 func (sm *sim) expireQueue() int {
 	n := 0
 	for len(sm.queue) > 0 && sm.now-sm.queue[0].enqueued >= sm.s.QueueTimeout {
+		sm.nextTurn(sm.queue[0].arr)
 		sm.queue = sm.queue[1:]
 		sm.rejected++
 		n++
@@ -172,8 +294,14 @@ func (sm *sim) expireQueue() int {
 
 func (sm *sim) arrive(a arrival) {
 	q := &simReq{arr: a, enqueued: sm.now, job: router.Job{PromptTokens: a.prompt, OutputTokens: int(sm.outputMean)}}
+	if a.session >= 0 {
+		q.prompt = seq{kind: a.kind, session: a.session, n: a.prompt}
+		q.job.Prefix = sm.caches.chain(q.prompt)
+	} else {
+		q.prompt = seq{kind: -1, session: -1 - a.id, n: a.prompt}
+	}
 	if len(sm.queue) == 0 {
-		if i := sm.policy.Choose(q.job, sm.candidates(), sm.rng); i >= 0 {
+		if i := sm.policy.Choose(q.job, sm.candidates(q.job), sm.rng); i >= 0 {
 			sm.start(sm.workers[i], q)
 			return
 		}
@@ -186,7 +314,7 @@ func (sm *sim) dispatch() {
 		head := sm.queue[0]
 		head.job.OutputTokens = int(sm.outputMean)
 		head.job.Behind = len(sm.queue) - 1
-		i := sm.policy.Choose(head.job, sm.candidates(), sm.rng)
+		i := sm.policy.Choose(head.job, sm.candidates(head.job), sm.rng)
 		if i < 0 {
 			return
 		}
@@ -195,10 +323,11 @@ func (sm *sim) dispatch() {
 	}
 }
 
-func (sm *sim) candidates() []router.Candidate {
+func (sm *sim) candidates(job router.Job) []router.Candidate {
 	sm.cands = sm.cands[:0]
 	for _, w := range sm.workers {
-		c := router.Candidate{Name: w.spec.Name, InFlight: len(w.active), Slots: w.spec.Slots, Speed: w.speed}
+		c := router.Candidate{Name: w.spec.Name, InFlight: len(w.active) + len(w.pending), Slots: w.spec.Slots, Speed: w.speed}
+		c.Cached, _ = w.index.Predict(job)
 		if c.InFlight >= c.Slots {
 			next := time.Duration(-1)
 			for _, q := range w.active {
@@ -213,13 +342,32 @@ func (sm *sim) candidates() []router.Candidate {
 	return sm.cands
 }
 
+// start sends q to w, as the router does: its prefix goes in w's index.
 func (sm *sim) start(w *simWorker, q *simReq) {
-	w.active = append(w.active, q)
 	q.dispatched = sm.now
+	_, q.predicted = w.index.Predict(q.job)
+	w.index.Insert(q.job.Prefix)
+	if len(w.active) >= w.spec.Slots {
+		w.pending = append(w.pending, q)
+		return
+	}
+	sm.run(w, q)
+}
+
+// run starts q on one of w's engine slots.
+func (sm *sim) run(w *simWorker, q *simReq) {
+	w.active = append(w.active, q)
 	q.startConc = len(w.active)
 	q.area0 = w.area
 	q.predictedEnd = sm.now + w.speed.Completion(q.startConc, q.job)
-	q.prefillEnd = sm.now + w.spec.Overhead + secs(float64(q.arr.prompt)/w.spec.PrefillTokPerSec)
+	switch {
+	case w.llama != nil:
+		q.slot = w.llama.choose(q.prompt)
+		q.cached = w.llama.start(q.slot, q.prompt)
+	case w.blocks != nil:
+		q.cached, q.pinned = w.blocks.start(q.prompt)
+	}
+	q.prefillEnd = sm.now + w.spec.Overhead + secs(float64(q.arr.prompt-q.cached)/w.spec.PrefillTokPerSec)
 	q.remaining = float64(max(q.arr.output-1, 0))
 }
 
@@ -229,9 +377,18 @@ func (sm *sim) result() Result {
 	sort.Float64s(sm.e2e)
 	r.P50TTFTms, r.P90TTFTms, r.P99TTFTms = pct(sm.ttft, .5), pct(sm.ttft, .9), pct(sm.ttft, .99)
 	r.P50E2Ems, r.P90E2Ems, r.P99E2Ems = pct(sm.e2e, .5), pct(sm.e2e, .9), pct(sm.e2e, .99)
+	if sm.promptTok > 0 {
+		r.CacheHit = math.Round(sm.cachedTok/sm.promptTok*1000) / 1000
+	}
 	for _, w := range sm.workers {
 		if r.Requests > 0 {
 			r.Share[w.spec.Name] += float64(w.served) / float64(r.Requests)
+		}
+		if w.promptTok > 0 {
+			if r.WorkerCacheHit == nil {
+				r.WorkerCacheHit = map[string]float64{}
+			}
+			r.WorkerCacheHit[w.spec.Name] = math.Round(w.cachedTok/w.promptTok*1000) / 1000
 		}
 	}
 	return r

@@ -25,6 +25,11 @@ type WorkerSpec struct {
 	PrefillTokPerSec float64 `json:"prefill_tok_per_sec"`
 	// Overhead is the fixed part of TTFT (scheduling, first decode step).
 	Overhead time.Duration `json:"overhead"`
+	// Engine is the prompt cache the worker keeps, as `fleet sim` mimics
+	// it: "llamacpp" (slots plus a host-RAM cache of CacheTokens), "vllm"
+	// (prefix blocks in a KV cache of CacheTokens), or "" for none.
+	Engine      string `json:"engine,omitempty"`
+	CacheTokens int    `json:"cache_tokens,omitempty"`
 }
 
 // CurvePoint is per-request decode speed at a concurrency.
@@ -76,6 +81,10 @@ type Scenario struct {
 	// waiting longer are rejected with 429 and counted, not measured.
 	QueueTimeout time.Duration `json:"queue_timeout,omitempty"`
 	Seed         uint64        `json:"seed"`
+	// Agent, when set, replaces the independent requests by agent
+	// sessions (Prompt and BurstSize are then unused; Output is each
+	// turn's answer). Load is then a fraction of turnCapacity.
+	Agent *AgentWorkload `json:"agent,omitempty"`
 }
 
 // Result is one policy's outcome on a scenario.
@@ -90,10 +99,17 @@ type Result struct {
 	P90E2Ems  float64            `json:"p90_e2e_ms"`
 	P99E2Ems  float64            `json:"p99_e2e_ms"`
 	Share     map[string]float64 `json:"share"`
+	// CacheHit is cached over prompt tokens, as the engines reuse them;
+	// CacheHitCeiling the most the workload allows (agent scenarios).
+	CacheHit        float64            `json:"cache_hit"`
+	CacheHitCeiling float64            `json:"cache_hit_ceiling,omitempty"`
+	WorkerCacheHit  map[string]float64 `json:"worker_cache_hit,omitempty"`
 }
 
 // Scenarios lists the built-in scenario names.
-func Scenarios() []string { return []string{"seed-mixed", "homogeneous", "burst"} }
+func Scenarios() []string {
+	return []string{"seed-mixed", "homogeneous", "burst", "agent-sessions", "agent-sessions-homogeneous"}
+}
 
 // The seed's curves: per-request tok/s at 1, 2 and 4 concurrent requests
 // (total / concurrency from the first seed's table) and prompt tok/s. The
@@ -101,13 +117,13 @@ func Scenarios() []string { return []string{"seed-mixed", "homogeneous", "burst"
 // points are an assumption in line with vLLM's continuous batching.
 var (
 	rtx5060ti = WorkerSpec{Name: "wsl/qwen3-4b", Slots: 8, PrefillTokPerSec: 4000, Overhead: 30 * time.Millisecond,
-		TokPerSec: []CurvePoint{{1, 96}, {2, 92}, {4, 86}, {8, 74}}}
+		TokPerSec: []CurvePoint{{1, 96}, {2, 92}, {4, 86}, {8, 74}}, Engine: engineVLLM, CacheTokens: 131072}
 	m1ultra = WorkerSpec{Name: "ultra/qwen3-4b", Slots: 4, PrefillTokPerSec: 250, Overhead: 40 * time.Millisecond,
-		TokPerSec: []CurvePoint{{1, 80}, {2, 51}, {4, 34.75}}}
+		TokPerSec: []CurvePoint{{1, 80}, {2, 51}, {4, 34.75}}, Engine: engineLlama, CacheTokens: 58254}
 	m4max = WorkerSpec{Name: "max/qwen3-4b", Slots: 4, PrefillTokPerSec: 600, Overhead: 40 * time.Millisecond,
-		TokPerSec: []CurvePoint{{1, 87}, {2, 65}, {4, 34}}}
+		TokPerSec: []CurvePoint{{1, 87}, {2, 65}, {4, 34}}, Engine: engineLlama, CacheTokens: 58254}
 	starved27b = WorkerSpec{Name: "ultra27/qwen3-4b", Slots: 4, PrefillTokPerSec: 50, Overhead: 200 * time.Millisecond,
-		TokPerSec: []CurvePoint{{1, 10.7}, {2, 6.4}, {4, 3.75}}}
+		TokPerSec: []CurvePoint{{1, 10.7}, {2, 6.4}, {4, 3.75}}, Engine: engineLlama, CacheTokens: 32768}
 )
 
 // Builtin returns a built-in scenario at the given load fraction.
@@ -130,6 +146,16 @@ func Builtin(name string, load float64) (Scenario, error) {
 	case "burst":
 		s.Workers = []WorkerSpec{rtx5060ti, m1ultra, m4max, starved27b}
 		s.BurstSize = 12
+	case "agent-sessions":
+		s = agentScenario(name, load, []WorkerSpec{agentRTX5060ti, agentM1Ultra, agentM4Max, agentStarved27b})
+	case "agent-sessions-homogeneous":
+		var ws []WorkerSpec
+		for i := range 4 {
+			w := agentM4Max
+			w.Name = fmt.Sprintf("max%d/qwen3-4b", i+1)
+			ws = append(ws, w)
+		}
+		s = agentScenario(name, load, ws)
 	default:
 		return Scenario{}, fmt.Errorf("unknown scenario %q; built-in scenarios are %v", name, Scenarios())
 	}
@@ -192,6 +218,9 @@ func (s Scenario) validate() error {
 			return fmt.Errorf("scenario %q: worker %q: tok_per_sec points must start at concurrency ≥ 1 and ascend", s.Name, w.Name)
 		}
 	}
+	if s.Agent != nil {
+		return s.Agent.validate(s)
+	}
 	return nil
 }
 
@@ -204,22 +233,37 @@ func Run(s Scenario, policies []string) ([]Result, error) {
 	if s.QueueTimeout <= 0 {
 		s.QueueTimeout = 30 * time.Second
 	}
-	arrivals := s.arrivals()
+	var arrivals []arrival
+	var plans []sessionPlan
+	ceiling := 0.0
+	if s.Agent != nil {
+		plans = s.sessionPlans()
+		ceiling = math.Round(cacheCeiling(plans, s.Agent.System)*1000) / 1000
+	} else {
+		arrivals = s.arrivals()
+	}
 	out := make([]Result, 0, len(policies))
 	for _, name := range policies {
 		p, err := router.NewPolicy(name)
 		if err != nil {
 			return nil, err
 		}
-		out = append(out, s.runOne(p, arrivals))
+		r := s.runOne(p, arrivals, plans)
+		r.CacheHitCeiling = ceiling
+		out = append(out, r)
 	}
 	return out, nil
 }
 
+// arrival is a request as the client sends it: on its own (session -1) or
+// as a turn of an agent session.
 type arrival struct {
 	at     time.Duration
 	prompt int
 	output int
+	id     int
+	// session indexes the run's session plans; -1 for a lone request.
+	session, kind, turn int
 }
 
 func (s Scenario) arrivals() []arrival {
@@ -234,7 +278,7 @@ func (s Scenario) arrivals() []arrival {
 			if len(out) == s.Requests {
 				break
 			}
-			out = append(out, arrival{at: time.Duration(t * float64(time.Second)), prompt: s.Prompt.Sample(rng), output: s.Output.Sample(rng)})
+			out = append(out, arrival{at: time.Duration(t * float64(time.Second)), prompt: s.Prompt.Sample(rng), output: s.Output.Sample(rng), session: -1})
 		}
 	}
 	return out

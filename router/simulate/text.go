@@ -11,13 +11,18 @@ import (
 // each worker's share of requests.
 func Text(s Scenario, rs []Result) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "scenario %s: %d workers, load %.0f%% of capacity, %d requests, seed %d\n\n",
+	fmt.Fprintf(&b, "scenario %s: %d workers, load %.0f%% of capacity, %d requests, seed %d\n",
 		s.Name, len(s.Workers), s.Load*100, s.Requests, s.Seed)
+	if len(rs) > 0 && rs[0].CacheHitCeiling > 0 {
+		fmt.Fprintf(&b, "agent sessions: %d kinds of prefix %v tokens, %d–%d turns; the workload allows a cache hit ratio of %.1f%%\n",
+			len(s.Agent.System), s.Agent.System, s.Agent.MinTurns, s.Agent.MaxTurns, 100*rs[0].CacheHitCeiling)
+	}
+	fmt.Fprintln(&b)
 	tw := tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "policy\tp50 TTFT\tp99 TTFT\tp50 E2E\tp90 E2E\tp99 E2E\trejected\t")
+	fmt.Fprintln(tw, "policy\tp50 TTFT\tp99 TTFT\tp50 E2E\tp90 E2E\tp99 E2E\tcache hit\trejected\t")
 	for _, r := range rs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t\n", r.Policy,
-			msText(r.P50TTFTms), msText(r.P99TTFTms), msText(r.P50E2Ems), msText(r.P90E2Ems), msText(r.P99E2Ems), r.Rejected)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%.1f%%\t%d\t\n", r.Policy,
+			msText(r.P50TTFTms), msText(r.P99TTFTms), msText(r.P50E2Ems), msText(r.P90E2Ems), msText(r.P99E2Ems), 100*r.CacheHit, r.Rejected)
 	}
 	tw.Flush()
 	var workers []string
@@ -31,7 +36,7 @@ func Text(s Scenario, rs []Result) string {
 		}
 	}
 	sort.Strings(workers)
-	fmt.Fprintln(&b, "\nshare of requests per worker")
+	fmt.Fprintln(&b, "\nshare of requests per worker (and its cache hit ratio)")
 	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "policy\t")
 	for _, w := range workers {
@@ -41,7 +46,11 @@ func Text(s Scenario, rs []Result) string {
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t", r.Policy)
 		for _, w := range workers {
-			fmt.Fprintf(tw, "%.1f%%\t", 100*r.Share[w])
+			if h, ok := r.WorkerCacheHit[w]; ok && r.CacheHitCeiling > 0 {
+				fmt.Fprintf(tw, "%.1f%% (%.0f%%)\t", 100*r.Share[w], 100*h)
+			} else {
+				fmt.Fprintf(tw, "%.1f%%\t", 100*r.Share[w])
+			}
 		}
 		fmt.Fprintln(tw)
 	}

@@ -1,0 +1,140 @@
+package router
+
+import (
+	"math/rand/v2"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestPrefixChainSharesCommonPrefix(t *testing.T) {
+	system := strings.Repeat("you are a coding agent. ", 100) // 2,400 bytes
+	a := PrefixChain([]byte(system + "turn one"))
+	b := PrefixChain([]byte(system), []byte("turn one and more text"))
+	full := len(system) / PrefixChunkBytes
+	for i := range full {
+		if a[i] != b[i] {
+			t.Fatalf("chunk %d of a shared prefix differs", i)
+		}
+	}
+	if a[len(a)-1] == b[len(a)-1] {
+		t.Error("a partial last chunk named the same as a longer prompt's chunk")
+	}
+	c := PrefixChain([]byte("x" + system))
+	if c[0] == a[0] {
+		t.Error("different prompts share a first chunk")
+	}
+	if PrefixChain(nil) != nil {
+		t.Error("an empty prompt has a chain")
+	}
+}
+
+func TestPrefixIndexLRUAndCorrections(t *testing.T) {
+	x := NewPrefixIndex(100)
+	chain := func(tag byte, n int) []uint64 {
+		return PrefixChain([]byte(strings.Repeat(string(tag), n*PrefixChunkBytes)))
+	}
+	a, b := chain('a', 60), chain('b', 60)
+	x.Insert(a)
+	if got := x.Match(a); got != 60 {
+		t.Fatalf("match %d, want 60", got)
+	}
+	x.Insert(b)
+	if x.Len() != 100 {
+		t.Fatalf("index holds %d chunks, bound 100", x.Len())
+	}
+	if got := x.Match(a); got != 0 {
+		t.Errorf("the least recently used chain still matches %d chunks", got)
+	}
+	// The engine reused less than predicted: the bound shrinks.
+	x.Observe(b, 60, 60*PrefixChunkTokens, 10*PrefixChunkTokens)
+	if x.limit >= 100 || x.Len() > x.limit {
+		t.Errorf("bound %d, len %d after an over-prediction", x.limit, x.Len())
+	}
+	// The engine held more than the index knew: the index learns it.
+	c := chain('c', 20)
+	x.Observe(c, 0, 20*PrefixChunkTokens, 20*PrefixChunkTokens)
+	if got := x.Match(c); got != 20 {
+		t.Errorf("after the engine reported 20 chunks cached the index matches %d", got)
+	}
+	if r, ok := x.HitRatio(); !ok || r <= 0 {
+		t.Errorf("hit ratio %v %v", r, ok)
+	}
+	x.Clear()
+	if x.Len() != 0 || x.Match(c) != 0 {
+		t.Error("Clear left chunks")
+	}
+}
+
+func prefixJob(prompt int, chain []uint64) Job {
+	return Job{PromptTokens: prompt, OutputTokens: 70, Prefix: chain}
+}
+
+func TestFleetPolicyUsesPrefix(t *testing.T) {
+	chain := PrefixChain([]byte(strings.Repeat("z", 8000*bytesPerToken)))
+	job := prefixJob(8000, chain)
+	mk := func() *SpeedModel {
+		m := NewSpeedModel(SpeedPrior{})
+		m.Seed(SpeedPoint{Concurrency: 1, TTFT: 50 * time.Millisecond, ITL: 12 * time.Millisecond, PrefillTokPerSec: 1200})
+		return m
+	}
+	cands := []Candidate{
+		{Name: "cold", Slots: 4, Speed: mk()},
+		{Name: "warm", Slots: 4, InFlight: 1, Speed: mk(), Cached: 7900},
+	}
+	rng := newRNG(1)
+	p, _ := NewPolicy(PolicyFleet)
+	if i := p.Choose(job, cands, rng); i != 1 {
+		t.Errorf("fleet chose %d, want the worker holding the prefix", i)
+	}
+	np, _ := NewPolicy(PolicyFleetNoPrefix)
+	if i := np.Choose(job, cands, rng); i != 0 {
+		t.Errorf("fleet-no-prefix chose %d, want the idle worker", i)
+	}
+	// Affinity does not pile onto a full worker when a free one finishes
+	// in less than twice its time.
+	cands[1].InFlight, cands[1].NextFree = 4, 3*time.Second
+	if i := p.Choose(job, cands, rng); i != 0 {
+		t.Errorf("fleet waited (%d) for a full holder with a long wait", i)
+	}
+}
+
+func TestCacheAwarePolicy(t *testing.T) {
+	p := newCacheAwarePolicy()
+	rng := rand.New(rand.NewPCG(1, 2))
+	cands := []Candidate{{Name: "a", Slots: 4}, {Name: "b", Slots: 4}, {Name: "c", Slots: 4}}
+	sys := strings.Repeat("s", 40*PrefixChunkBytes)
+	first := PrefixChain([]byte(sys + "session one"))
+	i := p.Choose(prefixJob(10000, first), cands, rng)
+	// A new prompt sharing the worker's prefix above cache-threshold 0.3
+	// goes to it, full or not (the engine queues).
+	cands[i].InFlight = 9
+	second := PrefixChain([]byte(sys+"session one"), []byte(strings.Repeat("t", 20*PrefixChunkBytes)))
+	if j := p.Choose(prefixJob(15000, second), cands, rng); j != i {
+		t.Errorf("cache-aware sent a matching prompt to %d, not %d", j, i)
+	}
+	// Below the threshold it takes the smallest tree: one not yet used.
+	other := PrefixChain([]byte(strings.Repeat("o", 40*PrefixChunkBytes)))
+	if j := p.Choose(prefixJob(10000, other), cands, rng); j == i {
+		t.Errorf("cache-aware sent an unmatched prompt to the largest tree")
+	}
+	// Imbalanced beyond 64 and 1.5×: the least loaded worker.
+	cands[0].InFlight, cands[1].InFlight, cands[2].InFlight = 100, 10, 90
+	if j := p.Choose(prefixJob(15000, second), cands, rng); j != 1 {
+		t.Errorf("imbalanced cache-aware chose %d, want the least loaded 1", j)
+	}
+}
+
+func TestSessionStickyIsStable(t *testing.T) {
+	p, _ := NewPolicy(PolicySessionSticky)
+	cands := []Candidate{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "c", Slots: 1}}
+	job := prefixJob(100, PrefixChain([]byte("system prompt")))
+	rng := newRNG(1)
+	first := p.Choose(job, cands, rng)
+	cands[first].InFlight = 5
+	for range 10 {
+		if i := p.Choose(job, cands, rng); i != first {
+			t.Fatalf("session-sticky moved the prefix from %d to %d", first, i)
+		}
+	}
+}
