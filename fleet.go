@@ -404,6 +404,10 @@ type WorkerView struct {
 	// Recent history, oldest first, for sparklines.
 	TTFTHistory []float64 `json:"ttft_history_ms,omitempty"`
 	ITLHistory  []float64 `json:"itl_history_ms,omitempty"`
+	// CacheHit is the share of prompt tokens the engine reported reused
+	// from its prompt cache, over the requests the router sent it; nil
+	// until it reported any.
+	CacheHit *float64 `json:"cache_hit,omitempty"`
 	// MemoryBytes is the engine's resident memory when known.
 	MemoryBytes uint64 `json:"memory_bytes,omitempty"`
 	// Bench is the worker's latest bench sweep, one point per concurrency

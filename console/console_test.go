@@ -325,7 +325,7 @@ func TestDetail(t *testing.T) {
 	h := newHarness(t, consoletest.Demo(), viewer, 120, 50)
 	h.keys("down", "down", "enter")
 	s := h.screen()
-	mustContain(t, s, "max/qwen3-4b", "PID 3003", "port 8003", "memory 3.0 GiB", "simulated yes",
+	mustContain(t, s, "max/qwen3-4b", "PID 3003", "port 8003", "memory 3.0 GiB", "simulated yes", "cache hit 87%",
 		"Started with:", "llama-server -hf Qwen/Qwen3-4B-GGUF:Q4_K_M", "Simulated; really runs:", "fleet sim --mimic llamacpp",
 		"TTFT history", "ITL history", "Log (last lines):", "INFO loading model for max/qwen3-4b", "Recent events:", "probe slow")
 	h.keys("esc")

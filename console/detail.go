@@ -120,7 +120,8 @@ func (d *detailView) lines() []string {
 			label("  started ")+started+label("  restarts ")+fmt.Sprint(w.Restarts),
 		label("load ")+columns.LoadCell(w)+label("  tok/s ")+columns.Rate(w.TokPerSec)+label("  TTFT p50 ")+columns.Millis(w.TTFTms)+
 			label(" (predicted ")+columns.Millis(w.PredictedTTFTms)+label(")")+
-			label("  ITL ")+columns.Millis(w.ITLms)+label("  ctx ")+columns.Tokens(w.Context)+label("  simulated ")+yesNo(w.Simulated),
+			label("  ITL ")+columns.Millis(w.ITLms)+label("  cache hit ")+cacheHitCell(w.CacheHit)+label("  ctx ")+columns.Tokens(w.Context)+
+			label("  simulated ")+yesNo(w.Simulated),
 		label("Started with:"),
 	)
 	for _, line := range wrapArgs(w.Argv, max(d.width-4, 10)) {
@@ -179,4 +180,13 @@ func (d *detailView) lines() []string {
 		out[i] = ansi.Truncate(out[i], d.width, "…")
 	}
 	return out
+}
+
+// cacheHitCell is the engine-reported prompt cache hit ratio, "-" before
+// the engine reported one.
+func cacheHitCell(v *float64) string {
+	if v == nil {
+		return "-"
+	}
+	return fmt.Sprintf("%.0f%%", 100**v)
 }

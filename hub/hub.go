@@ -706,6 +706,9 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 			v.TokPerSec, v.TTFTms, v.ITLms = s.TokPerSec, s.TTFTms, s.ITLms
 			v.PredictedTTFTms = s.PredictedTTFTms
 			v.TTFTHistory, v.ITLHistory = s.TTFTHistory, s.ITLHistory
+			if s.CacheHitKnown {
+				v.CacheHit = &s.CacheHit
+			}
 		}
 		snap.Workers = append(snap.Workers, v)
 	}

@@ -148,7 +148,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	model, known := r.resolveLocked(info.Model)
 	// Context fit is judged on what the client may ask for (max_tokens is
 	// a promise the worker must hold), the schedule on what it usually gets.
-	job := Job{PromptTokens: info.PromptTokens, NeedContext: info.PromptTokens + info.MaxTokens}
+	job := Job{PromptTokens: info.PromptTokens, NeedContext: info.PromptTokens + info.MaxTokens, Prefix: info.Prefix}
 	if known {
 		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
 	}
@@ -505,7 +505,7 @@ func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, fi
 	ok := status < 400
 	var o *outcome
 	if ok {
-		o = &outcome{ok: true, ttft: backendTTFT, itl: itl, outputTokens: tokens}
+		o = &outcome{ok: true, ttft: backendTTFT, itl: itl, outputTokens: tokens, cache: m.promptCache()}
 		if clientTTFT > 0 {
 			f.b.observers.ttft.Observe(clientTTFT.Seconds())
 		}
@@ -558,18 +558,21 @@ type meter struct {
 	// reasoning, a tool call, completion text) arrived.
 	firstToken time.Time
 	usage      int
+	// cache is what the usage and timings chunks said of the prompt.
+	cache promptCache
 	// tail keeps the end of a non-streamed body, where usage sits.
 	tail []byte
 }
 
 const maxMeterLine = 16 << 10
 
-func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1} }
+func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1, cache: unknownPromptCache()} }
 
 var (
 	dataPrefix      = []byte("data:")
 	donePayload     = []byte("[DONE]")
 	completionField = []byte(`"completion_tokens":`)
+	timingsField    = []byte(`"timings":`)
 )
 
 func (m *meter) feed(p []byte, now time.Time) {
@@ -609,6 +612,9 @@ func (m *meter) endLine(now time.Time) {
 		if !bytes.Equal(payload, donePayload) {
 			if n := usageTokens(payload); n >= 0 {
 				m.usage = n
+				m.cache.scan(payload)
+			} else if bytes.Contains(payload, timingsField) {
+				m.cache.scan(payload)
 			}
 			// The usage-only chunk carries no token; every other data
 			// event carries at least one.

@@ -17,6 +17,10 @@ type requestInfo struct {
 	// PromptTokens is an estimate (bytes/4 of the prompt fields): good enough
 	// to keep long prompts off small contexts without running a tokenizer.
 	PromptTokens int
+	// Prefix is the chunk hash chain of the prompt as sent (tools, then
+	// messages or prompt, raw JSON): a conversation that grows by
+	// appending messages keeps its chain's head.
+	Prefix []uint64
 }
 
 // requestError is a client mistake in the body, with the OpenAI code and
@@ -41,6 +45,7 @@ type wireRequest struct {
 	Messages            json.RawMessage `json:"messages"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Input               json.RawMessage `json:"input"`
+	Tools               json.RawMessage `json:"tools"`
 }
 
 // parseRequest reads the routing facts out of an OpenAI request body.
@@ -83,5 +88,8 @@ func parseRequest(body []byte) (requestInfo, error) {
 			msg: fmt.Sprintf("max_tokens is %d; it must be zero or positive", info.MaxTokens)}
 	}
 	info.PromptTokens = (len(w.Messages) + len(w.Prompt) + len(w.Input) + bytesPerToken - 1) / bytesPerToken
+	if len(w.Messages) > 0 || len(w.Prompt) > 0 {
+		info.Prefix = PrefixChain(w.Tools, w.Messages, w.Prompt)
+	}
 	return info, nil
 }

@@ -2,6 +2,8 @@ package router
 
 import (
 	"errors"
+	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -45,10 +47,41 @@ func TestParseRequest(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got != tc.want {
+			// Embeddings are not prompt-cached: only prompts get a chain.
+			if hasPrompt := strings.Contains(tc.body, `"messages"`) || strings.Contains(tc.body, `"prompt"`); (len(got.Prefix) > 0) != hasPrompt {
+				t.Errorf("prefix chain %v for %s", got.Prefix, tc.body)
+			}
+			got.Prefix = nil
+			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("got %+v, want %+v", got, tc.want)
 			}
 		})
+	}
+}
+
+// A conversation that grows by appending messages keeps its chain's head,
+// tools included, so the router can find the worker holding it.
+func TestParseRequestPrefixGrows(t *testing.T) {
+	sys := strings.Repeat("You are a coding agent with tools. ", 40)
+	tools := `[{"type":"function","function":{"name":"read_file","parameters":{}}}]`
+	turn1 := `{"model":"m","tools":` + tools + `,"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"fix the bug"}]}`
+	turn2 := `{"model":"m","tools":` + tools + `,"messages":[{"role":"system","content":"` + sys + `"},{"role":"user","content":"fix the bug"},{"role":"assistant","content":"reading"},{"role":"tool","content":"` + strings.Repeat("x", 2000) + `"}]}`
+	a, err := parseRequest([]byte(turn1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := parseRequest([]byte(turn2))
+	if err != nil {
+		t.Fatal(err)
+	}
+	shared := (len(tools) + len(sys)) / PrefixChunkBytes
+	if shared < 4 || len(b.Prefix) <= len(a.Prefix) {
+		t.Fatalf("chains of %d and %d chunks, %d shared expected", len(a.Prefix), len(b.Prefix), shared)
+	}
+	x := NewPrefixIndex(0)
+	x.Insert(a.Prefix)
+	if got := x.Match(b.Prefix); got < shared || got >= len(b.Prefix) {
+		t.Errorf("the second turn matches %d chunks of the first's, want %d to %d", got, shared, len(a.Prefix))
 	}
 }
 

@@ -72,7 +72,8 @@ type Options struct {
 	// (default 2; -1 disables retries).
 	MaxRetries int
 	// Policy names the scheduling policy: "fleet" (default),
-	// "p2c-least-loaded", "round-robin", "random", "least-loaded".
+	// "fleet-no-prefix", "p2c-least-loaded", "round-robin", "random",
+	// "session-sticky", "cache-aware", "least-loaded" (PolicyNames).
 	Policy string
 	// FailureThreshold failures within FailureWindow cool a backend down
 	// (defaults 3 and 30 s). A refused connection cools it down at once.
@@ -169,6 +170,10 @@ type BackendStats struct {
 	// Recent per-request measurements, oldest first.
 	TTFTHistory []float64
 	ITLHistory  []float64
+	// CacheHit is cached over prompt tokens as the engine reported them
+	// (cached_tokens, cache_n); CacheHitKnown is false until it did.
+	CacheHit      float64
+	CacheHitKnown bool
 }
 
 // backend is a Backend plus the router's connection pool for it. The mutable
@@ -209,6 +214,8 @@ type worker struct {
 	areaAt time.Time
 	// engine is the engine's own report of its load.
 	engine engineView
+	// prefix is which prompt prefixes its engine is thought to hold.
+	prefix *PrefixIndex
 }
 
 // Router is the OpenAI-compatible proxy. It is safe for concurrent use.
@@ -375,6 +382,8 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 		w := r.workerLocked(cfg.Name)
 		w.coolingUntil = time.Time{}
 		w.failures = w.failures[:0]
+		// A new or restarted engine starts with an empty prompt cache.
+		w.prefix.Clear()
 		next = append(next, r.newBackend(cfg))
 	}
 	r.backends = next
@@ -441,7 +450,7 @@ func (r *Router) newBackend(cfg Backend) *backend {
 func (r *Router) workerLocked(name string) *worker {
 	w, ok := r.workers[name]
 	if !ok {
-		w = &worker{speed: NewSpeedModel(SpeedPrior{})}
+		w = &worker{speed: NewSpeedModel(SpeedPrior{}), prefix: NewPrefixIndex(0)}
 		r.workers[name] = w
 	}
 	return w
@@ -528,6 +537,7 @@ func (r *Router) Stats() []BackendStats {
 		if w.engine.fresh(now) {
 			st.EngineRunning, st.EngineWaiting = w.engine.load.Running, w.engine.load.Waiting
 		}
+		st.CacheHit, st.CacheHitKnown = w.prefix.HitRatio()
 		out = append(out, st)
 	}
 	return out

@@ -22,6 +22,9 @@ type flight struct {
 	// integral of in-flight over time at start.
 	startConcurrency int
 	area0            float64
+	// predicted is how many chunks of the job's prefix the worker's prefix
+	// index held when it was sent.
+	predicted int
 }
 
 // waiter is a request queued for a slot.
@@ -88,6 +91,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 			continue
 		}
 		c := Candidate{Name: b.cfg.Name, InFlight: w.load(now), Slots: w.slots(b.cfg.Slots, now), Speed: w.speed}
+		c.Cached, _ = w.prefix.Predict(job)
 		if !c.free() {
 			c.NextFree = r.nextFreeLocked(b, w, job, c.InFlight, c.Slots, now)
 		}
@@ -152,6 +156,8 @@ func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *f
 	b.observers.inFlight.Inc()
 	load := w.load(now)
 	f := &flight{b: b, model: model, job: job, start: now, startConcurrency: load, area0: w.area}
+	_, f.predicted = w.prefix.Predict(job)
+	w.prefix.Insert(job.Prefix)
 	f.predictedEnd = now.Add(w.speed.Completion(load, job))
 	b.active[f] = struct{}{}
 	return f
@@ -292,6 +298,8 @@ type outcome struct {
 	ttft         time.Duration // from dispatch to first byte
 	itl          time.Duration
 	outputTokens int
+	// cache is what the engine reported of its prompt cache, if anything.
+	cache promptCache
 }
 
 // release ends a flight, teaches the speed model what it saw and lets the
@@ -309,7 +317,7 @@ func (r *Router) release(f *flight, o *outcome) {
 	delete(f.b.active, f)
 	f.b.observers.inFlight.Dec()
 	if o != nil && o.ok {
-		w.speed.Observe(f.startConcurrency, mean, f.job.PromptTokens, o.ttft, o.itl)
+		w.speed.Observe(f.startConcurrency, mean, r.observeCacheLocked(w, f, o.cache), o.ttft, o.itl)
 		if o.outputTokens > 0 {
 			est := r.outputs[f.model]
 			if est == nil {

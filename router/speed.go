@@ -142,6 +142,14 @@ func (m *SpeedModel) Observe(startConcurrency int, meanConcurrency float64, prom
 	}
 }
 
+// ObservePrefill learns the prefill rate from the engine's own timings:
+// tokens computed in ms (llama-server's prompt_n and prompt_ms).
+func (m *SpeedModel) ObservePrefill(tokens int, ms float64) {
+	if tokens > 0 && ms > 0 {
+		m.prefill.add(ms / float64(tokens))
+	}
+}
+
 func (m *SpeedModel) prefillMs() float64 {
 	if m.prefill.n > 0 {
 		return m.prefill.v

@@ -242,7 +242,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
-	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion), p2c-least-loaded, round-robin, random")
+	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion, counting the prompt prefix each worker holds), fleet-no-prefix, p2c-least-loaded, round-robin, random, session-sticky (hash of the prompt's first chunk), cache-aware (SGLang gateway's)")
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses)")

@@ -62,10 +62,10 @@ func simulateCmd() *cobra.Command {
 	}
 	c.Flags().StringVar(&name, "scenario", "seed-mixed", "built-in scenario: "+strings.Join(simulate.Scenarios(), ", "))
 	c.Flags().StringVar(&file, "file", "", "a scenario in JSON (the shape of --json's scenario)")
-	c.Flags().Float64Var(&load, "load", 0.7, "offered load as a fraction of the fleet's capacity")
+	c.Flags().Float64Var(&load, "load", 0.7, "offered load as a fraction of the fleet's capacity (agent scenarios: of the turns a second it serves when every turn reuses its conversation)")
 	c.Flags().IntVar(&requests, "requests", 0, "requests to simulate (default: the scenario's)")
 	c.Flags().Uint64Var(&seed, "seed", 42, "random seed of arrivals and lengths")
-	c.Flags().StringSliceVar(&policies, "policies", []string{"fleet", "p2c-least-loaded", "round-robin", "random"}, "policies to compare")
+	c.Flags().StringSliceVar(&policies, "policies", []string{"fleet", "fleet-no-prefix", "p2c-least-loaded", "round-robin", "random", "session-sticky", "cache-aware"}, "policies to compare")
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON list of results")
 	return c
 }

@@ -258,7 +258,7 @@ func (sm *sim) record(w *simWorker, q *simReq) {
 	// --enable-prompt-tokens-details): the speed model learns prefill on
 	// what was computed, and the prefix index corrects itself.
 	w.speed.Observe(q.startConc, mean, q.arr.prompt-q.cached, q.prefillEnd-q.dispatched, itl)
-	if len(q.job.Prefix) > 0 && w.spec.Engine != "" {
+	if w.spec.Engine != "" {
 		w.index.Observe(q.job.Prefix, q.predicted, q.arr.prompt, q.cached)
 	}
 	sm.outputN++
@@ -296,10 +296,11 @@ func (sm *sim) arrive(a arrival) {
 	q := &simReq{arr: a, enqueued: sm.now, job: router.Job{PromptTokens: a.prompt, OutputTokens: int(sm.outputMean)}}
 	if a.session >= 0 {
 		q.prompt = seq{kind: a.kind, session: a.session, n: a.prompt}
-		q.job.Prefix = sm.caches.chain(q.prompt)
 	} else {
+		// A lone prompt shares nothing with any other.
 		q.prompt = seq{kind: -1, session: -1 - a.id, n: a.prompt}
 	}
+	q.job.Prefix = sm.caches.chain(q.prompt)
 	if len(sm.queue) == 0 {
 		if i := sm.policy.Choose(q.job, sm.candidates(q.job), sm.rng); i >= 0 {
 			sm.start(sm.workers[i], q)
