@@ -103,6 +103,9 @@ bypassing the scheduler; a model name is measured through the router.
 			if o.Split != sweep.SplitChat && o.Split != sweep.SplitAgent {
 				return usageError{fmt.Errorf("--split %q: use chat or agent", o.Split)}
 			}
+			if o.Turns < 1 || o.Turns > 1 && o.Split != sweep.SplitAgent {
+				return usageError{fmt.Errorf("--turns %d: multi-turn sessions need --split agent and a count of 1 or more", o.Turns)}
+			}
 			res, err := h.Bench(c.Context(), u, args[0], o, c.ErrOrStderr())
 			if err != nil {
 				return err
@@ -118,6 +121,7 @@ bypassing the scheduler; a model name is measured through the router.
 	c.Flags().StringVar(&o.Split, "split", sweep.SplitChat, "chat (256-token answers) or agent (~4.6K-token prompts, ~70-token answers)")
 	c.Flags().IntVar(&o.Requests, "requests", 0, "requests per level (default 2×level, at least 3)")
 	c.Flags().IntVar(&o.Tokens, "tokens", 0, "output tokens per request (default 256 chat, 70 agent)")
+	c.Flags().IntVar(&o.Turns, "turns", 1, "agent split: turns per session, each resending the conversation with the previous answer and a ~500-token tool result (the cache hit column shows what the engines reused)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
 	return c
 }

@@ -55,6 +55,8 @@ type BenchOptions struct {
 	Split    string
 	Requests int
 	Tokens   int
+	// Turns is the agent split's turns per session (0 or 1: one).
+	Turns int
 }
 
 // Exit statuses: 0 ok, 1 the command failed, 2 it was typed wrong.

@@ -207,7 +207,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 		}
 		worker = w.Name()
 	}
-	opts := sweep.Options{Levels: o.Levels, Split: o.Split, RequestsPerLevel: o.Requests, OutputTokens: o.Tokens, Logger: h.log}
+	opts := sweep.Options{Levels: o.Levels, Split: o.Split, Turns: o.Turns, RequestsPerLevel: o.Requests, OutputTokens: o.Tokens, Logger: h.log}
 	if progress != nil {
 		opts.Progress = func(done, total int) {
 			const width = 30

@@ -31,6 +31,29 @@ input and wrap errors with context for the operator who reads the log line and d
 // 3,500 words: about 4.6K prompt tokens.
 const agentContextWords = 3200
 
+// firstTurn is the messages of a session's first request.
+func firstTurn(split string, i int) []map[string]string {
+	return []map[string]string{{"role": "user", "content": prompt(split, i)}}
+}
+
+// toolResultWords is about 500 tokens of a tool's output.
+const toolResultWords = 380
+
+// toolResult is what a session's turn adds after the previous answer: a
+// tool's output, distinct per session and turn.
+func toolResult(session, turn int) string {
+	var sb strings.Builder
+	fmt.Fprintf(&sb, "[tool output, turn %d of session %d]\n", turn, session)
+	for w := range toolResultWords {
+		if w > 0 {
+			sb.WriteByte(' ')
+		}
+		sb.WriteString(agentWords[(w*5+session+turn)%len(agentWords)])
+	}
+	sb.WriteString("\n\nWhat next?")
+	return sb.String()
+}
+
 // prompt returns the i-th request's prompt for a split. Agent prompts start
 // with a distinct header, so no engine can serve one from another's prefix
 // cache and TTFT measures a real prefill of the whole context.

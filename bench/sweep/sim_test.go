@@ -71,3 +71,35 @@ func TestSimSeedTable(t *testing.T) {
 		}
 	}
 }
+
+// Multi-turn agent sessions against the sim's llama-server prompt cache:
+// every turn after the first reuses its session's conversation, as the
+// engine's own cached_tokens report; single turns reuse nothing.
+func TestSimAgentTurnsReportCacheHits(t *testing.T) {
+	var target bench.Target
+	for _, tc := range []struct {
+		turns    int
+		min, max float64
+	}{{1, 0, 0.05}, {4, 0.35, 1}} {
+		// A fresh engine each time: sessions of the same number would hit
+		// the previous run's prompts.
+		target = simTarget(t, "instant", "--mimic", "llamacpp", "--profile", "instant", "--", "-m", "q.gguf", "-a", "qwen3-4b", "--jinja")
+		res, err := Sweep(context.Background(), target, Options{Split: SplitAgent, Turns: tc.turns, Levels: []int{1, 2},
+			RequestsPerLevel: 8, OutputTokens: 8, Warmup: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range res.Levels {
+			t.Logf("turns %d, concurrency %d: prompt %d, cached %d, hit %.2f", tc.turns, l.Concurrency, l.PromptTokens, l.CachedTokens, l.CacheHit)
+			if l.Failed != 0 || l.CacheHit < tc.min || l.CacheHit > tc.max {
+				t.Errorf("turns %d, concurrency %d: cache hit %.2f (failed %d), want %.2f to %.2f", tc.turns, l.Concurrency, l.CacheHit, l.Failed, tc.min, tc.max)
+			}
+		}
+		if tc.turns > 1 && !strings.Contains(res.Text(), "in sessions of 4 turns") {
+			t.Errorf("the text does not say the sessions' turns:\n%s", res.Text())
+		}
+	}
+	if _, err := Sweep(context.Background(), target, Options{Split: SplitChat, Turns: 3}); err == nil || !strings.Contains(err.Error(), "agent") {
+		t.Errorf("multi-turn chat split: %v, want an error naming the agent split", err)
+	}
+}

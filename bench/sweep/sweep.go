@@ -71,6 +71,11 @@ type Options struct {
 	OutputTokens int
 	// Split is SplitChat (default) or SplitAgent.
 	Split string
+	// Turns is how many turns an agent session runs (agent split only,
+	// default 1): each turn resends the conversation with the previous
+	// answer and a new tool result, so an engine that kept the session's
+	// prompt reuses it, which the levels' cache hit ratio shows.
+	Turns int
 	// RequestsPerLevel is how many requests each level runs (default
 	// 2×level, at least 3).
 	RequestsPerLevel int
@@ -97,16 +102,21 @@ type Level struct {
 	Requests    int `json:"requests"`
 	Failed      int `json:"failed"`
 	// Errors holds the distinct failure messages (at most a few).
-	Errors            []string `json:"errors,omitempty"`
-	WallMS            float64  `json:"wall_ms"`
-	OutputTokens      int      `json:"output_tokens"`
-	PromptTokens      int      `json:"prompt_tokens"`
-	TotalTokPerSec    float64  `json:"total_tok_s"`
-	PerRequestTokPerS float64  `json:"per_request_tok_s"`
-	TTFT              Stats    `json:"ttft"`
-	TPOT              Stats    `json:"tpot"`
-	ITL               Stats    `json:"itl"`
-	E2E               Stats    `json:"e2e"`
+	Errors       []string `json:"errors,omitempty"`
+	WallMS       float64  `json:"wall_ms"`
+	OutputTokens int      `json:"output_tokens"`
+	PromptTokens int      `json:"prompt_tokens"`
+	// CachedTokens is the mean of the engines' usage cached_tokens (or
+	// llama-server's timings.cache_n); CacheHit is their sum over the
+	// prompt tokens'.
+	CachedTokens      int     `json:"cached_tokens"`
+	CacheHit          float64 `json:"cache_hit"`
+	TotalTokPerSec    float64 `json:"total_tok_s"`
+	PerRequestTokPerS float64 `json:"per_request_tok_s"`
+	TTFT              Stats   `json:"ttft"`
+	TPOT              Stats   `json:"tpot"`
+	ITL               Stats   `json:"itl"`
+	E2E               Stats   `json:"e2e"`
 	// CountedEvents is set when the server sent no usage and output tokens
 	// were counted from stream events instead.
 	CountedEvents bool `json:"counted_events,omitempty"`
@@ -117,6 +127,7 @@ type Result struct {
 	Target       string    `json:"target"`
 	Model        string    `json:"model"`
 	Split        string    `json:"split"`
+	Turns        int       `json:"turns,omitempty"`
 	OutputTokens int       `json:"output_tokens"`
 	StartedAt    time.Time `json:"started_at"`
 	Levels       []Level   `json:"levels"`
@@ -128,8 +139,11 @@ type request struct {
 	gaps         []time.Duration
 	outputTokens int
 	promptTokens int
-	counted      bool
-	err          error
+	cachedTokens int
+	// answer is the generated content, for the next turn of a session.
+	answer  string
+	counted bool
+	err     error
 }
 
 // Sweep runs the closed-loop sweep against target. It fails when the
@@ -146,6 +160,9 @@ func Sweep(ctx context.Context, target bench.Target, opts Options) (Result, erro
 	}
 	log := opts.Logger
 	r := Result{Target: target.Label(), Model: target.Model, Split: opts.Split, OutputTokens: opts.OutputTokens, StartedAt: time.Now()}
+	if opts.Turns > 1 {
+		r.Turns = opts.Turns
+	}
 	client := target.Client()
 
 	total := opts.Warmup
@@ -166,7 +183,7 @@ func Sweep(ctx context.Context, target bench.Target, opts Options) (Result, erro
 
 	seq := 0
 	for i := range opts.Warmup {
-		res := send(ctx, client, target, opts, prompt(opts.Split, -1-i))
+		res := send(ctx, client, target, opts, firstTurn(opts.Split, -1-i))
 		tick()
 		if res.err != nil {
 			return Result{}, fmt.Errorf("warm-up request to %s failed, so nothing would be measured: %w", target.Label(), res.err)
@@ -210,6 +227,12 @@ func withDefaults(o Options) (Options, error) {
 			o.OutputTokens = 70
 		}
 	}
+	if o.Turns < 0 || o.Turns > 1 && o.Split != SplitAgent {
+		return o, fmt.Errorf("%d turns per session: multi-turn sessions are an agent split mode; use --split agent with 2 or more turns, or leave turns at 1", o.Turns)
+	}
+	if o.Turns == 0 {
+		o.Turns = 1
+	}
 	if o.RequestsPerLevel < 0 {
 		return o, fmt.Errorf("requests per level %d is negative: leave it 0 for 2×level (at least 3)", o.RequestsPerLevel)
 	}
@@ -241,6 +264,9 @@ func runLevel(ctx context.Context, client *http.Client, target bench.Target, opt
 	start := time.Now()
 	for range c {
 		wg.Go(func() {
+			// Each client runs its sessions one turn after another.
+			var msgs []map[string]string
+			session, turn := 0, 0
 			for {
 				mu.Lock()
 				i := next
@@ -249,7 +275,15 @@ func runLevel(ctx context.Context, client *http.Client, target bench.Target, opt
 				if i >= n || ctx.Err() != nil {
 					return
 				}
-				results[i] = send(ctx, client, target, opts, prompt(opts.Split, seq+i))
+				if turn == 0 || turn >= opts.Turns {
+					session, turn = seq+i, 0
+					msgs = firstTurn(opts.Split, session)
+				} else {
+					msgs = append(msgs, map[string]string{"role": "user", "content": toolResult(session, turn)})
+				}
+				results[i] = send(ctx, client, target, opts, msgs)
+				msgs = append(msgs, map[string]string{"role": "assistant", "content": results[i].answer})
+				turn++
 				tick()
 			}
 		})
@@ -277,6 +311,7 @@ func summarise(c int, wall time.Duration, results []request) Level {
 		}
 		lvl.OutputTokens += r.outputTokens
 		lvl.PromptTokens += r.promptTokens
+		lvl.CachedTokens += r.cachedTokens
 		lvl.CountedEvents = lvl.CountedEvents || r.counted
 		ttft = append(ttft, r.ttft)
 		e2e = append(e2e, r.e2e)
@@ -288,8 +323,12 @@ func summarise(c int, wall time.Duration, results []request) Level {
 			perReq = append(perReq, float64(r.outputTokens)/r.e2e.Seconds())
 		}
 	}
+	if lvl.PromptTokens > 0 {
+		lvl.CacheHit = float64(lvl.CachedTokens) / float64(lvl.PromptTokens)
+	}
 	if ok := lvl.Requests - lvl.Failed; ok > 0 {
 		lvl.PromptTokens /= ok
+		lvl.CachedTokens /= ok
 	}
 	if wall > 0 {
 		lvl.TotalTokPerSec = float64(lvl.OutputTokens) / wall.Seconds()
@@ -333,10 +372,10 @@ func percentile(sorted []float64, p float64) float64 {
 // HTTP client rather than go-openai: the request carries ignore_eos (which
 // go-openai cannot send) and the timing needs vLLM's reasoning deltas,
 // which go-openai's structs drop.
-func send(ctx context.Context, client *http.Client, target bench.Target, opts Options, content string) request {
+func send(ctx context.Context, client *http.Client, target bench.Target, opts Options, messages []map[string]string) request {
 	body, _ := json.Marshal(map[string]any{
 		"model":          target.Model,
-		"messages":       []map[string]string{{"role": "user", "content": content}},
+		"messages":       messages,
 		"max_tokens":     opts.OutputTokens,
 		"ignore_eos":     true,
 		"temperature":    0,
@@ -378,13 +417,20 @@ type streamChunk struct {
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
+		Details          *struct {
+			CachedTokens int `json:"cached_tokens"`
+		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
+	Timings *struct {
+		CacheN *int `json:"cache_n"`
+	} `json:"timings"`
 	Error json.RawMessage `json:"error"`
 }
 
 // readStream reads SSE events as they arrive, stamping each with now().
 func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 	var r request
+	var answer strings.Builder
 	var last time.Time
 	events := 0
 	usage := false
@@ -410,6 +456,14 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 				usage = true
 				r.outputTokens = c.Usage.CompletionTokens
 				r.promptTokens = c.Usage.PromptTokens
+				if c.Usage.Details != nil {
+					r.cachedTokens = c.Usage.Details.CachedTokens
+				}
+			} else if c.Timings != nil && c.Timings.CacheN != nil && r.cachedTokens == 0 {
+				r.cachedTokens = *c.Timings.CacheN
+			}
+			for _, ch := range c.Choices {
+				answer.WriteString(ch.Delta.Content)
 			}
 			if carriesToken(c) {
 				if events == 0 {
@@ -437,6 +491,7 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 	if !usage {
 		r.outputTokens, r.counted = events, true
 	}
+	r.answer = answer.String()
 	return r
 }
 

@@ -10,8 +10,12 @@ import (
 // defined.
 func (r Result) Text() string {
 	var sb strings.Builder
-	fmt.Fprintf(&sb, "Bench of %s (model %s), %s split, %d-token answers, started %s\n\n",
-		r.Target, r.Model, r.Split, r.OutputTokens, r.StartedAt.Format("2006-01-02 15:04:05"))
+	turns := ""
+	if r.Turns > 1 {
+		turns = fmt.Sprintf(" in sessions of %d turns", r.Turns)
+	}
+	fmt.Fprintf(&sb, "Bench of %s (model %s), %s split%s, %d-token answers, started %s\n\n",
+		r.Target, r.Model, r.Split, turns, r.OutputTokens, r.StartedAt.Format("2006-01-02 15:04:05"))
 	sb.WriteString(Table(r))
 	sb.WriteString("\n")
 	sb.WriteString(r.Detail())
@@ -69,13 +73,14 @@ func Table(results ...Result) string {
 
 // Detail prints every level's figures.
 func (r Result) Detail() string {
-	rows := [][]string{{"concurrency", "requests", "failed", "total tok/s", "per req tok/s", "TTFT p50 / p90", "TPOT p50", "ITL p50 / p99", "E2E p50", "prompt tok"}}
+	rows := [][]string{{"concurrency", "requests", "failed", "total tok/s", "per req tok/s", "TTFT p50 / p90", "TPOT p50", "ITL p50 / p99", "E2E p50", "prompt tok", "cache hit"}}
 	for _, l := range r.Levels {
 		rows = append(rows, []string{
 			fmt.Sprint(l.Concurrency), fmt.Sprint(l.Requests), fmt.Sprint(l.Failed),
 			fmt.Sprintf("%.1f", l.TotalTokPerSec), fmt.Sprintf("%.1f", l.PerRequestTokPerS),
 			fmtMS(l.TTFT.P50) + " / " + fmtMS(l.TTFT.P90), fmtMS(l.TPOT.P50),
 			fmtMS(l.ITL.P50) + " / " + fmtMS(l.ITL.P99), fmtMS(l.E2E.P50), fmt.Sprint(l.PromptTokens),
+			fmt.Sprintf("%.0f%%", 100*l.CacheHit),
 		})
 	}
 	out := markdown(rows)

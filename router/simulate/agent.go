@@ -194,3 +194,35 @@ func mix(a, b, c uint64) uint64 {
 	x *= 0x94d049bb133111eb
 	return x ^ x>>31
 }
+
+// Session is one agent session of a scenario, for running it against real
+// workers: when it starts, its kind (index into Agent.System) and its turns.
+type Session struct {
+	Start time.Duration
+	Kind  int
+	Turns []Turn
+}
+
+// Turn is one request of a session: its prompt and answer lengths in
+// tokens, and the pause after its answer before the next turn.
+type Turn struct {
+	Prompt, Output int
+	Think          time.Duration
+}
+
+// Sessions returns the sessions an agent scenario runs, the same for every
+// policy and every run of the same seed; nil for a scenario without agents.
+func (s Scenario) Sessions() []Session {
+	if s.Agent == nil {
+		return nil
+	}
+	var out []Session
+	for _, sp := range s.sessionPlans() {
+		ss := Session{Start: sp.start, Kind: sp.kind}
+		for _, tp := range sp.turns {
+			ss.Turns = append(ss.Turns, Turn{Prompt: tp.prompt, Output: tp.output, Think: tp.think})
+		}
+		out = append(out, ss)
+	}
+	return out
+}
