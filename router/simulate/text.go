@@ -36,7 +36,12 @@ func Text(s Scenario, rs []Result) string {
 		}
 	}
 	sort.Strings(workers)
-	fmt.Fprintln(&b, "\nshare of requests per worker (and its cache hit ratio)")
+	agents := len(rs) > 0 && rs[0].CacheHitCeiling > 0
+	if agents {
+		fmt.Fprintln(&b, "\nshare of requests per worker (and its cache hit ratio)")
+	} else {
+		fmt.Fprintln(&b, "\nshare of requests per worker")
+	}
 	tw = tabwriter.NewWriter(&b, 0, 4, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprint(tw, "policy\t")
 	for _, w := range workers {
@@ -46,7 +51,7 @@ func Text(s Scenario, rs []Result) string {
 	for _, r := range rs {
 		fmt.Fprintf(tw, "%s\t", r.Policy)
 		for _, w := range workers {
-			if h, ok := r.WorkerCacheHit[w]; ok && r.CacheHitCeiling > 0 {
+			if h, ok := r.WorkerCacheHit[w]; ok && agents {
 				fmt.Fprintf(tw, "%.1f%% (%.0f%%)\t", 100*r.Share[w], 100*h)
 			} else {
 				fmt.Fprintf(tw, "%.1f%%\t", 100*r.Share[w])
