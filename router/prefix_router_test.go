@@ -113,6 +113,12 @@ func TestRouterRoutesTurnsToTheirPrefix(t *testing.T) {
 			if held == 0 {
 				t.Fatal("b's prefix index is empty after serving a conversation")
 			}
+			// What the console and workers --json show.
+			for _, st := range r.Stats() {
+				if st.Name == bb.Name && (!st.CacheHitKnown || st.CacheHit != ratio) {
+					t.Errorf("b's stats show cache hit %.2f (%v), want the engine-reported %.2f", st.CacheHit, st.CacheHitKnown, ratio)
+				}
+			}
 			// b restarts on another port: its cache, and the index, are gone.
 			bb.Addr = "127.0.0.1:1"
 			r.SetBackends([]Backend{ba, bb})

@@ -21,15 +21,18 @@ import (
 // The real-time counterpart of `fleet simulate --scenario agent-sessions`:
 // the seed-mixed machines as real `fleet sim` engines, which cache prompts
 // as llama-server and vLLM do, behind a real hub; the scenario's first
-// sessions, shortened, run as closed loops (a turn waits for the previous
-// answer and a think time); one run per policy. The cache hit ratio is what
+// sessions run as closed loops (a turn waits for the previous answer and a
+// think time), one run per policy. To keep the run to minutes, sessions are
+// cut at agentRTMaxTurns turns and start agentRTSpeedup times as often, so
+// about as many are open at once as in the virtual run. The cache hit ratio is what
 // the engines themselves report (usage.prompt_tokens_details.cached_tokens).
 // Like TestRealtimePolicyComparison it is a measurement, opt-in, failing
 // only when something breaks.
 
 const (
-	agentRTWindow   = 45 * time.Second
-	agentRTMaxTurns = 5
+	agentRTWindow   = 120 * time.Second // of the scenario's session starts
+	agentRTMaxTurns = 8
+	agentRTSpeedup  = 2
 )
 
 // agentRTFleetFile is seed-mixed's fleet with vLLM reporting cached tokens.
@@ -67,10 +70,11 @@ func TestRealtimeAgentSessions(t *testing.T) {
 			break
 		}
 		s.Turns = s.Turns[:min(len(s.Turns), agentRTMaxTurns)]
+		s.Start /= agentRTSpeedup
 		turns += len(s.Turns)
 		sessions = append(sessions, s)
 	}
-	t.Logf("agent-sessions in real time: %d sessions starting within %s, %d turns, seed %d", len(sessions), agentRTWindow, turns, scen.Seed)
+	t.Logf("agent-sessions in real time: %d sessions starting within %s, %d turns, seed %d", len(sessions), agentRTWindow/agentRTSpeedup, turns, scen.Seed)
 	if strings.Count(agentRTFleetFile, "--enable-prompt-tokens-details") != 1 {
 		t.Fatal("the fleet file did not get --enable-prompt-tokens-details")
 	}
