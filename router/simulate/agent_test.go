@@ -28,6 +28,11 @@ func runAgent(t *testing.T, name string) map[string]Result {
 			t.Errorf("%s: %d served + %d rejected of %d turns", r.Policy, r.Requests, r.Rejected, s.Requests)
 		}
 	}
+	for _, p := range agentPolicies {
+		if out[p].Requests == 0 {
+			t.Fatalf("no result for policy %s", p)
+		}
+	}
 	return out
 }
 
