@@ -7,18 +7,23 @@ import (
 )
 
 // metrics are the router's Prometheus series. Labels stay bounded: models and
-// backends come from the fleet file, keys from the api_keys table.
+// backends come from the fleet file and the ready set, and a name that is
+// neither is counted under unknownModel. API key names are not labels: they
+// are sensitive, and /metrics is served without a key.
 type metrics struct {
-	requests    *prometheus.CounterVec
-	inFlight    *prometheus.GaugeVec
-	ttft        *prometheus.HistogramVec
-	itl         *prometheus.HistogramVec
-	e2e         *prometheus.HistogramVec
-	retries     *prometheus.CounterVec
-	queueDepth  *prometheus.GaugeVec
-	queueWait   *prometheus.HistogramVec
-	keyRequests *prometheus.CounterVec
+	requests   *prometheus.CounterVec
+	inFlight   *prometheus.GaugeVec
+	ttft       *prometheus.HistogramVec
+	itl        *prometheus.HistogramVec
+	e2e        *prometheus.HistogramVec
+	retries    *prometheus.CounterVec
+	queueDepth *prometheus.GaugeVec
+	queueWait  *prometheus.HistogramVec
 }
+
+// unknownModel is the one label value every model name the router does not
+// serve is counted under, so a client cannot grow the series without bound.
+const unknownModel = "(unknown)"
 
 // latencyBuckets span a loopback embedding (1 ms) to a starved 27B answer (2 min).
 var latencyBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120}
@@ -49,9 +54,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "fleet_router_queue_wait_seconds", Help: "Time requests spent waiting in the router's queue.", Buckets: latencyBuckets,
 		}, []string{"model"}),
-		keyRequests: prometheus.NewCounterVec(prometheus.CounterOpts{
-			Name: "fleet_router_key_requests_total", Help: "Requests per API key name.",
-		}, []string{"key"}),
 	}
 	m.requests = register(reg, m.requests)
 	m.inFlight = register(reg, m.inFlight)
@@ -61,7 +63,6 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.retries = register(reg, m.retries)
 	m.queueDepth = register(reg, m.queueDepth)
 	m.queueWait = register(reg, m.queueWait)
-	m.keyRequests = register(reg, m.keyRequests)
 	return m
 }
 

@@ -100,7 +100,6 @@ func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bo
 			"the API key is not valid (revoked or mistyped); ask an admin for a key (`fleet key create NAME`)", 0)
 		return "", false
 	}
-	r.metrics.keyRequests.WithLabelValues(name).Inc()
 	return name, true
 }
 
@@ -155,7 +154,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	mode := r.normalisationLocked(model, req.URL.Path)
 	r.mu.Unlock()
 	if !known {
-		r.countStatus(info.Model, "", http.StatusNotFound)
+		r.countStatus(unknownModel, "", http.StatusNotFound)
 		writeError(w, http.StatusNotFound, errTypeInvalidRequest, codeModelNotFound, "model",
 			fmt.Sprintf("the model %q does not exist here; GET /v1/models lists the models this fleet serves", info.Model), 0)
 		return

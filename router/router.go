@@ -96,7 +96,8 @@ type Options struct {
 	EngineLoadMaxAge time.Duration
 }
 
-// KeyVerifier checks an API key; name is what metrics count the key under.
+// KeyVerifier checks an API key; name identifies the key to the caller (it is
+// never a metric label: key names are not for anonymous /metrics readers).
 type KeyVerifier interface {
 	VerifyAPIKey(ctx context.Context, key string) (name string, ok bool, err error)
 }
