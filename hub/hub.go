@@ -58,6 +58,9 @@ type Options struct {
 	// wait (0 = the router's defaults, 30 s and 256).
 	QueueTimeout time.Duration
 	QueueSize    int
+	// BodyTimeout is how long a router client has to send its request body
+	// (0 = the router's default).
+	BodyTimeout time.Duration
 	// RequireKeys makes the router demand an API key even on loopback; a
 	// non-loopback HTTPAddr always does.
 	RequireKeys bool
@@ -228,6 +231,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		Policy:       opts.Policy,
 		QueueTimeout: opts.QueueTimeout,
 		QueueSize:    opts.QueueSize,
+		BodyTimeout:  opts.BodyTimeout,
 		Keys:         keys,
 		// A request got no first byte: is the worker's node still there?
 		OnNoFirstByte: h.checkWorkerNode,

@@ -20,6 +20,7 @@ const (
 	codeInvalidJSON     = "invalid_json"
 	codeMissingModel    = "missing_model"
 	codeBodyTooLarge    = "request_too_large"
+	codeBodyTimeout     = "request_timeout"
 	codeContextTooLong  = "context_length_exceeded"
 	codeNoWorker        = "no_worker_available"
 	codeQueueTimeout    = "queue_timeout"

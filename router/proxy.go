@@ -122,13 +122,19 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	if _, ok := r.authorize(w, req); !ok {
 		return
 	}
-	body, err := readBody(w, req, r.opts.MaxBodyBytes)
+	body, err := r.readBody(w, req)
 	if err != nil {
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			r.countStatus("", "", http.StatusRequestEntityTooLarge)
 			writeError(w, http.StatusRequestEntityTooLarge, errTypeInvalidRequest, codeBodyTooLarge, "",
 				fmt.Sprintf("request body is over the router's limit of %d bytes; send a smaller request", r.opts.MaxBodyBytes), 0)
+			return
+		}
+		if errors.Is(err, errBodyTimeout) {
+			r.countStatus("", "", http.StatusRequestTimeout)
+			writeError(w, http.StatusRequestTimeout, errTypeInvalidRequest, codeBodyTimeout, "",
+				fmt.Sprintf("the request body did not arrive within %s; send it at once after the headers", r.opts.BodyTimeout), 0)
 			return
 		}
 		r.log.Debug("reading request body failed", "err", err)
@@ -205,26 +211,6 @@ func (r *Router) answerSchedError(w http.ResponseWriter, req *http.Request, mode
 
 func (r *Router) countStatus(model, backend string, status int) {
 	r.metrics.requests.WithLabelValues(model, backend, strconv.Itoa(status)).Inc()
-}
-
-func readBody(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
-	if req.ContentLength > limit {
-		return nil, &http.MaxBytesError{Limit: limit}
-	}
-	rd := http.MaxBytesReader(w, req.Body, limit)
-	if req.ContentLength > 0 {
-		buf := make([]byte, req.ContentLength)
-		if _, err := io.ReadFull(rd, buf); err != nil {
-			return nil, err
-		}
-		// A lying Content-Length must not smuggle bytes past the limit.
-		var one [1]byte
-		if n, _ := rd.Read(one[:]); n > 0 {
-			return nil, fmt.Errorf("body longer than its Content-Length")
-		}
-		return buf, nil
-	}
-	return io.ReadAll(rd)
 }
 
 // forwardResult tells serveInference whether to try another backend.

@@ -5,6 +5,10 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
 )
 
 // requestInfo is what the router needs from a request body to route it; the
@@ -92,4 +96,53 @@ func parseRequest(body []byte) (requestInfo, error) {
 		info.Prefix = PrefixChain(w.Tools, w.Messages, w.Prompt)
 	}
 	return info, nil
+}
+
+// DefaultBodyTimeout gives a 16 MiB body (the default limit) 0.8 MB/s, far
+// below any real link, while a client trickling a byte at a time is cut off.
+const DefaultBodyTimeout = 20 * time.Second
+
+// errBodyTimeout is a request body that did not arrive within BodyTimeout.
+var errBodyTimeout = errors.New("request body read deadline exceeded")
+
+// readBody reads the request body within the size limit and the body
+// deadline. The deadline is lifted once the body is in: the connection's
+// later reads only watch for the client going away while the answer
+// streams, which may take minutes.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+	rc := http.NewResponseController(w)
+	// Recorders and HTTP/2 streams may not support deadlines; the server's
+	// own limits are all they get.
+	deadline := rc.SetReadDeadline(time.Now().Add(r.opts.BodyTimeout)) == nil
+	body, err := readLimited(w, req, r.opts.MaxBodyBytes)
+	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
+		// Hang up after the 408: left open, the server would wait for the
+		// rest of the trickle to reuse the connection.
+		w.Header().Set("Connection", "close")
+		return nil, fmt.Errorf("%w: %w", errBodyTimeout, err)
+	}
+	if deadline {
+		_ = rc.SetReadDeadline(time.Time{})
+	}
+	return body, err
+}
+
+func readLimited(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+	if req.ContentLength > limit {
+		return nil, &http.MaxBytesError{Limit: limit}
+	}
+	rd := http.MaxBytesReader(w, req.Body, limit)
+	if req.ContentLength > 0 {
+		buf := make([]byte, req.ContentLength)
+		if _, err := io.ReadFull(rd, buf); err != nil {
+			return nil, err
+		}
+		// A lying Content-Length must not smuggle bytes past the limit.
+		var one [1]byte
+		if n, _ := rd.Read(one[:]); n > 0 {
+			return nil, fmt.Errorf("body longer than its Content-Length")
+		}
+		return buf, nil
+	}
+	return io.ReadAll(rd)
 }

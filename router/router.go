@@ -51,6 +51,10 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxBodyBytes caps a request body (default 16 MiB); larger gets 413.
 	MaxBodyBytes int64
+	// BodyTimeout is how long a client has to send the whole request body
+	// once its handler runs (default 20 s); slower gets 408 and the
+	// connection closes, so trickled bodies cannot hold connections.
+	BodyTimeout time.Duration
 	// Registerer receives the router's metrics. Nil means a private registry.
 	// When it is also a prometheus.Gatherer, /metrics serves it.
 	Registerer prometheus.Registerer
@@ -108,6 +112,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 16 << 20
+	}
+	if o.BodyTimeout <= 0 {
+		o.BodyTimeout = DefaultBodyTimeout
 	}
 	if o.QueueTimeout <= 0 {
 		o.QueueTimeout = 30 * time.Second

@@ -26,6 +26,7 @@ import (
 	"fleet/cli"
 	"fleet/hub"
 	"fleet/internal/mdns"
+	"fleet/router"
 	"fleet/sim"
 )
 
@@ -245,6 +246,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion, counting the prompt prefix each worker holds), fleet-no-prefix, p2c-least-loaded, round-robin, random, session-sticky (hash of the prompt's first chunk), cache-aware (SGLang gateway's)")
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
+	c.Flags().DurationVar(&opts.BodyTimeout, "body-timeout", router.DefaultBodyTimeout, "how long a router client has to send its whole request body; slower gets 408")
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses)")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins (needed off loopback until a console user exists)")
