@@ -78,6 +78,12 @@ func Parse(filename string, data []byte) (fleet.Fleet, error) {
 	if !utf8.Valid(data) {
 		return fleet.Fleet{}, fileErr("the file is not UTF-8 text; save it as UTF-8")
 	}
+	// The parser's cost grows with nesting far faster than with size, so
+	// nesting no fleet file has is refused before it runs.
+	var deep *nestingError
+	if errors.As(checkNesting(data, MaxNesting), &deep) {
+		return fleet.Fleet{}, &Error{File: filename, Line: deep.line, Msg: deep.Error()}
+	}
 	file, err := parseYAML(data)
 	if err != nil {
 		return fleet.Fleet{}, syntaxError(filename, err)

@@ -1,0 +1,311 @@
+package fleetfile
+
+import "fmt"
+
+// MaxNesting bounds how deep collections may nest in a fleet file. The
+// deepest thing a fleet file means is six levels (the file's mapping,
+// models:, a model, recipes:, a recipe, its args: or env:); the margin lets
+// a slightly wrong file reach the decoder, whose errors say more than
+// "too deep". Anything deeper is refused before the YAML parser sees it:
+// 100,000 nested brackets (200 KB) took the parser 32 s and 15 GB.
+const MaxNesting = 12
+
+// nestingError is a file nested deeper than the limit, at the line where it
+// first went over.
+type nestingError struct {
+	line, limit int
+}
+
+func (e *nestingError) Error() string {
+	return fmt.Sprintf("collections nest more than %d deep here; a fleet file needs at most 6 (file, models, model, recipes, recipe, args), so remove the extra brackets, dashes or indentation", e.limit)
+}
+
+// checkNesting measures how deep block and flow collections nest, in one
+// pass over the bytes with memory bounded by limit, without building
+// tokens (go-yaml's scanner alone takes 1 GB for 4 MiB of brackets). It
+// skips comments, quoted scalars and block scalars (an install: script may
+// hold "[[ ]]"), so it never counts deeper than the YAML parser would; a
+// fuzz test holds it to counting at least as deep.
+func checkNesting(data []byte, limit int) error {
+	s := nestScanner{limit: limit, blockScalar: noColumn, dangling: noColumn}
+	line := 0
+	for start := 0; start < len(data); {
+		end := start
+		for end < len(data) && data[end] != '\n' {
+			end++
+		}
+		line++
+		l := data[start:end]
+		if n := len(l); n > 0 && l[n-1] == '\r' {
+			l = l[:n-1]
+		}
+		if !s.line(l) {
+			return &nestingError{line: line, limit: limit}
+		}
+		start = end + 1
+	}
+	return nil
+}
+
+// noColumn marks an unset column.
+const noColumn = -2
+
+type openCollection struct {
+	col int
+	seq bool
+}
+
+// flowLevel is one open [ or {. An entry of a flow sequence holding a ':'
+// is a one-pair mapping, one level deeper; a flow mapping entry with a
+// second ':' is counted so too (go-yaml reads "a:b" as a pair in some
+// flow contexts, and counting deeper than the parser is the safe side).
+type flowLevel struct {
+	seq    bool
+	colons int
+	pair   bool
+}
+
+type nestScanner struct {
+	limit int
+	stack []openCollection // open block collections, outermost first
+	flows []flowLevel      // open [ and {, outermost first
+	// flow is the depth the open flow collections add, pairs included.
+	flow int
+	// dangling is the column of a node left empty at the end of a line (a
+	// "-" alone, or a tag with no value), noColumn when none. go-yaml hangs
+	// the next line's node under it even when that is indented no deeper:
+	// "-" then "a: b" at its column is a mapping inside the entry, and
+	// "a: !t" then "b: c" nests the mapping under the tag.
+	dangling    int
+	danglingTag bool
+	// floor is how many stack entries such a node froze: what follows
+	// nests under them whatever its indentation. force makes the line's
+	// first collection a new one even where it would continue the top one
+	// (after a dangling tag).
+	floor int
+	force bool
+	quote byte // the quote of a scalar spanning lines, or 0
+	// blockScalar is the column its content must be indented beyond, or
+	// noColumn outside one.
+	blockScalar int
+}
+
+func (s *nestScanner) depth() int { return len(s.stack) + s.flow }
+
+// open records a block collection starting at col. It reports false when
+// the nesting passes the limit.
+func (s *nestScanner) open(col int, seq bool) bool {
+	for len(s.stack) > 0 {
+		top := s.stack[len(s.stack)-1]
+		if top.col == col && top.seq == seq && !s.force {
+			return true // another entry of the same collection
+		}
+		// A dedent closes collections; a key back at a sequence's column
+		// ends the sequence (it was the value of a key at that column).
+		if len(s.stack) > s.floor && (top.col > col || (top.col == col && top.seq && !seq)) {
+			s.stack = s.stack[:len(s.stack)-1]
+			continue
+		}
+		break
+	}
+	s.force = false
+	s.stack = append(s.stack, openCollection{col, seq})
+	return s.depth() <= s.limit
+}
+
+func isBlank(c byte) bool { return c == ' ' || c == '\t' }
+
+// line scans one line; false means the nesting went over the limit.
+func (s *nestScanner) line(l []byte) bool {
+	indent := 0
+	for indent < len(l) && l[indent] == ' ' {
+		indent++
+	}
+	if s.blockScalar != noColumn {
+		if indent == len(l) || indent > s.blockScalar {
+			return true // blank or indented: the block scalar's text
+		}
+		s.blockScalar = noColumn
+	}
+	pos := 0
+	valueStart := true
+	if s.quote == 0 && s.flow == 0 {
+		pos = indent
+		if pos == len(l) || l[pos] == '#' {
+			return true
+		}
+		s.force = false
+		if s.dangling != noColumn && indent <= s.dangling {
+			s.floor, s.force = len(s.stack), s.danglingTag
+		}
+		s.dangling = noColumn
+		if indent == 0 && len(l) >= 3 && (string(l[:3]) == "---" || string(l[:3]) == "...") && (len(l) == 3 || isBlank(l[3])) {
+			s.stack, s.dangling, s.floor = s.stack[:0], noColumn, 0 // a new document
+			pos = 3
+		}
+		// "- - x" opens one sequence per dash.
+		for pos < len(l) && l[pos] == '-' && (pos+1 == len(l) || isBlank(l[pos+1])) {
+			if !s.open(pos, true) {
+				return false
+			}
+			pos++
+			for pos < len(l) && isBlank(l[pos]) {
+				pos++
+			}
+			if pos == len(l) || l[pos] == '#' {
+				s.dangling, s.danglingTag = pos-1, false
+				for s.dangling > 0 && l[s.dangling] != '-' {
+					s.dangling--
+				}
+				return true
+			}
+		}
+		if pos < len(l) && l[pos] != '#' && hasKey(l[pos:]) && !s.open(pos, false) {
+			return false
+		}
+	}
+	tag := false // the last thing on the line was a tag awaiting its value
+	for i := pos; i < len(l); i++ {
+		c := l[i]
+		if !isBlank(c) && c != '#' {
+			tag = false
+		}
+		if s.quote != 0 {
+			switch {
+			case c == '\\' && s.quote == '"':
+				i++
+			case c == '\'' && s.quote == '\'' && i+1 < len(l) && l[i+1] == '\'':
+				i++
+			case c == s.quote:
+				s.quote = 0
+				valueStart = false
+			}
+			continue
+		}
+		switch {
+		case isBlank(c):
+		case c == '#' && (i == 0 || isBlank(l[i-1])):
+			return s.endLine(valueStart && tag)
+		case (c == '"' || c == '\'') && valueStart:
+			s.quote = c
+		case c == '[' || c == '{':
+			if s.flow > 0 || valueStart {
+				s.flows = append(s.flows, flowLevel{seq: c == '['})
+				s.flow++
+				if s.depth() > s.limit {
+					return false
+				}
+				valueStart = true
+			}
+		case c == ']' || c == '}':
+			if n := len(s.flows); n > 0 {
+				s.flow--
+				if s.flows[n-1].pair {
+					s.flow--
+				}
+				s.flows = s.flows[:n-1]
+			}
+			valueStart = false
+		case c == ',' && s.flow > 0:
+			lvl := &s.flows[len(s.flows)-1]
+			if lvl.pair {
+				s.flow--
+			}
+			*lvl = flowLevel{seq: lvl.seq}
+			valueStart = true
+		case c == ':' && s.flow > 0:
+			lvl := &s.flows[len(s.flows)-1]
+			lvl.colons++
+			if !lvl.pair && ((lvl.seq && lvl.colons == 1) || (!lvl.seq && lvl.colons == 2)) {
+				lvl.pair = true
+				s.flow++
+				if s.depth() > s.limit {
+					return false
+				}
+			}
+			valueStart = true
+		case c == ':' && (i+1 == len(l) || isBlank(l[i+1])):
+			valueStart = true
+		case (c == '|' || c == '>') && valueStart && s.flow == 0 && blockHeader(l[i+1:]):
+			s.blockScalar = -1
+			if len(s.stack) > 0 {
+				s.blockScalar = s.stack[len(s.stack)-1].col
+			}
+			return true
+		case (c == '&' || c == '!') && valueStart:
+			// An anchor or tag before a value: the value still starts after it.
+			for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
+				i++
+			}
+			tag = c == '!'
+		default:
+			valueStart = false
+		}
+	}
+	return s.endLine(valueStart && tag)
+}
+
+// endLine counts a tag left dangling at the end of a block line.
+func (s *nestScanner) endLine(danglingTag bool) bool {
+	if !danglingTag || s.quote != 0 || s.flow > 0 {
+		return true
+	}
+	s.dangling, s.danglingTag = -1, true
+	if len(s.stack) > 0 {
+		s.dangling = s.stack[len(s.stack)-1].col
+	}
+	return true
+}
+
+func isFlowIndicator(c byte) bool { return c == ',' || c == '[' || c == ']' || c == '{' || c == '}' }
+
+// blockHeader reports whether rest, after a | or >, is a block scalar header:
+// chomping and indentation indicators, then nothing but a comment.
+func blockHeader(rest []byte) bool {
+	i := 0
+	for i < len(rest) && (rest[i] == '+' || rest[i] == '-' || (rest[i] >= '0' && rest[i] <= '9')) {
+		i++
+	}
+	if i < len(rest) && !isBlank(rest[i]) {
+		return false
+	}
+	for i < len(rest) && isBlank(rest[i]) {
+		i++
+	}
+	return i == len(rest) || rest[i] == '#'
+}
+
+// hasKey reports whether a block line's content is a mapping key: a ':'
+// followed by a blank or the end, outside quotes and brackets, before any
+// comment.
+func hasKey(l []byte) bool {
+	var quote byte
+	flow := 0
+	for i := 0; i < len(l); i++ {
+		c := l[i]
+		if quote != 0 {
+			switch {
+			case c == '\\' && quote == '"':
+				i++
+			case c == quote:
+				quote = 0
+			}
+			continue
+		}
+		switch {
+		case (c == '"' || c == '\'') && i == 0:
+			quote = c
+		case c == '[' || c == '{':
+			if i == 0 || flow > 0 {
+				flow++
+			}
+		case (c == ']' || c == '}') && flow > 0:
+			flow--
+		case c == '#' && i > 0 && isBlank(l[i-1]):
+			return false
+		case c == ':' && flow == 0 && (i+1 == len(l) || isBlank(l[i+1])):
+			return true
+		}
+	}
+	return false
+}
