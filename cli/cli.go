@@ -140,10 +140,13 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		}),
 		jsonFlag(&cobra.Command{
 			Use:   "models",
-			Short: "list models with their recipe per engine",
+			Short: "list models with their recipe per engine (env values only for admins)",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
 				ms := h.Snapshot(c.Context()).Models
+				if !u.Role.Allows(fleet.RoleAdmin) {
+					ms = fleet.RedactModels(ms)
+				}
 				if asJSON {
 					return writeJSON(c.OutOrStdout(), ms)
 				}
@@ -160,7 +163,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		applyCmd(h, u, stdin),
 		&cobra.Command{
 			Use:   "export",
-			Short: "print the current fleet as a fleet file that applies back to the same state",
+			Short: "print the current fleet as a fleet file that applies back to the same state (env values only for admins)",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
 				data, err := h.Export(c.Context(), u)

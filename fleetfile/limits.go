@@ -1,6 +1,12 @@
 package fleetfile
 
-import "fmt"
+import (
+	"fmt"
+	"maps"
+	"slices"
+
+	"fleet"
+)
 
 // MaxNesting bounds how deep collections may nest in a fleet file. The
 // deepest thing a fleet file means is six levels (the file's mapping,
@@ -308,4 +314,22 @@ func hasKey(l []byte) bool {
 		}
 	}
 	return false
+}
+
+// RefuseRedacted refuses a fleet holding the placeholder an export shows
+// non-admins in place of env values: applying it would hand the engine
+// the placeholder instead of the secret. Export itself writes such files
+// (they are valid YAML and parse), so the check belongs to apply.
+func RefuseRedacted(filename string, f fleet.Fleet) error {
+	for _, m := range f.Models {
+		for _, e := range slices.Sorted(maps.Keys(m.Recipes)) {
+			for _, name := range slices.Sorted(maps.Keys(m.Recipes[e].Env)) {
+				if m.Recipes[e].Env[name] == fleet.Redacted {
+					return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),
+						Msg: fmt.Sprintf("env %s is %s, the placeholder an export shows non-admins; put the real value in its place", name, fleet.Redacted)}
+				}
+			}
+		}
+	}
+	return nil
 }

@@ -951,6 +951,9 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 	if err != nil {
 		return "", err
 	}
+	if err := fleetfile.RefuseRedacted(filename, next); err != nil {
+		return "", err
+	}
 	// A dry run validates exactly as an apply does, launch checks included.
 	for _, m := range next.Models {
 		if err := enginectl.CheckRecipes(m); err != nil {
@@ -1006,11 +1009,15 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 	return plan.String(), nil
 }
 
-// Export prints the declared fleet as a fleet file.
+// Export prints the declared fleet as a fleet file; recipe env values are
+// redacted for everyone but admins (see fleet.RedactModels).
 func (h *Hub) Export(ctx context.Context, u fleet.User) ([]byte, error) {
 	f, err := h.store.LoadFleet(ctx)
 	if err != nil {
 		return nil, err
+	}
+	if !u.Role.Allows(fleet.RoleAdmin) {
+		f.Models = fleet.RedactModels(f.Models)
 	}
 	return fleetfile.Marshal(f)
 }

@@ -6,6 +6,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"fleet"
+	"fleet/fleetfile"
 )
 
 // A fleet file nested deeper than any fleet file means is refused before
@@ -40,5 +43,52 @@ func TestDeepFleetFileRefused(t *testing.T) {
 	}
 	if !bytes.Equal(before, after) {
 		t.Errorf("the refused apply changed the fleet:\n%s\nto\n%s", before, after)
+	}
+}
+
+// withToken is the demo fleet with a secret in a recipe's env.
+func withToken(t *testing.T) []byte {
+	t.Helper()
+	f := strings.Replace(string(fleetfile.Demo), "        model: Qwen/Qwen3-4B-AWQ\n",
+		"        model: Qwen/Qwen3-4B-AWQ\n        env:\n          HF_TOKEN: hf_s3cr3t_value\n", 1)
+	if !strings.Contains(f, "hf_s3cr3t_value") {
+		t.Fatal("the demo fleet changed shape; update withToken")
+	}
+	return []byte(f)
+}
+
+// Recipe env values (an HF_TOKEN) reach admins only: export and models
+// --json show the other roles the names with a placeholder, and an export
+// with the placeholder does not apply back as the value.
+func TestSecretsRedactedForNonAdmins(t *testing.T) {
+	const secret = "hf_s3cr3t_value"
+	h := newHub(t, Options{})
+	if _, err := h.Apply(t.Context(), admin, "fleet.yaml", withToken(t), false); err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range []fleet.User{viewer, operator, admin} {
+		exported, err := h.Export(t.Context(), u)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var models, stderr bytes.Buffer
+		if code := h.Exec(t.Context(), u, []string{"models", "--json"}, nil, &models, &stderr); code != 0 {
+			t.Fatalf("models --json as %s: exit %d: %s", u.Role, code, stderr.String())
+		}
+		for what, out := range map[string]string{"export": string(exported), "models --json": models.String()} {
+			shows := strings.Contains(out, secret)
+			if shows != (u.Role == fleet.RoleAdmin) {
+				t.Errorf("%s as %s shows the token: %v\n%s", what, u.Role, shows, out)
+			}
+			if !strings.Contains(out, "HF_TOKEN") {
+				t.Errorf("%s as %s hides the variable's name too:\n%s", what, u.Role, out)
+			}
+		}
+		if u.Role != fleet.RoleAdmin {
+			_, err := h.Apply(t.Context(), admin, "exported.yaml", exported, true)
+			if err == nil || !strings.Contains(err.Error(), "env HF_TOKEN is "+fleet.Redacted+", the placeholder") {
+				t.Errorf("a redacted export applied: %v", err)
+			}
+		}
 	}
 }

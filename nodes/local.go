@@ -76,7 +76,7 @@ func (t *localTransport) Run(ctx context.Context, argv []string, stdin io.Reader
 		return nil
 	}
 	if errors.Is(err, exec.ErrWaitDelay) && cmd.ProcessState != nil && cmd.ProcessState.Success() {
-		t.logger.Warn("command exited but a child kept its output open; not waiting for it", "argv", argv)
+		t.logger.Warn("command exited but a child kept its output open; not waiting for it", "argv", fleet.RedactArgv(argv))
 		return nil
 	}
 	if errors.Is(err, exec.ErrNotFound) {
