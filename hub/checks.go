@@ -70,7 +70,8 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		}
 		rt = router.NormalisingTransport(rt, mode)
 	}
-	client := &http.Client{Transport: rt}
+	// The router counts these requests as the worker's load.
+	client := &http.Client{Transport: h.router.CountingTransport(rt, w.Name())}
 	return bench.Target{
 		Name:       w.Node,
 		BaseURL:    fmt.Sprintf("http://127.0.0.1:%d/v1", w.Port),
@@ -84,6 +85,11 @@ func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Repor
 	if err := h.authorize(u, fleet.ActionRole("shape"), "shape", a+" "+b); err != nil {
 		return shape.Report{}, err
 	}
+	done, err := h.checks.start(u, "shape")
+	if err != nil {
+		return shape.Report{}, err
+	}
+	defer done()
 	var shapes [2]shape.Shape
 	var errs [2]error
 	var wg sync.WaitGroup
@@ -112,6 +118,11 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape
 	if err := h.authorize(u, fleet.ActionRole("shape --all"), "shape --all", model); err != nil {
 		return nil, err
 	}
+	done, err := h.checks.start(u, "shape --all")
+	if err != nil {
+		return nil, err
+	}
+	defer done()
 	ref, err := h.referenceShape(ctx, model)
 	if err != nil {
 		return nil, err
@@ -148,6 +159,11 @@ func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string
 	if err := h.authorize(u, fleet.RoleAdmin, "shape pin", worker); err != nil {
 		return "", err
 	}
+	done, err := h.checks.start(u, "shape pin")
+	if err != nil {
+		return "", err
+	}
+	defer done()
 	msg, err := h.pinShape(ctx, worker)
 	if err != nil {
 		h.audit(u, "shape pin", worker, "failed: "+err.Error())
@@ -194,6 +210,12 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 	if err := h.authorize(u, fleet.RoleOperator, "bench", target); err != nil {
 		return sweep.Result{}, err
 	}
+	done, err := h.checks.start(u, "bench")
+	if err != nil {
+		h.audit(u, "bench", target, "refused: "+err.Error())
+		return sweep.Result{}, err
+	}
+	defer done()
 	var t bench.Target
 	worker := ""
 	if h.knownModel(target) {

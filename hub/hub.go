@@ -109,6 +109,8 @@ type Hub struct {
 	// refMu serialises setting a model's reference shape, so the first of
 	// several workers admitted at once sets it and the others compare.
 	refMu sync.Mutex
+	// checks bounds each user's shape and bench runs (see limits.go).
+	checks userChecks
 	// httpAddr is where the router listens, once Run has bound it.
 	httpAddr string
 	// lock is the data dir's lock, held until Close.

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"fleet"
+	"fleet/cli"
 	"fleet/fleetfile"
 )
 
@@ -90,5 +91,50 @@ func TestSecretsRedactedForNonAdmins(t *testing.T) {
 				t.Errorf("a redacted export applied: %v", err)
 			}
 		}
+	}
+}
+
+// Each user runs at most MaxChecksPerUser shape probes and bench sweeps at
+// once; the next is refused with a message, before any request reaches a
+// worker, while other users are not held back.
+func TestChecksLimitedPerUser(t *testing.T) {
+	h, actors := seededHub(t)
+	ada, vic := actors[admin.Name], actors[viewer.Name]
+	var dones []func()
+	for range MaxChecksPerUser {
+		done, err := h.checks.start(ada, "bench")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dones = append(dones, done)
+	}
+	ctx := t.Context()
+	const refusal = "already has 2 shape or bench runs going (the limit per user); wait for one to finish"
+	calls := map[string]func(u fleet.User) error{
+		"shape":       func(u fleet.User) error { _, err := h.Shape(ctx, u, "ultra", "max"); return err },
+		"shape --all": func(u fleet.User) error { _, err := h.ShapeAll(ctx, u, "qwen3-4b"); return err },
+		"shape pin":   func(u fleet.User) error { _, err := h.PinShape(ctx, u, "ultra"); return err },
+		"bench":       func(u fleet.User) error { _, err := h.Bench(ctx, u, "ultra", cli.BenchOptions{}, nil); return err },
+	}
+	for what, call := range calls {
+		err := call(ada)
+		if err == nil || !strings.Contains(err.Error(), what+": ada "+refusal) {
+			t.Errorf("%s beyond the limit: %v; want the refusal", what, err)
+		}
+		// Another user gets past the limit (to the next check: these
+		// restored workers have no engine answering).
+		if err := call(vic); err != nil && strings.Contains(err.Error(), refusal) {
+			t.Errorf("%s by another user was refused by ada's limit: %v", what, err)
+		}
+	}
+	dones[0]()
+	dones[0]() // ending twice frees one slot, not two
+	done, err := h.checks.start(ada, "shape")
+	if err != nil {
+		t.Fatalf("a freed slot was not reusable: %v", err)
+	}
+	defer done()
+	if _, err := h.checks.start(ada, "shape"); err == nil {
+		t.Errorf("a slot ended twice was freed twice")
 	}
 }

@@ -1,0 +1,97 @@
+package router
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+)
+
+// waitFor polls cond until it holds or the hang guard passes.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(hangGuard)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// Requests the hub sends to a worker directly (shape probes, bench) are the
+// worker's load in the router: they show in its in-flight count, and the
+// router's own requests queue behind them instead of piling onto the
+// engine.
+func TestDirectRequestsCountAsLoad(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*hangGuard)
+	defer cancel()
+	unblock := make(chan struct{})
+	var unblockOnce sync.Once
+	free := func() { unblockOnce.Do(func() { close(unblock) }) }
+	// A failing check must not leave handlers blocked for the server's Close.
+	defer free()
+	var active atomic.Int32
+	srv, b := startBackend(t, "ultra/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		active.Add(1)
+		defer active.Add(-1)
+		<-unblock
+		okJSON(w, req)
+	})
+	r, rsrv := startRouter(t, Options{QueueTimeout: 2 * hangGuard}, b)
+	client := &http.Client{Transport: r.CountingTransport(&http.Transport{MaxConnsPerHost: 64}, b.Name)}
+
+	const probes = 12 // `shape ultra max` twelve times at once
+	var wg sync.WaitGroup
+	for range probes {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+			resp, err := client.Do(req)
+			if err != nil {
+				t.Errorf("direct request: %v", err)
+				return
+			}
+			io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+		}()
+	}
+	waitFor(t, "the probes to reach the engine", func() bool { return active.Load() == probes })
+	if got := r.InFlight(b.Name); got != probes {
+		t.Errorf("router in-flight %d while %d probes run on the worker, want %d", got, probes, probes)
+	}
+	if st := r.Stats(); len(st) != 1 || st[0].InFlight != probes {
+		t.Errorf("console figures %+v, want %d in flight", st, probes)
+	}
+
+	// A client request now waits in the router, not on the full engine.
+	done := make(chan int, 1)
+	go func() {
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		done <- resp.StatusCode
+	}()
+	waitFor(t, "the client request to queue", func() bool { return r.queueLen("qwen3-4b") == 1 })
+	if n := active.Load(); n != probes {
+		t.Errorf("the engine holds %d requests, want the %d probes only", n, probes)
+	}
+	free()
+	wg.Wait()
+	if code := <-done; code != http.StatusOK {
+		t.Errorf("queued request answered %d", code)
+	}
+	waitFor(t, "the holds to end", func() bool { return r.InFlight(b.Name) == 0 })
+
+	// A worker outside the ready set has nothing to count.
+	release := r.HoldSlot("max/qwen3-4b")
+	release()
+	if r.InFlight("max/qwen3-4b") != 0 {
+		t.Errorf("a hold on a worker the router does not route to counted")
+	}
+}
