@@ -30,8 +30,9 @@ func (e *nestingError) Error() string {
 // pass over the bytes with memory bounded by limit, without building
 // tokens (go-yaml's scanner alone takes 1 GB for 4 MiB of brackets). It
 // skips comments, quoted scalars and block scalars (an install: script may
-// hold "[[ ]]"), so it never counts deeper than the YAML parser would; a
-// fuzz test holds it to counting at least as deep.
+// hold "[[ ]]") so that text does not count as nesting; where go-yaml reads
+// more nesting than YAML says, it counts go-yaml's reading. FuzzNesting
+// holds it to counting at least as deep as go-yaml's tree.
 func checkNesting(data []byte, limit int) error {
 	s := nestScanner{limit: limit, blockScalar: noColumn, dangling: noColumn}
 	line := 0
