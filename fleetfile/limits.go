@@ -16,17 +16,20 @@ import (
 // 100,000 nested brackets (200 KB) took the parser 32 s and 15 GB.
 const MaxNesting = 12
 
-// nestingError is a file nested deeper than the limit, at the line where it
-// first went over.
-type nestingError struct {
-	line, limit int
+// textError is a problem checkNesting found, at a line.
+type textError struct {
+	line int
+	msg  string
 }
 
-func (e *nestingError) Error() string {
-	return fmt.Sprintf("collections nest more than %d deep here; a fleet file needs at most 6 (file, models, model, recipes, recipe, args), so remove the extra brackets, dashes or indentation", e.limit)
+func (e *textError) Error() string { return e.msg }
+
+func nestingMsg(limit int) string {
+	return fmt.Sprintf("collections nest more than %d deep here; a fleet file needs at most 6 (file, models, model, recipes, recipe, args), so remove the extra brackets, dashes or indentation", limit)
 }
 
-// checkNesting measures how deep block and flow collections nest, in one
+// checkNesting refuses control characters and measures how deep block and
+// flow collections nest, in one
 // pass over the bytes with memory bounded by limit, without building
 // tokens (go-yaml's scanner alone takes 1 GB for 4 MiB of brackets). It
 // skips comments, quoted scalars and block scalars (an install: script may
@@ -37,17 +40,25 @@ func checkNesting(data []byte, limit int) error {
 	s := nestScanner{limit: limit, blockScalar: noColumn, dangling: noColumn}
 	line := 0
 	for start := 0; start < len(data); {
+		// YAML breaks lines at \n, \r\n and a lone \r.
 		end := start
-		for end < len(data) && data[end] != '\n' {
+		for end < len(data) && data[end] != '\n' && data[end] != '\r' {
 			end++
 		}
 		line++
 		l := data[start:end]
-		if n := len(l); n > 0 && l[n-1] == '\r' {
-			l = l[:n-1]
+		// YAML allows no control character but tab and line breaks, and
+		// go-yaml's reading of a NUL is its own.
+		for _, c := range l {
+			if c < 0x20 && c != '\t' {
+				return &textError{line: line, msg: fmt.Sprintf("the line holds the control character 0x%02x; a fleet file is text (remove it)", c)}
+			}
 		}
 		if !s.line(l) {
-			return &nestingError{line: line, limit: limit}
+			return &textError{line: line, msg: nestingMsg(limit)}
+		}
+		if end+1 < len(data) && data[end] == '\r' && data[end+1] == '\n' {
+			end++
 		}
 		start = end + 1
 	}
@@ -66,10 +77,14 @@ type openCollection struct {
 // is a one-pair mapping, one level deeper; a flow mapping entry with a
 // second ':' is counted so too (go-yaml reads "a:b" as a pair in some
 // flow contexts, and counting deeper than the parser is the safe side).
+// go-yaml also reads "- " at the start of a flow entry as a block
+// sequence: "[- - a]" is three deep.
 type flowLevel struct {
 	seq    bool
 	colons int
 	pair   bool
+	// extra is the depth the current entry adds: its pair and dashes.
+	extra int
 }
 
 type nestScanner struct {
@@ -150,9 +165,9 @@ func (s *nestScanner) line(l []byte) bool {
 			s.stack, s.dangling, s.floor = s.stack[:0], noColumn, 0 // a new document
 			pos = 3
 		}
-		// "- - x" opens one sequence per dash.
-		for pos < len(l) && l[pos] == '-' && (pos+1 == len(l) || isBlank(l[pos+1])) {
-			if !s.open(pos, true) {
+		// "- - x" opens one sequence per dash; "? k" an explicit key.
+		for pos < len(l) && (l[pos] == '-' || l[pos] == '?') && (pos+1 == len(l) || isBlank(l[pos+1])) {
+			if !s.open(pos, l[pos] == '-') {
 				return false
 			}
 			pos++
@@ -161,17 +176,26 @@ func (s *nestScanner) line(l []byte) bool {
 			}
 			if pos == len(l) || l[pos] == '#' {
 				s.dangling, s.danglingTag = pos-1, false
-				for s.dangling > 0 && l[s.dangling] != '-' {
+				for s.dangling > 0 && l[s.dangling] != '-' && l[s.dangling] != '?' {
 					s.dangling--
 				}
 				return true
 			}
+		}
+		if pos < len(l) && l[pos] == ':' && (pos+1 == len(l) || isBlank(l[pos+1])) {
+			// A value for a key on an earlier line ("0\n: v"): go-yaml
+			// makes that a mapping of its own, nested under what is open.
+			s.floor, s.force = len(s.stack), true
 		}
 		if pos < len(l) && l[pos] != '#' && hasKey(l[pos:]) && !s.open(pos, false) {
 			return false
 		}
 	}
 	tag := false // the last thing on the line was a tag awaiting its value
+	// colons counts the line's block value indicators and scalar is where
+	// the current plain scalar began: a second "k:" on one line is a key
+	// go-yaml nests under the first.
+	colons, scalar := 0, pos
 	for i := pos; i < len(l); i++ {
 		c := l[i]
 		if !isBlank(c) && c != '#' {
@@ -206,18 +230,13 @@ func (s *nestScanner) line(l []byte) bool {
 			}
 		case c == ']' || c == '}':
 			if n := len(s.flows); n > 0 {
-				s.flow--
-				if s.flows[n-1].pair {
-					s.flow--
-				}
+				s.flow -= 1 + s.flows[n-1].extra
 				s.flows = s.flows[:n-1]
 			}
 			valueStart = false
 		case c == ',' && s.flow > 0:
 			lvl := &s.flows[len(s.flows)-1]
-			if lvl.pair {
-				s.flow--
-			}
+			s.flow -= lvl.extra
 			*lvl = flowLevel{seq: lvl.seq}
 			valueStart = true
 		case c == ':' && s.flow > 0:
@@ -225,13 +244,28 @@ func (s *nestScanner) line(l []byte) bool {
 			lvl.colons++
 			if !lvl.pair && ((lvl.seq && lvl.colons == 1) || (!lvl.seq && lvl.colons == 2)) {
 				lvl.pair = true
+				lvl.extra++
 				s.flow++
 				if s.depth() > s.limit {
 					return false
 				}
 			}
 			valueStart = true
+		case c == '-' && s.flow == 0 && valueStart && (i+1 == len(l) || isBlank(l[i+1])):
+			// An entry after a tag or anchor ("! - -"): go-yaml nests it.
+			if !s.open(i, true) {
+				return false
+			}
+		case (c == '-' || c == '?') && s.flow > 0 && valueStart && (i+1 == len(l) || isBlank(l[i+1])):
+			s.flows[len(s.flows)-1].extra++
+			s.flow++
+			if s.depth() > s.limit {
+				return false
+			}
 		case c == ':' && (i+1 == len(l) || isBlank(l[i+1])):
+			if colons++; colons > 1 && !s.open(scalar, false) {
+				return false
+			}
 			valueStart = true
 		case (c == '|' || c == '>') && valueStart && s.flow == 0 && blockHeader(l[i+1:]):
 			s.blockScalar = -1
@@ -246,6 +280,9 @@ func (s *nestScanner) line(l []byte) bool {
 			}
 			tag = c == '!'
 		default:
+			if valueStart {
+				scalar = i
+			}
 			valueStart = false
 		}
 	}

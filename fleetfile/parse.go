@@ -80,9 +80,9 @@ func Parse(filename string, data []byte) (fleet.Fleet, error) {
 	}
 	// The parser's cost grows with nesting far faster than with size, so
 	// nesting no fleet file has is refused before it runs.
-	var deep *nestingError
-	if errors.As(checkNesting(data, MaxNesting), &deep) {
-		return fleet.Fleet{}, &Error{File: filename, Line: deep.line, Msg: deep.Error()}
+	var bad *textError
+	if errors.As(checkNesting(data, MaxNesting), &bad) {
+		return fleet.Fleet{}, &Error{File: filename, Line: bad.line, Msg: bad.msg}
 	}
 	file, err := parseYAML(data)
 	if err != nil {
