@@ -94,7 +94,7 @@ type nestScanner struct {
 	// flow is the depth the open flow collections add, pairs included.
 	flow int
 	// dangling is the column of a node left empty at the end of a line (a
-	// "-" alone, or a tag with no value), noColumn when none. go-yaml hangs
+	// "-" alone, or a tag or anchor with no value), noColumn when none. go-yaml hangs
 	// the next line's node under it even when that is indented no deeper:
 	// "-" then "a: b" at its column is a mapping inside the entry, and
 	// "a: !t" then "b: c" nests the mapping under the tag.
@@ -106,7 +106,6 @@ type nestScanner struct {
 	// (after a dangling tag).
 	floor int
 	force bool
-	quote byte // the quote of a scalar spanning lines, or 0
 	// blockScalar is the column its content must be indented beyond, or
 	// noColumn outside one.
 	blockScalar int
@@ -151,7 +150,7 @@ func (s *nestScanner) line(l []byte) bool {
 	}
 	pos := 0
 	valueStart := true
-	if s.quote == 0 && s.flow == 0 {
+	if s.flow == 0 {
 		pos = indent
 		if pos == len(l) || l[pos] == '#' {
 			return true
@@ -191,7 +190,13 @@ func (s *nestScanner) line(l []byte) bool {
 			return false
 		}
 	}
-	tag := false // the last thing on the line was a tag awaiting its value
+	// prop is the tag ('!') or anchor ('&') that was the last thing on the
+	// line, awaiting its value, or 0.
+	var prop byte
+	// A quoted scalar is taken to end with its line: go-yaml reads a quote
+	// on a plain scalar's continuation line as text, and a quote wrongly
+	// left open would hide the rest of the file from the count.
+	var quote byte
 	// colons counts the line's block value indicators and scalar is where
 	// the current plain scalar began: a second "k:" on one line is a key
 	// go-yaml nests under the first.
@@ -199,16 +204,16 @@ func (s *nestScanner) line(l []byte) bool {
 	for i := pos; i < len(l); i++ {
 		c := l[i]
 		if !isBlank(c) && c != '#' {
-			tag = false
+			prop = 0
 		}
-		if s.quote != 0 {
+		if quote != 0 {
 			switch {
-			case c == '\\' && s.quote == '"':
+			case c == '\\' && quote == '"':
 				i++
-			case c == '\'' && s.quote == '\'' && i+1 < len(l) && l[i+1] == '\'':
+			case c == '\'' && quote == '\'' && i+1 < len(l) && l[i+1] == '\'':
 				i++
-			case c == s.quote:
-				s.quote = 0
+			case c == quote:
+				quote = 0
 				valueStart = false
 			}
 			continue
@@ -216,9 +221,9 @@ func (s *nestScanner) line(l []byte) bool {
 		switch {
 		case isBlank(c):
 		case c == '#' && (i == 0 || isBlank(l[i-1])):
-			return s.endLine(valueStart && tag)
+			return s.endLine(valueStart, prop)
 		case (c == '"' || c == '\'') && valueStart:
-			s.quote = c
+			quote = c
 		case c == '[' || c == '{':
 			if s.flow > 0 || valueStart {
 				s.flows = append(s.flows, flowLevel{seq: c == '['})
@@ -229,11 +234,12 @@ func (s *nestScanner) line(l []byte) bool {
 				valueStart = true
 			}
 		case c == ']' || c == '}':
-			if n := len(s.flows); n > 0 {
+			// Only the matching bracket closes: go-yaml reads "[}" as still open.
+			if n := len(s.flows); n > 0 && s.flows[n-1].seq == (c == ']') {
 				s.flow -= 1 + s.flows[n-1].extra
 				s.flows = s.flows[:n-1]
+				valueStart = false
 			}
-			valueStart = false
 		case c == ',' && s.flow > 0:
 			lvl := &s.flows[len(s.flows)-1]
 			s.flow -= lvl.extra
@@ -251,9 +257,10 @@ func (s *nestScanner) line(l []byte) bool {
 				}
 			}
 			valueStart = true
-		case c == '-' && s.flow == 0 && valueStart && (i+1 == len(l) || isBlank(l[i+1])):
-			// An entry after a tag or anchor ("! - -"): go-yaml nests it.
-			if !s.open(i, true) {
+		case (c == '-' || c == '?') && s.flow == 0 && valueStart && (i+1 == len(l) || isBlank(l[i+1])):
+			// An entry or explicit key after a tag or anchor ("! - -") or
+			// a value (": ? k"): go-yaml nests it.
+			if !s.open(i, c == '-') {
 				return false
 			}
 		case (c == '-' || c == '?') && s.flow > 0 && valueStart && (i+1 == len(l) || isBlank(l[i+1])):
@@ -278,7 +285,7 @@ func (s *nestScanner) line(l []byte) bool {
 			for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
 				i++
 			}
-			tag = c == '!'
+			prop = c
 		default:
 			if valueStart {
 				scalar = i
@@ -286,15 +293,16 @@ func (s *nestScanner) line(l []byte) bool {
 			valueStart = false
 		}
 	}
-	return s.endLine(valueStart && tag)
+	return s.endLine(valueStart, prop)
 }
 
-// endLine counts a tag left dangling at the end of a block line.
-func (s *nestScanner) endLine(danglingTag bool) bool {
-	if !danglingTag || s.quote != 0 || s.flow > 0 {
+// endLine notes a tag or anchor left without its value at the end of a
+// block line: go-yaml may hang the next line's node under it.
+func (s *nestScanner) endLine(valueStart bool, prop byte) bool {
+	if !valueStart || prop == 0 || s.flow > 0 {
 		return true
 	}
-	s.dangling, s.danglingTag = -1, true
+	s.dangling, s.danglingTag = -1, prop == '!'
 	if len(s.stack) > 0 {
 		s.dangling = s.stack[len(s.stack)-1].col
 	}
