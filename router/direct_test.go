@@ -8,20 +8,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 )
-
-// waitFor polls cond until it holds or the hang guard passes.
-func waitFor(t *testing.T, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(hangGuard)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
 
 // Requests the hub sends to a worker directly (shape probes, bench) are the
 // worker's load in the router: they show in its in-flight count, and the
@@ -61,7 +48,7 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 			resp.Body.Close()
 		}()
 	}
-	waitFor(t, "the probes to reach the engine", func() bool { return active.Load() == probes })
+	waitFor(t, func() bool { return active.Load() == probes })
 	if got := r.InFlight(b.Name); got != probes {
 		t.Errorf("router in-flight %d while %d probes run on the worker, want %d", got, probes, probes)
 	}
@@ -77,7 +64,7 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 		resp.Body.Close()
 		done <- resp.StatusCode
 	}()
-	waitFor(t, "the client request to queue", func() bool { return r.queueLen("qwen3-4b") == 1 })
+	waitFor(t, func() bool { return r.queueLen("qwen3-4b") == 1 })
 	if n := active.Load(); n != probes {
 		t.Errorf("the engine holds %d requests, want the %d probes only", n, probes)
 	}
@@ -86,7 +73,7 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 	if code := <-done; code != http.StatusOK {
 		t.Errorf("queued request answered %d", code)
 	}
-	waitFor(t, "the holds to end", func() bool { return r.InFlight(b.Name) == 0 })
+	waitFor(t, func() bool { return r.InFlight(b.Name) == 0 })
 
 	// A worker outside the ready set has nothing to count.
 	release := r.HoldSlot("max/qwen3-4b")
