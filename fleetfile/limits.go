@@ -190,9 +190,9 @@ func (s *nestScanner) line(l []byte) bool {
 			return false
 		}
 	}
-	// prop is the tag ('!') or anchor ('&') that was the last thing on the
-	// line, awaiting its value, or 0.
-	var prop byte
+	// props says the line ended in a tag or anchor awaiting its value
+	// ('&'), and whether a tag was among them ('!'); 0 otherwise.
+	var props byte
 	// A quoted scalar is taken to end with its line: go-yaml reads a quote
 	// on a plain scalar's continuation line as text, and a quote wrongly
 	// left open would hide the rest of the file from the count.
@@ -203,8 +203,8 @@ func (s *nestScanner) line(l []byte) bool {
 	colons, scalar := 0, pos
 	for i := pos; i < len(l); i++ {
 		c := l[i]
-		if !isBlank(c) && c != '#' {
-			prop = 0
+		if !isBlank(c) && c != '#' && c != '!' && c != '&' {
+			props = 0
 		}
 		if quote != 0 {
 			switch {
@@ -221,7 +221,7 @@ func (s *nestScanner) line(l []byte) bool {
 		switch {
 		case isBlank(c):
 		case c == '#' && (i == 0 || isBlank(l[i-1])):
-			return s.endLine(valueStart, prop)
+			return s.endLine(valueStart, props)
 		case (c == '"' || c == '\'') && valueStart:
 			quote = c
 		case c == '[' || c == '{':
@@ -285,7 +285,9 @@ func (s *nestScanner) line(l []byte) bool {
 			for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
 				i++
 			}
-			prop = c
+			if props != '!' {
+				props = c
+			}
 		default:
 			if valueStart {
 				scalar = i
@@ -293,16 +295,16 @@ func (s *nestScanner) line(l []byte) bool {
 			valueStart = false
 		}
 	}
-	return s.endLine(valueStart, prop)
+	return s.endLine(valueStart, props)
 }
 
 // endLine notes a tag or anchor left without its value at the end of a
 // block line: go-yaml may hang the next line's node under it.
-func (s *nestScanner) endLine(valueStart bool, prop byte) bool {
-	if !valueStart || prop == 0 || s.flow > 0 {
+func (s *nestScanner) endLine(valueStart bool, props byte) bool {
+	if !valueStart || props == 0 || s.flow > 0 {
 		return true
 	}
-	s.dangling, s.danglingTag = -1, prop == '!'
+	s.dangling, s.danglingTag = -1, props == '!'
 	if len(s.stack) > 0 {
 		s.dangling = s.stack[len(s.stack)-1].col
 	}
