@@ -193,6 +193,12 @@ func (s *nestScanner) line(l []byte) bool {
 	// props says the line ended in a tag or anchor awaiting its value
 	// ('&'), and whether a tag was among them ('!'); 0 otherwise.
 	var props byte
+	// bare is the column of a line that is nothing but properties, whose
+	// node go-yaml hangs the next line under whatever its indentation.
+	bare := noColumn
+	if s.flow == 0 && pos < len(l) && (l[pos] == '&' || l[pos] == '!') {
+		bare = pos
+	}
 	// A quoted scalar is taken to end with its line: go-yaml reads a quote
 	// on a plain scalar's continuation line as text, and a quote wrongly
 	// left open would hide the rest of the file from the count.
@@ -221,7 +227,7 @@ func (s *nestScanner) line(l []byte) bool {
 		switch {
 		case isBlank(c):
 		case c == '#' && (i == 0 || isBlank(l[i-1])):
-			return s.endLine(valueStart, props)
+			return s.endLine(valueStart, props, bare)
 		case (c == '"' || c == '\'') && valueStart:
 			quote = c
 		case c == '[' || c == '{':
@@ -282,8 +288,18 @@ func (s *nestScanner) line(l []byte) bool {
 			return true
 		case (c == '&' || c == '!') && valueStart:
 			// An anchor or tag before a value: the value still starts after it.
+			start := i
 			for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
 				i++
+			}
+			if c == '&' && i == start {
+				// go-yaml takes the next word as the name of an anchor "& ".
+				for i+1 < len(l) && isBlank(l[i+1]) {
+					i++
+				}
+				for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
+					i++
+				}
 			}
 			if props != '!' {
 				props = c
@@ -295,18 +311,21 @@ func (s *nestScanner) line(l []byte) bool {
 			valueStart = false
 		}
 	}
-	return s.endLine(valueStart, props)
+	return s.endLine(valueStart, props, bare)
 }
 
 // endLine notes a tag or anchor left without its value at the end of a
 // block line: go-yaml may hang the next line's node under it.
-func (s *nestScanner) endLine(valueStart bool, props byte) bool {
+func (s *nestScanner) endLine(valueStart bool, props byte, bare int) bool {
 	if !valueStart || props == 0 || s.flow > 0 {
 		return true
 	}
 	s.dangling, s.danglingTag = -1, props == '!'
 	if len(s.stack) > 0 {
 		s.dangling = s.stack[len(s.stack)-1].col
+	}
+	if bare != noColumn {
+		s.dangling, s.danglingTag = bare, true
 	}
 	return true
 }
