@@ -150,6 +150,11 @@ func (s *nestScanner) line(l []byte) bool {
 	}
 	pos := 0
 	valueStart := true
+	if n := len(s.flows); n > 0 {
+		// go-yaml reads a flow entry's next line as able to open another
+		// pair ("[\n0:\n- 0: 0]"): count its colons afresh.
+		s.flows[n-1].colons, s.flows[n-1].pair = 0, false
+	}
 	if s.flow == 0 {
 		pos = indent
 		if pos == len(l) || l[pos] == '#' {
