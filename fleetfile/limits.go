@@ -37,7 +37,7 @@ func nestingMsg(limit int) string {
 // more nesting than YAML says, it counts go-yaml's reading. FuzzNesting
 // holds it to counting at least as deep as go-yaml's tree.
 func checkNesting(data []byte, limit int) error {
-	s := nestScanner{limit: limit, blockScalar: noColumn, dangling: noColumn}
+	s := nestScanner{limit: limit, blockScalar: noColumn, dangling: noColumn, carry: noColumn}
 	line := 0
 	for start := 0; start < len(data); {
 		// YAML breaks lines at \n, \r\n and a lone \r.
@@ -106,6 +106,12 @@ type nestScanner struct {
 	// (after a dangling tag).
 	floor int
 	force bool
+	// carry is a dangling node's column and kind kept for the next line
+	// when this one hangs only a scalar under it ("&\n0\n0:"); opens
+	// counts open calls, so a line can tell whether it opened anything.
+	carry, carryOpens int
+	carryTag          bool
+	opens             int
 	// blockScalar is the column its content must be indented beyond, or
 	// noColumn outside one.
 	blockScalar int
@@ -116,6 +122,7 @@ func (s *nestScanner) depth() int { return len(s.stack) + s.flow }
 // open records a block collection starting at col. It reports false when
 // the nesting passes the limit.
 func (s *nestScanner) open(col int, seq bool) bool {
+	s.opens++
 	for len(s.stack) > 0 {
 		top := s.stack[len(s.stack)-1]
 		if top.col == col && top.seq == seq && !s.force {
@@ -160,9 +167,10 @@ func (s *nestScanner) line(l []byte) bool {
 		if pos == len(l) || l[pos] == '#' {
 			return true
 		}
-		s.force = false
+		s.force, s.carry = false, noColumn
 		if s.dangling != noColumn && indent <= s.dangling {
 			s.floor, s.force = len(s.stack), s.danglingTag
+			s.carry, s.carryTag, s.carryOpens = s.dangling, s.danglingTag, s.opens
 		}
 		s.dangling = noColumn
 		if indent == 0 && len(l) >= 3 && (string(l[:3]) == "---" || string(l[:3]) == "...") && (len(l) == 3 || isBlank(l[3])) {
@@ -322,6 +330,12 @@ func (s *nestScanner) line(l []byte) bool {
 // endLine notes a tag or anchor left without its value at the end of a
 // block line: go-yaml may hang the next line's node under it.
 func (s *nestScanner) endLine(valueStart bool, props byte, bare int) bool {
+	if s.carry != noColumn && s.opens == s.carryOpens && s.flow == 0 {
+		// Only a scalar hung under the dangling node: the next line may
+		// still be hung there.
+		s.dangling, s.danglingTag = s.carry, s.carryTag
+	}
+	s.carry = noColumn
 	if !valueStart || props == 0 || s.flow > 0 {
 		return true
 	}
