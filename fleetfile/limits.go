@@ -206,6 +206,7 @@ func (s *nestScanner) line(l []byte) bool {
 	// props says the line ended in a tag or anchor awaiting its value
 	// ('&'), and whether a tag was among them ('!'); 0 otherwise.
 	var props byte
+	emptyAnchor := false // an anchor without a name, which YAML has not
 	// bare is the column of a line that is nothing but properties, whose
 	// node go-yaml hangs the next line under whatever its indentation.
 	bare := noColumn
@@ -240,7 +241,7 @@ func (s *nestScanner) line(l []byte) bool {
 		switch {
 		case isBlank(c):
 		case c == '#' && (i == 0 || isBlank(l[i-1])):
-			return s.endLine(valueStart, props, bare)
+			return s.endLine(valueStart || emptyAnchor, danglingProps(props, emptyAnchor), bare)
 		case (c == '"' || c == '\'') && valueStart:
 			quote = c
 		case c == '[' || c == '{':
@@ -306,13 +307,16 @@ func (s *nestScanner) line(l []byte) bool {
 				i++
 			}
 			if c == '&' && i == start {
-				// go-yaml takes the next word as the name of an anchor "& ".
+				// go-yaml takes the next word as the name of an anchor "& "
+				// and, whatever follows, hangs the next line's node under
+				// it: "0: ! & 0 0" repeated nests a level a line.
 				for i+1 < len(l) && isBlank(l[i+1]) {
 					i++
 				}
 				for i+1 < len(l) && !isBlank(l[i+1]) && !(s.flow > 0 && isFlowIndicator(l[i+1])) {
 					i++
 				}
+				emptyAnchor = true
 			}
 			if props != '!' {
 				props = c
@@ -324,7 +328,16 @@ func (s *nestScanner) line(l []byte) bool {
 			valueStart = false
 		}
 	}
-	return s.endLine(valueStart, props, bare)
+	return s.endLine(valueStart || emptyAnchor, danglingProps(props, emptyAnchor), bare)
+}
+
+// danglingProps makes a line with a nameless anchor end as if on a
+// dangling tag.
+func danglingProps(props byte, emptyAnchor bool) byte {
+	if emptyAnchor {
+		return '!'
+	}
+	return props
 }
 
 // endLine notes a tag or anchor left without its value at the end of a

@@ -44,6 +44,8 @@ func TestDeepNestingRefusedCheaply(t *testing.T) {
 		}(), 7},
 		// go-yaml hangs the node after a dangling tag under it.
 		{"dangling tags", strings.Repeat("a: !t\n", deep), MaxNesting + 1},
+		// go-yaml also hangs the next line under a nameless anchor.
+		{"nameless anchors", strings.Repeat("0: ! & 0 0\n", deep), MaxNesting + 1},
 		{"tagged and anchored", "nodes: " + strings.Repeat("!!seq &x [", deep) + strings.Repeat("]", deep) + "\n", 1},
 	}
 	for _, tt := range tests {
