@@ -202,7 +202,11 @@ type Model struct {
 	// speed a new worker must reach to be admitted (default 0.5).
 	SpeedTolerance float64 `json:"speed_tolerance,omitempty"`
 	// Reasoning is the opt-in response normalisation: "", "inline" or "field".
-	Reasoning string                `json:"reasoning,omitempty"`
+	Reasoning string `json:"reasoning,omitempty"`
+	// Reference is the node whose worker's response shape every worker of
+	// the model must match; "" means the first node of the model's first
+	// placement (see Fleet.ReferenceNode).
+	Reference string                `json:"reference,omitempty"`
 	Recipes   map[EngineKind]Recipe `json:"recipes"`
 }
 
@@ -318,6 +322,25 @@ type Fleet struct {
 	Nodes      []Node      `json:"nodes"`
 	Models     []Model     `json:"models"`
 	Placements []Placement `json:"placements"`
+}
+
+// ReferenceNode is the node whose worker sets model's reference shape: the
+// model's `reference:` when given, else the first node of its first
+// placement in the file. A fixed rule, so the reference never depends on
+// which worker happened to become ready first. "" when the model is not
+// placed anywhere.
+func (f Fleet) ReferenceNode(model string) string {
+	for _, m := range f.Models {
+		if m.ID == model && m.Reference != "" {
+			return m.Reference
+		}
+	}
+	for _, p := range f.Placements {
+		if p.Model == model {
+			return p.Node
+		}
+	}
+	return ""
 }
 
 // Role is what an SSH user may do: viewer < operator < admin.

@@ -165,6 +165,7 @@ func modelChanges(o, m fleet.Model) []string {
 	field("memory_gb", formatNumber(o.MemoryGB), formatNumber(m.MemoryGB))
 	field("speed_tolerance", formatNumber(o.SpeedTolerance), formatNumber(m.SpeedTolerance))
 	field("reasoning", orDefault(o.Reasoning, "off"), orDefault(m.Reasoning, "off"))
+	field("reference", orDefault(o.Reference, "first placed node"), orDefault(m.Reference, "first placed node"))
 	for _, e := range recipeOrder(m.Recipes) {
 		r := m.Recipes[e]
 		or, ok := o.Recipes[e]

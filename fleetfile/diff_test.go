@@ -42,6 +42,7 @@ models:
   - id: qwen3-4b
     aliases: [qwen3]
     context: 16384
+    reference: ultra
     recipes:
       vllm: {model: Qwen/Qwen3-4B-AWQ, args: [--tensor-parallel-size, "2"]}
       vllm-metal: {model: Qwen/Qwen3-4B}
@@ -71,6 +72,7 @@ placements:
 + node max (sim:m4max-llamacpp)
 - node rig (ops@rig.lan)
 ~ model qwen3-4b: context 8192 → 16384
+~ model qwen3-4b: reference first placed node → ultra
 ~ model qwen3-4b: recipe vllm: args [--tensor-parallel-size 1] → [--tensor-parallel-size 2]
 ~ model qwen3-4b: recipe vllm-metal added
 ~ model qwen3-4b: recipe llamacpp removed

@@ -86,6 +86,7 @@ func writeModel(b *strings.Builder, m fleet.Model) {
 		fmt.Fprintf(b, "    speed_tolerance: %s\n", formatNumber(m.SpeedTolerance))
 	}
 	optional(b, "    ", "reasoning", m.Reasoning)
+	optional(b, "    ", "reference", m.Reference)
 	b.WriteString("    recipes:")
 	if len(m.Recipes) == 0 {
 		b.WriteString(" {}")

@@ -19,7 +19,7 @@ func awkward() fleet.Fleet {
 		},
 		Models: []fleet.Model{
 			{ID: "Qwen/Qwen3-4B", Aliases: []string{"null", "yes", "1e3", "a:b", "- x"}, Context: 32768, MemoryGB: 2.75, SpeedTolerance: 0.6,
-				Reasoning: "field",
+				Reasoning: "field", Reference: "0x1f",
 				Recipes: map[fleet.EngineKind]fleet.Recipe{
 					fleet.EngineVLLM: {Engine: fleet.EngineVLLM, Model: "Qwen/Qwen3-4B-AWQ",
 						Args: []string{"--x", "1", "-", "", "[a]", "{b}", "c, d", "it's", `say "hi"`, "tab\there", "é ✓", "#", "&a", "*a", "!t", "%p", "@u", "`b`", "|", ">", "?", "a: b", " lead", "trail "}},

@@ -142,6 +142,14 @@ type decoder struct {
 	file    string
 	anchors map[string]ast.Node
 	errs    []*Error
+	// refs are the models' `reference:` values, checked once placements
+	// are known.
+	refs []refAt
+}
+
+type refAt struct {
+	model, node string
+	at          ast.Node
 }
 
 func (d *decoder) errorf(n ast.Node, where, format string, args ...any) {
@@ -416,7 +424,30 @@ func (d *decoder) fleet(root ast.Node) fleet.Fleet {
 	nodeLines := d.nodes(nodesAt, &f)
 	models := d.models(modelsAt, &f)
 	d.placements(placementsAt, &f, nodeLines, models)
+	d.checkReferences(&f)
 	return f
+}
+
+// checkReferences makes sure each model's reference names a node the model
+// is placed on: the reference shape is taken from that node's worker.
+func (d *decoder) checkReferences(f *fleet.Fleet) {
+	for _, r := range d.refs {
+		var placed []string
+		for _, p := range f.Placements {
+			if p.Model == r.model {
+				placed = append(placed, p.Node)
+			}
+		}
+		if slices.Contains(placed, r.node) {
+			continue
+		}
+		where := "model " + r.model
+		if len(placed) == 0 {
+			d.errorf(r.at, where, "reference %q: the model is not placed on any node; place it on %s or remove reference:", r.node, r.node)
+			continue
+		}
+		d.errorf(r.at, where, "reference %q is not a node the model is placed on; use one of %s", r.node, strings.Join(placed, ", "))
+	}
 }
 
 func (d *decoder) nodes(n ast.Node, f *fleet.Fleet) map[string]int {
@@ -552,7 +583,7 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 		if id := d.peek(it, "id"); id != "" {
 			where = "model " + id
 		}
-		entries, ok := d.mapping(it, where, "a model", []string{"id", "aliases", "context", "memory_gb", "speed_tolerance", "reasoning", "recipes"})
+		entries, ok := d.mapping(it, where, "a model", []string{"id", "aliases", "context", "memory_gb", "speed_tolerance", "reasoning", "reference", "recipes"})
 		if !ok && entries == nil {
 			continue
 		}
@@ -596,6 +627,13 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 				m.Reasoning, _ = d.scalar(e.value, where, "reasoning")
 				if m.Reasoning != "" && m.Reasoning != "inline" && m.Reasoning != "field" {
 					d.errorf(e.value, where, "reasoning %q must be inline or field (or left out)", m.Reasoning)
+				}
+			case "reference":
+				m.Reference, _ = d.scalar(e.value, where, "reference")
+				if m.Reference == "" {
+					d.errorf(e.value, where, "reference is empty; name the node whose worker sets the model's response shape, or leave the key out")
+				} else {
+					d.refs = append(d.refs, refAt{m.ID, m.Reference, e.value})
 				}
 			case "recipes":
 				recipesAt = e.value

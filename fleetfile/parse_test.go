@@ -195,6 +195,12 @@ models:
 			[]string{`fleet.yaml:12: model qwen3-4b: recipe llamacpp: env name "1X" must be letters, digits and '_', not starting with a digit`}},
 		{"bad speed tolerance", strings.Replace(validBase, "context: 16384", "context: 16384\n    speed_tolerance: 2", 1),
 			[]string{"fleet.yaml:9: model qwen3-4b: speed_tolerance must be a fraction above 0 and at most 1, like 0.5"}},
+		{"reference not placed there", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: max", 1),
+			[]string{`fleet.yaml:9: model qwen3-4b: reference "max" is not a node the model is placed on; use one of rig, ultra`}},
+		{"reference of an unplaced model", strings.Replace(strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: rig", 1), "  - model: qwen3-4b\n    nodes: [rig, ultra]\n", "", 1),
+			[]string{`fleet.yaml:9: model qwen3-4b: reference "rig": the model is not placed on any node; place it on rig or remove reference:`}},
+		{"empty reference", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: \"\"", 1),
+			[]string{`fleet.yaml:9: model qwen3-4b: reference is empty; name the node whose worker sets the model's response shape, or leave the key out`}},
 		{"duplicate key", "nodes: []\nnodes: []\n", []string{`fleet.yaml:2: not valid YAML: mapping key "nodes" already defined at [1:1]`}},
 		{"empty file", "", []string{"fleet.yaml: the file is empty; a fleet file is a mapping with nodes:, models: and placements:"}},
 		{"only comments", "# nothing yet\n", []string{"fleet.yaml: the file is empty; a fleet file is a mapping with nodes:, models: and placements:"}},
@@ -259,6 +265,10 @@ models: []
 				r := f.Models[0].Recipes[fleet.EngineLlamaCpp]
 				return r.Install == "brew install llama.cpp\n" && r.Env["GGML_METAL"] == "1"
 			}},
+		{"reference", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: ultra", 1),
+			func(f fleet.Fleet) bool { return f.Models[0].Reference == "ultra" && f.ReferenceNode("qwen3-4b") == "ultra" }},
+		{"reference defaults to the first node of the first placement", strings.Replace(validBase, "[rig, ultra]", "[ultra, rig]", 1),
+			func(f fleet.Fleet) bool { return f.Models[0].Reference == "" && f.ReferenceNode("qwen3-4b") == "ultra" }},
 		{"empty sections", "nodes:\nmodels:\nplacements:\n", func(f fleet.Fleet) bool {
 			return f.Nodes != nil && len(f.Nodes)+len(f.Models)+len(f.Placements) == 0
 		}},

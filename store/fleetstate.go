@@ -98,7 +98,7 @@ func loadNodes(ctx context.Context, q queryer, name string) ([]fleet.Node, error
 }
 
 func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, aliases, context, memory_gb, speed_tolerance, reasoning FROM models ORDER BY position, id`)
+	rows, err := q.QueryContext(ctx, `SELECT id, aliases, context, memory_gb, speed_tolerance, reasoning, reference FROM models ORDER BY position, id`)
 	if err != nil {
 		return nil, fmt.Errorf("read models: %w", err)
 	}
@@ -110,7 +110,7 @@ func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
 			m       fleet.Model
 			aliases string
 		)
-		if err := rows.Scan(&m.ID, &aliases, &m.Context, &m.MemoryGB, &m.SpeedTolerance, &m.Reasoning); err != nil {
+		if err := rows.Scan(&m.ID, &aliases, &m.Context, &m.MemoryGB, &m.SpeedTolerance, &m.Reasoning, &m.Reference); err != nil {
 			return nil, fmt.Errorf("read models: %w", err)
 		}
 		if err := json.Unmarshal([]byte(aliases), &m.Aliases); err != nil {
@@ -325,13 +325,13 @@ func applyModels(ctx context.Context, tx *sql.Tx, models []fleet.Model) error {
 		if err != nil {
 			return fmt.Errorf("save model %s: %w", m.ID, err)
 		}
-		_, err = tx.ExecContext(ctx, `INSERT INTO models (id, position, aliases, context, memory_gb, speed_tolerance, reasoning)
-			VALUES (?, ?, ?, ?, ?, ?, ?)
+		_, err = tx.ExecContext(ctx, `INSERT INTO models (id, position, aliases, context, memory_gb, speed_tolerance, reasoning, reference)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (id) DO UPDATE SET
 				position = excluded.position, aliases = excluded.aliases, context = excluded.context,
 				memory_gb = excluded.memory_gb, speed_tolerance = excluded.speed_tolerance,
-				reasoning = excluded.reasoning`,
-			m.ID, i, aliases, m.Context, m.MemoryGB, m.SpeedTolerance, m.Reasoning)
+				reasoning = excluded.reasoning, reference = excluded.reference`,
+			m.ID, i, aliases, m.Context, m.MemoryGB, m.SpeedTolerance, m.Reasoning, m.Reference)
 		if err != nil {
 			return fmt.Errorf("save model %s: %w", m.ID, err)
 		}

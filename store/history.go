@@ -219,15 +219,32 @@ func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error
 	return entries, nil
 }
 
-// SetReferenceShape stores the response shape workers of model must match.
-// shape must be JSON; its layout belongs to the bench package.
-func (s *Store) SetReferenceShape(ctx context.Context, model string, shape []byte, pinned bool) error {
-	if !json.Valid(shape) {
+// Reference is a model's stored reference shape and where it came from.
+type Reference struct {
+	// Shape is the bench package's JSON.
+	Shape []byte
+	// Pinned is set by `shape pin`: the shape stays until the reference
+	// node's worker runs a different command line.
+	Pinned bool
+	// Source is the worker the shape was taken from; Argv is the command
+	// line the model's reference worker ran when it was recorded.
+	Source string
+	Argv   []string
+}
+
+// SetReference stores the response shape workers of model must match.
+func (s *Store) SetReference(ctx context.Context, model string, r Reference) error {
+	if !json.Valid(r.Shape) {
 		return fmt.Errorf("set reference shape of model %s: the shape is not valid JSON", model)
 	}
-	_, err := s.db.ExecContext(ctx, `INSERT INTO reference_shapes (model, shape, pinned, updated_at) VALUES (?, ?, ?, ?)
-		ON CONFLICT (model) DO UPDATE SET shape = excluded.shape, pinned = excluded.pinned, updated_at = excluded.updated_at`,
-		model, string(shape), boolInt(pinned), s.now().UnixNano())
+	argv, err := toJSON(nonNil(r.Argv))
+	if err != nil {
+		return fmt.Errorf("set reference shape of model %s: %w", model, err)
+	}
+	_, err = s.db.ExecContext(ctx, `INSERT INTO reference_shapes (model, shape, pinned, source, argv, updated_at) VALUES (?, ?, ?, ?, ?, ?)
+		ON CONFLICT (model) DO UPDATE SET shape = excluded.shape, pinned = excluded.pinned, source = excluded.source,
+			argv = excluded.argv, updated_at = excluded.updated_at`,
+		model, string(r.Shape), boolInt(r.Pinned), r.Source, argv, s.now().UnixNano())
 	if isForeignKey(err) {
 		return fmt.Errorf("set reference shape: model %q: %w; `fleet models` lists the declared ones", model, ErrNotFound)
 	}
@@ -237,21 +254,28 @@ func (s *Store) SetReferenceShape(ctx context.Context, model string, shape []byt
 	return nil
 }
 
-// ReferenceShape returns the stored shape of model and whether an operator
-// pinned it (a pinned shape is not replaced by the first ready worker's).
-func (s *Store) ReferenceShape(ctx context.Context, model string) ([]byte, bool, error) {
+// Reference returns the stored reference of model (ErrNotFound if none).
+func (s *Store) Reference(ctx context.Context, model string) (Reference, error) {
 	var (
-		shape  string
-		pinned int
+		r           Reference
+		shape, argv string
+		pinned      int
 	)
-	err := s.db.QueryRowContext(ctx, `SELECT shape, pinned FROM reference_shapes WHERE model = ?`, model).Scan(&shape, &pinned)
+	err := s.db.QueryRowContext(ctx, `SELECT shape, pinned, source, argv FROM reference_shapes WHERE model = ?`, model).Scan(&shape, &pinned, &r.Source, &argv)
 	if errors.Is(err, sql.ErrNoRows) {
-		return nil, false, fmt.Errorf("reference shape of model %q: %w; none was recorded yet", model, ErrNotFound)
+		return Reference{}, fmt.Errorf("reference shape of model %q: %w; none was recorded yet", model, ErrNotFound)
 	}
 	if err != nil {
-		return nil, false, fmt.Errorf("read reference shape of model %s: %w", model, err)
+		return Reference{}, fmt.Errorf("read reference shape of model %s: %w", model, err)
 	}
-	return []byte(shape), pinned != 0, nil
+	if err := json.Unmarshal([]byte(argv), &r.Argv); err != nil {
+		return Reference{}, fmt.Errorf("read reference shape of model %s: stored argv is not valid JSON: %w", model, err)
+	}
+	if len(r.Argv) == 0 {
+		r.Argv = nil
+	}
+	r.Shape, r.Pinned = []byte(shape), pinned != 0
+	return r, nil
 }
 
 // BenchRun is one stored bench result of a worker; Run is the bench

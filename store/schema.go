@@ -156,4 +156,13 @@ CREATE TABLE pending_stops (
 	recorded_at INTEGER NOT NULL
 );
 `,
+	// 3: the model's reference node (fleet file `reference:`), and where a
+	// reference shape came from: the worker it was taken from and that
+	// worker's command line, so a changed recipe on the reference node can
+	// retake it.
+	`
+ALTER TABLE models ADD COLUMN reference TEXT NOT NULL DEFAULT '';
+ALTER TABLE reference_shapes ADD COLUMN source TEXT NOT NULL DEFAULT '';
+ALTER TABLE reference_shapes ADD COLUMN argv TEXT NOT NULL DEFAULT '[]';
+`,
 }

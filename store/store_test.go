@@ -56,7 +56,7 @@ func fleetB() fleet.Fleet {
 			{Name: "ultra", Address: "ops@ultra.lan:22", Endpoint: "direct"},
 		},
 		Models: []fleet.Model{
-			{ID: "qwen3-4b", Context: 8192, SpeedTolerance: 0.7, Reasoning: "inline",
+			{ID: "qwen3-4b", Context: 8192, SpeedTolerance: 0.7, Reasoning: "inline", Reference: "ultra",
 				Recipes: map[fleet.EngineKind]fleet.Recipe{
 					fleet.EngineLlamaCpp: {Engine: fleet.EngineLlamaCpp, Model: "Qwen/Qwen3-4B-GGUF:Q4_K_M", Bin: "/opt/homebrew/bin/llama-server"},
 				}},
@@ -317,8 +317,8 @@ func TestUnknownNamesAreNotFound(t *testing.T) {
 		{"SetUserTheme", func() error { return s.SetUserTheme(ctx, "ghost", "dark") }, "user ghost"},
 		{"UserByFingerprint", func() error { _, err := s.UserByFingerprint(ctx, "SHA256:x"); return err }, "SHA256:x"},
 		{"RevokeAPIKey", func() error { return s.RevokeAPIKey(ctx, "ghost") }, "API key ghost"},
-		{"ReferenceShape", func() error { _, _, err := s.ReferenceShape(ctx, "qwen3-4b"); return err }, `model "qwen3-4b"`},
-		{"SetReferenceShape", func() error { return s.SetReferenceShape(ctx, "ghost", []byte(`{}`), false) }, `model "ghost"`},
+		{"Reference", func() error { _, err := s.Reference(ctx, "qwen3-4b"); return err }, `model "qwen3-4b"`},
+		{"SetReference", func() error { return s.SetReference(ctx, "ghost", Reference{Shape: []byte(`{}`)}) }, `model "ghost"`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			err := tc.call()
@@ -656,18 +656,18 @@ func TestReferenceShapesAndBenchRuns(t *testing.T) {
 	if err := s.ApplyFleet(ctx, fleetA()); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetReferenceShape(ctx, "qwen3-4b", []byte(`{"content":"string"}`), false); err != nil {
+	if err := s.SetReference(ctx, "qwen3-4b", Reference{Shape: []byte(`{"content":"string"}`), Source: "rig/qwen3-4b"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetReferenceShape(ctx, "qwen3-4b", []byte(`{"content":"string","reasoning_content":"string"}`), true); err != nil {
+	want := Reference{Shape: []byte(`{"content":"string","reasoning_content":"string"}`), Pinned: true, Source: "ultra/qwen3-4b", Argv: []string{"llama-server", "--jinja"}}
+	if err := s.SetReference(ctx, "qwen3-4b", want); err != nil {
 		t.Fatal(err)
 	}
-	if err := s.SetReferenceShape(ctx, "qwen3-4b", []byte(`{not json`), true); err == nil {
-		t.Fatal("SetReferenceShape accepted invalid JSON")
+	if err := s.SetReference(ctx, "qwen3-4b", Reference{Shape: []byte(`{not json`), Pinned: true}); err == nil {
+		t.Fatal("SetReference accepted invalid JSON")
 	}
-	shape, pinned, err := s.ReferenceShape(ctx, "qwen3-4b")
-	if err != nil || !pinned || string(shape) != `{"content":"string","reasoning_content":"string"}` {
-		t.Fatalf("ReferenceShape = %s, %v, %v", shape, pinned, err)
+	if got, err := s.Reference(ctx, "qwen3-4b"); err != nil || !reflect.DeepEqual(got, want) {
+		t.Fatalf("Reference = %+v, %v; want %+v", got, err, want)
 	}
 	for i := range 3 {
 		if err := s.AddBenchRun(ctx, "rig/qwen3-4b", []byte(`{"c":`+string(rune('1'+i))+`}`)); err != nil {
@@ -689,7 +689,7 @@ func TestReferenceShapesAndBenchRuns(t *testing.T) {
 	if err := s.ApplyFleet(ctx, fleet.Fleet{}); err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := s.ReferenceShape(ctx, "qwen3-4b"); !errors.Is(err, ErrNotFound) {
+	if _, err := s.Reference(ctx, "qwen3-4b"); !errors.Is(err, ErrNotFound) {
 		t.Fatalf("shape of a removed model: %v", err)
 	}
 }
