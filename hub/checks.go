@@ -18,7 +18,6 @@ import (
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
 	"fleet/cli"
-	"fleet/nodes"
 	"fleet/router"
 	"fleet/router/reasoning"
 	"fleet/store"
@@ -51,8 +50,18 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		w = h.workers[resolved[0]]
 		h.mu.Unlock()
 	}
-	if w.Port == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerProbation && w.State != fleet.WorkerDraining) {
-		return bench.Target{}, w, fmt.Errorf("worker %s is %s, not answering; wait until it is ready (see 'workers')", w.Name(), w.State)
+	// Any worker whose engine runs can be looked at, a rejected one
+	// included: that is what its engine is kept up for.
+	switch {
+	case w.PID > 0 && w.Port > 0 && (w.State == fleet.WorkerReady || w.State == fleet.WorkerProbation || w.State == fleet.WorkerDraining || w.State == fleet.WorkerRejected):
+	case w.State == fleet.WorkerRejected:
+		return bench.Target{}, w, fmt.Errorf("worker %s is rejected and its engine is down (%s); nothing answers to probe: 'start %s' launches it again", w.Name(), w.Reason, w.Name())
+	default:
+		why := ""
+		if w.Reason != "" {
+			why = " (" + w.Reason + ")"
+		}
+		return bench.Target{}, w, fmt.Errorf("worker %s is %s and its engine is not answering%s; wait until it is ready (see 'workers')", w.Name(), w.State, why)
 	}
 	dial := h.mgr.Dialer(w.Node)
 	// Checks are occasional: no keep-alive, so a per-call client leaves no
@@ -186,19 +195,36 @@ func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	if err := h.store.SetReferenceShape(ctx, w.Model, data, true); err != nil {
+	// The pin holds until the reference node's worker runs another command
+	// line: its argv now is recorded with the pin.
+	refWorker, err := h.referenceWorker(ctx, w.Model)
+	if err != nil {
 		return "", err
 	}
-	return fmt.Sprintf("the reference shape of %s is now %s's", w.Model, w.Name()), nil
+	h.mu.Lock()
+	argv := h.workers[refWorker].Argv
+	h.mu.Unlock()
+	h.refMu.Lock()
+	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: argv})
+	h.refMu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model})
+	msg := fmt.Sprintf("the reference shape of %s is now %s's (pinned until %s runs another command line)", w.Model, w.Name(), refWorker)
+	if lines := h.rejudge(ctx, w.Model, "", true); len(lines) > 0 {
+		msg += "\nre-judged the rejected workers:\n  " + strings.Join(lines, "\n  ")
+	}
+	return msg, nil
 }
 
 func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, error) {
-	data, _, err := h.store.ReferenceShape(ctx, model)
+	r, err := h.store.Reference(ctx, model)
 	if err != nil {
-		return shape.Shape{}, fmt.Errorf("model %s has no reference shape yet (its first admitted worker sets it; or run 'shape pin WORKER'): %w", model, err)
+		return shape.Shape{}, fmt.Errorf("model %s has no reference shape yet (its reference worker sets it; or run 'shape pin WORKER'): %w", model, err)
 	}
 	var ref shape.Shape
-	if err := json.Unmarshal(data, &ref); err != nil {
+	if err := json.Unmarshal(r.Shape, &ref); err != nil {
 		return shape.Shape{}, fmt.Errorf("the stored reference shape of %s is unreadable (run 'shape pin WORKER' to replace it): %w", model, err)
 	}
 	return ref, nil
@@ -321,44 +347,6 @@ func (h *Hub) model(id string) (fleet.Model, bool) {
 	return fleet.Model{}, false
 }
 
-// admit is the admission check between probation and ready, the first
-// seed's three rules: enough free memory, single-request speed within the
-// model's tolerance of its best ready worker, and the model's response shape.
-func (h *Hub) admit(ctx context.Context, w fleet.Worker, node fleet.Node) error {
-	m, ok := h.model(w.Model)
-	if !ok {
-		return fmt.Errorf("model %s is no longer declared", w.Model)
-	}
-	if err := checkMemory(w, m, node); err != nil {
-		return err
-	}
-	if err := h.checkSpeed(ctx, w, m); err != nil {
-		return err
-	}
-	return h.checkShape(ctx, w)
-}
-
-// checkMemory compares the model's memory with what the node had usable
-// before the engine launched (see nodes.ManagerOptions.Admit).
-func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node) error {
-	if m.MemoryGB <= 0 || n.Platform == nil {
-		return nil // no figure to check, or a node launched on before any probe
-	}
-	need := uint64(m.MemoryGB * (1 << 30))
-	usable := nodes.UsableMemory(*n.Platform)
-	if usable < need {
-		how := "free memory"
-		if n.Platform.OS == "darwin" {
-			how = "three quarters of free + inactive + speculative memory"
-		} else if len(n.Platform.GPUs) > 0 {
-			how = "free GPU memory"
-		}
-		return fmt.Errorf("memory: %s needs %.1f GB but %s has %.1f GB usable (%s); free memory on the node or place the model elsewhere",
-			m.ID, m.MemoryGB, w.Node, float64(usable)/(1<<30), how)
-	}
-	return nil
-}
-
 // singleRequestSpeed measures one request's decode speed on a worker and
 // teaches the router's speed model what it saw, so a new worker's curve
 // starts from a measurement rather than a prior.
@@ -380,99 +368,6 @@ func (h *Hub) singleRequestSpeed(ctx context.Context, worker string) (float64, e
 	}
 	h.seedSpeed(worker, res)
 	return res.Levels[0].PerRequestTokPerS, nil
-}
-
-func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model) error {
-	newSpeed, err := h.singleRequestSpeed(ctx, w.Name())
-	if err != nil {
-		return fmt.Errorf("speed: %w", err)
-	}
-	// The best ready worker is the one the router predicts fastest for one
-	// request; it is measured again now, with the same prompt.
-	var best string
-	var bestSpeed float64
-	h.mu.Lock()
-	candidates := map[string]bool{}
-	for name, o := range h.workers {
-		if o.Model == w.Model && o.State == fleet.WorkerReady && name != w.Name() {
-			candidates[name] = true
-		}
-	}
-	h.mu.Unlock()
-	if len(candidates) == 0 {
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request; first ready worker of %s, it sets the bar", newSpeed, w.Model)})
-		return nil
-	}
-	for _, s := range h.router.Stats() {
-		if candidates[s.Name] && (best == "" || s.TokPerSec > bestSpeed) {
-			best, bestSpeed = s.Name, s.TokPerSec
-		}
-	}
-	if best == "" {
-		for name := range candidates {
-			best = name
-		}
-	}
-	bestSpeed, err = h.singleRequestSpeed(ctx, best)
-	if err != nil {
-		return nil // the reference worker failed its probe; do not blame the newcomer
-	}
-	tol := m.SpeedTolerance
-	if tol <= 0 {
-		tol = defaultTolerance
-	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request; needs %.0f%%)", newSpeed, bestSpeed, best, tol*100)})
-	if newSpeed < tol*bestSpeed {
-		return fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt; it would slow every request it takes (override: admit --force %s)",
-			newSpeed, tol*100, best, bestSpeed, w.Name())
-	}
-	return nil
-}
-
-func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) error {
-	t, _, err := h.workerTarget(w.Name())
-	if err != nil {
-		return err
-	}
-	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
-	if err != nil {
-		return fmt.Errorf("shape: probing: %w", err)
-	}
-	h.refMu.Lock()
-	defer h.refMu.Unlock()
-	data, _, err := h.store.ReferenceShape(ctx, w.Model)
-	if err != nil {
-		if !isNotFound(err) {
-			return fmt.Errorf("shape: %w", err)
-		}
-		// The first admitted worker's shape becomes the model's reference.
-		ref, err := json.Marshal(got)
-		if err != nil {
-			return err
-		}
-		if err := h.store.SetReferenceShape(ctx, w.Model, ref, false); err != nil {
-			return fmt.Errorf("shape: storing the reference: %w", err)
-		}
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: first worker of " + w.Model + ", its shape is the reference"})
-		return nil
-	}
-	var ref shape.Shape
-	if err := json.Unmarshal(data, &ref); err != nil {
-		return fmt.Errorf("shape: the stored reference of %s is unreadable (run 'shape pin WORKER'): %w", w.Model, err)
-	}
-	ok, report := shape.Matches(ref, got)
-	if !ok {
-		h.onEvent(fleet.Event{Level: "error", Subject: w.Name(), Message: "admission shape differs from the reference of " + w.Model + ":\n" + report.Text(100, false)})
-		var what []string
-		for _, d := range report.Differences {
-			if d.Material {
-				what = append(what, d.String())
-			}
-		}
-		return fmt.Errorf("shape: differs from %s's reference: %s (see 'events --subject %s' for the diff)", w.Model, strings.Join(what, "; "), w.Name())
-	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: same as the reference of " + w.Model})
-	return nil
 }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }

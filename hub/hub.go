@@ -84,6 +84,12 @@ type Options struct {
 	// ProbeInterval and ReconcileInterval pace the node manager (0 = its defaults).
 	ProbeInterval     time.Duration
 	ReconcileInterval time.Duration
+	// AdmissionWait bounds how long a worker on probation waits for its
+	// model's reference worker and for peers starting with it (0 = 2 min).
+	AdmissionWait time.Duration
+	// RejectedGrace is how long a rejected worker's engine stays up to be
+	// looked at (0 = the node manager's default, 10 min).
+	RejectedGrace time.Duration
 }
 
 // Hub is the running fleet hub.
@@ -106,11 +112,12 @@ type Hub struct {
 	bench map[string]benchSummary
 
 	samples chan fleet.Sample
-	// refMu serialises setting a model's reference shape, so the first of
-	// several workers admitted at once sets it and the others compare.
+	// refMu serialises reading and retaking a model's reference shape.
 	refMu sync.Mutex
 	// checks bounds each user's shape and bench runs (see limits.go).
 	checks userChecks
+	// speeds are admission speed measurements, by worker (guarded by mu).
+	speeds map[string]speedRecord
 	// httpAddr is where the router listens, once Run has bound it.
 	httpAddr string
 	// lock is the data dir's lock, held until Close.
@@ -183,6 +190,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		workers: map[string]fleet.Worker{},
 		nodes:   map[string]fleet.Node{},
 		bench:   map[string]benchSummary{},
+		speeds:  map[string]speedRecord{},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,
 	}
@@ -265,7 +273,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			}
 			return p.Mimic
 		},
+		Gate:            h.gate,
 		Admit:           h.admit,
+		RejectedGrace:   opts.RejectedGrace,
 		OnWorker:        h.onWorker,
 		OnWorkerRemoved: h.onWorkerRemoved,
 		OnNode:          h.onNode,

@@ -218,7 +218,7 @@ func state(t *testing.T, h *Hub) string {
 		fmt.Fprintf(&b, "hub worker %s drained=%v\n", name, h.workers[name].Drained)
 	}
 	h.mu.Unlock()
-	if _, _, err := h.store.ReferenceShape(ctx, "qwen3-4b"); err == nil {
+	if _, err := h.store.Reference(ctx, "qwen3-4b"); err == nil {
 		b.WriteString("reference shape of qwen3-4b set\n")
 	}
 	return b.String()

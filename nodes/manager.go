@@ -77,12 +77,22 @@ type ManagerOptions struct {
 	// OnEvent receives launches, adoptions, stale-port stops, install
 	// output lines and failures.
 	OnEvent func(fleet.Event)
+	// Gate is the admission check before a launch (or an install): node is
+	// the worker's node probed just now, so its free memory is what the
+	// engine would get. An error rejects the worker with the error's text
+	// and no engine starts; the gate is tried again every ProbeInterval, on
+	// `start`, and when the worker's command line changes. nil admits
+	// everyone.
+	Gate func(ctx context.Context, w fleet.Worker, node fleet.Node) error
 	// Admit is the admission check between probation and ready; an error
-	// rejects the worker with the error's text. nil admits everyone. node
-	// is the worker's node as last probed before its engine launched, so its
-	// free memory does not yet count what the engine itself took: a probe
-	// after a vLLM load would show the GPU all but full.
-	Admit func(ctx context.Context, w fleet.Worker, node fleet.Node) error
+	// rejects the worker with the error's text. nil admits everyone.
+	Admit func(ctx context.Context, w fleet.Worker) error
+	// RejectedGrace is how long the engine of a worker rejected after its
+	// launch (speed, shape) keeps running so it can be looked at (`shape`,
+	// `bench`, `logs`); then it is stopped and the worker stays rejected
+	// until `start`, `admit --force`, a re-judgement or a new command line.
+	// Default 10 minutes.
+	RejectedGrace time.Duration
 }
 
 func (o ManagerOptions) withDefaults() ManagerOptions {
@@ -100,6 +110,7 @@ func (o ManagerOptions) withDefaults() ManagerOptions {
 	def(&o.InstallTimeout, 30*time.Minute)
 	def(&o.StopGrace, 30*time.Second)
 	def(&o.ReachInterval, 2*time.Second)
+	def(&o.RejectedGrace, 10*time.Minute)
 	if o.HealthFailures <= 0 {
 		o.HealthFailures = 3
 	}
@@ -156,8 +167,19 @@ type workerState struct {
 	poke      chan struct{}
 
 	// Operator requests, taken by the supervising goroutine.
-	request  string // "stop", "start", "restart", "admit"
+	request  string // "stop", "start", "restart", "admit", "verdict"
 	waiters  []chan error
+	// verdict goes with a "verdict" request: nil admits a rejected worker
+	// whose engine runs, an error rejects a ready one.
+	verdict error
+	// forced skips the admission checks of the next launch (`admit --force`
+	// on a worker rejected before its engine started or after it stopped).
+	forced bool
+	// parked is a rejected worker whose engine was stopped after
+	// RejectedGrace: it stays down until asked for or its command changes.
+	parked bool
+	// rejectedAt is when the worker was last rejected with its engine up.
+	rejectedAt time.Time
 	attempt  context.CancelFunc // cancels a launch in progress for a request
 	held     bool               // operator-stopped: stay down until started
 	retiring bool
@@ -339,7 +361,19 @@ func (m *Manager) ForceAdmit(ctx context.Context, name string) error {
 	return m.requestWorker(ctx, name, "admit")
 }
 
+// Judge re-judges a worker whose engine runs, without a restart: a nil
+// verdict admits a rejected worker, an error rejects a ready (or draining)
+// one with the error's text. The hub calls it when a model's reference shape
+// changes or a faster worker arrives.
+func (m *Manager) Judge(ctx context.Context, name string, verdict error) error {
+	return m.request(ctx, name, "verdict", func(ws *workerState) { ws.verdict = verdict })
+}
+
 func (m *Manager) requestWorker(ctx context.Context, name, what string) error {
+	return m.request(ctx, name, what, nil)
+}
+
+func (m *Manager) request(ctx context.Context, name, what string, with func(*workerState)) error {
 	m.mu.Lock()
 	ws, ok := m.workers[name]
 	if !ok || ws.retiring {
@@ -356,7 +390,10 @@ func (m *Manager) requestWorker(ctx context.Context, name, what string) error {
 		w <- fmt.Errorf("worker %s: superseded by a %s request", name, what)
 	}
 	ws.request, ws.waiters = what, []chan error{done}
-	if ws.attempt != nil {
+	if with != nil {
+		with(ws)
+	}
+	if ws.attempt != nil && what != "verdict" { // a verdict waits for the launch to end
 		ws.attempt()
 	}
 	m.mu.Unlock()

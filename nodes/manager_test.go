@@ -3,6 +3,7 @@ package nodes
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -483,15 +484,8 @@ func TestManagerRecipeChangeRemovalAndOperatorActions(t *testing.T) {
 }
 
 func TestManagerAdmissionRejects(t *testing.T) {
-	var (
-		mu       sync.Mutex
-		judgedOn fleet.Node
-	)
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.Admit = func(_ context.Context, w fleet.Worker, node fleet.Node) error {
-			mu.Lock()
-			judgedOn = node
-			mu.Unlock()
+		o.Admit = func(_ context.Context, w fleet.Worker) error {
 			return fmt.Errorf("single-request speed 20.0 tok/s is below half of the best worker's 90.0 tok/s")
 		}
 	})
@@ -502,15 +496,6 @@ func TestManagerAdmissionRejects(t *testing.T) {
 	if !strings.Contains(w.Reason, "20.0 tok/s") || !alive(w.PID) {
 		t.Errorf("rejected worker: reason %q, engine alive %v", w.Reason, alive(w.PID))
 	}
-	// Admission is judged on the node as probed before the launch, whose
-	// free memory does not count the engine's own.
-	mu.Lock()
-	node := judgedOn
-	mu.Unlock()
-	if node.Name != "max" || node.Platform == nil || node.ProbedAt.IsZero() || !node.ProbedAt.Before(w.StartedAt) {
-		t.Errorf("admission saw node %q probed at %v (platform %v); want max, probed before the engine started at %v",
-			node.Name, node.ProbedAt, node.Platform != nil, w.StartedAt)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := h.m.ForceAdmit(ctx, w.Name()); err != nil {
@@ -518,6 +503,139 @@ func TestManagerAdmissionRejects(t *testing.T) {
 	}
 	if x, _ := h.worker(w.Name()); x.State != fleet.WorkerReady || x.PID != w.PID {
 		t.Errorf("after ForceAdmit: %+v", x)
+	}
+}
+
+// The memory gate runs before the launch, on the node probed then: a worker
+// that fails it never starts an engine, and admit --force launches it.
+func TestManagerGateRejectsBeforeLaunch(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		judged []fleet.Node
+	)
+	added := time.Now()
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node) error {
+			mu.Lock()
+			judged = append(judged, node)
+			mu.Unlock()
+			if len(w.Argv) == 0 {
+				return errors.New("the gate saw no command line")
+			}
+			return fmt.Errorf("memory: qwen3-4b needs 90.0 GB but %s has %.1f GB usable", node.Name, float64(node.Platform.MemFreeBytes)/(1<<30))
+		}
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	w := h.waitWorker("max/qwen3-4b", "rejected", func(x fleet.Worker) bool { return x.State == fleet.WorkerRejected })
+	if !strings.Contains(w.Reason, "needs 90.0 GB but max has 40.0 GB usable") || w.PID != 0 {
+		t.Errorf("rejected worker: reason %q, PID %d", w.Reason, w.PID)
+	}
+	// The gate is tried again (the node may free memory) without launching.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		mu.Lock()
+		n := len(judged)
+		mu.Unlock()
+		if n >= 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the gate was not tried again\n%s", h.rec.dump())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	mu.Lock()
+	first := judged[0]
+	mu.Unlock()
+	if first.Platform == nil || first.ProbedAt.Before(added) {
+		t.Errorf("the gate judged node %+v, not one probed for the launch", first)
+	}
+	if h.rec.eventLike("launched PID") || h.rec.sawState(w.Name(), fleet.WorkerStarting) {
+		t.Fatalf("an engine was launched for a worker that failed the memory gate\n%s", h.rec.dump())
+	}
+	if !h.rec.eventLike("rejected before launch, no engine started: memory: qwen3-4b needs 90.0 GB") {
+		t.Errorf("no event gives the figures\n%s", h.rec.dump())
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.m.ForceAdmit(ctx, w.Name()); err != nil {
+		t.Fatalf("admit --force: %v\n%s", err, h.rec.dump())
+	}
+	if x := h.waitReady(w.Name()); !alive(x.PID) {
+		t.Errorf("forced worker is ready without a live engine: %+v", x)
+	}
+}
+
+// A worker rejected after its launch keeps its engine for RejectedGrace, can
+// be re-judged meanwhile without a restart, and then has its engine stopped
+// while it stays rejected and down until started.
+func TestManagerRejectedEngineStopsAfterGrace(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		reject = true
+	)
+	const grace = 3 * time.Second
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.RejectedGrace = grace
+		o.Admit = func(context.Context, fleet.Worker) error {
+			mu.Lock()
+			defer mu.Unlock()
+			if reject {
+				return errors.New("shape: differs from the reference")
+			}
+			return nil
+		}
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	name := "max/qwen3-4b"
+	w := h.waitWorker(name, "rejected", func(x fleet.Worker) bool { return x.State == fleet.WorkerRejected })
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	// Re-judged without a restart: admitted, then rejected again.
+	if err := h.m.Judge(ctx, name, nil); err != nil {
+		t.Fatalf("Judge(admit): %v", err)
+	}
+	if x, _ := h.worker(name); x.State != fleet.WorkerReady || x.PID != w.PID {
+		t.Fatalf("after an admitting verdict: %+v (engine was PID %d)", x, w.PID)
+	}
+	if err := h.m.Judge(ctx, name, errors.New("speed: 10.0 tok/s is below 50% of 90.0")); err != nil {
+		t.Fatalf("Judge(reject): %v", err)
+	}
+	if x, _ := h.worker(name); x.State != fleet.WorkerRejected || x.PID != w.PID || !strings.Contains(x.Reason, "10.0 tok/s") {
+		t.Fatalf("after a rejecting verdict: %+v", x)
+	}
+
+	stopped := h.waitWorker(name, "rejected with its engine stopped", func(x fleet.Worker) bool {
+		return x.State == fleet.WorkerRejected && x.PID == 0
+	})
+	if alive(w.PID) {
+		t.Errorf("engine PID %d still runs after the grace", w.PID)
+	}
+	if !strings.Contains(stopped.Reason, "10.0 tok/s") || !strings.Contains(stopped.Reason, rejectedStoppedNote) {
+		t.Errorf("reason %q does not keep the rejection and say the engine stopped", stopped.Reason)
+	}
+	if err := h.m.Judge(ctx, name, nil); err == nil || !strings.Contains(err.Error(), "not running") {
+		t.Errorf("Judge of a worker whose engine is down: %v", err)
+	}
+	// It stays down (parked): a few reconcile rounds later nothing relaunched.
+	time.Sleep(5 * 200 * time.Millisecond)
+	if x, _ := h.worker(name); x.PID != 0 || x.State != fleet.WorkerRejected {
+		t.Fatalf("a parked rejected worker was relaunched: %+v\n%s", x, h.rec.dump())
+	}
+	// start launches it and judges it again.
+	mu.Lock()
+	reject = false
+	mu.Unlock()
+	if err := h.m.StartWorker(ctx, name); err != nil {
+		t.Fatalf("StartWorker: %v\n%s", err, h.rec.dump())
+	}
+	if x := h.waitReady(name); !alive(x.PID) {
+		t.Errorf("started worker: %+v", x)
 	}
 }
 

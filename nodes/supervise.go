@@ -25,7 +25,18 @@ const (
 	outcomeCrashed                 // the engine died or stopped answering
 	outcomeChanged                 // the desired command line changed
 	outcomeRecheck                 // the node was lost and is back: adopt again
+	outcomeRejectExpired           // a rejected worker's engine ran out its RejectedGrace
 )
+
+// rejectedStoppedNote marks the reason of a rejected worker whose engine
+// was stopped after RejectedGrace, so a restarted hub keeps it down too.
+const rejectedStoppedNote = "its engine was stopped after"
+
+// gateError is a rejection before launch: no engine was started.
+type gateError struct{ err error }
+
+func (e gateError) Error() string { return e.err.Error() }
+func (e gateError) Unwrap() error { return e.err }
 
 // stableReady is how long a worker must stay ready before its consecutive
 // failure count, and so its restart backoff, starts over.
@@ -43,6 +54,9 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 	)
 	m.mu.Lock()
 	ws.held = ws.w.Held
+	if ws.w.State == fleet.WorkerRejected && ws.w.PID == 0 && strings.Contains(ws.w.Reason, rejectedStoppedNote) {
+		ws.parked = true
+	}
 	m.mu.Unlock()
 	answer := func(err error) {
 		for _, c := range pending {
@@ -62,6 +76,9 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		m.event("error", ws.name, fmt.Sprintf("%s; relaunching in %s (attempt %d)", reason, wait.Round(time.Second), failures))
 	}
 
+	// resume is set after a request that left a running engine as it was:
+	// the supervisor goes back to watching it without adopting it again.
+	resume := false
 	for ctx.Err() == nil {
 		req, waiters := m.takeRequest(ws)
 		if req != "" {
@@ -95,24 +112,50 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 				m.update(ws, func(w *fleet.Worker) { w.Held = false })
 			}
 			ws.held, backoffUntil, failures = false, time.Time{}, 0
+			ws.parked, ws.forced = false, false
 			pending = waiters
 		case "admit":
 			var err error
-			if ws.w.State == fleet.WorkerRejected {
+			switch {
+			case ws.w.State != fleet.WorkerRejected:
+				err = fmt.Errorf("worker %s is %s, not rejected: nothing to admit", ws.name, ws.w.State)
+			case ws.proc.PID > 0:
 				m.setState(ws, fleet.WorkerReady, "")
 				m.event("warn", ws.name, "admitted by an operator despite its failed admission check")
-			} else {
-				err = fmt.Errorf("worker %s is %s, not rejected: nothing to admit", ws.name, ws.w.State)
+				resume = true
+			default:
+				// Rejected before its engine started, or its engine was
+				// stopped since: launch it without the checks.
+				m.event("warn", ws.name, "launching without admission checks, by an operator's admit --force")
+				ws.forced, ws.parked, backoffUntil = true, false, time.Time{}
+				pending, waiters = waiters, nil
 			}
 			for _, c := range waiters {
 				c <- err
 			}
+			if pending == nil {
+				continue
+			}
+		case "verdict":
+			err := m.applyVerdict(ws)
+			for _, c := range waiters {
+				c <- err
+			}
+			resume = true
 			continue
 		}
 
 		if ws.held && ws.proc.PID == 0 {
 			m.sleep(ctx, ws, nil, 0)
 			continue
+		}
+		if ws.parked {
+			if !m.commandChanged(ws) {
+				m.sleep(ctx, ws, nil, m.opts.ReconcileInterval)
+				continue
+			}
+			ws.parked = false
+			m.event("info", ws.name, "the desired command line changed; launching the rejected worker again to judge it")
 		}
 		node, t, changed, up := m.nodeFor(ws)
 		if !up && node.State == fleet.NodeUnknown {
@@ -157,7 +200,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 
-		if ws.proc.PID > 0 {
+		if ws.proc.PID > 0 && !resume {
 			adopted, err := m.adopt(ctx, ws, node, t)
 			if ctx.Err() != nil {
 				return
@@ -202,6 +245,13 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 				continue
 			}
 			portLosses = 0
+			if g := (gateError{}); errors.As(err, &g) {
+				// Nothing runs: try the gate again when the node may have
+				// room, or sooner on a request or a node change.
+				answer(err)
+				m.sleep(ctx, ws, changed, m.opts.ProbeInterval)
+				continue
+			}
 			if err != nil {
 				answer(err)
 				if !m.reachable(ctx, t) {
@@ -217,6 +267,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			answer(nil)
 		}
 		readySince = time.Now()
+		resume = false
 
 		out, reason := m.monitor(ctx, ws, node, t)
 		if time.Since(readySince) >= stableReady {
@@ -231,7 +282,10 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			why := fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason)
 			m.setState(ws, fleet.WorkerFailed, why)
 			m.event("error", ws.name, "left the ready set: "+why)
+		case outcomeRejectExpired:
+			m.stopRejected(ctx, ws)
 		case outcomeChanged:
+			ws.forced = false // a new command line is judged anew
 			m.event("info", ws.name, "the desired command line changed ("+reason+"); restarting the engine with the new one")
 			if err := m.stopEngine(ctx, ws, "restarting with the new command line"); err != nil {
 				fail(fmt.Sprintf("stopping engine PID %d for its new command line: %v", ws.proc.PID, err))
@@ -358,6 +412,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	if err != nil {
 		return err
 	}
+	if err := m.gate(ctx, ws, node, t, spec, cmd); err != nil {
+		return err
+	}
 	m.update(ws, func(w *fleet.Worker) {
 		w.State, w.Reason = fleet.WorkerPending, ""
 		w.Engine, w.Port, w.PID, w.PGID = spec.Engine, port, 0, 0
@@ -475,22 +532,117 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	}
 
 	m.setState(ws, fleet.WorkerProbation, "")
-	if m.opts.Admit != nil {
+	if m.opts.Admit != nil && !ws.forced {
 		m.mu.Lock()
 		w := ws.w
 		m.mu.Unlock()
-		if err := m.opts.Admit(ctx, w, node); err != nil {
+		if err := m.opts.Admit(ctx, w); err != nil {
 			if ctx.Err() != nil {
 				return err
 			}
+			ws.rejectedAt = time.Now()
 			m.setState(ws, fleet.WorkerRejected, err.Error())
-			m.event("warn", ws.name, "rejected: "+err.Error())
+			m.event("warn", ws.name, fmt.Sprintf("rejected: %v; its engine stays up for %s to be looked at (shape, bench, logs), then stops", err, m.opts.RejectedGrace))
 			return nil
 		}
 	}
 	m.setState(ws, fleet.WorkerReady, "")
 	m.event("info", ws.name, fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
 	return nil
+}
+
+// gate runs the before-launch admission check (memory) on the node as
+// probed now. A worker that fails it is rejected and no engine starts.
+func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t Transport, spec enginectl.Spec, cmd enginectl.Command) error {
+	if m.opts.Gate == nil || ws.forced {
+		return nil
+	}
+	// A fresh probe: the last one may predate the stop of this worker's
+	// previous engine, or another worker's launch on the same node.
+	p, err := Probe(ctx, t)
+	if err != nil {
+		return fmt.Errorf("probing node %s before the launch: %w", node.Name, err)
+	}
+	node.Platform, node.ProbedAt = &p, time.Now()
+	m.mu.Lock()
+	w := ws.w
+	m.mu.Unlock()
+	w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots = spec.Engine, cmd.Argv, cmd.LaunchArgv, cmd.Simulated, cmd.Context, cmd.Slots
+	gerr := m.opts.Gate(ctx, w, node)
+	if gerr == nil {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return ctx.Err()
+	}
+	again := ws.w.State == fleet.WorkerRejected && ws.w.Reason == gerr.Error()
+	m.update(ws, func(x *fleet.Worker) {
+		x.State, x.Reason, x.PID, x.PGID = fleet.WorkerRejected, gerr.Error(), 0, 0
+		x.Engine, x.Argv, x.LaunchArgv, x.Simulated, x.Context, x.Slots = w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots
+	})
+	if !again {
+		m.event("warn", ws.name, fmt.Sprintf("rejected before launch, no engine started: %v (checked again every %s)", gerr, m.opts.ProbeInterval))
+	}
+	return gateError{gerr}
+}
+
+// applyVerdict carries out a Judge request on a worker whose engine runs.
+func (m *Manager) applyVerdict(ws *workerState) error {
+	m.mu.Lock()
+	verdict := ws.verdict
+	ws.verdict = nil
+	m.mu.Unlock()
+	if ws.proc.PID == 0 {
+		return fmt.Errorf("worker %s is %s and its engine is not running: nothing to judge", ws.name, ws.w.State)
+	}
+	switch {
+	case verdict != nil && (ws.w.State == fleet.WorkerReady || ws.w.State == fleet.WorkerDraining):
+		ws.rejectedAt = time.Now()
+		m.setState(ws, fleet.WorkerRejected, verdict.Error())
+		m.event("warn", ws.name, fmt.Sprintf("rejected on re-judgement: %v; its engine stays up for %s to be looked at, then stops", verdict, m.opts.RejectedGrace))
+	case verdict == nil && ws.w.State == fleet.WorkerRejected:
+		ws.rejectedAt = time.Time{}
+		m.setState(ws, fleet.WorkerReady, "")
+		m.event("info", ws.name, "admitted on re-judgement")
+	case verdict != nil && ws.w.State == fleet.WorkerRejected:
+		if ws.w.Reason != verdict.Error() {
+			m.setState(ws, fleet.WorkerRejected, verdict.Error())
+		}
+	case verdict == nil && ws.w.State == fleet.WorkerReady:
+	default:
+		return fmt.Errorf("worker %s is %s: only a ready or rejected worker is re-judged", ws.name, ws.w.State)
+	}
+	return nil
+}
+
+// stopRejected stops the engine of a worker rejected longer than
+// RejectedGrace; the worker stays rejected, and parked, until asked for.
+func (m *Manager) stopRejected(ctx context.Context, ws *workerState) {
+	pid := ws.proc.PID
+	if err := m.stopEngine(ctx, ws, ""); err != nil {
+		m.event("warn", ws.name, fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
+		return
+	}
+	ws.parked = true
+	note := fmt.Sprintf("%s %s rejected", rejectedStoppedNote, m.opts.RejectedGrace)
+	m.update(ws, func(w *fleet.Worker) {
+		if !strings.Contains(w.Reason, rejectedStoppedNote) {
+			w.Reason += "; " + note
+		}
+	})
+	m.event("info", ws.name, fmt.Sprintf("%s: engine PID %d stopped; `fleet start %s` launches and judges it again, `fleet admit --force %s` launches it unchecked",
+		note, pid, ws.name, ws.name))
+}
+
+// commandChanged reports whether a parked worker's desired command line
+// differs from the one it was rejected with.
+func (m *Manager) commandChanged(ws *workerState) bool {
+	node, t, _, up := m.nodeFor(ws)
+	if !up {
+		return false
+	}
+	_, cmd, err := m.desiredCommand(ws, node, t)
+	return err != nil || !slices.Equal(cmd.Argv, ws.w.Argv)
 }
 
 // adopt checks whether the engine recorded for ws still runs its stored
@@ -590,6 +742,14 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 		}
 		if m.hasRequest(ws) {
 			return outcomeRequest, ""
+		}
+		if ws.w.State == fleet.WorkerRejected {
+			if ws.rejectedAt.IsZero() {
+				ws.rejectedAt = time.Now() // adopted rejected after a hub restart: its grace starts now
+			}
+			if time.Since(ws.rejectedAt) >= m.opts.RejectedGrace {
+				return outcomeRejectExpired, ""
+			}
 		}
 		if out, reason, down := nodeDown(); down {
 			return out, reason

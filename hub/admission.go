@@ -1,0 +1,480 @@
+package hub
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"fleet"
+	"fleet/bench/shape"
+	"fleet/nodes"
+	"fleet/store"
+)
+
+// defaultAdmissionWait bounds how long a worker on probation waits for its
+// model's reference worker and for the peers that started with it.
+const defaultAdmissionWait = 2 * time.Minute
+
+// speedRecord is a worker's admission measurement for one launch.
+type speedRecord struct {
+	tokS    float64
+	started time.Time // the launch it belongs to (Worker.StartedAt)
+	// shape is the launch's shape verdict: 0 not yet known, 1 same as the
+	// reference (or unchecked), -1 different. Only a peer whose shape
+	// passed can set its model's speed bar.
+	shape int
+}
+
+func (h *Hub) admissionWait() time.Duration {
+	if h.opts.AdmissionWait > 0 {
+		return h.opts.AdmissionWait
+	}
+	return defaultAdmissionWait
+}
+
+// coming reports whether a worker is on its way to being judged.
+func coming(w fleet.Worker) bool {
+	switch w.State {
+	case fleet.WorkerPending, fleet.WorkerInstalling, fleet.WorkerStarting, fleet.WorkerProbation:
+		return true
+	}
+	return false
+}
+
+// waitUntil polls cond until it holds, the deadline passes or ctx ends; it
+// reports whether cond held.
+func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
+	for !cond() {
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return false
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+	return true
+}
+
+// gate is the admission check before launch: the model's memory against
+// what the node, probed just before, has usable. A worker that fails it
+// never starts an engine.
+func (h *Hub) gate(_ context.Context, w fleet.Worker, node fleet.Node) error {
+	m, ok := h.model(w.Model)
+	if !ok {
+		return fmt.Errorf("model %s is no longer declared", w.Model)
+	}
+	return checkMemory(w, m, node)
+}
+
+// checkMemory compares the model's memory with what the node has usable.
+func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node) error {
+	if m.MemoryGB <= 0 || n.Platform == nil {
+		return nil // no figure to check, or a node launched on before any probe
+	}
+	need := uint64(m.MemoryGB * (1 << 30))
+	usable := nodes.UsableMemory(*n.Platform)
+	if usable < need {
+		how := "free memory"
+		if n.Platform.OS == "darwin" {
+			how = "three quarters of free + inactive + speculative memory"
+		} else if len(n.Platform.GPUs) > 0 {
+			how = "free GPU memory"
+		}
+		return fmt.Errorf("memory: %s needs %.1f GB but %s has %.1f GB usable (%s); free memory on the node or place the model elsewhere",
+			m.ID, m.MemoryGB, w.Node, float64(usable)/(1<<30), how)
+	}
+	return nil
+}
+
+// admit is the admission check between probation and ready: the response
+// shape against the model's reference (which the reference worker sets),
+// then single-request speed against the best of the model, judged once the
+// peers that started with this worker have been measured.
+func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
+	m, ok := h.model(w.Model)
+	if !ok {
+		return fmt.Errorf("model %s is no longer declared", w.Model)
+	}
+	speed, err := h.singleRequestSpeed(ctx, w.Name())
+	if err != nil {
+		h.recordSpeed(w, 0, -1)
+		return fmt.Errorf("speed: %w", err)
+	}
+	h.recordSpeed(w, speed, 0)
+	// Against the ready workers first: they passed their checks, and a
+	// worker already too slow for them need not have its shape probed.
+	if err := h.speedVerdict(ctx, w, m, speed, false); err != nil {
+		h.recordSpeed(w, speed, -1)
+		return err
+	}
+	if err := h.checkShape(ctx, w); err != nil {
+		h.recordSpeed(w, speed, -1)
+		return err
+	}
+	h.recordSpeed(w, speed, 1)
+	if err := h.checkSpeed(ctx, w, m, speed); err != nil {
+		return err
+	}
+	go h.rejudgeSlower(context.WithoutCancel(ctx), w, m, speed)
+	return nil
+}
+
+func (h *Hub) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
+	h.mu.Lock()
+	h.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
+	h.mu.Unlock()
+}
+
+func tolerance(m fleet.Model) float64 {
+	if m.SpeedTolerance > 0 {
+		return m.SpeedTolerance
+	}
+	return defaultTolerance
+}
+
+// checkSpeed waits (bounded) until every peer of w's model that is starting
+// has been measured and shape-checked, then compares w with the best of the
+// model: those peers and the ready workers.
+func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) error {
+	var waiting []string
+	settled := func() bool {
+		waiting = waiting[:0]
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		for name, o := range h.workers {
+			if o.Model != w.Model || name == w.Name() || !coming(o) {
+				continue
+			}
+			if r, ok := h.speeds[name]; !ok || !r.started.Equal(o.StartedAt) || o.StartedAt.IsZero() || r.shape == 0 {
+				waiting = append(waiting, name)
+			}
+		}
+		return len(waiting) == 0
+	}
+	if !waitUntil(ctx, time.Now().Add(h.admissionWait()), settled) {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		sort.Strings(waiting)
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %s not measured within %s; judged against the workers measured so far (and judged again when a faster one arrives)",
+			strings.Join(waiting, ", "), h.admissionWait())})
+	}
+	return h.speedVerdict(ctx, w, m, speed, true)
+}
+
+// speedVerdict compares w's single-request speed with the best worker of
+// its model: peers measured in the same start (their figure is seconds
+// old) and the ready workers (the fastest measured again now, with the same
+// prompt, since traffic may load it).
+func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, peers bool) error {
+	var (
+		best      string
+		bestSpeed float64
+	)
+	ready := map[string]bool{}
+	h.mu.Lock()
+	for name, o := range h.workers {
+		if o.Model != w.Model || name == w.Name() {
+			continue
+		}
+		switch {
+		case o.State == fleet.WorkerReady && !o.Drained:
+			ready[name] = true
+		case peers && o.State == fleet.WorkerProbation:
+			if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape > 0 && r.tokS > bestSpeed {
+				best, bestSpeed = name, r.tokS
+			}
+		}
+	}
+	h.mu.Unlock()
+	var fastestReady string
+	var fastestTokS float64
+	for _, s := range h.router.Stats() {
+		if ready[s.Name] && (fastestReady == "" || s.TokPerSec > fastestTokS) {
+			fastestReady, fastestTokS = s.Name, s.TokPerSec
+		}
+	}
+	if fastestReady == "" {
+		for name := range ready {
+			if fastestReady == "" || name < fastestReady {
+				fastestReady = name
+			}
+		}
+	}
+	if fastestReady != "" {
+		if s, err := h.singleRequestSpeed(ctx, fastestReady); err == nil && s > bestSpeed {
+			best, bestSpeed = fastestReady, s
+		}
+	}
+	if best == "" || bestSpeed <= speed {
+		if !peers {
+			return nil // the full verdict, with the peers, says it
+		}
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request, the best of %s's workers measured", speed, w.Model)})
+		return nil
+	}
+	tol := tolerance(m)
+	if peers || speed < tol*bestSpeed {
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request; needs %.0f%%)", speed, bestSpeed, best, tol*100)})
+	}
+	if speed < tol*bestSpeed {
+		return fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt; it would slow every request it takes (override: admit --force %s)",
+			speed, tol*100, best, bestSpeed, w.Name())
+	}
+	return nil
+}
+
+// rejudgeSlower rejects the ready workers of w's model that a newly
+// admitted w shows to be too slow, such as one admitted first when nothing
+// could be compared. Each is measured again before it is judged.
+func (h *Hub) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
+	tol := tolerance(m)
+	var slower []string
+	h.mu.Lock()
+	for name, o := range h.workers {
+		if r, ok := h.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.tokS < tol*speed {
+			slower = append(slower, name)
+		}
+	}
+	h.mu.Unlock()
+	sort.Strings(slower)
+	for _, name := range slower {
+		s, err := h.singleRequestSpeed(ctx, name)
+		if err != nil || s >= tol*speed {
+			continue
+		}
+		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s, which arrived since; it would slow every request it takes (override: admit --force %s)",
+			s, tol*100, w.Name(), speed, name)
+		if err := h.mgr.Judge(ctx, name, verdict); err != nil {
+			h.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
+		}
+	}
+}
+
+// referenceWorker names the worker whose shape is model's reference.
+func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error) {
+	f, err := h.store.LoadFleet(ctx)
+	if err != nil {
+		return "", err
+	}
+	node := f.ReferenceNode(model)
+	if node == "" {
+		return "", fmt.Errorf("model %s is not placed on any node, so it has no reference worker", model)
+	}
+	return node + "/" + model, nil
+}
+
+// checkShape probes w's response shape. On the model's reference worker
+// it becomes the reference, unless an operator pinned one and this worker
+// still runs the command line the pin was made with; every other worker is
+// compared with it, once the reference worker has answered.
+func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) error {
+	t, _, err := h.workerTarget(w.Name())
+	if err != nil {
+		return err
+	}
+	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+	if err != nil {
+		return fmt.Errorf("shape: probing: %w", err)
+	}
+	refWorker, err := h.referenceWorker(ctx, w.Model)
+	if err != nil {
+		return fmt.Errorf("shape: %w", err)
+	}
+	if w.Name() == refWorker {
+		retaken, err := h.retakeReference(ctx, w, got)
+		if err != nil || retaken {
+			return err
+		}
+	}
+
+	var ref store.Reference
+	usable := func() bool {
+		h.refMu.Lock()
+		defer h.refMu.Unlock()
+		r, err := h.store.Reference(ctx, w.Model)
+		if err != nil {
+			return false
+		}
+		h.mu.Lock()
+		rw, known := h.workers[refWorker]
+		h.mu.Unlock()
+		if !r.Pinned && r.Source != refWorker {
+			return false // taken from another worker (an older rule, or another reference node)
+		}
+		// The reference worker is relaunching with a new command line: its
+		// new shape, not the recorded one, is the reference.
+		if known && coming(rw) && rw.Name() != w.Name() && !slices.Equal(r.Argv, rw.Argv) {
+			return false
+		}
+		ref = r
+		return true
+	}
+	refComing := func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		rw, ok := h.workers[refWorker]
+		return ok && coming(rw)
+	}
+	deadline := time.Now().Add(h.admissionWait())
+	if !waitUntil(ctx, deadline, func() bool { return usable() || !refComing() }) && ctx.Err() != nil {
+		return ctx.Err()
+	}
+	if ref.Shape == nil && !usable() {
+		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
+		return nil
+	}
+	return h.compareShape(w.Name(), w.Model, refWorker, ref, got)
+}
+
+// compareShape judges got against a stored reference.
+func (h *Hub) compareShape(worker, model, refWorker string, r store.Reference, got shape.Shape) error {
+	var ref shape.Shape
+	if err := json.Unmarshal(r.Shape, &ref); err != nil {
+		return fmt.Errorf("shape: the stored reference of %s is unreadable (run 'shape pin WORKER'): %w", model, err)
+	}
+	from := refWorker
+	if r.Pinned {
+		from = r.Source + ", pinned"
+	}
+	ok, report := shape.Matches(ref, got)
+	if !ok {
+		h.onEvent(fleet.Event{Level: "error", Subject: worker, Message: "admission shape differs from the reference of " + model + " (" + from + "):\n" + report.Text(100, false)})
+		var what []string
+		for _, d := range report.Differences {
+			if d.Material {
+				what = append(what, d.String())
+			}
+		}
+		return fmt.Errorf("shape: differs from %s's reference (%s): %s (see 'events --subject %s' for the diff)", model, from, strings.Join(what, "; "), worker)
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: worker, Message: "admission shape: same as the reference of " + model + " (" + from + ")"})
+	return nil
+}
+
+// retakeReference makes the reference worker's shape its model's reference,
+// unless a pin made with its current command line holds; it reports whether
+// it did. Every other worker of the model is then judged again.
+func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+	data, err := json.Marshal(got)
+	if err != nil {
+		return false, err
+	}
+	h.refMu.Lock()
+	old, err := h.store.Reference(ctx, w.Model)
+	switch {
+	case err != nil && !isNotFound(err):
+		h.refMu.Unlock()
+		return false, fmt.Errorf("shape: %w", err)
+	case err == nil && old.Pinned && slices.Equal(old.Argv, w.Argv):
+		h.refMu.Unlock()
+		return false, nil // the pin holds: judged against it like any worker
+	}
+	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
+	h.refMu.Unlock()
+	if err != nil {
+		return false, fmt.Errorf("shape: storing the reference: %w", err)
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
+	go h.rejudge(context.WithoutCancel(ctx), w.Model, w.Name(), false)
+	return true, nil
+}
+
+// rejudge judges the workers of model (all but skip; only the rejected ones
+// when onlyRejected) against its reference again, without restarting them:
+// a ready worker whose shape now differs is rejected, a rejected one whose
+// shape and speed now pass is admitted, and a rejected one whose engine was
+// stopped is launched again to be judged. Workers still on probation are
+// waited for (bounded). It returns one line per worker.
+func (h *Hub) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
+	refWorker, err := h.referenceWorker(ctx, model)
+	if err != nil {
+		return []string{err.Error()}
+	}
+	m, ok := h.model(model)
+	if !ok {
+		return nil
+	}
+	var names []string
+	h.mu.Lock()
+	for name, w := range h.workers {
+		if w.Model == model && name != skip {
+			names = append(names, name)
+		}
+	}
+	h.mu.Unlock()
+	sort.Strings(names)
+	var lines []string
+	deadline := time.Now().Add(h.admissionWait())
+	for _, name := range names {
+		var w fleet.Worker
+		waitUntil(ctx, deadline, func() bool {
+			h.mu.Lock()
+			defer h.mu.Unlock()
+			w = h.workers[name]
+			return w.State != fleet.WorkerProbation
+		})
+		if line := h.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
+			lines = append(lines, line)
+		}
+	}
+	return lines
+}
+
+func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
+	name := w.Name()
+	switch {
+	case w.State == fleet.WorkerRejected && strings.HasPrefix(w.Reason, "memory:"):
+		return "" // judged before launch, not by its shape
+	case w.State == fleet.WorkerRejected && w.PID == 0:
+		go func() {
+			if err := h.mgr.StartWorker(ctx, name); err != nil {
+				h.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
+			}
+		}()
+		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
+		return name + ": its engine was down, launching it to judge it"
+	case w.State == fleet.WorkerRejected:
+	case w.State == fleet.WorkerReady && !onlyRejected:
+	default:
+		return ""
+	}
+	t, _, err := h.workerTarget(name)
+	if err != nil {
+		return name + ": " + err.Error()
+	}
+	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+	if err != nil {
+		return fmt.Sprintf("%s: probing: %v", name, err)
+	}
+	h.refMu.Lock()
+	ref, err := h.store.Reference(ctx, w.Model)
+	h.refMu.Unlock()
+	if err != nil {
+		return name + ": " + err.Error()
+	}
+	verdict := h.compareShape(name, w.Model, refWorker, ref, got)
+	if verdict == nil && w.State == fleet.WorkerRejected {
+		// Its shape passes now; its speed must too before it takes traffic.
+		speed, err := h.singleRequestSpeed(ctx, name)
+		if err != nil {
+			verdict = fmt.Errorf("speed: %w", err)
+		} else {
+			h.recordSpeed(w, speed, 1)
+			verdict = h.speedVerdict(ctx, w, m, speed, true)
+		}
+	}
+	if err := h.mgr.Judge(ctx, name, verdict); err != nil {
+		return name + ": " + err.Error()
+	}
+	if verdict != nil {
+		return name + ": rejected: " + verdict.Error()
+	}
+	return name + ": admitted"
+}
