@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -24,8 +25,8 @@ type speedRecord struct {
 	tokS    float64
 	started time.Time // the launch it belongs to (Worker.StartedAt)
 	// shape is the launch's shape verdict: 0 not yet known, 1 same as the
-	// reference (or unchecked), -1 different. Only a peer whose shape
-	// passed can set its model's speed bar.
+	// reference, 2 unchecked (no reference answered in time), -1 different.
+	// Only a peer whose shape did not fail can set its model's speed bar.
 	shape int
 }
 
@@ -113,11 +114,16 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 		h.recordSpeed(w, speed, -1)
 		return err
 	}
-	if err := h.checkShape(ctx, w); err != nil {
+	unchecked, err := h.checkShape(ctx, w)
+	if err != nil {
 		h.recordSpeed(w, speed, -1)
 		return err
 	}
-	h.recordSpeed(w, speed, 1)
+	if unchecked {
+		h.recordSpeed(w, speed, 2)
+	} else {
+		h.recordSpeed(w, speed, 1)
+	}
 	if err := h.checkSpeed(ctx, w, m, speed); err != nil {
 		return err
 	}
@@ -249,8 +255,8 @@ func (h *Hub) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, 
 		if err != nil || s >= tol*speed {
 			continue
 		}
-		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s, which arrived since; it would slow every request it takes (override: admit --force %s)",
-			s, tol*100, w.Name(), speed, name)
+		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since; it would slow every request it takes (override: admit --force %s)",
+			s, tol*100, speed, w.Name(), name)
 		if err := h.mgr.Judge(ctx, name, verdict); err != nil {
 			h.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
 		}
@@ -273,24 +279,25 @@ func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error)
 // checkShape probes w's response shape. On the model's reference worker
 // it becomes the reference, unless an operator pinned one and this worker
 // still runs the command line the pin was made with; every other worker is
-// compared with it, once the reference worker has answered.
-func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) error {
+// compared with it, once the reference worker has answered; unchecked
+// says it had not within the admission wait.
+func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
 	t, _, err := h.workerTarget(w.Name())
 	if err != nil {
-		return err
+		return false, err
 	}
 	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 	if err != nil {
-		return fmt.Errorf("shape: probing: %w", err)
+		return false, fmt.Errorf("shape: probing: %w", err)
 	}
 	refWorker, err := h.referenceWorker(ctx, w.Model)
 	if err != nil {
-		return fmt.Errorf("shape: %w", err)
+		return false, fmt.Errorf("shape: %w", err)
 	}
 	if w.Name() == refWorker {
 		retaken, err := h.retakeReference(ctx, w, got)
 		if err != nil || retaken {
-			return err
+			return false, err
 		}
 	}
 
@@ -324,13 +331,13 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) error {
 	}
 	deadline := time.Now().Add(h.admissionWait())
 	if !waitUntil(ctx, deadline, func() bool { return usable() || !refComing() }) && ctx.Err() != nil {
-		return ctx.Err()
+		return false, ctx.Err()
 	}
 	if ref.Shape == nil && !usable() {
 		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
-		return nil
+		return true, nil
 	}
-	return h.compareShape(w.Name(), w.Model, refWorker, ref, got)
+	return false, h.compareShape(w.Name(), w.Model, refWorker, ref, got)
 }
 
 // compareShape judges got against a stored reference.
@@ -376,10 +383,24 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 		h.refMu.Unlock()
 		return false, nil // the pin holds: judged against it like any worker
 	}
+	// Workers judged against an older reference (or none) are judged
+	// again when it changed; those still coming read the new one themselves.
+	changed := err != nil || old.Source != w.Name() || !bytes.Equal(old.Shape, data)
+	h.mu.Lock()
+	for name, o := range h.workers {
+		if r, ok := h.speeds[name]; ok && o.Model == w.Model && r.shape == 2 && r.started.Equal(o.StartedAt) {
+			changed = true // admitted before any reference answered
+		}
+	}
+	h.mu.Unlock()
 	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
 	h.refMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("shape: storing the reference: %w", err)
+	}
+	if !changed {
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
+		return true, nil
 	}
 	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
 	go h.rejudge(context.WithoutCancel(ctx), w.Model, w.Name(), false)
@@ -390,8 +411,9 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 // when onlyRejected) against its reference again, without restarting them:
 // a ready worker whose shape now differs is rejected, a rejected one whose
 // shape and speed now pass is admitted, and a rejected one whose engine was
-// stopped is launched again to be judged. Workers still on probation are
-// waited for (bounded). It returns one line per worker.
+// stopped is launched again to be judged. Workers still coming judge
+// themselves against the reference they find. It returns one line per
+// worker.
 func (h *Hub) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
 	refWorker, err := h.referenceWorker(ctx, model)
 	if err != nil {
@@ -411,15 +433,10 @@ func (h *Hub) rejudge(ctx context.Context, model, skip string, onlyRejected bool
 	h.mu.Unlock()
 	sort.Strings(names)
 	var lines []string
-	deadline := time.Now().Add(h.admissionWait())
 	for _, name := range names {
-		var w fleet.Worker
-		waitUntil(ctx, deadline, func() bool {
-			h.mu.Lock()
-			defer h.mu.Unlock()
-			w = h.workers[name]
-			return w.State != fleet.WorkerProbation
-		})
+		h.mu.Lock()
+		w := h.workers[name]
+		h.mu.Unlock()
 		if line := h.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
 			lines = append(lines, line)
 		}
@@ -460,6 +477,14 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 		return name + ": " + err.Error()
 	}
 	verdict := h.compareShape(name, w.Model, refWorker, ref, got)
+	if verdict == nil {
+		h.mu.Lock()
+		if r, ok := h.speeds[name]; ok && r.shape == 2 {
+			r.shape = 1
+			h.speeds[name] = r
+		}
+		h.mu.Unlock()
+	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
 		speed, err := h.singleRequestSpeed(ctx, name)

@@ -1,0 +1,276 @@
+package main
+
+import (
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// writeFleet writes a fleet file into a temp dir and returns its path.
+func writeFleet(t *testing.T, content string) string {
+	t.Helper()
+	file := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(file, []byte(content), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return file
+}
+
+// judged is a worker admitted or rejected. A failed one is not: on a
+// shared test machine another test's engine may take its port first, and
+// the worker relaunches on another.
+func judged(w fleet.WorkerView) bool {
+	return w.State == fleet.WorkerReady || w.State == fleet.WorkerRejected
+}
+
+// The issue's first case: a 90 GB model on a 36 GB Mac was launched, then
+// rejected and left running. The memory gate now runs before the launch:
+// the worker is rejected with the figures and no engine ever starts.
+func TestMemoryGateRejectsBeforeLaunch(t *testing.T) {
+	data := t.TempDir()
+	file := writeFleet(t, `nodes:
+  - name: max
+    address: sim:m4max-llamacpp
+models:
+  - id: big
+    context: 16384
+    memory_gb: 90
+    recipes:
+      llamacpp:
+        model: Big-Q4_K_M.gguf
+placements:
+  - model: big
+    node: max
+`)
+	launchHub(t, data, freePort(t), "--fleet", file)
+	w := waitWorker(t, data, "max/big", "rejected", 60*time.Second, judged)
+	if w.State != fleet.WorkerRejected || !strings.Contains(w.Reason, "memory: big needs 90.0 GB but max has 16.5 GB usable") {
+		t.Fatalf("max/big is %s (%q), want rejected with the memory figures", w.State, w.Reason)
+	}
+	if w.PID != 0 {
+		t.Errorf("the rejected worker records engine PID %d", w.PID)
+	}
+	if pids := simsOf(data); len(pids) != 0 {
+		t.Errorf("engines run for a worker that failed the memory gate: PIDs %v", pids)
+	}
+	evs := eventsJSON(t, data, "max/big")
+	if !containsEvent(evs, "rejected before launch, no engine started: memory: big needs 90.0 GB") {
+		t.Errorf("no event gives the figures: %+v", evs)
+	}
+	if containsEvent(evs, "launched PID") {
+		t.Errorf("an engine was launched: %+v", evs)
+	}
+}
+
+// storyFleet is the issue's fleet: rig (vLLM, hermes tool parser), max
+// (llama.cpp) and metal, a Mac on vllm-metal whose recipe lacks the tool
+// parser. metal's engine loads fastest (1 s against rig's 3 s), so with the
+// old rule, first ready sets the reference, it decided the shape and the
+// correctly configured rig and max were rejected. The placement lists metal
+// first so that only `reference: rig` makes rig the reference.
+func storyFleet(metalArgs string) string {
+	return `nodes:
+  - name: rig
+    address: sim:rtx3060-vllm
+  - name: metal
+    address: sim:m4max-llamacpp
+  - name: max
+    address: sim:m1ultra-llamacpp
+models:
+  - id: qwen3-4b
+    context: 16384
+    reference: rig
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+        args: [--enable-auto-tool-choice, --tool-call-parser, hermes]
+      vllm-metal:
+        model: Qwen/Qwen3-4B
+        args: [` + metalArgs + `]
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+        args: [--jinja, --reasoning-format, none]
+placements:
+  - model: qwen3-4b
+    node: metal
+    engine: vllm-metal
+  - model: qwen3-4b
+    nodes: [rig, max]
+`
+}
+
+func TestMisconfiguredWorkerDoesNotDecideTheReference(t *testing.T) {
+	data := t.TempDir()
+	file := writeFleet(t, storyFleet(""))
+	launchHub(t, data, freePort(t), "--fleet", file)
+	for _, name := range []string{"rig/qwen3-4b", "max/qwen3-4b"} {
+		if w := waitWorker(t, data, name, "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+			t.Fatalf("%s is %s (%q): the correctly configured workers must be admitted", name, w.State, w.Reason)
+		}
+	}
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged)
+	if metal.State != fleet.WorkerRejected || !strings.Contains(metal.Reason, "tool calls") || !strings.Contains(metal.Reason, "rig/qwen3-4b") {
+		t.Fatalf("metal is %s (%q), want rejected against rig's reference for its tool calls", metal.State, metal.Reason)
+	}
+	// Its engine is kept up to be looked at, so shape works on it.
+	if metal.PID == 0 || !alive(metal.PID) {
+		t.Errorf("the rejected worker's engine is not running (PID %d)", metal.PID)
+	}
+	out, code := fleetCmd(t, data, "shape", "metal", "rig")
+	if code != 0 || !strings.Contains(out, "tool") {
+		t.Errorf("shape on the rejected worker: exit %d:\n%s", code, out)
+	}
+
+	// Fixing metal's recipe relaunches it and judges it against the fleet's
+	// reference (rig's), not a stale one of its own.
+	fixed := writeFleet(t, storyFleet("--enable-auto-tool-choice, --tool-call-parser, hermes"))
+	if out, code := fleetCmd(t, data, "apply", "-f", fixed); code != 0 {
+		t.Fatalf("apply the fixed recipe: exit %d:\n%s", code, out)
+	}
+	w := waitWorker(t, data, "metal/qwen3-4b", "ready with its new command line", 90*time.Second, func(w fleet.WorkerView) bool {
+		return w.State == fleet.WorkerReady && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
+	})
+	if w.PID == metal.PID {
+		t.Errorf("metal kept PID %d: its new recipe never ran", w.PID)
+	}
+	ready := 0
+	for _, x := range workersJSON(t, data) {
+		if x.State == fleet.WorkerReady {
+			ready++
+		}
+	}
+	if ready != 3 {
+		t.Errorf("%d workers ready after the fix, want all 3", ready)
+	}
+}
+
+// refFleet has a reference node (rig) with a misconfigured recipe of its own
+// and a correctly configured metal.
+func refFleet(rigArgs string) string {
+	return `nodes:
+  - name: metal
+    address: sim:m4max-llamacpp
+  - name: rig
+    address: sim:rtx3060-vllm
+models:
+  - id: qwen3-4b
+    context: 16384
+    reference: rig
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+        args: [` + rigArgs + `]
+      vllm-metal:
+        model: Qwen/Qwen3-4B
+        args: [--enable-auto-tool-choice, --tool-call-parser, hermes]
+placements:
+  - model: qwen3-4b
+    node: metal
+    engine: vllm-metal
+  - model: qwen3-4b
+    node: rig
+`
+}
+
+// A changed recipe on the reference node retakes the reference, and the
+// model's other workers are judged again without a restart.
+func TestReferenceRecipeChangeRejudgesOthers(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, refFleet("")))
+	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+		t.Fatalf("the reference worker is %s (%q)", w.State, w.Reason)
+	}
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged)
+	if metal.State != fleet.WorkerRejected {
+		t.Fatalf("metal is %s (%q), want rejected: rig is the reference, whoever was ready first", metal.State, metal.Reason)
+	}
+	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, refFleet("--enable-auto-tool-choice, --tool-call-parser, hermes"))); code != 0 {
+		t.Fatalf("apply: exit %d:\n%s", code, out)
+	}
+	rig := waitWorker(t, data, "rig/qwen3-4b", "ready with its new recipe", 90*time.Second, func(w fleet.WorkerView) bool {
+		return w.State == fleet.WorkerReady && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
+	})
+	w := waitWorker(t, data, "metal/qwen3-4b", "admitted on re-judgement", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	if w.PID != metal.PID {
+		t.Errorf("metal was restarted (PID %d → %d); a re-judgement needs none", metal.PID, w.PID)
+	}
+	if !containsEvent(eventsJSON(t, data, "metal/qwen3-4b"), "admitted on re-judgement") {
+		t.Errorf("no re-judgement event for metal")
+	}
+	if !containsEvent(eventsJSON(t, data, rig.Name()), "its shape is the reference; the model's other workers are judged again") {
+		t.Errorf("rig did not retake the reference")
+	}
+}
+
+// shape and shape pin work on a rejected worker whose engine runs, and a
+// pin re-judges the rejected workers at once.
+func TestShapePinRejudgesRejectedWorkers(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
+	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+		t.Fatalf("rig, the first node of the first placement, is %s (%q)", w.State, w.Reason)
+	}
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 90*time.Second, judged)
+	if ultra.State != fleet.WorkerRejected {
+		t.Fatalf("ultra is %s (%q), want rejected for its reasoning field", ultra.State, ultra.Reason)
+	}
+	if out, code := fleetCmd(t, data, "shape", "ultra", "rig"); code != 0 || !strings.Contains(out, "reasoning") {
+		t.Errorf("shape on the rejected worker: exit %d:\n%s", code, out)
+	}
+	out, code := fleetCmd(t, data, "shape", "pin", "ultra")
+	if code != 0 || !strings.Contains(out, "ultra/qwen3-4b: admitted") {
+		t.Fatalf("shape pin: exit %d:\n%s", code, out)
+	}
+	for _, w := range workersJSON(t, data) {
+		if w.Name() == "ultra/qwen3-4b" && (w.State != fleet.WorkerReady || w.PID != ultra.PID) {
+			t.Errorf("right after the pin ultra is %s with PID %d (was %d)", w.State, w.PID, ultra.PID)
+		}
+	}
+}
+
+// A worker admitted first, with nothing to compare it with, is judged again
+// when a faster one arrives.
+func TestSlowFirstWorkerRejectedWhenAFasterOneArrives(t *testing.T) {
+	data := t.TempDir()
+	const nodes = `nodes:
+  - name: slow
+    address: sim:m1ultra-27b-starved
+  - name: fast
+    address: sim:rtx3060-vllm
+models:
+  - id: qwen3-4b
+    context: 16384
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+        args: [--enable-auto-tool-choice, --tool-call-parser, hermes]
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+        args: [--jinja, --reasoning-format, none]
+placements:
+  - model: qwen3-4b
+`
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, nodes+"    nodes: [slow]\n"))
+	slow := waitWorker(t, data, "slow/qwen3-4b", "judged", 120*time.Second, judged)
+	if slow.State != fleet.WorkerReady {
+		t.Fatalf("the only worker is %s (%q)", slow.State, slow.Reason)
+	}
+	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, nodes+"    nodes: [slow, fast]\n")); code != 0 {
+		t.Fatalf("apply adding fast: exit %d:\n%s", code, out)
+	}
+	if w := waitWorker(t, data, "fast/qwen3-4b", "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
+		t.Fatalf("fast is %s (%q)", w.State, w.Reason)
+	}
+	w := waitWorker(t, data, "slow/qwen3-4b", "rejected", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
+	newSpeed, best, ok := speedFigures(w.Reason)
+	if !ok || !strings.Contains(w.Reason, "fast/qwen3-4b") || newSpeed >= best/2 {
+		t.Errorf("slow's reason does not give both figures and the faster worker: %q", w.Reason)
+	}
+	if w.PID != slow.PID || !alive(w.PID) {
+		t.Errorf("slow was restarted or stopped (PID %d → %d) instead of re-judged", slow.PID, w.PID)
+	}
+}
