@@ -266,7 +266,9 @@ models: []
 				return r.Install == "brew install llama.cpp\n" && r.Env["GGML_METAL"] == "1"
 			}},
 		{"reference", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: ultra", 1),
-			func(f fleet.Fleet) bool { return f.Models[0].Reference == "ultra" && f.ReferenceNode("qwen3-4b") == "ultra" }},
+			func(f fleet.Fleet) bool {
+				return f.Models[0].Reference == "ultra" && f.ReferenceNode("qwen3-4b") == "ultra"
+			}},
 		{"reference defaults to the first node of the first placement", strings.Replace(validBase, "[rig, ultra]", "[ultra, rig]", 1),
 			func(f fleet.Fleet) bool { return f.Models[0].Reference == "" && f.ReferenceNode("qwen3-4b") == "ultra" }},
 		{"empty sections", "nodes:\nmodels:\nplacements:\n", func(f fleet.Fleet) bool {

@@ -169,6 +169,13 @@ type workerState struct {
 	// Operator requests, taken by the supervising goroutine.
 	request  string // "stop", "start", "restart", "admit", "verdict"
 	waiters  []chan error
+	attempt  context.CancelFunc // cancels a launch in progress for a request
+	held     bool               // operator-stopped: stay down until started
+	retiring bool
+	// strangerPorts are ports fleet picked for this worker and found held
+	// by a process that is not an engine of ours; allocatePort skips them.
+	strangerPorts map[int]bool
+
 	// verdict goes with a "verdict" request: nil admits a rejected worker
 	// whose engine runs, an error rejects a ready one.
 	verdict error
@@ -180,12 +187,6 @@ type workerState struct {
 	parked bool
 	// rejectedAt is when the worker was last rejected with its engine up.
 	rejectedAt time.Time
-	attempt  context.CancelFunc // cancels a launch in progress for a request
-	held     bool               // operator-stopped: stay down until started
-	retiring bool
-	// strangerPorts are ports fleet picked for this worker and found held
-	// by a process that is not an engine of ours; allocatePort skips them.
-	strangerPorts map[int]bool
 }
 
 var errRemoved = errors.New("placement removed")

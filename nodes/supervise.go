@@ -25,7 +25,7 @@ const (
 	outcomeCrashed                 // the engine died or stopped answering
 	outcomeChanged                 // the desired command line changed
 	outcomeRecheck                 // the node was lost and is back: adopt again
-	outcomeRejectExpired           // a rejected worker's engine ran out its RejectedGrace
+	outcomeExpired                 // a rejected worker's engine ran out its RejectedGrace
 )
 
 // rejectedStoppedNote marks the reason of a rejected worker whose engine
@@ -282,7 +282,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			why := fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason)
 			m.setState(ws, fleet.WorkerFailed, why)
 			m.event("error", ws.name, "left the ready set: "+why)
-		case outcomeRejectExpired:
+		case outcomeExpired:
 			m.stopRejected(ctx, ws)
 		case outcomeChanged:
 			ws.forced = false // a new command line is judged anew
@@ -748,7 +748,7 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 				ws.rejectedAt = time.Now() // adopted rejected after a hub restart: its grace starts now
 			}
 			if time.Since(ws.rejectedAt) >= m.opts.RejectedGrace {
-				return outcomeRejectExpired, ""
+				return outcomeExpired, ""
 			}
 		}
 		if out, reason, down := nodeDown(); down {
