@@ -70,9 +70,15 @@ func shapeCmd(h Hub, u fleet.User) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	c.Flags().StringVar(&all, "all", "", "check every ready worker of this model against its reference shape")
+	c.Long = `shape sends the same probes to two workers whose engines answer (ready, on probation, draining or
+rejected) and prints what a client would notice between them.`
 	pin := &cobra.Command{
 		Use:   "pin WORKER",
-		Short: "make this worker's shape its model's reference (admin)",
+		Short: "make this worker's shape its model's reference, then re-judge the rejected workers (admin)",
+		Long: `shape pin makes WORKER's response shape (rejected workers whose engine runs included) the
+reference of its model, and judges the model's rejected workers against it at once. The pin holds
+until the model's reference worker (fleet file reference:, else the first node of its first
+placement) runs another command line; then that worker's shape is the reference again.`,
 		Args:  exactArgs(1, "one worker"),
 		RunE: func(c *cobra.Command, args []string) error {
 			msg, err := h.PinShape(c.Context(), u, args[0])
@@ -131,6 +137,8 @@ func admitCmd(h Hub, u fleet.User) *cobra.Command {
 	c := &cobra.Command{
 		Use:   "admit --force WORKER",
 		Short: "let a rejected worker take traffic despite its failed admission check (operator, audited)",
+		Long: `admit --force makes a rejected worker ready. If its engine is not running (rejected by the
+memory gate before launch, or stopped after ten minutes rejected) it is launched without the checks.`,
 		Args:  exactArgs(1, "one worker"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if !force {

@@ -503,3 +503,43 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	}
 	return name + ": admitted"
 }
+
+// referencesMoved retakes the reference of each model whose reference node
+// an apply changed, from the new reference worker if its engine answers
+// (else it does so when it is admitted), and judges the others again.
+func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
+	for _, m := range after.Models {
+		node := after.ReferenceNode(m.ID)
+		if node == "" || node == before.ReferenceNode(m.ID) {
+			continue
+		}
+		refWorker := node + "/" + m.ID
+		h.onEvent(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
+		go func() {
+			ctx := context.WithoutCancel(ctx)
+			h.mu.Lock()
+			w, ok := h.workers[refWorker]
+			h.mu.Unlock()
+			if !ok || w.PID == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected) {
+				return
+			}
+			t, _, err := h.workerTarget(refWorker)
+			if err != nil {
+				return
+			}
+			got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+			if err != nil {
+				h.onEvent(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+				return
+			}
+			if _, err := h.retakeReference(ctx, w, got); err != nil {
+				h.onEvent(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+				return
+			}
+			if w.State == fleet.WorkerRejected {
+				// Rejected against the old reference, it is the new one.
+				h.rejudgeOne(ctx, w, m, refWorker, true)
+			}
+		}()
+	}
+}

@@ -274,3 +274,33 @@ placements:
 		t.Errorf("slow was restarted or stopped (PID %d → %d) instead of re-judged", slow.PID, w.PID)
 	}
 }
+
+// Naming another reference node in the fleet file takes the reference from
+// that node's worker and judges the others again, without restarting any.
+func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
+	rig := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged)
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 90*time.Second, judged)
+	if rig.State != fleet.WorkerReady || ultra.State != fleet.WorkerRejected {
+		t.Fatalf("rig %s, ultra %s (%q): want rig, the default reference, ready and ultra rejected", rig.State, ultra.State, ultra.Reason)
+	}
+	moved := strings.Replace(mismatchedShapes, "    context: 16384\n", "    context: 16384\n    reference: ultra\n", 1)
+	out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, moved))
+	if code != 0 || !strings.Contains(out, "reference first placed node → ultra") {
+		t.Fatalf("apply: exit %d:\n%s", code, out)
+	}
+	u := waitWorker(t, data, "ultra/qwen3-4b", "admitted as the new reference", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	r := waitWorker(t, data, "rig/qwen3-4b", "rejected against ultra's shape", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
+	if u.PID != ultra.PID || r.PID != rig.PID {
+		t.Errorf("engines restarted: ultra %d → %d, rig %d → %d", ultra.PID, u.PID, rig.PID, r.PID)
+	}
+	if !strings.Contains(r.Reason, "ultra/qwen3-4b") {
+		t.Errorf("rig's reason does not name the new reference: %q", r.Reason)
+	}
+	// And export writes the key back.
+	exported, code := fleetCmd(t, data, "export")
+	if code != 0 || !strings.Contains(exported, "reference: ultra") {
+		t.Errorf("export: exit %d:\n%s", code, exported)
+	}
+}
