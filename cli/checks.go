@@ -79,7 +79,7 @@ rejected) and prints what a client would notice between them.`
 reference of its model, and judges the model's rejected workers against it at once. The pin holds
 until the model's reference worker (fleet file reference:, else the first node of its first
 placement) runs another command line; then that worker's shape is the reference again.`,
-		Args:  exactArgs(1, "one worker"),
+		Args: exactArgs(1, "one worker"),
 		RunE: func(c *cobra.Command, args []string) error {
 			msg, err := h.PinShape(c.Context(), u, args[0])
 			if err != nil {
@@ -139,7 +139,7 @@ func admitCmd(h Hub, u fleet.User) *cobra.Command {
 		Short: "let a rejected worker take traffic despite its failed admission check (operator, audited)",
 		Long: `admit --force makes a rejected worker ready. If its engine is not running (rejected by the
 memory gate before launch, or stopped after ten minutes rejected) it is launched without the checks.`,
-		Args:  exactArgs(1, "one worker"),
+		Args: exactArgs(1, "one worker"),
 		RunE: func(c *cobra.Command, args []string) error {
 			if !force {
 				return usageError{errors.New("admit overrides an admission check; say so with --force")}
