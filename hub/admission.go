@@ -109,10 +109,13 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	}
 	h.recordSpeed(w, speed, 0)
 	// Against the ready workers first: they passed their checks, and a
-	// worker already too slow for them need not have its shape probed.
-	if err := h.speedVerdict(ctx, w, m, speed, false); err != nil {
-		h.recordSpeed(w, speed, -1)
-		return err
+	// worker already too slow for them need not have its shape probed. Not
+	// on the reference worker: its shape is the reference however fast it is.
+	if ref, err := h.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
+		if err := h.speedVerdict(ctx, w, m, speed, false); err != nil {
+			h.recordSpeed(w, speed, -1)
+			return err
+		}
 	}
 	unchecked, err := h.checkShape(ctx, w)
 	if err != nil {
@@ -451,7 +454,7 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 		return "" // judged before launch, not by its shape
 	case w.State == fleet.WorkerRejected && w.PID == 0:
 		go func() {
-			if err := h.mgr.StartWorker(ctx, name); err != nil {
+			if err := h.mgr.StartWorker(context.WithoutCancel(ctx), name); err != nil {
 				h.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
 			}
 		}()
