@@ -304,3 +304,39 @@ func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
 		t.Errorf("export: exit %d:\n%s", code, exported)
 	}
 }
+
+// Workers of one model that start together are judged against each other
+// once all have been measured: the slow one is rejected at its own
+// admission, never ready for a moment because it happened to be first.
+func TestColdStartJudgesAgainstPeers(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, `nodes:
+  - name: slow
+    address: sim:m1ultra-27b-starved
+  - name: fast
+    address: sim:rtx3060-vllm
+models:
+  - id: qwen3-4b
+    context: 16384
+    recipes:
+      vllm:
+        model: Qwen/Qwen3-4B-AWQ
+        args: [--enable-auto-tool-choice, --tool-call-parser, hermes]
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+        args: [--jinja, --reasoning-format, none]
+placements:
+  - model: qwen3-4b
+    nodes: [slow, fast]
+`))
+	if w := waitWorker(t, data, "fast/qwen3-4b", "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
+		t.Fatalf("fast is %s (%q)", w.State, w.Reason)
+	}
+	slow := waitWorker(t, data, "slow/qwen3-4b", "judged", 120*time.Second, judged)
+	if slow.State != fleet.WorkerRejected || !strings.Contains(slow.Reason, "fast/qwen3-4b") {
+		t.Fatalf("slow is %s (%q), want rejected against fast", slow.State, slow.Reason)
+	}
+	if containsEvent(eventsJSON(t, data, "slow/qwen3-4b"), "ready on port") {
+		t.Errorf("slow was ready before it was compared with the peer that started with it")
+	}
+}
