@@ -385,6 +385,12 @@ func (m *Manager) request(ctx context.Context, name, what string, with func(*wor
 		m.mu.Unlock()
 		return errors.New("the node manager is not running")
 	}
+	if what == "verdict" && ws.request != "" {
+		// An operator's request is not to be superseded by a re-judgement.
+		r := ws.request
+		m.mu.Unlock()
+		return fmt.Errorf("worker %s: a %s request is pending; not re-judged", name, r)
+	}
 	done := make(chan error, 1)
 	// A newer request replaces an older one; its callers learn so.
 	for _, w := range ws.waiters {
