@@ -225,6 +225,9 @@ func serveCmd(dataDir *string) *cobra.Command {
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: use debug, info, warn or error", logLevel)
 			}
+			if opts.RejectedGrace <= 0 || opts.AdmissionWait <= 0 {
+				return fmt.Errorf("--rejected-grace %s and --admission-wait %s must both be above zero, like 10m and 2m", opts.RejectedGrace, opts.AdmissionWait)
+			}
 			opts.Logger = slog.New(slog.NewTextHandler(c.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			opts.DataDir = *dataDir
 			h, err := hub.Open(c.Context(), opts)
@@ -243,6 +246,8 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
+	c.Flags().DurationVar(&opts.AdmissionWait, "admission-wait", 2*time.Minute, "how long a worker on probation waits for its model's reference worker and the peers starting with it")
 	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion, counting the prompt prefix each worker holds), fleet-no-prefix, p2c-least-loaded, round-robin, random, session-sticky (hash of the prompt's first chunk), cache-aware (SGLang gateway's)")
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")

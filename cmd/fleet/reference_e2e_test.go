@@ -343,3 +343,41 @@ placements:
 		t.Errorf("ultra was ready before it was compared with the peer that started with it")
 	}
 }
+
+// A worker rejected for its shape keeps its engine for --rejected-grace,
+// then the engine stops while the worker stays rejected; shape then says the
+// engine is down, and admit --force launches it unchecked.
+func TestRejectedEngineStopsAfterTheGrace(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes), "--rejected-grace", "2s")
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "rejected", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
+	stopped := waitWorker(t, data, "ultra/qwen3-4b", "rejected with its engine stopped", 60*time.Second, func(w fleet.WorkerView) bool {
+		return w.State == fleet.WorkerRejected && w.PID == 0
+	})
+	for deadline := time.Now().Add(30 * time.Second); alive(ultra.PID); time.Sleep(100 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("engine PID %d of the rejected worker still runs", ultra.PID)
+		}
+	}
+	if !strings.Contains(stopped.Reason, "shape") || !strings.Contains(stopped.Reason, "its engine was stopped after 2s rejected") {
+		t.Errorf("reason %q does not keep the rejection and say the engine stopped", stopped.Reason)
+	}
+	out, code := fleetCmd(t, data, "shape", "ultra", "rig")
+	if code == 0 || !strings.Contains(out, "is rejected and its engine is down") {
+		t.Errorf("shape on a stopped rejected worker: exit %d:\n%s", code, out)
+	}
+	if out, code := fleetCmd(t, data, "admit", "--force", "ultra"); code != 0 {
+		t.Fatalf("admit --force: exit %d:\n%s", code, out)
+	}
+	w := waitWorker(t, data, "ultra/qwen3-4b", "ready after admit --force", 60*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	if !alive(w.PID) {
+		t.Errorf("ultra is ready without a live engine: PID %d", w.PID)
+	}
+}
+
+func TestServeRefusesANonPositiveGrace(t *testing.T) {
+	out, code := fleetCmd(t, t.TempDir(), "serve", "--http", "127.0.0.1:0", "--ssh=", "--rejected-grace", "0s")
+	if code == 0 || !strings.Contains(out, "--rejected-grace 0s and --admission-wait 2m0s must both be above zero") {
+		t.Errorf("serve --rejected-grace 0s: exit %d:\n%s", code, out)
+	}
+}
