@@ -77,9 +77,12 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 	}
 
 	// resume is set after a request that left a running engine as it was:
-	// the supervisor goes back to watching it without adopting it again.
+	// the next round goes back to watching it without adopting it again
+	// (any other way round, such as the node going down, adopts it).
 	resume := false
 	for ctx.Err() == nil {
+		skipAdopt := resume
+		resume = false
 		req, waiters := m.takeRequest(ws)
 		if req != "" {
 			answer(fmt.Errorf("worker %s: superseded by a %s request", ws.name, req))
@@ -200,7 +203,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 
-		if ws.proc.PID > 0 && !resume {
+		if ws.proc.PID > 0 && !skipAdopt {
 			adopted, err := m.adopt(ctx, ws, node, t)
 			if ctx.Err() != nil {
 				return
@@ -267,7 +270,6 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			answer(nil)
 		}
 		readySince = time.Now()
-		resume = false
 
 		out, reason := m.monitor(ctx, ws, node, t)
 		if time.Since(readySince) >= stableReady {
