@@ -326,11 +326,14 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 		ref = r
 		return true
 	}
+	// A failed reference worker is relaunched after its backoff: it is
+	// still coming, so its model's others wait for it (bounded) rather
+	// than pass unchecked because of, say, a port another process took.
 	refComing := func() bool {
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		rw, ok := h.workers[refWorker]
-		return ok && coming(rw)
+		return ok && (coming(rw) || rw.State == fleet.WorkerFailed)
 	}
 	deadline := time.Now().Add(h.admissionWait())
 	if !waitUntil(ctx, deadline, func() bool { return usable() || !refComing() }) && ctx.Err() != nil {
