@@ -64,3 +64,13 @@ func (l *auditLine) endErr(err error) {
 	}
 	l.end("ok")
 }
+
+// audit writes the audit line of something that changed nothing (a
+// refusal, a failure before acting); a failure to write it is logged.
+// Actions write theirs first, with begin.
+func (h *Hub) audit(u fleet.User, action, target, outcome string) {
+	e := auditEntry(u, action, target, outcome)
+	if err := h.store.AddAudit(context.Background(), e); err != nil {
+		h.log.Error("could not write the audit line", "user", e.User, "action", action, "target", e.Target, "err", err)
+	}
+}

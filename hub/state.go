@@ -1,0 +1,265 @@
+package hub
+
+// The state mirror: what the node manager reports, kept in memory, persisted,
+// handed to the router, and read back as snapshots and target names.
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"slices"
+	"sort"
+	"strings"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+	"fleet/router"
+	"fleet/store"
+)
+
+func (h *Hub) onWorker(w fleet.Worker) {
+	h.mu.Lock()
+	if old, ok := h.workers[w.Name()]; ok {
+		w.Drained = old.Drained // the drain flag is the hub's, not the manager's
+	}
+	h.workers[w.Name()] = w
+	h.mu.Unlock()
+	saved, err := h.store.SaveWorker(context.Background(), w)
+	if errors.Is(err, store.ErrNotFound) {
+		// A retiring worker whose node or model left the fleet: its pending
+		// stop, not a worker row, keeps it until its engine is stopped.
+		h.log.Debug("not persisting a worker that left the fleet", "worker", w.Name(), "state", w.State)
+	} else if err != nil {
+		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
+	} else {
+		h.mu.Lock()
+		if cur, ok := h.workers[w.Name()]; ok {
+			cur.ID = saved.ID
+			h.workers[w.Name()] = cur
+		}
+		h.mu.Unlock()
+	}
+	h.syncRouter()
+}
+
+func (h *Hub) onWorkerRemoved(w fleet.Worker) {
+	h.mu.Lock()
+	delete(h.workers, w.Name())
+	h.mu.Unlock()
+	if err := h.store.DeleteWorker(context.Background(), w.Node, w.Model); err != nil && !errors.Is(err, store.ErrNotFound) {
+		h.log.Warn("could not forget a removed worker", "worker", w.Name(), "err", err)
+	}
+	if err := h.store.DeletePendingStop(context.Background(), w.Name()); err != nil {
+		h.log.Warn("could not forget the pending stop of a stopped engine", "worker", w.Name(), "err", err)
+	}
+	h.syncRouter()
+}
+
+func (h *Hub) onNode(n fleet.Node) {
+	h.mu.Lock()
+	if _, declared := h.nodes[n.Name]; !declared {
+		// A node that left the fleet, kept connected only to stop its engines.
+		h.mu.Unlock()
+		return
+	}
+	h.nodes[n.Name] = n
+	h.mu.Unlock()
+	ctx := context.Background()
+	if n.Platform != nil {
+		if err := h.store.SetNodeProbe(ctx, n.Name, *n.Platform, n.ProbedAt); err != nil {
+			h.log.Warn("could not persist node probe", "node", n.Name, "err", err)
+		}
+	}
+	if err := h.store.SetNodeState(ctx, n.Name, n.State, n.Reason); err != nil {
+		h.log.Warn("could not persist node state", "node", n.Name, "err", err)
+	}
+}
+
+func (h *Hub) onEvent(e fleet.Event) {
+	if e.At.IsZero() {
+		e.At = time.Now()
+	}
+	if _, err := h.store.AddEvent(context.Background(), e); err != nil {
+		h.log.Warn("could not store event", "subject", e.Subject, "err", err)
+	}
+}
+
+// syncRouter hands the router the ready set, with drained workers marked.
+func (h *Hub) syncRouter() {
+	h.mu.Lock()
+	var bs []router.Backend
+	var drained []string
+	for name, w := range h.workers {
+		if w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining {
+			continue
+		}
+		bs = append(bs, router.Backend{
+			Name:       name,
+			Model:      w.Model,
+			ServedName: h.servedNameLocked(w),
+			Engine:     w.Engine,
+			Addr:       net.JoinHostPort("127.0.0.1", fmt.Sprint(w.Port)),
+			Dial:       h.mgr.Dialer(w.Node),
+			Context:    w.Context,
+			Slots:      w.Slots,
+		})
+		if w.Drained || w.State == fleet.WorkerDraining {
+			drained = append(drained, name)
+		}
+	}
+	outlook := h.outlookLocked()
+	h.mu.Unlock()
+	h.router.SetBackendsAndOutlook(bs, outlook)
+	for _, name := range drained {
+		h.router.Drain(name)
+	}
+}
+
+// outlookLocked tells the router, per model, which placed workers are on
+// their way and which cannot serve: a placement whose worker the manager
+// has not reported yet is pending, and a worker stopped on its way to a
+// restart (not held by 'fleet stop') is coming back.
+func (h *Hub) outlookLocked() map[string]router.Outlook {
+	states := map[string][]fleet.WorkerState{}
+	for _, p := range h.placements {
+		state := fleet.WorkerPending
+		if w, ok := h.workers[p.Node+"/"+p.Model]; ok {
+			state = w.State
+			if state == fleet.WorkerStopped && !w.Held {
+				state = fleet.WorkerStarting
+			}
+		}
+		states[p.Model] = append(states[p.Model], state)
+	}
+	out := make(map[string]router.Outlook, len(states))
+	for m, ss := range states {
+		out[m] = router.OutlookOf(ss)
+	}
+	return out
+}
+
+func (h *Hub) servedName(w fleet.Worker) string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.servedNameLocked(w)
+}
+
+// servedNameLocked is the name w's engine answers to, which the router and
+// the checks send it (an Ollama tag differs from the model ID).
+func (h *Hub) servedNameLocked(w fleet.Worker) string {
+	for _, m := range h.models {
+		if m.ID == w.Model {
+			return enginectl.ServedName(m, w.Engine)
+		}
+	}
+	return w.Model
+}
+
+// Snapshot is the fleet as the console shows it now.
+func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
+	stats := map[string]router.BackendStats{}
+	for _, s := range h.router.Stats() {
+		stats[s.Name] = s
+	}
+	h.mu.Lock()
+	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.models)}
+	for _, n := range h.nodes {
+		snap.Nodes = append(snap.Nodes, n)
+	}
+	for name, w := range h.workers {
+		v := fleet.WorkerView{Worker: w, Host: "?", GPU: "?"}
+		if w.Drained && w.State == fleet.WorkerReady {
+			v.State = fleet.WorkerDraining // ready ⇄ draining: the hub's drain flag is the state people see
+		}
+		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
+			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
+		}
+		if b, ok := h.bench[name]; ok {
+			v.Bench, v.BenchAt = b.points, b.at
+		}
+		if s, ok := stats[name]; ok {
+			v.InFlight = s.InFlight
+			v.TokPerSec, v.TTFTms, v.ITLms = s.TokPerSec, s.TTFTms, s.ITLms
+			v.PredictedTTFTms = s.PredictedTTFTms
+			v.TTFTHistory, v.ITLHistory = s.TTFTHistory, s.ITLHistory
+			if s.CacheHitKnown {
+				v.CacheHit = &s.CacheHit
+			}
+		}
+		snap.Workers = append(snap.Workers, v)
+	}
+	h.mu.Unlock()
+	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
+	sort.Slice(snap.Workers, func(i, j int) bool { return snap.Workers[i].Name() < snap.Workers[j].Name() })
+	if evs, err := h.store.Events(ctx, "", 0, 100); err == nil {
+		snap.Events = evs
+	}
+	return snap
+}
+
+func listOrNone(names []string) string {
+	if len(names) == 0 {
+		return "none"
+	}
+	return strings.Join(names, ", ")
+}
+
+// resolve turns names typed by an operator into worker names: a node name is
+// every worker on it; NODE/MODEL is one worker; "all" is every worker.
+func (h *Hub) resolve(targets []string) ([]string, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []string
+	for _, t := range targets {
+		if t == "all" {
+			if len(h.workers) == 0 {
+				return nil, errors.New("the fleet has no workers yet; place a model in the fleet file")
+			}
+			for name := range h.workers {
+				out = append(out, name)
+			}
+			continue
+		}
+		if _, ok := h.workers[t]; ok {
+			out = append(out, t)
+			continue
+		}
+		var found bool
+		for name, w := range h.workers {
+			if w.Node == t {
+				out = append(out, name)
+				found = true
+			}
+		}
+		if !found {
+			known := make([]string, 0, len(h.workers))
+			for name := range h.workers {
+				known = append(known, name)
+			}
+			sort.Strings(known)
+			if _, isNode := h.nodes[t]; isNode {
+				return nil, fmt.Errorf("node %q has no workers yet; place a model on it in the fleet file (known workers: %s)", t, listOrNone(known))
+			}
+			return nil, fmt.Errorf("no worker or node named %q; known workers: %s", t, listOrNone(known))
+		}
+	}
+	sort.Strings(out)
+	return slices.Compact(out), nil
+}
+
+// Events lists recent events, oldest first.
+func (h *Hub) Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error) {
+	return h.store.Events(ctx, subject, afterID, limit)
+}
+
+// WorkerLog returns the last lines of a worker's engine log.
+func (h *Hub) WorkerLog(ctx context.Context, name string, lines int) ([]string, error) {
+	var buf bytes.Buffer
+	if err := h.mgr.WorkerLog(ctx, name, lines, &buf); err != nil {
+		return nil, fmt.Errorf("reading the log of %s: %w (%s)", name, err, strings.TrimSpace(buf.String()))
+	}
+	return strings.Split(strings.TrimRight(buf.String(), "\n"), "\n"), nil
+}
