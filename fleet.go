@@ -390,6 +390,14 @@ type User struct {
 	Theme       string `json:"theme,omitempty"`
 }
 
+// APIKey is a router key as listed: its name and dates, never the key
+// itself (the store keeps only its hash).
+type APIKey struct {
+	Name    string    `json:"name"`
+	Created time.Time `json:"created"`
+	Revoked time.Time `json:"revoked,omitzero"`
+}
+
 // Event is a line of a node's or worker's history: launches, probes, drains,
 // install output, admission results.
 type Event struct {

@@ -21,7 +21,6 @@ import (
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
 	"fleet/columns"
-	"fleet/store"
 )
 
 // Hub is what the commands need from the running hub.
@@ -44,7 +43,7 @@ type Hub interface {
 	ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error)
 	TrustNode(ctx context.Context, u fleet.User, node string) (string, error)
 	CreateKey(ctx context.Context, u fleet.User, name string) (string, error)
-	Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error)
+	Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error)
 	RevokeKey(ctx context.Context, u fleet.User, name string) error
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 }

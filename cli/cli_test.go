@@ -12,7 +12,6 @@ import (
 	"fleet"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
-	"fleet/store"
 )
 
 // fakeHub records calls and refuses what a viewer may not do, as the hub does.
@@ -69,7 +68,7 @@ func (f *fakeHub) Bench(context.Context, fleet.User, string, BenchOptions, io.Wr
 func (f *fakeHub) ForceAdmit(context.Context, fleet.User, string) (string, error) { return "", nil }
 func (f *fakeHub) TrustNode(context.Context, fleet.User, string) (string, error)  { return "", nil }
 func (f *fakeHub) CreateKey(context.Context, fleet.User, string) (string, error)  { return "fk-x", nil }
-func (f *fakeHub) Keys(context.Context, fleet.User) ([]store.APIKey, error)       { return nil, nil }
+func (f *fakeHub) Keys(context.Context, fleet.User) ([]fleet.APIKey, error)       { return nil, nil }
 func (f *fakeHub) RevokeKey(context.Context, fleet.User, string) error            { return nil }
 func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error             { return nil }
 

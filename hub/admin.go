@@ -7,7 +7,6 @@ import (
 	"fmt"
 
 	"fleet"
-	"fleet/store"
 	"fleet/themes"
 )
 
@@ -70,7 +69,7 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (string,
 }
 
 // Keys lists router API keys (names and dates, never the keys).
-func (h *Hub) Keys(ctx context.Context, u fleet.User) ([]store.APIKey, error) {
+func (h *Hub) Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error) {
 	if err := h.authorize(u, fleet.RoleAdmin, "key list", ""); err != nil {
 		return nil, err
 	}

@@ -28,7 +28,7 @@ import (
 	"fleet/internal/mdns"
 	"fleet/nodes"
 	"fleet/router"
-	"fleet/sim"
+	"fleet/sim/profiles"
 	"fleet/sshserver"
 	"fleet/store"
 )
@@ -255,14 +255,14 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		ReconcileInterval: opts.ReconcileInterval,
 		HostKeys:          hostKeys{st},
 		SimPlatform: func(profile string) (fleet.Platform, error) {
-			p, err := sim.LookupProfile(profile)
+			p, err := profiles.Lookup(profile)
 			if err != nil {
 				return fleet.Platform{}, err
 			}
 			return p.Platform, nil
 		},
 		SimMimic: func(profile string) fleet.EngineKind {
-			p, err := sim.LookupProfile(profile)
+			p, err := profiles.Lookup(profile)
 			if err != nil {
 				return ""
 			}

@@ -49,7 +49,7 @@ type ManagerOptions struct {
 
 	HostKeys    HostKeyStore
 	SimPlatform func(profile string) (fleet.Platform, error)
-	// SimMimic names the engine a sim profile mimics (sim.Profile.Mimic);
+	// SimMimic names the engine a sim profile mimics (profiles.Profile.Mimic);
 	// nil lets enginectl read it from the profile's name.
 	SimMimic func(profile string) fleet.EngineKind
 	// Transport tunes SSH connections (timeouts, keepalives). Its Logger,

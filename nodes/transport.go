@@ -79,7 +79,7 @@ type Options struct {
 	// nodes on one machine never share a state directory.
 	DataDir string
 	// SimPlatform resolves a sim profile name to the platform its node
-	// reports (the hub passes sim.LookupProfile's platform).
+	// reports (the hub passes profiles.Lookup's platform).
 	SimPlatform func(profile string) (fleet.Platform, error)
 	// HostKeys pins SSH host keys. Required for ssh nodes.
 	HostKeys HostKeyStore

@@ -18,7 +18,7 @@ import (
 func TestRoleChunkComesWithTheFirstToken(t *testing.T) {
 	for _, mimic := range []string{"vllm", "llamacpp"} {
 		t.Run(mimic, func(t *testing.T) {
-			p := Profile{Name: "prefill", Curve: []SpeedPoint{{1, 1000}}, Slots: 2, KVCacheTokens: 100000, PromptTokPerSec: 100}
+			p := Profile{Name: "prefill", Curve: []SpeedPoint{{Concurrency: 1, TotalTokPerSec: 1000}}, Slots: 2, KVCacheTokens: 100000, PromptTokPerSec: 100}
 			srv, err := NewServer(Options{Mimic: fleetKind(mimic), Profile: p, ServedNames: []string{"m"}, Slots: 2})
 			if err != nil {
 				t.Fatal(err)

@@ -665,7 +665,7 @@ func TestMetricsNames(t *testing.T) {
 // slowProfile decodes one token per 10 s: requests hold their slots for as
 // long as a test needs, with no timing assumption.
 func slowProfile() Profile {
-	return Profile{Name: "slow", Curve: []SpeedPoint{{1, 0.1}}, Slots: 2, KVCacheTokens: 1000}
+	return Profile{Name: "slow", Curve: []SpeedPoint{{Concurrency: 1, TotalTokPerSec: 0.1}}, Slots: 2, KVCacheTokens: 1000}
 }
 
 func waitFor(t *testing.T, what string, cond func() bool) {
@@ -871,7 +871,7 @@ func fleetKind(s string) fleet.EngineKind { return fleet.EngineKind(s) }
 func TestStreamIsFlushedPerChunk(t *testing.T) {
 	for _, mimic := range []string{"llamacpp", "vllm"} {
 		t.Run(mimic, func(t *testing.T) {
-			p := Profile{Name: "four-per-second", Curve: []SpeedPoint{{1, 4}}, Slots: 1}
+			p := Profile{Name: "four-per-second", Curve: []SpeedPoint{{Concurrency: 1, TotalTokPerSec: 4}}, Slots: 1}
 			srv, err := NewServer(Options{Mimic: fleetKind(mimic), Profile: p, ServedNames: []string{"m"}})
 			if err != nil {
 				t.Fatal(err)

@@ -10,7 +10,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"golang.org/x/crypto/ssh"
 
@@ -142,13 +141,6 @@ func (s *Store) execOne(ctx context.Context, doing, missing, hint, query string,
 // APIKeyPrefix starts every router key, so a leaked key is recognisable.
 const APIKeyPrefix = "fk-"
 
-// APIKey is a router key as listed: never the key itself.
-type APIKey struct {
-	Name    string    `json:"name"`
-	Created time.Time `json:"created"`
-	Revoked time.Time `json:"revoked,omitzero"`
-}
-
 func hashKey(key string) []byte {
 	h := sha256.Sum256([]byte(key))
 	return h[:]
@@ -217,16 +209,16 @@ func (s *Store) VerifyAPIKey(ctx context.Context, key string) (string, bool, err
 }
 
 // APIKeys lists router keys, revoked ones included, by name.
-func (s *Store) APIKeys(ctx context.Context) ([]APIKey, error) {
+func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT name, created, revoked FROM api_keys ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list API keys: %w", err)
 	}
 	defer rows.Close()
-	keys := []APIKey{}
+	keys := []fleet.APIKey{}
 	for rows.Next() {
 		var (
-			k                APIKey
+			k                fleet.APIKey
 			created, revoked int64
 		)
 		if err := rows.Scan(&k.Name, &created, &revoked); err != nil {
