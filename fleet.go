@@ -7,6 +7,7 @@ package fleet
 import (
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"time"
 )
@@ -352,20 +353,81 @@ const (
 	RoleAdmin    Role = "admin"
 )
 
-// Allows reports whether r is at least need.
-func (r Role) Allows(need Role) bool { return r.rank() >= need.rank() }
+// Allows reports whether r is at least need. A need that is no role (an
+// action missing from the table asks for "") is allowed to nobody.
+func (r Role) Allows(need Role) bool { return need.rank() > 0 && r.rank() >= need.rank() }
 
-// ActionRole is the role an action needs, whichever way it arrives (console
-// key, SSH exec, the local CLI): the hub enforces it and audits refusals,
-// and the console reads it only to skip a confirmation the hub would refuse.
-// shape and bench send load to workers, so they need an operator. An action
-// missing here needs an admin.
-func ActionRole(action string) Role {
-	switch action {
-	case "drain", "undrain", "restart", "stop", "start", "shape", "shape --all", "bench", "admit --force", "audit":
-		return RoleOperator
+// Action is one thing a user may ask of the hub, whichever way it arrives
+// (console key, SSH exec, the local CLI).
+type Action struct {
+	// Name is how the command tree spells it and the audit trail records it.
+	Name string
+	// Role is the least role that may do it.
+	Role Role
+	// Audited actions change the fleet, its users or keys, or send load to
+	// workers: their audit line is written before they run (and they do not
+	// run when it cannot be), then says how they ended. Of the others
+	// (reads) only a refusal is audited.
+	Audited bool
+}
+
+// actions is the one table of who may do what: the hub authorizes and
+// audits by it, the command tree refuses a command missing from it, and the
+// console greys out keys by it. shape and bench send load to workers, so
+// they need an operator.
+var actions = [...]Action{
+	{"help", RoleViewer, false},
+	{"whoami", RoleViewer, false},
+	{"workers", RoleViewer, false},
+	{"nodes", RoleViewer, false},
+	{"models", RoleViewer, false},
+	{"events", RoleViewer, false},
+	{"export", RoleViewer, false},
+	// A theme is the user's own preference, not the fleet's.
+	{"theme", RoleViewer, false},
+
+	{"drain", RoleOperator, true},
+	{"undrain", RoleOperator, true},
+	{"restart", RoleOperator, true},
+	{"stop", RoleOperator, true},
+	{"start", RoleOperator, true},
+	{"shape", RoleOperator, false},
+	{"shape --all", RoleOperator, false},
+	{"bench", RoleOperator, true},
+	{"admit --force", RoleOperator, true},
+	{"audit", RoleOperator, false},
+
+	{"apply", RoleAdmin, true},
+	{"apply --dry-run", RoleAdmin, false},
+	{"shape pin", RoleAdmin, true},
+	{"node trust", RoleAdmin, true},
+	{"user add", RoleAdmin, true},
+	{"user rm", RoleAdmin, true},
+	{"user list", RoleAdmin, false},
+	{"key create", RoleAdmin, true},
+	{"key revoke", RoleAdmin, true},
+	{"key list", RoleAdmin, false},
+}
+
+// Actions returns the action table (a copy).
+func Actions() []Action { return slices.Clone(actions[:]) }
+
+// LookupAction finds an action by name; ok is false for one not in the
+// table, which nobody may do.
+func LookupAction(name string) (a Action, ok bool) {
+	for _, a := range actions {
+		if a.Name == name {
+			return a, true
+		}
 	}
-	return RoleAdmin
+	return Action{Name: name}, false
+}
+
+// ActionRole is the role an action needs; "" (which Allows grants nobody)
+// for an action missing from the table.
+func ActionRole(name string) Role {
+	a, _ := LookupAction(name)
+	return a.Role
 }
 
 func (r Role) rank() int {

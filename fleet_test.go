@@ -58,6 +58,8 @@ func TestRoles(t *testing.T) {
 		{RoleViewer, RoleViewer, true}, {RoleViewer, RoleOperator, false}, {RoleOperator, RoleOperator, true},
 		{RoleOperator, RoleAdmin, false}, {RoleAdmin, RoleOperator, true}, {Role(""), RoleViewer, false},
 		{Role("root"), RoleViewer, false},
+		// An action missing from the table needs "": nobody has that.
+		{RoleAdmin, Role(""), false}, {Role(""), Role(""), false},
 	}
 	for _, c := range cases {
 		if got := c.have.Allows(c.need); got != c.ok {

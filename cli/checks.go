@@ -72,6 +72,7 @@ func shapeCmd(h Hub, u fleet.User) *cobra.Command {
 	c.Flags().StringVar(&all, "all", "", "check every ready worker of this model against its reference shape")
 	c.Long = `shape sends the same probes to two workers whose engines answer (ready, on probation, draining or
 rejected) and prints what a client would notice between them.`
+	c.Annotations = map[string]string{annotationFlagAction: "all", annotationTargetFlag: "all"}
 	pin := &cobra.Command{
 		Use:   "pin WORKER",
 		Short: "make this worker's shape its model's reference, then re-judge the rejected workers (admin)",
@@ -153,6 +154,7 @@ memory gate before launch, or stopped after ten minutes rejected) it is launched
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "required: override the failed check")
+	c.Annotations = map[string]string{annotationAction: "admit --force"}
 	return c
 }
 

@@ -1,8 +1,10 @@
 // Package cli is the command tree that operators type: the same commands
 // answer `fleet workers` on the hub machine (through the hub's control
 // socket) and `ssh -p 2222 hub workers` (through the SSH server). It holds no
-// state and enforces nothing itself: every action goes to the Hub, which
-// checks the caller's role and writes the audit line.
+// state. Before any command runs, the root asks the Hub to authorize it by
+// its name in the action table (fleet.Actions): a command missing from the
+// table is refused, so one added later is protected without anyone
+// remembering. The Hub checks again in each action and writes the audit line.
 package cli
 
 import (
@@ -25,6 +27,9 @@ import (
 
 // Hub is what the commands need from the running hub.
 type Hub interface {
+	// Authorize refuses, and audits the refusal of, an action (a name in
+	// fleet.Actions) that u may not do.
+	Authorize(ctx context.Context, u fleet.User, action, target string) error
 	Snapshot(ctx context.Context) fleet.Snapshot
 	// Act drains, undrains or restarts the named workers or nodes.
 	Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error)
@@ -100,8 +105,45 @@ func newRoot(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	}
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return usageError{err} })
 	root.CompletionOptions.DisableDefaultCmd = true
+	// Every command below the root runs this first (none sets its own), as
+	// soft-serve guards its tree.
+	root.PersistentPreRunE = func(c *cobra.Command, args []string) error {
+		action, target := Action(c, args)
+		return h.Authorize(c.Context(), u, action, target)
+	}
 	Attach(root, h, u, stdin)
 	return root
+}
+
+// Annotations a command sets when its action is not simply its path below
+// the root ("user add"): annotationAction names it outright,
+// annotationFlagAction names a flag that, when given, makes it another
+// action ("apply" with --dry-run is "apply --dry-run"), and
+// annotationTargetFlag a flag whose value is what the action is done to.
+const (
+	annotationAction     = "fleet.action"
+	annotationFlagAction = "fleet.action-flag"
+	annotationTargetFlag = "fleet.target-flag"
+)
+
+// Action is the name in the action table of command c run with args, and
+// the target its audit line names.
+func Action(c *cobra.Command, args []string) (action, target string) {
+	action = c.Annotations[annotationAction]
+	if action == "" {
+		action = c.CommandPath()
+		if c.HasParent() {
+			action = strings.TrimPrefix(action, c.Root().Name()+" ")
+		}
+	}
+	if f := c.Annotations[annotationFlagAction]; f != "" && c.Flags().Changed(f) {
+		action += " --" + f
+	}
+	target = strings.Join(args, " ")
+	if f := c.Flags().Lookup(c.Annotations[annotationTargetFlag]); f != nil && f.Value.String() != "" {
+		target = strings.TrimSpace(f.Value.String() + " " + target)
+	}
+	return action, target
 }
 
 // Attach adds the hub commands to root, so the local binary can offer the
@@ -270,6 +312,7 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
 	c.Flags().StringVar(&filename, "filename", "stdin", "name used for the file in error messages")
+	c.Annotations = map[string]string{annotationFlagAction: "dry-run", annotationTargetFlag: "filename"}
 	return c
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"strings"
 	"testing"
@@ -14,11 +15,26 @@ import (
 	"fleet/bench/sweep"
 )
 
-// fakeHub records calls and refuses what a viewer may not do, as the hub does.
+// fakeHub records calls and refuses what the action table does not allow,
+// as the hub does.
 type fakeHub struct {
 	acts    [][]string
 	applied string
 	workers []fleet.WorkerView // the snapshot's workers when set
+	// authorized are the actions and targets the tree asked about.
+	authorized [][2]string
+}
+
+func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action, target string) error {
+	f.authorized = append(f.authorized, [2]string{action, target})
+	a, ok := fleet.LookupAction(action)
+	if !ok {
+		return fmt.Errorf("permission denied: %q is not in the hub's action table", action)
+	}
+	if !u.Role.Allows(a.Role) {
+		return fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, a.Role, u.Name, u.Role)
+	}
+	return nil
 }
 
 var errDenied = errors.New("permission denied: drain needs the operator role; you (v) are viewer")
@@ -75,6 +91,7 @@ func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error           
 func TestExitStatuses(t *testing.T) {
 	operator := fleet.User{Name: "op", Role: fleet.RoleOperator}
 	viewer := fleet.User{Name: "v", Role: fleet.RoleViewer}
+	admin := fleet.User{Name: "ad", Role: fleet.RoleAdmin}
 	cases := []struct {
 		name    string
 		u       fleet.User
@@ -96,7 +113,7 @@ func TestExitStatuses(t *testing.T) {
 		{"unknown command is usage", operator, []string{"dran", "ultra"}, "", ExitUsage, "", "unknown command", 0},
 		{"unknown flag is usage", operator, []string{"workers", "--jsn"}, "", ExitUsage, "", "unknown flag", 0},
 		{"extra argument is usage", operator, []string{"workers", "extra"}, "", ExitUsage, "", "takes no arguments", 0},
-		{"apply with nothing on stdin is usage", operator, []string{"apply"}, "", ExitUsage, "", "standard input", 0},
+		{"apply with nothing on stdin is usage", admin, []string{"apply"}, "", ExitUsage, "", "standard input", 0},
 		{"admit needs --force", operator, []string{"admit", "ultra"}, "", ExitUsage, "", "--force", 0},
 		{"bench with a bad split is usage", operator, []string{"bench", "ultra", "--split", "poetry"}, "", ExitUsage, "", "chat or agent", 0},
 	}

@@ -15,14 +15,20 @@ import (
 	"fleet/nodes"
 )
 
-// authorize refuses (and audits the refusal of) an action the user's role
-// does not allow.
-func (h *Hub) authorize(u fleet.User, need fleet.Role, action, target string) error {
-	if u.Role.Allows(need) {
-		return nil
+// authorize looks the action up in the table (fleet.Actions) and refuses,
+// auditing the refusal, one that is not there or that the user's role does
+// not allow. Every entry point of the hub that a user calls goes through it.
+func (h *Hub) authorize(u fleet.User, action, target string) (fleet.Action, error) {
+	a, ok := fleet.LookupAction(action)
+	if !ok {
+		h.audit(u, action, target, "denied: not in the action table")
+		return a, fmt.Errorf("permission denied: %q is not in the hub's action table, so nobody may do it", action)
 	}
-	h.audit(u, action, target, "denied: needs "+string(need))
-	return fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, need, u.Name, roleName(u.Role))
+	if !u.Role.Allows(a.Role) {
+		h.audit(u, action, target, "denied: needs "+string(a.Role))
+		return a, fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, a.Role, u.Name, roleName(u.Role))
+	}
+	return a, nil
 }
 
 func roleName(r fleet.Role) string {
@@ -32,7 +38,56 @@ func roleName(r fleet.Role) string {
 	return string(r)
 }
 
-// Act drains, undrains or restarts workers, after checking the role.
+// Authorize is authorize for the command tree, which checks each command
+// before it runs it.
+func (h *Hub) Authorize(_ context.Context, u fleet.User, action, target string) error {
+	_, err := h.authorize(u, action, target)
+	return err
+}
+
+// do is how an action runs: authorized by the table, its audit line written
+// first when it is an audited one (and nothing done when that line cannot
+// be written), then run, then its outcome recorded: "ok", "ok (note)" with
+// the note run returns, or the error.
+func (h *Hub) do(u fleet.User, action, target string, run func() (note string, err error)) error {
+	a, err := h.authorize(u, action, target)
+	if err != nil {
+		return err
+	}
+	return h.run(u, a, target, run)
+}
+
+// run is do for an action already authorized, once per target of an
+// action on several. A read that fails is audited too, after the fact: it
+// changed nothing, but someone tried.
+func (h *Hub) run(u fleet.User, a fleet.Action, target string, run func() (string, error)) error {
+	line, err := h.begin(u, a, target)
+	if err != nil {
+		return err
+	}
+	note, err := run()
+	switch {
+	case !a.Audited:
+		if err != nil {
+			h.failed(u, a, target, err)
+		}
+	case err == nil && note != "":
+		line.end("ok (" + note + ")")
+	default:
+		line.endErr(err)
+	}
+	return err
+}
+
+// failed audits an authorized action that failed before it changed
+// anything: a read, or an action stopped before it reached any of its
+// targets (an unknown name).
+func (h *Hub) failed(u fleet.User, a fleet.Action, target string, err error) {
+	h.audit(u, a.Name, target, "failed: "+err.Error())
+}
+
+// Act drains, undrains, restarts, stops or starts workers: one audit line
+// per worker.
 func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error) {
 	target := strings.Join(targets, " ")
 	switch kind {
@@ -40,37 +95,37 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 	default:
 		return "", fmt.Errorf("unknown action %q: use drain, undrain, restart, stop or start", kind)
 	}
-	if err := h.authorize(u, fleet.ActionRole(kind), kind, target); err != nil {
+	a, err := h.authorize(u, kind, target)
+	if err != nil {
 		return "", err
 	}
 	names, err := h.resolve(targets)
 	if err != nil {
-		h.audit(u, kind, target, "failed: "+err.Error())
+		h.failed(u, a, target, err)
 		return "", err
 	}
 	if kind == "stop" || kind == "start" {
-		return h.stopStart(ctx, u, kind, names)
+		return h.stopStart(ctx, u, a, names)
 	}
 	var msgs []string
 	for _, name := range names {
-		line, err := h.begin(u, kind, name)
+		err := h.run(u, a, name, func() (msg string, err error) {
+			switch kind {
+			case "drain":
+				msg, err = h.drain(name)
+			case "undrain":
+				msg, err = h.undrain(name)
+			case "restart":
+				msg, err = h.restart(ctx, name)
+			}
+			if err == nil {
+				msgs = append(msgs, msg)
+			}
+			return "", err
+		})
 		if err != nil {
 			return strings.Join(msgs, "\n"), err
 		}
-		var msg string
-		switch kind {
-		case "drain":
-			msg, err = h.drain(name)
-		case "undrain":
-			msg, err = h.undrain(name)
-		case "restart":
-			msg, err = h.restart(ctx, name)
-		}
-		line.endErr(err)
-		if err != nil {
-			return strings.Join(msgs, "\n"), err
-		}
-		msgs = append(msgs, msg)
 	}
 	return strings.Join(msgs, "\n"), nil
 }
@@ -152,27 +207,15 @@ func (h *Hub) restart(ctx context.Context, name string) (string, error) {
 }
 
 // Apply makes the declared fleet match a fleet file.
-func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (string, error) {
+func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (plan string, err error) {
 	action := "apply"
 	if dryRun {
 		action = "apply --dry-run"
 	}
-	if err := h.authorize(u, fleet.RoleAdmin, action, filename); err != nil {
+	err = h.do(u, action, filename, func() (string, error) {
+		plan, err = h.apply(ctx, filename, data, dryRun)
 		return "", err
-	}
-	if dryRun {
-		plan, err := h.apply(ctx, filename, data, true)
-		if err != nil {
-			h.audit(u, action, filename, "failed: "+err.Error())
-		}
-		return plan, err
-	}
-	line, err := h.begin(u, action, filename)
-	if err != nil {
-		return "", err
-	}
-	plan, err := h.apply(ctx, filename, data, false)
-	line.endErr(err)
+	})
 	return plan, err
 }
 
@@ -242,37 +285,42 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 
 // Export prints the declared fleet as a fleet file; recipe env values are
 // redacted for everyone but admins (see fleet.RedactModels).
-func (h *Hub) Export(ctx context.Context, u fleet.User) ([]byte, error) {
-	f, err := h.store.LoadFleet(ctx)
-	if err != nil {
-		return nil, err
-	}
-	if !u.Role.Allows(fleet.RoleAdmin) {
-		f.Models = fleet.RedactModels(f.Models)
-	}
-	return fleetfile.Marshal(f)
+func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error) {
+	err = h.do(u, "export", "", func() (string, error) {
+		f, err := h.store.LoadFleet(ctx)
+		if err != nil {
+			return "", err
+		}
+		if !u.Role.Allows(fleet.RoleAdmin) {
+			f.Models = fleet.RedactModels(f.Models)
+		}
+		data, err = fleetfile.Marshal(f)
+		return "", err
+	})
+	return data, err
 }
 
 // ForceAdmit overrides a failed admission check (operator; audited).
 func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error) {
-	if err := h.authorize(u, fleet.RoleOperator, "admit --force", worker); err != nil {
+	a, err := h.authorize(u, "admit --force", worker)
+	if err != nil {
 		return "", err
 	}
 	names, err := h.resolve([]string{worker})
 	if err != nil {
-		h.audit(u, "admit --force", worker, "failed: "+err.Error())
+		h.failed(u, a, worker, err)
 		return "", err
 	}
 	for _, name := range names {
-		line, err := h.begin(u, "admit --force", name)
+		err := h.run(u, a, name, func() (string, error) {
+			if err := h.mgr.ForceAdmit(ctx, name); err != nil {
+				return "", fmt.Errorf("admitting %s: %w", name, err)
+			}
+			return "", nil
+		})
 		if err != nil {
 			return "", err
 		}
-		if err := h.mgr.ForceAdmit(ctx, name); err != nil {
-			line.endErr(err)
-			return "", fmt.Errorf("admitting %s: %w", name, err)
-		}
-		line.end("ok")
 		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "admitted by " + u.Name + " over its failed admission check"})
 	}
 	return fmt.Sprintf("admitted %s over its admission check", strings.Join(names, ", ")), nil
@@ -282,28 +330,23 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 // key the node presents now (admin; audited). It is how an operator accepts
 // a reinstalled machine after the hub refused its changed key.
 func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string, error) {
-	if err := h.authorize(u, fleet.RoleAdmin, "node trust", node); err != nil {
-		return "", err
-	}
-	n, err := h.store.Node(ctx, node)
+	err := h.do(u, "node trust", node, func() (string, error) {
+		n, err := h.store.Node(ctx, node)
+		if err != nil {
+			return "", err
+		}
+		if err := h.store.SetNodeHostKey(ctx, node, ""); err != nil {
+			return "", err
+		}
+		h.mgr.RetryNode(node)
+		if n.HostKey == "" {
+			return "was none pinned", nil
+		}
+		return "was " + nodes.HostKeyFingerprint(n.HostKey), nil
+	})
 	if err != nil {
-		h.audit(u, "node trust", node, "failed: "+err.Error())
 		return "", err
 	}
-	line, err := h.begin(u, "node trust", node)
-	if err != nil {
-		return "", err
-	}
-	if err := h.store.SetNodeHostKey(ctx, node, ""); err != nil {
-		line.endErr(err)
-		return "", err
-	}
-	h.mgr.RetryNode(node)
-	was := "none pinned"
-	if n.HostKey != "" {
-		was = nodes.HostKeyFingerprint(n.HostKey)
-	}
-	line.end("ok (was " + was + ")")
 	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
 	return fmt.Sprintf("node %s: pinned host key cleared; connecting again now, and that connection records the new one", node), nil
 }

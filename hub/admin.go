@@ -11,94 +11,77 @@ import (
 )
 
 // Audit lists recent audit entries; operators and admins may read it.
-func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) ([]fleet.AuditEntry, error) {
-	if err := h.authorize(u, fleet.RoleOperator, "audit", ""); err != nil {
-		return nil, err
-	}
-	return h.store.Audit(ctx, limit)
+func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.AuditEntry, err error) {
+	err = h.do(u, "audit", "", func() (string, error) {
+		es, err = h.store.Audit(ctx, limit)
+		return "", err
+	})
+	return es, err
 }
 
 // AddUser adds a console user (admin only).
 func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
-	if err := h.authorize(u, fleet.RoleAdmin, "user add", nu.Name); err != nil {
-		return err
-	}
-	line, err := h.begin(u, "user add", nu.Name+" ("+string(nu.Role)+")")
+	a, err := h.authorize(u, "user add", nu.Name)
 	if err != nil {
 		return err
 	}
-	err = h.store.AddUser(ctx, nu)
-	line.endErr(err)
-	return err
+	return h.run(u, a, nu.Name+" ("+string(nu.Role)+")", func() (string, error) {
+		return "", h.store.AddUser(ctx, nu)
+	})
 }
 
 // RemoveUser removes a console user (admin only).
 func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
-	if err := h.authorize(u, fleet.RoleAdmin, "user rm", name); err != nil {
-		return err
-	}
-	line, err := h.begin(u, "user rm", name)
-	if err != nil {
-		return err
-	}
-	err = h.store.RemoveUser(ctx, name)
-	line.endErr(err)
-	return err
+	return h.do(u, "user rm", name, func() (string, error) {
+		return "", h.store.RemoveUser(ctx, name)
+	})
 }
 
 // Users lists console users (admin only).
-func (h *Hub) Users(ctx context.Context, u fleet.User) ([]fleet.User, error) {
-	if err := h.authorize(u, fleet.RoleAdmin, "user list", ""); err != nil {
-		return nil, err
-	}
-	return h.store.Users(ctx)
+func (h *Hub) Users(ctx context.Context, u fleet.User) (us []fleet.User, err error) {
+	err = h.do(u, "user list", "", func() (string, error) {
+		us, err = h.store.Users(ctx)
+		return "", err
+	})
+	return us, err
 }
 
 // CreateKey creates a router API key and returns it; only its hash is kept.
-func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (string, error) {
-	if err := h.authorize(u, fleet.RoleAdmin, "key create", name); err != nil {
+func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key string, err error) {
+	err = h.do(u, "key create", name, func() (string, error) {
+		key, err = h.store.CreateAPIKey(ctx, name)
 		return "", err
-	}
-	line, err := h.begin(u, "key create", name)
-	if err != nil {
-		return "", err
-	}
-	key, err := h.store.CreateAPIKey(ctx, name)
-	line.endErr(err)
+	})
 	return key, err
 }
 
 // Keys lists router API keys (names and dates, never the keys).
-func (h *Hub) Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error) {
-	if err := h.authorize(u, fleet.RoleAdmin, "key list", ""); err != nil {
-		return nil, err
-	}
-	return h.store.APIKeys(ctx)
+func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err error) {
+	err = h.do(u, "key list", "", func() (string, error) {
+		keys, err = h.store.APIKeys(ctx)
+		return "", err
+	})
+	return keys, err
 }
 
 // RevokeKey revokes a router API key at once.
 func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
-	if err := h.authorize(u, fleet.RoleAdmin, "key revoke", name); err != nil {
-		return err
-	}
-	line, err := h.begin(u, "key revoke", name)
-	if err != nil {
-		return err
-	}
-	err = h.store.RevokeAPIKey(ctx, name)
-	line.endErr(err)
-	return err
+	return h.do(u, "key revoke", name, func() (string, error) {
+		return "", h.store.RevokeAPIKey(ctx, name)
+	})
 }
 
 // SetTheme stores a user's own console theme ("" = from the terminal's background).
 func (h *Hub) SetTheme(ctx context.Context, u fleet.User, name string) error {
-	if name != "" {
-		if _, err := themes.Named(name); err != nil {
-			return err
+	return h.do(u, "theme", name, func() (string, error) {
+		if name != "" {
+			if _, err := themes.Named(name); err != nil {
+				return "", err
+			}
 		}
-	}
-	if u.Fingerprint == "" {
-		return fmt.Errorf("%s is not a console user; themes are per SSH user (set one with: ssh -p PORT hub theme NAME)", u.Name)
-	}
-	return h.store.SetUserTheme(ctx, u.Name, name)
+		if u.Fingerprint == "" {
+			return "", fmt.Errorf("%s is not a console user; themes are per SSH user (set one with: ssh -p PORT hub theme NAME)", u.Name)
+		}
+		return "", h.store.SetUserTheme(ctx, u.Name, name)
+	})
 }

@@ -33,23 +33,30 @@ type auditLine struct {
 	target string
 }
 
-// begin writes the audit line of an action before the action, so that an
-// action whose audit cannot be written (a full disk, a broken database)
-// does not happen: on error the caller must change nothing.
-func (h *Hub) begin(u fleet.User, action, target string) (*auditLine, error) {
-	e := auditEntry(u, action, target, auditStarted)
+// begin writes the audit line of an audited action before the action, so
+// that an action whose audit cannot be written (a full disk, a broken
+// database) does not happen: on error the caller must change nothing. An
+// action the table does not audit gets a line that records nothing.
+func (h *Hub) begin(u fleet.User, a fleet.Action, target string) (*auditLine, error) {
+	if !a.Audited {
+		return nil, nil
+	}
+	e := auditEntry(u, a.Name, target, auditStarted)
 	id, err := h.store.BeginAudit(context.Background(), e)
 	if err != nil {
-		h.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", action, "target", e.Target, "err", err)
+		h.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", a.Name, "target", e.Target, "err", err)
 		return nil, fmt.Errorf("%s %s was not done: its audit line could not be written (%w); nothing was changed. "+
-			"Free disk space or repair the database in the data dir, then try again", action, e.Target, err)
+			"Free disk space or repair the database in the data dir, then try again", a.Name, e.Target, err)
 	}
-	return &auditLine{h: h, id: id, action: action, target: e.Target}, nil
+	return &auditLine{h: h, id: id, action: a.Name, target: e.Target}, nil
 }
 
 // end records how the action ended. The action has happened, so a failure
 // here cannot undo it; the line still says who started what.
 func (l *auditLine) end(outcome string) {
+	if l == nil {
+		return
+	}
 	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Clip(outcome, auditOutcomeBytes)); err != nil {
 		l.h.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
 			"action", l.action, "target", l.target, "outcome", fleet.Clip(outcome, auditOutcomeBytes), "err", err)
@@ -67,7 +74,7 @@ func (l *auditLine) endErr(err error) {
 
 // audit writes the audit line of something that changed nothing (a
 // refusal, a failure before acting); a failure to write it is logged.
-// Actions write theirs first, with begin.
+// Actions write theirs first, with begin (through do).
 func (h *Hub) audit(u fleet.User, action, target, outcome string) {
 	e := auditEntry(u, action, target, outcome)
 	if err := h.store.AddAudit(context.Background(), e); err != nil {

@@ -90,15 +90,24 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 }
 
 // Shape probes two workers with the same prompts and diffs their response shapes.
-func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Report, error) {
-	if err := h.authorize(u, fleet.ActionRole("shape"), "shape", a+" "+b); err != nil {
-		return shape.Report{}, err
+func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
+	act, err := h.authorize(u, "shape", a+" "+b)
+	if err != nil {
+		return r, err
 	}
 	done, err := h.checks.start(u, "shape")
 	if err != nil {
-		return shape.Report{}, err
+		return r, err
 	}
 	defer done()
+	err = h.run(u, act, a+" "+b, func() (string, error) {
+		r, err = h.shape(ctx, a, b)
+		return "", err
+	})
+	return r, err
+}
+
+func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
 	var shapes [2]shape.Shape
 	var errs [2]error
 	var wg sync.WaitGroup
@@ -123,8 +132,9 @@ func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (shape.Repor
 }
 
 // ShapeAll checks every ready worker of a model against its reference shape.
-func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape.Report, error) {
-	if err := h.authorize(u, fleet.ActionRole("shape --all"), "shape --all", model); err != nil {
+func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []shape.Report, err error) {
+	act, err := h.authorize(u, "shape --all", model)
+	if err != nil {
 		return nil, err
 	}
 	done, err := h.checks.start(u, "shape --all")
@@ -132,6 +142,14 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape
 		return nil, err
 	}
 	defer done()
+	err = h.run(u, act, model, func() (string, error) {
+		rs, err = h.shapeAll(ctx, model)
+		return "", err
+	})
+	return rs, err
+}
+
+func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error) {
 	ref, err := h.referenceShape(ctx, model)
 	if err != nil {
 		return nil, err
@@ -164,8 +182,9 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape
 
 // PinShape makes a worker's current shape its model's reference. An admin's
 // attempt is audited whether or not it got as far as the worker.
-func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string, error) {
-	if err := h.authorize(u, fleet.RoleAdmin, "shape pin", worker); err != nil {
+func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (msg string, err error) {
+	act, err := h.authorize(u, "shape pin", worker)
+	if err != nil {
 		return "", err
 	}
 	done, err := h.checks.start(u, "shape pin")
@@ -173,13 +192,11 @@ func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (string
 		return "", err
 	}
 	defer done()
-	msg, err := h.pinShape(ctx, worker)
-	if err != nil {
-		h.audit(u, "shape pin", worker, "failed: "+err.Error())
+	err = h.run(u, act, worker, func() (string, error) {
+		msg, err = h.pinShape(ctx, worker)
 		return "", err
-	}
-	h.audit(u, "shape pin", worker, "ok")
-	return msg, nil
+	})
+	return msg, err
 }
 
 func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
@@ -233,7 +250,8 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
 func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.BenchOptions, progress io.Writer) (sweep.Result, error) {
-	if err := h.authorize(u, fleet.RoleOperator, "bench", target); err != nil {
+	a, err := h.authorize(u, "bench", target)
+	if err != nil {
 		return sweep.Result{}, err
 	}
 	done, err := h.checks.start(u, "bench")
@@ -250,7 +268,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 		var w fleet.Worker
 		var err error
 		if t, w, err = h.workerTarget(target); err != nil {
-			h.audit(u, "bench", target, "failed: "+err.Error())
+			h.failed(u, a, target, err)
 			return sweep.Result{}, err
 		}
 		worker = w.Name()
@@ -266,12 +284,13 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 			}
 		}
 	}
-	res, err := sweep.Sweep(ctx, t, opts)
-	if err != nil {
-		h.audit(u, "bench", target, "failed: "+err.Error())
+	var res sweep.Result
+	if err := h.run(u, a, target, func() (_ string, err error) {
+		res, err = sweep.Sweep(ctx, t, opts)
+		return "", err
+	}); err != nil {
 		return res, err
 	}
-	h.audit(u, "bench", target, "ok")
 	if worker != "" {
 		if data, err := json.Marshal(res); err == nil {
 			if err := h.store.AddBenchRun(ctx, worker, data); err != nil {

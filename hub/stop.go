@@ -16,13 +16,13 @@ import (
 // audits each worker. A stop drains first, like restart; the hold it records
 // outlives the hub, so a restarted hub launches none of these workers until
 // `fleet start`.
-func (h *Hub) stopStart(ctx context.Context, u fleet.User, kind string, names []string) (string, error) {
+func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names []string) (string, error) {
 	msgs := make([]string, len(names))
 	errs := make([]error, len(names))
 	var wg sync.WaitGroup
 	for i, name := range names {
 		// The audit line comes first: an action it cannot record is not done.
-		line, err := h.begin(u, kind, name)
+		line, err := h.begin(u, a, name)
 		if err != nil {
 			errs[i] = err
 			continue
@@ -30,7 +30,7 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, kind string, names []
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if kind == "stop" {
+			if a.Name == "stop" {
 				msgs[i], errs[i] = h.stopWorker(ctx, name)
 			} else {
 				msgs[i], errs[i] = h.startWorker(ctx, name)

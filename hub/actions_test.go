@@ -1,0 +1,99 @@
+package hub
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"fleet"
+)
+
+// TestActionTableByRole: every action of the table, asked for by every
+// kind of user, is allowed exactly when the user's role reaches the table's,
+// and a refusal is audited naming the role it needs.
+func TestActionTableByRole(t *testing.T) {
+	h, actors := seededHub(t)
+	for _, a := range fleet.Actions() {
+		for _, name := range []string{viewer.Name, operator.Name, admin.Name, nobody.Name, stranger.Name} {
+			u := actors[name]
+			t.Run(a.Name+"/"+name, func(t *testing.T) {
+				mark := lastAuditID(t, h)
+				ran := false
+				err := h.do(u, a.Name, "ultra", func() (string, error) { ran = true; return "", nil })
+				audited := auditSince(t, h, mark)
+				want := map[fleet.Role]int{fleet.RoleViewer: 1, fleet.RoleOperator: 2, fleet.RoleAdmin: 3}
+				if allowed := want[u.Role] >= want[a.Role]; !allowed {
+					if err == nil || ran || !strings.Contains(err.Error(), "needs the "+string(a.Role)+" role") {
+						t.Fatalf("%s by %s (%q): ran=%v, err=%v; want refused, naming the %s role", a.Name, u.Name, u.Role, ran, err, a.Role)
+					}
+					if len(audited) != 1 || audited[0].Action != a.Name || audited[0].User != u.Name || audited[0].Outcome != "denied: needs "+string(a.Role) {
+						t.Errorf("audit after the refusal = %+v, want one \"denied: needs %s\" line", audited, a.Role)
+					}
+					return
+				}
+				if err != nil || !ran {
+					t.Fatalf("%s by %s (%q): ran=%v, err=%v; want it run", a.Name, u.Name, u.Role, ran, err)
+				}
+				switch {
+				case a.Audited && (len(audited) != 1 || audited[0].Action != a.Name || audited[0].Outcome != "ok"):
+					t.Errorf("audit after %s = %+v, want one ok line", a.Name, audited)
+				case !a.Audited && len(audited) != 0:
+					t.Errorf("%s is a read, yet it wrote %+v", a.Name, audited)
+				}
+			})
+		}
+	}
+}
+
+// TestActionOutsideTheTableIsRefused: deny by default. An action nobody put
+// in the table does not run, not even for an admin, and the refusal is
+// audited.
+func TestActionOutsideTheTableIsRefused(t *testing.T) {
+	h, _ := seededHub(t)
+	mark := lastAuditID(t, h)
+	ran := false
+	err := h.do(admin, "frobnicate", "ultra", func() (string, error) { ran = true; return "", nil })
+	if ran || err == nil || !strings.Contains(err.Error(), "not in the hub's action table") {
+		t.Fatalf("frobnicate by an admin: ran=%v, err=%v; want it refused as outside the table", ran, err)
+	}
+	if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != "frobnicate" || a[0].User != admin.Name || a[0].Outcome != "denied: not in the action table" {
+		t.Errorf("audit after frobnicate = %+v, want one denied line", a)
+	}
+	// The command tree's entry point refuses it the same way.
+	if err := h.Authorize(t.Context(), admin, "frobnicate", "ultra"); err == nil {
+		t.Error("Authorize let an admin do an action outside the table")
+	}
+}
+
+// TestDoAuditsHowActionsEnd: an audited action's line says how it ended; a
+// read leaves a line only when it fails.
+func TestDoAuditsHowActionsEnd(t *testing.T) {
+	h, _ := seededHub(t)
+	boom := errors.New("boom")
+	tests := []struct {
+		action string
+		note   string
+		err    error
+		want   string // the outcome of the one line, "" = no line
+	}{
+		{"drain", "", nil, "ok"},
+		{"node trust", "was none pinned", nil, "ok (was none pinned)"},
+		{"drain", "", boom, "failed: boom"},
+		{"workers", "", nil, ""},
+		{"key list", "", boom, "failed: boom"},
+	}
+	for _, tt := range tests {
+		mark := lastAuditID(t, h)
+		err := h.do(admin, tt.action, "ultra", func() (string, error) { return tt.note, tt.err })
+		if !errors.Is(err, tt.err) {
+			t.Errorf("%s: do returned %v, want %v", tt.action, err, tt.err)
+		}
+		a := auditSince(t, h, mark)
+		switch {
+		case tt.want == "" && len(a) != 0:
+			t.Errorf("%s: wrote %+v, want no line", tt.action, a)
+		case tt.want != "" && (len(a) != 1 || a[0].Outcome != tt.want):
+			t.Errorf("%s: wrote %+v, want one line with outcome %q", tt.action, a, tt.want)
+		}
+	}
+}
