@@ -1,7 +1,10 @@
 // Package hub composes the store, the node manager and the router into the
 // running fleet hub, and offers the actions (drain, restart, apply, …) that
 // the console, SSH exec and the local CLI all call. Roles are enforced and
-// audited here, on the server side, in one place.
+// audited here, on the server side, by one table (fleet.Actions) and one
+// function (do, in actions.go). The files split by job: hub.go runs and
+// wires, state.go mirrors the fleet, actions.go and stop.go act, checks.go
+// admits and measures, admin.go keeps users, keys and the audit trail.
 package hub
 
 import (
