@@ -112,7 +112,7 @@ func TestTreeKeepsTheGuard(t *testing.T) {
 				t.Errorf("%s sets its own PersistentPreRun, which skips the root's authorization", sc.CommandPath())
 			}
 			if sc.Runnable() {
-				if action, _ := Action(sc, nil); !fleetHas(action) {
+				if action, _ := actionOf(sc, nil); !fleetHas(action) {
 					t.Errorf("%s runs as action %q, which the table does not have: it would be refused for everyone", sc.CommandPath(), action)
 				}
 			}

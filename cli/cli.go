@@ -108,7 +108,7 @@ func newRoot(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	// Every command below the root runs this first (none sets its own), as
 	// soft-serve guards its tree.
 	root.PersistentPreRunE = func(c *cobra.Command, args []string) error {
-		action, target := Action(c, args)
+		action, target := actionOf(c, args)
 		return h.Authorize(c.Context(), u, action, target)
 	}
 	Attach(root, h, u, stdin)
@@ -126,9 +126,9 @@ const (
 	annotationTargetFlag = "fleet.target-flag"
 )
 
-// Action is the name in the action table of command c run with args, and
+// actionOf is the name in the action table of command c run with args, and
 // the target its audit line names.
-func Action(c *cobra.Command, args []string) (action, target string) {
+func actionOf(c *cobra.Command, args []string) (action, target string) {
 	action = c.Annotations[annotationAction]
 	if action == "" {
 		action = c.CommandPath()
