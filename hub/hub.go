@@ -3,8 +3,9 @@
 // the console, SSH exec and the local CLI all call. Roles are enforced and
 // audited here, on the server side, by one table (fleet.Actions) and one
 // function (do, in actions.go). The files split by job: hub.go runs and
-// wires, state.go mirrors the fleet, actions.go and stop.go act, checks.go
-// admits and measures, admin.go keeps users, keys and the audit trail.
+// wires, state.go mirrors the fleet, actions.go and stop.go act,
+// admission.go admits, checks.go measures (shape, bench), admin.go keeps
+// users, keys and the audit trail.
 package hub
 
 import (
