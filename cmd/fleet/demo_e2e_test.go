@@ -164,9 +164,23 @@ func waitReady(t *testing.T, data string, n int, within time.Duration) []fleet.W
 // found by its command line. Never by a PID or process group remembered
 // from earlier: once an engine is gone its number is reused (pid_max is
 // 32768 here), and killing a recycled group could take down anything.
+//
+// A launch the stopped hub left in flight (its node script runs on) can start
+// an engine after one scan; such a straggler held the next test's port in a
+// CI-like run. So it scans until three scans in a row, 200 ms apart, find
+// nothing (about 5 s at most).
 func killSimsOf(data string) {
-	for _, pid := range simsOf(data) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	for quiet, tries := 0, 0; quiet < 3 && tries < 25; tries++ {
+		pids := simsOf(data)
+		if len(pids) == 0 {
+			quiet++
+		} else {
+			quiet = 0
+		}
+		for _, pid := range pids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 

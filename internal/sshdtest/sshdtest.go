@@ -136,6 +136,7 @@ func (s *Server) Start() {
 	argv := append(append([]string{}, s.prefix...), Path, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
 	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stderr = s.log
+	s.cmd.WaitDelay = 5 * time.Second
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatalf("starting sshd: %v", err)
 	}
@@ -172,9 +173,25 @@ func (s *Server) Kill() {
 	if s.cmd == nil || s.cmd.Process == nil {
 		return
 	}
-	for _, pid := range append(descendants(s.cmd.Process.Pid), s.cmd.Process.Pid) {
-		_ = syscall.Kill(pid, syscall.SIGKILL)
+	// A client redialling at that moment can make sshd fork a child between
+	// the scan and the kill; that child would keep stderr open and Wait
+	// would block for ever (seen in a CI-like run). So sshd is stopped
+	// first (SIGSTOP: it forks no more, and its children keep their parent
+	// for the scan), its descendants are killed until none is left, and
+	// WaitDelay bounds Wait whatever still holds the pipe.
+	root := s.cmd.Process.Pid
+	_ = syscall.Kill(root, syscall.SIGSTOP)
+	for range 50 {
+		kids := descendants(root)
+		if len(kids) == 0 {
+			break
+		}
+		for _, pid := range kids {
+			_ = syscall.Kill(pid, syscall.SIGKILL)
+		}
+		time.Sleep(10 * time.Millisecond)
 	}
+	_ = syscall.Kill(root, syscall.SIGKILL)
 	_ = s.cmd.Wait()
 	s.cmd = nil
 }
