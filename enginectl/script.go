@@ -3,202 +3,24 @@ package enginectl
 import (
 	"bytes"
 	"context"
+	_ "embed"
 	"fmt"
 	"strings"
 )
 
 // nodeScript is the only shell code enginectl runs on a node. It is a
-// constant: the operation and all data arrive as positional parameters
+// fixed text: the operation and all data arrive as positional parameters
 // ($1 = operation), so the transport's single quoting of argv is the only
 // quoting there is. It must run under any POSIX sh on Linux (with or without
 // procps) and macOS (no setsid(1), no /proc).
 //
 // FLEET_ENGINECTL_NO_PROC and FLEET_ENGINECTL_NO_SETSID force the fallbacks
 // macOS takes, so Linux tests exercise them too.
-const nodeScript = `
-set -u
-# Non-interactive SSH shells often lack the directories installers use.
-PATH="${PATH:-/usr/bin:/bin}:$HOME/.local/bin:/opt/homebrew/bin:/usr/local/bin"
-export PATH
-op=$1
-shift
-
-have_proc() { [ -z "${FLEET_ENGINECTL_NO_PROC:-}" ] && [ -r /proc/self/stat ]; }
-
-# expand_home WORD: sets xh to WORD with a leading ~/ as the node's home, as
-# a login shell would do. It sets a variable instead of printing because
-# $(...) strips trailing newlines, and arguments must arrive byte for byte.
-expand_home() {
-	case $1 in
-	"~") xh=$HOME ;;
-	"~/"*) xh=$HOME/${1#"~/"} ;;
-	*) xh=$1 ;;
-	esac
-}
-
-# stat_fields PID: "STATE PPID PGID" of a live process, nothing if gone.
-stat_fields() {
-	if have_proc; then
-		line=$(cat "/proc/$1/stat" 2>/dev/null) || return 0
-		rest=${line##*) }
-		set -- $rest
-		echo "$1 $2 $3"
-	else
-		ps -o stat=,ppid=,pgid= -p "$1" 2>/dev/null | awk 'NF >= 3 { print substr($1, 1, 1), $2, $3 }'
-	fi
-}
-
-# group_members PGID: "PID STATE" of every non-zombie member.
-group_members() {
-	if have_proc; then
-		cat /proc/[0-9]*/stat 2>/dev/null | awk -v pg="$1" '{
-			pid = $1; sub(/^.*\) /, ""); split($0, f, " ")
-			if (f[3] == pg && f[1] != "Z") print pid, f[1] }'
-	else
-		ps -A -o pid=,pgid=,stat= | awk -v pg="$1" '$2 == pg && $3 !~ /^Z/ { print $1, substr($3, 1, 1) }'
-	fi
-}
-
-own_pgid() { stat_fields $$ | awk '{ print $3 }'; }
-
-case $op in
-start)
-	# start STATEDIR STEM BIN ARGV...: launch ARGV in its own session, stdin
-	# from /dev/null, output to STEM.log, and record STEM.pid and STEM.argv.
-	expand_home "$1"; dir=$xh; stem=$2; expand_home "$3"; bin=$xh; shift 3
-	[ -n "$dir" ] || dir=$HOME/.fleet
-	n=$#
-	while [ "$n" -gt 0 ]; do
-		expand_home "$1"; shift; set -- "$@" "$xh"; n=$((n - 1))
-	done
-	mkdir -p "$dir" || { echo "cannot create the state directory $dir on the node" >&2; exit 73; }
-	command -v "$bin" >/dev/null 2>&1 || { echo "$bin: not found on the node (PATH=$PATH); install the engine or set bin: in the recipe" >&2; exit 127; }
-	log=$dir/$stem.log; pidf=$dir/$stem.pid; argvf=$dir/$stem.argv
-	[ -f "$log" ] && mv -f "$log" "$log.1"
-	printf '%s\000' "$@" >"$argvf"
-	if [ -z "${FLEET_ENGINECTL_NO_SETSID:-}" ] && command -v setsid >/dev/null 2>&1; then
-		# A background job of a non-interactive sh is not a group leader,
-		# so setsid(1) execs in place and $! stays the engine's PID.
-		setsid "$@" </dev/null >"$log" 2>&1 &
-	elif command -v perl >/dev/null 2>&1; then
-		perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@" </dev/null >"$log" 2>&1 &
-	elif command -v python3 >/dev/null 2>&1; then
-		python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@" </dev/null >"$log" 2>&1 &
-	else
-		echo "cannot detach the engine: the node has none of setsid, perl, python3" >&2; exit 69
-	fi
-	pid=$!
-	echo "$pid" >"$pidf.tmp" && mv -f "$pidf.tmp" "$pidf"
-	printf 'pid=%s\nlog=%s\npidfile=%s\n' "$pid" "$log" "$pidf"
-	;;
-stat)
-	# stat PID: "STATE PPID PGID", or nothing when the process is gone.
-	stat_fields "$1"
-	;;
-group)
-	# group PGID: the live members of a process group.
-	group_members "$1"
-	;;
-signal)
-	# signal SIG PGID: signal a whole process group, never our own.
-	sig=$1; pg=$2
-	case $pg in ''|*[!0-9]*|0|1) echo "refusing to signal process group '$pg'" >&2; exit 64 ;; esac
-	[ "$pg" = "$(own_pgid)" ] && { echo "refusing to signal process group $pg: it is the controller's own" >&2; exit 64; }
-	kill -s "$sig" -- "-$pg" 2>/dev/null || [ -z "$(group_members "$pg")" ] ||
-		{ echo "cannot send $sig to process group $pg (does it belong to another user?)" >&2; exit 1; }
-	;;
-signalpid)
-	# signalpid SIG PID: signal one process.
-	case $2 in ''|*[!0-9]*|0|1) echo "refusing to signal PID '$2'" >&2; exit 64 ;; esac
-	kill -s "$1" "$2" 2>/dev/null || [ -z "$(stat_fields "$2")" ] ||
-		{ echo "cannot send $1 to PID $2 (does it belong to another user?)" >&2; exit 1; }
-	;;
-argv)
-	# argv PID: the node's home, the executable, then the argv of PID.
-	pid=$1
-	[ -n "$(stat_fields "$pid")" ] || exit 3
-	printf 'home=%s\n' "$HOME"
-	if have_proc; then
-		printf 'exe=%s\n' "$(readlink "/proc/$pid/exe" 2>/dev/null)"
-		echo cmdline
-		cat "/proc/$pid/cmdline"
-	else
-		printf 'exe=%s\n' "$(ps -o comm= -p "$pid")"
-		echo args
-		ps -ww -o args= -p "$pid"
-	fi
-	;;
-launched)
-	# launched PID PIDFILE ARGVFILE: what the start operation recorded (the
-	# PID in PIDFILE, the argv in ARGVFILE) and how old the pid file and the
-	# process are, in seconds, so that a PID reused by a later process, which
-	# is younger than the pid file, is not taken for the engine.
-	pid=$1; expand_home "$2"; pidf=$xh; expand_home "$3"; argvf=$xh
-	[ -n "$(stat_fields "$pid")" ] || exit 3
-	[ -f "$pidf" ] && [ -f "$argvf" ] || exit 4
-	now=$(date +%s)
-	mtime=$(stat -c %Y "$pidf" 2>/dev/null || stat -f %m "$pidf" 2>/dev/null)
-	if have_proc; then
-		line=$(cat "/proc/$pid/stat" 2>/dev/null) || exit 3
-		rest=${line##*) }
-		set -- $rest
-		shift 19
-		hz=$(getconf CLK_TCK 2>/dev/null || echo 100)
-		elapsed=$(awk -v st="$1" -v hz="$hz" '{ printf "%d\n", $1 - st / hz }' /proc/uptime)
-	else
-		elapsed=$(ps -o etime= -p "$pid" | awk '{ n = split($1, a, /[-:]/); s = 0
-			if (n == 4) s = a[1] * 86400 + a[2] * 3600 + a[3] * 60 + a[4]
-			else if (n == 3) s = a[1] * 3600 + a[2] * 60 + a[3]
-			else if (n == 2) s = a[1] * 60 + a[2]
-			print s }')
-	fi
-	printf 'home=%s\npid=%s\npidfile_age=%s\nelapsed=%s\nargv\n' "$HOME" "$(cat "$pidf")" "$((now - mtime))" "$elapsed"
-	cat "$argvf"
-	;;
-listeners)
-	# listeners PORT: "PID PGID" of each process holding a TCP socket bound
-	# to PORT for listening ("? ?" when the socket's owner is not visible to
-	# us). vLLM binds its port long before it listens, so a bound, unconnected
-	# socket counts too where /proc shows it.
-	port=$1
-	if have_proc; then
-		hex=$(printf '%04X' "$port")
-		inodes=$(awk -v p="$hex" 'FNR > 1 { split($2, a, ":")
-			if (a[2] == p && ($4 == "0A" || ($4 == "07" && $3 ~ /^0+:0000$/))) print $10 }' /proc/net/tcp /proc/net/tcp6 2>/dev/null)
-		[ -n "$inodes" ] || exit 0
-		pids=$(ls -l /proc/[0-9]*/fd/ 2>/dev/null | awk -v inodes=" $(echo $inodes) " '
-			/^\/proc\/[0-9]+\/fd\/?:$/ { split($0, p, "/"); pid = p[3]; next }
-			/-> socket:\[/ { s = $NF; gsub(/socket:\[|\]/, "", s); if (index(inodes, " " s " ") && !seen[pid]++) print pid }')
-	elif command -v lsof >/dev/null 2>&1; then
-		pids=$(lsof -nP -iTCP:"$port" -sTCP:LISTEN -t 2>/dev/null)
-	else
-		echo "cannot tell who listens on port $port: the node has neither /proc nor lsof" >&2; exit 69
-	fi
-	found=
-	for pid in $pids; do
-		f=$(stat_fields "$pid")
-		[ -n "$f" ] || continue
-		set -- $f
-		echo "$pid $3"; found=1
-	done
-	[ -n "$found" ] || [ -z "${inodes:-}" ] || echo "? ?"
-	;;
-tail)
-	# tail N FILE
-	expand_home "$2"
-	[ -f "$xh" ] && tail -n "$1" "$xh"
-	;;
-which)
-	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
-	# says 127, which a transport could also mean).
-	expand_home "$1"
-	command -v "$xh" || exit 1
-	;;
-*)
-	echo "fleet-enginectl: unknown operation $op" >&2; exit 64
-	;;
-esac
-`
+//
+// It lives in node.sh so that shellcheck reads it as the shell it is.
+//
+//go:embed node.sh
+var nodeScript string
 
 // runScript runs one operation of nodeScript and returns its stdout.
 func runScript(ctx context.Context, r Runner, op string, args ...string) ([]byte, error) {
