@@ -2,7 +2,6 @@ package router
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"net/http"
 	"slices"
@@ -401,5 +400,3 @@ func (r *Router) healthCheck(ctx context.Context, b *backend) error {
 	}
 	return nil
 }
-
-var errClientGone = errors.New("client went away")

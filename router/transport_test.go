@@ -26,7 +26,7 @@ func TestNormalisingTransportShowsWhatRouterClientsGet(t *testing.T) {
 		client := openai.NewClientWithConfig(cfg)
 		ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 		defer cancel()
-		req := openai.ChatCompletionRequest{Model: "m", MaxTokens: 40,
+		req := openai.ChatCompletionRequest{Model: "m", MaxCompletionTokens: 40,
 			Messages: []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: "What is 17 multiplied by 23?"}}}
 		resp, err := client.CreateChatCompletion(ctx, req)
 		if err != nil {

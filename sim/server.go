@@ -12,7 +12,6 @@ import (
 	"os/signal"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -49,7 +48,6 @@ type Server struct {
 
 	idMu  sync.Mutex
 	idRNG *rand.Rand
-	reqs  atomic.Int64
 
 	handler http.Handler
 }

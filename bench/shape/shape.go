@@ -208,7 +208,7 @@ func ProbeWith(ctx context.Context, target bench.Target, opts Options) (Shape, e
 
 func runProbe(ctx context.Context, client *openai.Client, model string, p probe, streamed bool) ProbeShape {
 	ps := ProbeShape{Probe: p.name, Streamed: streamed}
-	req := openai.ChatCompletionRequest{Model: model, Messages: p.messages, Tools: p.tools, MaxTokens: p.maxTokens}
+	req := openai.ChatCompletionRequest{Model: model, Messages: p.messages, Tools: p.tools, MaxCompletionTokens: p.maxTokens}
 	if len(p.tools) > 0 {
 		req.ToolChoice = "auto"
 	}

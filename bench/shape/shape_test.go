@@ -250,7 +250,7 @@ func TestProbeFailures(t *testing.T) {
 	})
 	t.Run("nothing answers", func(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			http.Error(w, `{"error":{"message":"model not loaded","type":"server_error","code":503}}`, 503)
+			http.Error(w, `{"error":{"message":"model not loaded","type":"server_error","code":503}}`, http.StatusServiceUnavailable)
 		}))
 		defer srv.Close()
 		_, err := Probe(context.Background(), bench.Target{Name: "down", BaseURL: srv.URL + "/v1", Model: "m"})
@@ -339,5 +339,37 @@ func TestDiff(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// The probes cap their answers with max_completion_tokens: max_tokens is
+// deprecated in the OpenAI API, and vLLM, llama-server and sim read both.
+func TestProbeCapsWithMaxCompletionTokens(t *testing.T) {
+	bodies := make(chan map[string]any, 64)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var body map[string]any
+		if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+			t.Errorf("request body: %v", err)
+		}
+		bodies <- body
+		http.Error(w, "down", http.StatusServiceUnavailable)
+	}))
+	defer srv.Close()
+	if _, err := Probe(context.Background(), bench.Target{Name: "cap", BaseURL: srv.URL + "/v1", Model: "m"}); err == nil {
+		t.Fatal("Probe of an engine that answers 503 succeeded")
+	}
+	close(bodies)
+	n := 0
+	for body := range bodies {
+		n++
+		if _, ok := body["max_tokens"]; ok {
+			t.Errorf("a probe sent the deprecated max_tokens: %v", body)
+		}
+		if v, ok := body["max_completion_tokens"].(float64); !ok || v < 1 {
+			t.Errorf("a probe sent no max_completion_tokens cap: %v", body)
+		}
+	}
+	if n == 0 {
+		t.Fatal("no probe reached the engine")
 	}
 }

@@ -175,7 +175,7 @@ func (e *sseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer left()
 	if e.failAfter > 0 && n > e.failAfter {
 		left()
-		http.Error(w, `{"error":{"message":"no free slot","type":"server_error","code":503}}`, 503)
+		http.Error(w, `{"error":{"message":"no free slot","type":"server_error","code":503}}`, http.StatusServiceUnavailable)
 		return
 	}
 	w.Header().Set("Content-Type", "text/event-stream")
@@ -314,7 +314,7 @@ func TestSweepFailures(t *testing.T) {
 	})
 	t.Run("warm-up fails", func(t *testing.T) {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			http.Error(w, "loading", 503)
+			http.Error(w, "loading", http.StatusServiceUnavailable)
 		}))
 		defer srv.Close()
 		_, err := Sweep(context.Background(), bench.Target{Name: "x", BaseURL: srv.URL + "/v1", Model: "m"}, Options{})
