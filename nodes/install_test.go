@@ -12,8 +12,15 @@ import (
 // a progress figure on the worker while it runs, then launched.
 func TestManagerInstallReportsProgress(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
-	cleanupEngines(t, h)
 	bin := filepath.Join(t.TempDir(), "llama-server")
+	// Registered first, so it runs last: the installed engine is a copy of the
+	// fake one under another name, and it must not outlive the test either.
+	t.Cleanup(func() {
+		if left := processesRunning(bin); len(left) > 0 {
+			t.Errorf("the installed engine outlived the test: %v", left)
+		}
+	})
+	cleanupEngines(t, h, bin)
 	m := localModel()
 	r := m.Recipes[fleet.EngineLlamaCpp]
 	r.Bin = bin

@@ -8,7 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -21,6 +20,7 @@ import (
 	"fleet"
 	"fleet/enginectl"
 	"fleet/internal/sshdtest"
+	"fleet/internal/testbin"
 )
 
 // fakeEngine is enginectl's test engine (enginectl/testdata/fakeengine), a
@@ -30,21 +30,10 @@ import (
 var fakeEngine string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "nodes-test-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fakeEngine = filepath.Join(dir, "fakeengine")
-	build := exec.Command("go", "build", "-o", fakeEngine, "fleet/enginectl/testdata/fakeengine")
-	build.Stderr = os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building the fake engine:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Main(m, "nodes-test-bin", func(dir string) (err error) {
+		fakeEngine, err = testbin.Build(dir, "fakeengine", "fleet/enginectl/testdata/fakeengine")
+		return err
+	}))
 }
 
 // recorder keeps what the manager reported.
@@ -229,12 +218,15 @@ func alive(pid int) bool {
 	return !strings.HasPrefix(rest, "Z")
 }
 
-// enginesOnPort counts live fake engines started with --port port.
-func enginesOnPort(port int) []int {
+// enginesOnPort lists the live engines started with --port port: the fake
+// engine, and the copies of it at bins a test installed in its place.
+func enginesOnPort(port int, bins ...string) []int {
 	var pids []int
-	for pid, args := range processesRunning(fakeEngine) {
-		if i := slices.Index(args, "--port"); i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(port) {
-			pids = append(pids, pid)
+	for _, bin := range append([]string{fakeEngine}, bins...) {
+		for pid, args := range processesRunning(bin) {
+			if i := slices.Index(args, "--port"); i >= 0 && i+1 < len(args) && args[i+1] == strconv.Itoa(port) {
+				pids = append(pids, pid)
+			}
 		}
 	}
 	return pids
@@ -271,15 +263,28 @@ func killEngine(t *testing.T, pid int) {
 }
 
 // cleanupEngines kills every engine the test left running: Run leaves them
-// up by design.
-func cleanupEngines(t *testing.T, h *harness) {
+// up by design. bins are the paths of engines the test installed besides the
+// fake engine.
+func cleanupEngines(t *testing.T, h *harness, bins ...string) {
 	t.Cleanup(func() {
 		h.rec.mu.Lock()
 		ws := slices.Clone(h.rec.workers)
 		h.rec.mu.Unlock()
+		var killed []int
 		for _, w := range ws {
-			for _, pid := range enginesOnPort(w.Port) {
+			for _, pid := range enginesOnPort(w.Port, bins...) {
 				syscall.Kill(-pid, syscall.SIGKILL)
+				killed = append(killed, pid)
+			}
+		}
+		// Wait for them to go, so that a check after this one sees the end state.
+		deadline := time.Now().Add(10 * time.Second)
+		for _, pid := range killed {
+			for alive(pid) && time.Now().Before(deadline) {
+				time.Sleep(20 * time.Millisecond)
+			}
+			if alive(pid) {
+				t.Errorf("engine %d outlived SIGKILL", pid)
 			}
 		}
 	})
