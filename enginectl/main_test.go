@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/internal/testbin"
 )
 
 // Paths of the helper engine, built once for the whole package.
@@ -25,26 +26,14 @@ func TestMain(m *testing.M) {
 	if launcherMode {
 		os.Exit(runLauncher())
 	}
-	dir, err := os.MkdirTemp("", "enginectl-test-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fakeEngine = filepath.Join(dir, "bin", "fake-engine")
-	strangerBin = filepath.Join(dir, "other", "stranger-server")
-	build := exec.Command("go", "build", "-o", fakeEngine, "./testdata/fakeengine")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building the fake engine:", err)
-		os.Exit(1)
-	}
-	if err := copyFile(fakeEngine, strangerBin); err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Main(m, "enginectl-test-", func(dir string) (err error) {
+		fakeEngine, err = testbin.Build(filepath.Join(dir, "bin"), "fake-engine", "./testdata/fakeengine")
+		if err != nil {
+			return err
+		}
+		strangerBin = filepath.Join(dir, "other", "stranger-server")
+		return copyFile(fakeEngine, strangerBin)
+	}))
 }
 
 func copyFile(from, to string) error {

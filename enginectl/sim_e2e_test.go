@@ -3,25 +3,20 @@ package enginectl
 import (
 	"os"
 	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"fleet"
+	"fleet/internal/testbin"
 )
 
 // buildFleetSim builds the real simulator (the sim package, another
 // engineer's) behind a `sim` subcommand, like the fleet binary.
 func buildFleetSim(t *testing.T) string {
 	t.Helper()
-	bin := filepath.Join(t.TempDir(), "fleet")
-	out, err := exec.Command("go", "build", "-o", bin, "./testdata/fleetsim").CombinedOutput()
-	if err != nil {
-		t.Skipf("the sim package does not build right now, so the real-simulator test cannot run (the fake-engine tests cover the same paths): %v\n%s", err, out)
-	}
-	return bin
+	return testbin.ForTest(t, "fleet", "./testdata/fleetsim")
 }
 
 // TestRealSimulatorOnSimNodes drives `fleet sim` exactly as a simulated

@@ -4,8 +4,6 @@ import (
 	"bufio"
 	"context"
 	"net/http"
-	"os/exec"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -13,6 +11,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/internal/testbin"
 )
 
 // TestManagerScrapeFakeEngine scrapes a real engine process on the hub's own
@@ -55,10 +54,7 @@ func TestManagerScrapeFakeEngine(t *testing.T) {
 // node, puts two requests on its engine behind the manager's back (as
 // another client would) and expects the scrape to see them.
 func TestManagerScrapeRealSimulator(t *testing.T) {
-	bin := filepath.Join(t.TempDir(), "fleet")
-	if out, err := exec.Command("go", "build", "-o", bin, "fleet/enginectl/testdata/fleetsim").CombinedOutput(); err != nil {
-		t.Skipf("the sim package does not build right now, so this test cannot run (the fake-engine test covers Scrape): %v\n%s", err, out)
-	}
+	bin := testbin.ForTest(t, "fleet", "fleet/enginectl/testdata/fleetsim")
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) { o.FleetBin = bin })
 	// Found by command line, and killed with kill(2): procps-ng 4.0.2's
 	// kill(1) given a negative PID that names no group kills every process

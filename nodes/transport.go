@@ -14,23 +14,21 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net"
 	"path/filepath"
 	"strings"
 	"time"
 
 	"fleet"
+	"fleet/enginectl"
 )
 
-// Transport reaches one node. It satisfies enginectl.Runner: Run executes an
+// Transport reaches one node. It is an enginectl.Runner: Run executes an
 // argv on the node (a non-zero exit is an error with ExitCode() int) and
 // DialContext opens a connection to an address as the node itself sees it,
 // so "127.0.0.1:18000" means the node's loopback.
 type Transport interface {
-	Run(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) error
-	DialContext(ctx context.Context, network, addr string) (net.Conn, error)
+	enginectl.Runner
 	Close() error
 	// Name is the node's name, for logs and errors.
 	Name() string

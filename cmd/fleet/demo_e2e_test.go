@@ -20,27 +20,17 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/internal/testbin"
 )
 
 // fleetBin is the fleet binary built once for the end-to-end tests.
 var fleetBin string
 
 func TestMain(m *testing.M) {
-	dir, err := os.MkdirTemp("", "fleet-e2e-bin")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
-		os.Exit(1)
-	}
-	fleetBin = filepath.Join(dir, "fleet")
-	build := exec.Command("go", "build", "-o", fleetBin, ".")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "building fleet for the end-to-end tests:", err)
-		os.Exit(1)
-	}
-	code := m.Run()
-	os.RemoveAll(dir)
-	os.Exit(code)
+	os.Exit(testbin.Main(m, "fleet-e2e-bin", func(dir string) (err error) {
+		fleetBin, err = testbin.Build(dir, "fleet", ".")
+		return err
+	}))
 }
 
 func freePort(t *testing.T) int {
