@@ -458,7 +458,8 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	// fleet just picked may turn out to belong to an unrelated service.
 	// Nobody asked for that port: leave the stranger alone and take the
 	// next one, instead of failing on it forever. The worker's own previous
-	// port is different: a stranger there is refused (the seed's bug).
+	// port is different: a stranger there is refused (the stale server of
+	// docs/field-reports.md).
 	// Each attempt looks at a bounded number of ports; the skipped ones are
 	// remembered, so the next attempt goes on from where this one stopped.
 	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort; tries++ {
@@ -823,7 +824,7 @@ func cmpString(a, b string) string {
 
 // stopEngine stops the worker's engine, if any. It must finish even while
 // the supervisor is being cancelled, so it gets its own bounded context.
-// state, when set, is recorded as the worker's stopped reason.
+// A non-empty reason marks the worker stopped, with reason as its Reason.
 func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string) error {
 	if ws.proc.PID > 0 {
 		_, t, _, up := m.nodeFor(ws)

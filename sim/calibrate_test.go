@@ -15,8 +15,8 @@ import (
 	"time"
 )
 
-// seedTable is what the seed reports measured: total tok/s at 1, 2 and 4
-// concurrent 256-token requests.
+// seedTable is what the first field report (docs/field-reports.md)
+// measured: total tok/s at 1, 2 and 4 concurrent 256-token requests.
 var seedTable = map[string][3]float64{
 	"m1ultra-llamacpp":    {80, 102, 139},
 	"m4max-llamacpp":      {87, 130, 136},

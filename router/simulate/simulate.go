@@ -1,7 +1,8 @@
 // Package simulate runs the router's scheduling policies in virtual time
-// against simulated workers whose speed curves come from the seeds' tables,
-// so policies can be compared on thousands of requests in a fraction of a
-// second, with no sleeping and the router's own Policy and SpeedModel code.
+// against simulated workers whose speed curves come from the field reports'
+// tables (docs/field-reports.md), so policies can be compared on thousands
+// of requests in a fraction of a second, with no sleeping and the router's
+// own Policy and SpeedModel code.
 package simulate
 
 import (
