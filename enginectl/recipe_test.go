@@ -9,7 +9,7 @@ import (
 	"fleet"
 )
 
-// qwen is the fleet file's example model (DESIGN.md), one recipe per engine.
+// qwen is the example model of the README's fleet file, one recipe per engine.
 func qwen() fleet.Model {
 	return fleet.Model{ID: "qwen3-4b", Aliases: []string{"qwen3"}, Context: 16384, MemoryGB: 3,
 		Recipes: map[fleet.EngineKind]fleet.Recipe{

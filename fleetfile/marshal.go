@@ -15,7 +15,7 @@ import (
 )
 
 // Marshal writes f as a fleet file (what `fleet export` prints), in the
-// layout of DESIGN.md. Only declared fields are written: a node's probe,
+// layout of the README's example. Only declared fields are written: a node's probe,
 // state and host key belong to the database. Consecutive placements of one
 // model with one engine are grouped back into `nodes: [...]`.
 //

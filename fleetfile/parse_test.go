@@ -9,9 +9,8 @@ import (
 	"fleet"
 )
 
-// designExample is DESIGN.md's fleet file, minus its second placement of
-// qwen3-4b on ultra: a node runs one worker per model (workers are unique by
-// node and model), so that alternative is tested separately.
+// designExample is the README's fleet file (section "Fleet file") with two
+// things more to parse: a vLLM argument list over two lines and a sim recipe.
 const designExample = `nodes:
   - name: rig
     address: ops@rig.lan:22          # user@host[:port]; "local" is the hub's own machine
@@ -67,7 +66,7 @@ func TestParseDesignExample(t *testing.T) {
 		},
 	}
 	if !reflect.DeepEqual(f, want) {
-		t.Fatalf("Parse(DESIGN example):\n got %+v\nwant %+v", f, want)
+		t.Fatalf("Parse(the README's example):\n got %+v\nwant %+v", f, want)
 	}
 }
 

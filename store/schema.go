@@ -7,7 +7,7 @@ package store
 // Times are INTEGER Unix nanoseconds (0 = unset) so they sort and compare
 // without parsing; JSON columns hold values whose shape belongs to fleet.go.
 var migrations = []string{
-	// 1: the whole data model of DESIGN.md.
+	// 1: the data model the hub started with.
 	`
 CREATE TABLE nodes (
 	name      TEXT PRIMARY KEY,
