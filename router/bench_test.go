@@ -117,15 +117,25 @@ func BenchmarkAllocs(b *testing.B) {
 }
 
 // tokenStream is a backend that streams 128 tokens 5 ms apart.
-func tokenStream(w http.ResponseWriter, req *http.Request) {
+func tokenStream(w http.ResponseWriter, req *http.Request) { streamTokens(w, req, 5*time.Millisecond) }
+
+// instantStream streams 128 tokens as fast as it can, each flushed on its
+// own as an engine does: what the proxy costs shows as throughput.
+func instantStream(w http.ResponseWriter, req *http.Request) { streamTokens(w, req, 0) }
+
+func streamTokens(w http.ResponseWriter, req *http.Request, gap time.Duration) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	f := w.(http.Flusher)
-	t := time.NewTicker(5 * time.Millisecond)
-	defer t.Stop()
+	var tick <-chan time.Time
+	if gap > 0 {
+		t := time.NewTicker(gap)
+		defer t.Stop()
+		tick = t.C
+	}
 	for i := range 128 {
-		if i > 0 {
+		if i > 0 && tick != nil {
 			select {
-			case <-t.C:
+			case <-tick:
 			case <-req.Context().Done():
 				return
 			}
@@ -137,12 +147,33 @@ func tokenStream(w http.ResponseWriter, req *http.Request) {
 	f.Flush()
 }
 
+// countingReader counts the reads that returned bytes.
+type countingReader struct {
+	r     io.Reader
+	reads int
+}
+
+func (c *countingReader) Read(p []byte) (int, error) {
+	n, err := c.r.Read(p)
+	if n > 0 {
+		c.reads++
+	}
+	return n, err
+}
+
 // streams runs n concurrent streams to completion and returns the events
 // received per second.
 func streams(b *testing.B, c *http.Client, base string, n int) float64 {
+	rate, _ := streamsReads(b, c, base, n)
+	return rate
+}
+
+// streamsReads is streams that also returns the client's reads of the
+// body per stream: events sent together arrive in one read.
+func streamsReads(b *testing.B, c *http.Client, base string, n int) (float64, float64) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
-	events := 0
+	events, reads := 0, 0
 	start := time.Now()
 	for range n {
 		wg.Go(func() {
@@ -153,7 +184,8 @@ func streams(b *testing.B, c *http.Client, base string, n int) float64 {
 				return
 			}
 			defer resp.Body.Close()
-			sc := bufio.NewScanner(resp.Body)
+			cr := &countingReader{r: resp.Body}
+			sc := bufio.NewScanner(cr)
 			k := 0
 			for sc.Scan() {
 				if strings.HasPrefix(sc.Text(), "data: {\"choices\":[{") {
@@ -162,6 +194,7 @@ func streams(b *testing.B, c *http.Client, base string, n int) float64 {
 			}
 			mu.Lock()
 			events += k
+			reads += cr.reads
 			mu.Unlock()
 		})
 	}
@@ -169,7 +202,7 @@ func streams(b *testing.B, c *http.Client, base string, n int) float64 {
 	if events != n*128 {
 		b.Fatalf("got %d token events, want %d", events, n*128)
 	}
-	return float64(events) / time.Since(start).Seconds()
+	return float64(events) / time.Since(start).Seconds(), float64(reads) / float64(n)
 }
 
 // BenchmarkStreams64 compares token throughput of 64 concurrent streams of
@@ -196,4 +229,81 @@ func benchStreams64(b *testing.B, reasoningMode string) {
 	b.ReportMetric(d/float64(b.N), "direct-tok/s")
 	b.ReportMetric(r/float64(b.N), "router-tok/s")
 	b.ReportMetric(r/d, "router/direct")
+}
+
+// BenchmarkStreams64Instant is the throughput case: 64 concurrent streams
+// of 128 tokens from a backend that never waits, direct and through the
+// router in one run, with the client's reads per stream (fewer: events that
+// arrived together left together).
+func BenchmarkStreams64Instant(b *testing.B) {
+	const n = 64
+	direct, _, routed := benchTargets(b, instantStream, n, "")
+	c := benchClient(n)
+	streams(b, c, direct, n)
+	streams(b, c, routed, n)
+	var d, r, dReads, rReads float64
+	b.ResetTimer()
+	for b.Loop() {
+		rate, reads := streamsReads(b, c, direct, n)
+		d, dReads = d+rate, dReads+reads
+		rate, reads = streamsReads(b, c, routed, n)
+		r, rReads = r+rate, rReads+reads
+	}
+	b.StopTimer()
+	b.ReportMetric(d/float64(b.N), "direct-tok/s")
+	b.ReportMetric(r/float64(b.N), "router-tok/s")
+	b.ReportMetric(r/d, "router/direct")
+	b.ReportMetric(dReads/float64(b.N), "direct-reads/stream")
+	b.ReportMetric(rReads/float64(b.N), "router-reads/stream")
+}
+
+// oneStream runs one stream of tokenStream and returns the client's time
+// to the first token event and mean gap between token events.
+func oneStream(b *testing.B, c *http.Client, base string) (ttft, itl time.Duration) {
+	start := time.Now()
+	resp, err := c.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(`{"model":"qwen3-4b","stream":true}`))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	var first, last time.Time
+	k := 0
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: {\"choices\":[{") {
+			last = time.Now()
+			if k == 0 {
+				first = last
+			}
+			k++
+		}
+	}
+	if k != 128 {
+		b.Fatalf("got %d token events, want 128", k)
+	}
+	return first.Sub(start), last.Sub(first) / time.Duration(k-1)
+}
+
+// BenchmarkStream1 is one stream of 128 tokens 5 ms apart, direct and
+// through the router interleaved: the client's TTFT and ITL, which the
+// copy loop must not delay.
+func BenchmarkStream1(b *testing.B) {
+	direct, _, routed := benchTargets(b, tokenStream, 4, "")
+	c := benchClient(1)
+	oneStream(b, c, direct)
+	oneStream(b, c, routed)
+	var dT, rT, dI, rI []time.Duration
+	b.ResetTimer()
+	for b.Loop() {
+		t, i := oneStream(b, c, direct)
+		dT, dI = append(dT, t), append(dI, i)
+		t, i = oneStream(b, c, routed)
+		rT, rI = append(rT, t), append(rI, i)
+	}
+	b.StopTimer()
+	us := func(x time.Duration) float64 { return float64(x) / float64(time.Microsecond) }
+	b.ReportMetric(us(pctl(dT, .5)), "direct-ttft-µs")
+	b.ReportMetric(us(pctl(rT, .5)), "router-ttft-µs")
+	b.ReportMetric(us(pctl(dI, .5)), "direct-itl-µs")
+	b.ReportMetric(us(pctl(rI, .5)), "router-itl-µs")
 }

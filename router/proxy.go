@@ -532,8 +532,7 @@ func isEventStream(ct string) bool {
 // usage's completion_tokens, without holding the body.
 type meter struct {
 	sse bool
-	// line holds the current SSE line while it is short enough to matter
-	// (data lines of usage chunks are a few hundred bytes).
+	// line holds the start of an SSE line cut by the end of a read.
 	line      []byte
 	overflow  bool
 	events    int
@@ -560,6 +559,8 @@ var (
 	timingsField    = []byte(`"timings":`)
 )
 
+// feed meters one read. Whole lines are looked at where they lie in p; only
+// a line cut by the end of the read is kept, until its newline comes.
 func (m *meter) feed(p []byte, now time.Time) {
 	if !m.sse {
 		const keep = 2048
@@ -571,52 +572,87 @@ func (m *meter) feed(p []byte, now time.Time) {
 	}
 	for len(p) > 0 {
 		i := bytes.IndexByte(p, '\n')
-		chunk := p
-		if i >= 0 {
-			chunk = p[:i]
-		}
-		if !m.overflow {
-			if len(m.line)+len(chunk) > maxMeterLine {
-				m.overflow = true
-			} else {
-				m.line = append(m.line, chunk...)
-			}
-		}
 		if i < 0 {
+			m.carry(p)
 			return
 		}
-		m.endLine(now)
+		line := p[:i]
+		if len(m.line) > 0 || m.overflow {
+			m.carry(line)
+			line = m.line
+		}
+		if len(line) > maxMeterLine {
+			// Cut as a carried line is, so that where reads fall does
+			// not change what is seen.
+			line, m.overflow = line[:maxMeterLine], true
+		}
+		m.endLine(line, m.overflow, now)
+		m.line = m.line[:0]
+		m.overflow = false
 		p = p[i+1:]
 	}
 }
 
-func (m *meter) endLine(now time.Time) {
-	line := bytes.TrimRight(m.line, "\r")
-	if payload, ok := bytes.CutPrefix(line, dataPrefix); ok {
-		payload = bytes.TrimSpace(payload)
-		if !bytes.Equal(payload, donePayload) {
-			if n := usageTokens(payload); n >= 0 {
-				m.usage = n
-				m.cache.scan(payload)
-			} else if bytes.Contains(payload, timingsField) {
-				m.cache.scan(payload)
-			}
-			// The usage-only chunk carries no token; every other data
-			// event carries at least one.
-			if !bytes.Contains(payload, []byte(`"choices":[]`)) {
-				m.events++
-				if m.firstData.IsZero() {
-					m.firstData = now
-				}
-				if m.firstToken.IsZero() && carriesToken(payload) {
-					m.firstToken = now
-				}
-				m.lastData = now
-			}
-		}
+// carry keeps the start of a line that continues in the next read: its
+// first maxMeterLine bytes (data lines of usage chunks are a few hundred
+// bytes; a longer one is a token, and its start says so).
+func (m *meter) carry(p []byte) {
+	if m.overflow {
+		return
 	}
-	m.line = m.line[:0]
-	m.overflow = false
+	if room := maxMeterLine - len(m.line); len(p) > room {
+		p, m.overflow = p[:room], true
+	}
+	m.line = append(m.line, p...)
+}
+
+var emptyChoices = []byte(`"choices":[]`)
+
+// endLine meters one SSE line; cut says only its start is there, enough to
+// count a data event but not to read it.
+func (m *meter) endLine(line []byte, cut bool, now time.Time) {
+	line = bytes.TrimRight(line, "\r")
+	payload, ok := bytes.CutPrefix(line, dataPrefix)
+	if !ok {
+		return
+	}
+	payload = bytes.TrimSpace(payload)
+	if cut {
+		m.events++
+		if m.firstData.IsZero() {
+			m.firstData = now
+		}
+		m.lastData = now
+		return
+	}
+	if bytes.Equal(payload, donePayload) {
+		return
+	}
+	// Most events are a token and carry neither usage nor timings: the
+	// forward searches (vectorised, unlike LastIndex) rule both out first.
+	if bytes.Contains(payload, completionField) {
+		if n := usageTokens(payload); n >= 0 {
+			m.usage = n
+			m.cache.scan(payload)
+		} else if bytes.Contains(payload, timingsField) {
+			m.cache.scan(payload)
+		}
+	} else if bytes.Contains(payload, timingsField) {
+		m.cache.scan(payload)
+	}
+	// The usage-only chunk carries no token; every other data event
+	// carries at least one.
+	if bytes.Contains(payload, emptyChoices) {
+		return
+	}
+	m.events++
+	if m.firstData.IsZero() {
+		m.firstData = now
+	}
+	if m.firstToken.IsZero() && carriesToken(payload) {
+		m.firstToken = now
+	}
+	m.lastData = now
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.

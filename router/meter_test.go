@@ -1,0 +1,41 @@
+package router
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+// TestMeterSplitReads: the meter counts the same events, usage and first
+// token however the stream is cut into reads, including lines cut in the
+// middle, a line too long to keep, and CRLF line ends.
+func TestMeterSplitReads(t *testing.T) {
+	long := `data: {"choices":[{"delta":{"content":"` + strings.Repeat("x", maxMeterLine+10) + `"}}]}` + "\n\n"
+	stream := ": keepalive\n\n" +
+		`data: {"choices":[{"delta":{"role":"assistant"}}]}` + "\n\n" +
+		sseEvent("a") +
+		"data: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\r\n\r\n" +
+		long +
+		sseEvent("c") +
+		`data: {"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7,"total_tokens":10}}` + "\n\n" +
+		"data: [DONE]\n\n"
+	base := time.Unix(1000, 0)
+	for _, size := range []int{1, 2, 7, 64, 4096, len(stream)} {
+		m := newMeter(true)
+		for i, k := 0, 0; i < len(stream); i, k = i+size, k+1 {
+			m.feed([]byte(stream[i:min(i+size, len(stream))]), base.Add(time.Duration(k)*time.Millisecond))
+		}
+		// The role chunk, a, b, the long line (too long to read, but its
+		// start says it is a data event), c; the usage chunk carries no
+		// token.
+		if m.events != 5 {
+			t.Errorf("reads of %d bytes: %d events, want 5", size, m.events)
+		}
+		if got := m.outputTokens(); got != 7 {
+			t.Errorf("reads of %d bytes: %d output tokens, want 7 from usage", size, got)
+		}
+		if m.firstToken.IsZero() || !m.firstToken.After(m.firstData) && size < 64 {
+			t.Errorf("reads of %d bytes: first token at %v, first data at %v: the role chunk is no token", size, m.firstToken, m.firstData)
+		}
+	}
+}
