@@ -88,3 +88,28 @@ func TestEmptyDatabaseFileIsSaidToBeInitialised(t *testing.T) {
 		})
 	}
 }
+
+// TestUnknownPolicyChangesNothing: a mistyped --policy is refused by the
+// router's constructor before the fleet file is applied, so the store is
+// left as it was.
+func TestUnknownPolicyChangesNothing(t *testing.T) {
+	dir := t.TempDir()
+	h, err := openHub(t, Options{DataDir: dir, Demo: true, Policy: "fastest"})
+	if err == nil {
+		h.Close()
+		t.Fatal("a hub opened with the unknown policy \"fastest\"")
+	}
+	for _, want := range []string{"--policy", `"fastest"`, "round-robin"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("refusal %q does not say %q", err, want)
+		}
+	}
+	again, err := openHub(t, Options{DataDir: dir})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer again.Close()
+	if nodes, err := again.store.Nodes(t.Context()); err != nil || len(nodes) != 0 {
+		t.Errorf("the refused hub stored nodes %v (err %v); want none", nodes, err)
+	}
+}

@@ -9,7 +9,6 @@
 package hub
 
 import (
-	"cmp"
 	"context"
 	"crypto/sha256"
 	"errors"
@@ -217,24 +216,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, fmt.Errorf("--mdns: %w", err)
 		}
 	}
-	if _, err := router.NewPolicy(cmp.Or(opts.Policy, "fleet")); err != nil {
-		return nil, fmt.Errorf("--policy: %w", err)
-	}
-	switch {
-	case opts.FleetFile != "":
-		data, err := os.ReadFile(opts.FleetFile)
-		if err != nil {
-			return nil, fmt.Errorf("reading the fleet file: %w", err)
-		}
-		if _, err := h.apply(ctx, filepath.Base(opts.FleetFile), data, false); err != nil {
-			return nil, err
-		}
-	case opts.Demo:
-		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
-			return nil, err
-		}
-	}
-	h.router = router.New(router.Options{
+	// Built before the fleet file is applied, so that a bad --policy
+	// changes nothing.
+	rt, err := router.New(router.Options{
 		Logger:       opts.Logger.With("component", "router"),
 		Registerer:   prometheus.NewRegistry(),
 		Policy:       opts.Policy,
@@ -251,6 +235,24 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			}
 		},
 	})
+	if err != nil {
+		return nil, fmt.Errorf("--policy: %w", err)
+	}
+	h.router = rt
+	switch {
+	case opts.FleetFile != "":
+		data, err := os.ReadFile(opts.FleetFile)
+		if err != nil {
+			return nil, fmt.Errorf("reading the fleet file: %w", err)
+		}
+		if _, err := h.apply(ctx, filepath.Base(opts.FleetFile), data, false); err != nil {
+			return nil, err
+		}
+	case opts.Demo:
+		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
+			return nil, err
+		}
+	}
 	h.mgr = nodes.NewManager(nodes.ManagerOptions{
 		Logger:            opts.Logger.With("component", "nodes"),
 		DataDir:           opts.DataDir,

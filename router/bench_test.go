@@ -30,7 +30,7 @@ func benchTargets(b *testing.B, backend http.HandlerFunc, slots int, reasoningMo
 	rp.FlushInterval = -1
 	ps := httptest.NewServer(rp)
 	b.Cleanup(ps.Close)
-	r := New(Options{})
+	r := mustNew(b, Options{})
 	models := testModels()
 	models[0].Reasoning = reasoningMode
 	if err := r.SetModels(models); err != nil {

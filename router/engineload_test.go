@@ -12,7 +12,7 @@ import (
 // listed first so that it wins a tie. Their addresses are never dialled.
 func twins(t *testing.T, slots int) *Router {
 	t.Helper()
-	r := New(Options{Policy: PolicyFleet, Seed: 1})
+	r := mustNew(t, Options{Policy: PolicyFleet, Seed: 1})
 	r.SetModels(testModels())
 	r.SetBackends([]Backend{
 		{Name: "busy/qwen3-4b", Model: "qwen3-4b", Addr: "127.0.0.1:1", Context: 16384, Slots: slots},

@@ -132,7 +132,7 @@ func jsonDocs(raw []byte) [][]byte {
 // normalised, streamed or not.
 func TestAliasWithReasoningNormalisation(t *testing.T) {
 	srv := simtest.Start(t, strings.Fields("--mimic vllm --profile instant -- serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --reasoning-parser qwen3")...)
-	r := New(Options{})
+	r := mustNew(t, Options{})
 	models := testModels()
 	models[0].Reasoning = "inline"
 	if err := r.SetModels(models); err != nil {

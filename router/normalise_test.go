@@ -177,7 +177,7 @@ func routeToSim(t *testing.T, args, reasoningMode string) (*lockstep, *openai.Cl
 	ls := &lockstep{engine: engine, ack: make(chan struct{}, 1)}
 	es := httptest.NewServer(ls)
 	t.Cleanup(es.Close)
-	r := New(Options{})
+	r := mustNew(t, Options{})
 	if err := r.SetModels([]fleet.Model{{ID: "m", Context: 40960, Reasoning: reasoningMode}}); err != nil {
 		t.Fatal(err)
 	}
@@ -373,7 +373,7 @@ func TestNonStreamedNormalisation(t *testing.T) {
 				w.WriteHeader(tc.status)
 				_, _ = w.Write(body)
 			})
-			r := New(Options{})
+			r := mustNew(t, Options{})
 			models := testModels()
 			models[0].Reasoning = tc.reasoning
 			if err := r.SetModels(models); err != nil {
@@ -441,7 +441,7 @@ func TestRewriteReadFailureRetriesElsewhere(t *testing.T) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = io.WriteString(w, llamaAnswer)
 	})
-	r := New(Options{Policy: PolicyRoundRobin})
+	r := mustNew(t, Options{Policy: PolicyRoundRobin})
 	models := testModels()
 	models[0].Reasoning = "inline"
 	if err := r.SetModels(models); err != nil {
@@ -467,7 +467,7 @@ func TestRewriteReadFailureRetriesElsewhere(t *testing.T) {
 }
 
 func TestSetModelsRejectsUnknownReasoning(t *testing.T) {
-	r := New(Options{})
+	r := mustNew(t, Options{})
 	good := testModels()
 	good[0].Reasoning = "inline"
 	if err := r.SetModels(good); err != nil {

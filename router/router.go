@@ -256,8 +256,15 @@ type Router struct {
 	hedge   hedgeState
 }
 
-// New builds a router with no models and no backends.
-func New(opts Options) *Router {
+// New builds a router with no models and no backends. An unknown
+// Options.Policy is an error.
+func New(opts Options) (*Router, error) {
+	// A mistyped policy is refused, not replaced: the operator asked for
+	// a behaviour the router would silently not have.
+	policy, err := NewPolicy(opts.Policy)
+	if err != nil {
+		return nil, err
+	}
 	opts = opts.withDefaults()
 	r := &Router{
 		opts:    opts,
@@ -283,14 +290,9 @@ func New(opts Options) *Router {
 		seed = uint64(time.Now().UnixNano())
 	}
 	r.rng = newRNG(seed)
-	policy, err := NewPolicy(opts.Policy)
-	if err != nil {
-		r.log.Warn("unknown router policy; using fleet", "policy", opts.Policy, "err", err)
-		policy, _ = NewPolicy(PolicyFleet)
-	}
 	r.policy = policy
 	r.handler = r.routes()
-	return r
+	return r, nil
 }
 
 // Handler serves the OpenAI endpoints, /metrics and /healthz.

@@ -35,9 +35,36 @@ func startBackend(t *testing.T, name string, slots int, h http.HandlerFunc) (*ht
 	return srv, Backend{Name: name, Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, Addr: srv.Listener.Addr().String(), Context: 16384, Slots: slots}
 }
 
+// mustNew is New for a test whose options are valid.
+func mustNew(t testing.TB, opts Options) *Router {
+	t.Helper()
+	r, err := New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// TestNewRefusesUnknownPolicy: a mistyped policy is an error that names the
+// known ones, not a silent fallback to the default.
+func TestNewRefusesUnknownPolicy(t *testing.T) {
+	for _, tc := range []struct {
+		policy string
+		ok     bool
+	}{{"", true}, {PolicyFleet, true}, {PolicyRoundRobin, true}, {"fastest", false}, {"Fleet", false}} {
+		r, err := New(Options{Policy: tc.policy})
+		if tc.ok != (err == nil) || tc.ok != (r != nil) {
+			t.Errorf("New(policy %q) = %v, %v; want ok=%v", tc.policy, r, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), PolicyRoundRobin) {
+			t.Errorf("New(policy %q) error %q does not list the known policies", tc.policy, err)
+		}
+	}
+}
+
 func startRouter(t *testing.T, opts Options, bs ...Backend) (*Router, *httptest.Server) {
 	t.Helper()
-	r := New(opts)
+	r := mustNew(t, opts)
 	r.SetModels(testModels())
 	r.SetBackends(bs)
 	srv := httptest.NewServer(r.Handler())
