@@ -17,10 +17,6 @@ import (
 	"fleet/router/reasoning"
 )
 
-// hopHeaders are connection-scoped (RFC 9110 §7.6.1) and never forwarded.
-var hopHeaders = []string{"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate",
-	"Proxy-Authorization", "Te", "Trailer", "Transfer-Encoding", "Upgrade"}
-
 var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
 
 func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
@@ -250,9 +246,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	for k, v := range req.Header {
 		out.Header[k] = v
 	}
-	for _, h := range hopHeaders {
-		out.Header.Del(h)
-	}
+	removeHopHeaders(out.Header)
 	if r.opts.Keys != nil {
 		// The router's key is not the engine's business.
 		out.Header.Del("Authorization")
@@ -332,9 +326,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	for k, v := range resp.Header {
 		h[k] = v
 	}
-	for _, hh := range hopHeaders {
-		h.Del(hh)
-	}
+	removeHopHeaders(h)
 	if rewritten != nil {
 		h.Set("Content-Length", strconv.Itoa(len(rewritten)))
 	}
