@@ -83,8 +83,8 @@ type Options struct {
 	// (defaults 3 and 30 s). A refused connection cools it down at once.
 	FailureThreshold int
 	FailureWindow    time.Duration
-	// Cooldown is how long a failing backend rests before a health probe may
-	// bring it back (default 5 s).
+	// Cooldown is how long a failing backend rests before a health check
+	// may bring it back, and the time between checks (default 5 s).
 	Cooldown time.Duration
 	// Keys, when set, requires "Authorization: Bearer KEY" on /v1 requests.
 	Keys KeyVerifier
@@ -198,6 +198,8 @@ type backend struct {
 	// requests forwarded to it and not yet finished, with their predicted
 	// end, so the scheduler knows when the next slot frees.
 	active map[*flight]struct{}
+	// checking is set while a health checker watches it (health.go).
+	checking bool
 }
 
 type backendObservers struct {
@@ -212,7 +214,6 @@ type worker struct {
 	drained      bool
 	failures     []time.Time
 	coolingUntil time.Time
-	probing      bool
 	speed        *SpeedModel
 	ttftHistory  ring
 	itlHistory   ring

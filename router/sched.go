@@ -83,10 +83,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 			continue
 		}
 		if !w.coolingUntil.IsZero() {
-			if now.After(w.coolingUntil) && !w.probing {
-				w.probing = true
-				go r.probe(b)
-			}
+			// Until its health checker brings it back (health.go).
 			continue
 		}
 		c := Candidate{Name: b.cfg.Name, InFlight: w.load(now), Slots: w.slots(b.cfg.Slots, now), Speed: w.speed}
@@ -346,7 +343,7 @@ func (r *Router) expectedOutputLocked(model string, maxTokens int) int {
 
 // recordFailure counts a backend failure; a refused connection, or
 // FailureThreshold failures within FailureWindow, cool it down until a
-// health probe passes.
+// health check passes.
 func (r *Router) recordFailure(b *backend, refused bool, err error) {
 	now := time.Now()
 	r.mu.Lock()
@@ -357,46 +354,9 @@ func (r *Router) recordFailure(b *backend, refused bool, err error) {
 	w.failures = append(w.failures, now)
 	if (refused || len(w.failures) >= r.opts.FailureThreshold) && w.coolingUntil.IsZero() {
 		w.coolingUntil = now.Add(r.opts.Cooldown)
-		r.log.Warn("backend cooled down after failures; it gets no traffic until a health probe passes",
+		r.log.Warn("backend cooled down after failures; it gets no traffic until a health check passes",
 			"backend", b.cfg.Name, "failures", len(w.failures), "window", r.opts.FailureWindow, "cooldown", r.opts.Cooldown, "err", err)
+		r.startHealthCheckLocked(b)
 	}
 }
 
-// probe asks a cooled-down backend's /health whether it is back.
-func (r *Router) probe(b *backend) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
-	defer cancel()
-	err := r.healthCheck(ctx, b)
-	r.mu.Lock()
-	w := r.workerLocked(b.cfg.Name)
-	w.probing = false
-	if err != nil {
-		w.coolingUntil = time.Now().Add(r.opts.Cooldown)
-		r.mu.Unlock()
-		r.log.Info("backend still failing its health probe", "backend", b.cfg.Name, "err", err)
-		return
-	}
-	w.coolingUntil = time.Time{}
-	w.failures = w.failures[:0]
-	r.mu.Unlock()
-	r.log.Info("backend passed its health probe and takes traffic again", "backend", b.cfg.Name)
-	r.dispatch(b.cfg.Model)
-}
-
-func (r *Router) healthCheck(ctx context.Context, b *backend) error {
-	u := b.base
-	u.Path = "/health"
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
-	if err != nil {
-		return fmt.Errorf("building probe: %w", err)
-	}
-	resp, err := b.transport.RoundTrip(req)
-	if err != nil {
-		return fmt.Errorf("probing %s: %w", b.cfg.Addr, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("probing %s: /health answered %s", b.cfg.Addr, resp.Status)
-	}
-	return nil
-}
