@@ -163,6 +163,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	}
 	var excluded []string
 	var lastErr error
+	retries := 0
 	for attempt := 0; ; attempt++ {
 		f, err := r.acquire(req.Context(), model, job, excluded)
 		if err != nil {
@@ -175,7 +176,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		}
 		lastErr = res.err
 		excluded = append(excluded, f.b.cfg.Name)
-		if attempt >= r.opts.MaxRetries {
+		if !r.mayRetry(res, &retries) {
 			r.countStatus(model, f.b.cfg.Name, http.StatusBadGateway)
 			writeError(w, http.StatusBadGateway, errTypeServer, codeUpstreamFailed, "",
 				fmt.Sprintf("%d worker(s) of model %q failed before answering (last: %v); retry later", attempt+1, model, lastErr), r.opts.RetryAfter)
@@ -207,12 +208,6 @@ func (r *Router) answerSchedError(w http.ResponseWriter, req *http.Request, mode
 
 func (r *Router) countStatus(model, backend string, status int) {
 	r.metrics.requests.WithLabelValues(model, backend, strconv.Itoa(status)).Inc()
-}
-
-// forwardResult tells serveInference whether to try another backend.
-type forwardResult struct {
-	retry bool
-	err   error
 }
 
 // forward sends the body to f's backend and streams the answer back,
@@ -266,7 +261,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		}
 		refused := errors.Is(err, syscall.ECONNREFUSED)
 		r.recordFailure(b, refused, err)
-		return forwardResult{retry: true, err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
+		return forwardResult{retry: true, dial: isDialError(err), err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode >= 500 {

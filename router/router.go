@@ -72,8 +72,10 @@ type Options struct {
 	// one backend (default 2): llama-server's HTTP pool is slots+4 threads,
 	// and a keep-alive connection beyond it stalls.
 	ExtraConns int
-	// MaxRetries bounds re-sends after a failure before the first byte
-	// (default 2; -1 disables retries).
+	// MaxRetries bounds re-sends to another worker after one took the
+	// request and failed before answering (default 2; -1 disables them). A
+	// worker that could not be reached at all is always left for another,
+	// uncounted (retry.go).
 	MaxRetries int
 	// Policy names the scheduling policy: "fleet" (default),
 	// "fleet-no-prefix", "p2c-least-loaded", "round-robin", "random",
@@ -433,7 +435,11 @@ func (r *Router) newBackend(cfg Backend) *backend {
 	conns := cfg.Slots + r.opts.ExtraConns
 	t := &http.Transport{
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			return (*b.dial.Load())(ctx, network, addr)
+			c, err := (*b.dial.Load())(ctx, network, addr)
+			if err != nil {
+				return nil, &dialError{err: err} // see retry.go
+			}
+			return c, nil
 		},
 		MaxConnsPerHost:     conns,
 		MaxIdleConnsPerHost: conns,
