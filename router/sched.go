@@ -359,4 +359,3 @@ func (r *Router) recordFailure(b *backend, refused bool, err error) {
 		r.startHealthCheckLocked(b)
 	}
 }
-
