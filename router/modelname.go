@@ -140,10 +140,8 @@ func withModel(p, quoted []byte) []byte {
 // each line the moment its newline arrives and holds only an unfinished
 // last line.
 type sseModelRewriter struct {
+	sseLines
 	quoted []byte
-	line   []byte
-	out    []byte
-	gaveUp bool
 }
 
 func newSSEModelRewriter(name string) *sseModelRewriter {
@@ -152,47 +150,10 @@ func newSSEModelRewriter(name string) *sseModelRewriter {
 
 // feed takes one read and returns the bytes to send now, valid until the
 // next call.
-func (s *sseModelRewriter) feed(p []byte) []byte {
-	if s.gaveUp {
-		return p
-	}
-	s.out = s.out[:0]
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			if len(s.line)+len(p) > maxSSELine {
-				// No engine sends such a line: pass the rest through.
-				s.gaveUp = true
-				s.out = append(s.out, s.line...)
-				s.out = append(s.out, p...)
-				s.line = s.line[:0]
-				return s.out
-			}
-			s.line = append(s.line, p...)
-			break
-		}
-		line := p[:i+1]
-		if len(s.line) > 0 {
-			s.line = append(s.line, line...)
-			line = s.line
-		}
-		s.emitLine(line)
-		s.line = s.line[:0]
-		p = p[i+1:]
-	}
-	return s.out
-}
+func (s *sseModelRewriter) feed(p []byte) []byte { return s.sseLines.feed(p, s) }
 
 // finish returns a last line that never got its newline, rewritten.
-func (s *sseModelRewriter) finish() []byte {
-	s.out = s.out[:0]
-	if s.gaveUp || len(s.line) == 0 {
-		return append(s.out, s.line...)
-	}
-	s.emitLine(s.line)
-	s.line = s.line[:0]
-	return s.out
-}
+func (s *sseModelRewriter) finish() []byte { return s.sseLines.finish(s, false) }
 
 func (s *sseModelRewriter) emitLine(line []byte) {
 	rest, ok := bytes.CutPrefix(line, dataPrefix)

@@ -74,18 +74,12 @@ func rewriteJSONBody(body []byte, mode reasoning.Mode) ([]byte, error) {
 // id:) passes unchanged. Only the unfinished last line of a read is held,
 // so every event leaves in the same flush as the read that completed it.
 type sseNormaliser struct {
+	sseLines
 	rw *reasoning.StreamRewriter
-	// line is the start of a line whose newline has not arrived yet.
-	line []byte
-	// out is reused for each read's output.
-	out []byte
 	// swallowed is set when the rewriter dropped a data line whole (it held
 	// only part of a tag): the blank line that ended that event must go too,
 	// or the client would see an empty event.
 	swallowed bool
-	// gaveUp is set after a line outgrew maxSSELine: the rest of the stream
-	// passes through untouched.
-	gaveUp bool
 }
 
 func newSSENormaliser(mode reasoning.Mode) *sseNormaliser {
@@ -94,7 +88,30 @@ func newSSENormaliser(mode reasoning.Mode) *sseNormaliser {
 
 // feed takes one read of the upstream stream and returns the bytes to send
 // the client now. The result is valid until the next call.
-func (s *sseNormaliser) feed(p []byte) []byte {
+func (s *sseNormaliser) feed(p []byte) []byte { return s.sseLines.feed(p, s) }
+
+// finish returns what is left when the upstream ends: a last line that
+// never got its newline, rewritten like any other.
+func (s *sseNormaliser) finish() []byte { return s.sseLines.finish(s, true) }
+
+// sseLines cuts a stream into whole lines across reads, for the rewriters
+// that change an SSE stream a line at a time (model name, reasoning).
+type sseLines struct {
+	// line is the start of a line whose newline has not arrived yet.
+	line []byte
+	// out is reused for each read's output; emitLine appends to it.
+	out []byte
+	// gaveUp is set after a line outgrew maxSSELine: the rest of the stream
+	// passes through untouched.
+	gaveUp bool
+}
+
+// lineEmitter rewrites one whole line into its sseLines' out.
+type lineEmitter interface{ emitLine(line []byte) }
+
+// feed takes one read and returns the bytes to send now, valid until the
+// next call.
+func (s *sseLines) feed(p []byte, e lineEmitter) []byte {
 	if s.gaveUp {
 		return p
 	}
@@ -103,6 +120,7 @@ func (s *sseNormaliser) feed(p []byte) []byte {
 		i := bytes.IndexByte(p, '\n')
 		if i < 0 {
 			if len(s.line)+len(p) > maxSSELine {
+				// No engine sends such a line: pass the rest through.
 				s.gaveUp = true
 				s.out = append(s.out, s.line...)
 				s.out = append(s.out, p...)
@@ -117,22 +135,24 @@ func (s *sseNormaliser) feed(p []byte) []byte {
 			s.line = append(s.line, line...)
 			line = s.line
 		}
-		s.emitLine(line)
+		e.emitLine(line)
 		s.line = s.line[:0]
 		p = p[i+1:]
 	}
 	return s.out
 }
 
-// finish returns what is left when the upstream ends: a last line that
-// never got its newline, rewritten like any other.
-func (s *sseNormaliser) finish() []byte {
+// finish returns a last line that never got its newline, rewritten (with
+// the newline added when addNewline).
+func (s *sseLines) finish(e lineEmitter, addNewline bool) []byte {
 	s.out = s.out[:0]
 	if s.gaveUp || len(s.line) == 0 {
 		return append(s.out, s.line...)
 	}
-	s.line = append(s.line, '\n')
-	s.emitLine(s.line)
+	if addNewline {
+		s.line = append(s.line, '\n')
+	}
+	e.emitLine(s.line)
 	s.line = s.line[:0]
 	return s.out
 }

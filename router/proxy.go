@@ -643,25 +643,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.
-func usageTokens(p []byte) int {
-	i := bytes.LastIndex(p, completionField)
-	if i < 0 {
-		return -1
-	}
-	rest := bytes.TrimLeft(p[i+len(completionField):], " ")
-	n, digits := 0, 0
-	for _, c := range rest {
-		if c < '0' || c > '9' {
-			break
-		}
-		n = n*10 + int(c-'0')
-		digits++
-	}
-	if digits == 0 {
-		return -1
-	}
-	return n
-}
+func usageTokens(p []byte) int { return intField(p, completionField) }
 
 func (m *meter) outputTokens() int {
 	if !m.sse {
