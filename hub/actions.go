@@ -5,6 +5,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strings"
@@ -162,15 +163,18 @@ func (h *Hub) drain(name string) (string, error) {
 	h.router.Drain(name)
 	inflight := h.router.InFlight(name)
 	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: fmt.Sprintf("draining: no new requests; %d in flight", inflight)})
-	go func() {
-		ctx, cancel := context.WithTimeout(context.Background(), h.opts.DrainTimeout)
+	h.detached.goDetached(context.Background(), func(ctx context.Context) {
+		ctx, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
 		defer cancel()
 		if err := h.router.WaitIdle(ctx, name); err != nil {
+			if !errors.Is(err, context.DeadlineExceeded) {
+				return // the hub is closing
+			}
 			h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("drain timed out after %s with %d requests still in flight", h.opts.DrainTimeout, h.router.InFlight(name))})
 			return
 		}
 		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "drained: no requests in flight"})
-	}()
+	})
 	return fmt.Sprintf("draining %s: no new requests; %d in flight will finish (timeout %s)", name, inflight, h.opts.DrainTimeout), nil
 }
 

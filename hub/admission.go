@@ -130,7 +130,7 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	if err := h.checkSpeed(ctx, w, m, speed); err != nil {
 		return err
 	}
-	go h.rejudgeSlower(context.WithoutCancel(ctx), w, m, speed)
+	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudgeSlower(ctx, w, m, speed) })
 	return nil
 }
 
@@ -409,7 +409,7 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 		return true, nil
 	}
 	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
-	go h.rejudge(context.WithoutCancel(ctx), w.Model, w.Name(), false)
+	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }
 
@@ -456,11 +456,11 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	case w.State == fleet.WorkerRejected && strings.HasPrefix(w.Reason, "memory:"):
 		return "" // judged before launch, not by its shape
 	case w.State == fleet.WorkerRejected && w.PID == 0:
-		go func() {
-			if err := h.mgr.StartWorker(context.WithoutCancel(ctx), name); err != nil {
+		h.detached.goDetached(ctx, func(ctx context.Context) {
+			if err := h.mgr.StartWorker(ctx, name); err != nil {
 				h.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
 			}
-		}()
+		})
 		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
 		return name + ": its engine was down, launching it to judge it"
 	case w.State == fleet.WorkerRejected:
@@ -521,8 +521,7 @@ func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
 		}
 		refWorker := node + "/" + m.ID
 		h.onEvent(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
-		go func() {
-			ctx := context.WithoutCancel(ctx)
+		h.detached.goDetached(ctx, func(ctx context.Context) {
 			h.mu.Lock()
 			w, ok := h.workers[refWorker]
 			h.mu.Unlock()
@@ -546,6 +545,6 @@ func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
 				// Rejected against the old reference, it is the new one.
 				h.rejudgeOne(ctx, w, m, refWorker, true)
 			}
-		}()
+		})
 	}
 }

@@ -122,6 +122,8 @@ type Hub struct {
 	lock *os.File
 	// lanName is the console's mDNS name once announced (announce.go).
 	lanName string
+	// detached is the work actions start and do not wait for; Close ends it.
+	detached *background
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -191,6 +193,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		speeds:  map[string]speedRecord{},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,
+
+		detached: newBackground(),
 	}
 	if h.opts.FleetBin == "" {
 		bin, err := installSelf(opts.DataDir)
@@ -370,6 +374,7 @@ func installSelf(dataDir string) (string, error) {
 // Close releases the database. Engines keep running: a hub that stops must
 // not take the fleet down with it.
 func (h *Hub) Close() error {
+	h.detached.close()
 	err := h.store.Close()
 	h.lock.Close() // releases the data dir to the next hub
 	return err
