@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"maps"
+	"slices"
 	"strings"
 )
 
@@ -12,6 +13,42 @@ const Redacted = "<redacted>"
 // are is not knowable from the name, so all of them are. Only admins, who
 // can apply a fleet file and so set them, see them; everyone else sees the
 // names with Redacted as the value, and events and logs never carry them.
+// The same holds for the values of the engine flags that take a secret
+// (secretFlags), in recipe args and in a worker's command line.
+
+// secretFlags are the engine flags whose value is a secret: vLLM's and
+// llama-server's --api-key, llama-server's Hugging Face token.
+var secretFlags = []string{"--api-key", "--hf-token", "-hft"}
+
+// IsSecretFlag reports whether arg is a flag whose value is a secret,
+// given as "--flag" (value in the next word) or "--flag=value".
+func IsSecretFlag(arg string) (flag string, inline bool) {
+	for _, f := range secretFlags {
+		if arg == f {
+			return f, false
+		}
+		if strings.HasPrefix(arg, f+"=") {
+			return f, true
+		}
+	}
+	return "", false
+}
+
+// redactSecretArgs replaces the values of secret flags in args (a copy).
+func redactSecretArgs(args []string) []string {
+	out := slices.Clone(args)
+	for i := 0; i < len(out); i++ {
+		switch f, inline := IsSecretFlag(out[i]); {
+		case f == "":
+		case inline:
+			out[i] = f + "=" + Redacted
+		case i+1 < len(out):
+			out[i+1] = Redacted
+			i++
+		}
+	}
+	return out
+}
 
 // RedactModels returns models with every recipe env value replaced by
 // Redacted; the input is not modified.
@@ -24,6 +61,9 @@ func RedactModels(models []Model) []Model {
 		}
 		out[i].Recipes = make(map[EngineKind]Recipe, len(m.Recipes))
 		for k, r := range m.Recipes {
+			if len(r.Args) > 0 {
+				r.Args = redactSecretArgs(r.Args)
+			}
 			if len(r.Env) > 0 {
 				r.Env = maps.Clone(r.Env)
 				for name := range r.Env {
@@ -36,11 +76,14 @@ func RedactModels(models []Model) []Model {
 	return out
 }
 
-// RedactArgv returns argv for a log line, with the values of the NAME=VALUE
-// words an `env` word puts before a command replaced by Redacted.
+// RedactArgv returns argv for a log line or a non-admin's worker table,
+// with the values of the NAME=VALUE words an `env` word puts before a
+// command, and those of secret flags, replaced by Redacted.
 func RedactArgv(argv []string) []string {
-	out := make([]string, len(argv))
-	copy(out, argv)
+	if argv == nil {
+		return nil
+	}
+	out := redactSecretArgs(argv)
 	inEnv := false
 	for i, a := range out {
 		switch {
@@ -54,4 +97,20 @@ func RedactArgv(argv []string) []string {
 		}
 	}
 	return out
+}
+
+// RedactSnapshot returns the snapshot as a non-admin may see it: recipe env
+// values and secret flag values replaced by Redacted, in the models and in
+// each worker's command line. The input is not modified.
+func RedactSnapshot(s Snapshot) Snapshot {
+	s.Models = RedactModels(s.Models)
+	if s.Workers != nil {
+		ws := make([]WorkerView, len(s.Workers))
+		for i, w := range s.Workers {
+			w.Argv, w.LaunchArgv = RedactArgv(w.Argv), RedactArgv(w.LaunchArgv)
+			ws[i] = w
+		}
+		s.Workers = ws
+	}
+	return s
 }

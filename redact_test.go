@@ -27,6 +27,11 @@ func TestRedactArgv(t *testing.T) {
 		{[]string{"sh", "-c", "s", "start", "d", "env", "HF_TOKEN=hf_x", "A=b=c", "vllm", "serve", "--x=1"},
 			[]string{"sh", "-c", "s", "start", "d", "env", "HF_TOKEN=" + Redacted, "A=" + Redacted, "vllm", "serve", "--x=1"}},
 		{[]string{"vllm", "--opt=v"}, []string{"vllm", "--opt=v"}},
+		{[]string{"vllm", "serve", "--api-key", "sk-1", "--port", "8000"}, []string{"vllm", "serve", "--api-key", Redacted, "--port", "8000"}},
+		{[]string{"llama-server", "--api-key=sk-1", "-hft", "hf_1", "--hf-token=hf_2"}, []string{"llama-server", "--api-key=" + Redacted, "-hft", Redacted, "--hf-token=" + Redacted}},
+		{[]string{"llama-server", "--api-key"}, []string{"llama-server", "--api-key"}},                       // no value: nothing to hide
+		{[]string{"llama-server", "--api-key-file", "/k"}, []string{"llama-server", "--api-key-file", "/k"}}, // a path, not a secret
+		{nil, nil},
 	}
 	for _, tt := range tests {
 		if got := RedactArgv(tt.in); !slices.Equal(got, tt.want) {

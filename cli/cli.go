@@ -149,6 +149,15 @@ func actionOf(c *cobra.Command, args []string) (action, target string) {
 // Attach adds the hub commands to root, so the local binary can offer the
 // same tree next to its own serve/sim commands.
 func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
+	// snapshot is the fleet as u may see it: secrets (recipe env values,
+	// --api-key values) only for admins, who can set them.
+	snapshot := func(ctx context.Context) fleet.Snapshot {
+		s := h.Snapshot(ctx)
+		if !u.Role.Allows(fleet.RoleAdmin) {
+			s = fleet.RedactSnapshot(s)
+		}
+		return s
+	}
 	var asJSON bool
 	jsonFlag := func(c *cobra.Command) *cobra.Command {
 		c.Flags().BoolVar(&asJSON, "json", false, "print JSON instead of a table")
@@ -160,7 +169,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			Short: "list workers: node, GPU, host, engine, context, state, and the exact command line",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
-				ws := h.Snapshot(c.Context()).Workers
+				ws := snapshot(c.Context()).Workers
 				if asJSON {
 					return writeJSON(c.OutOrStdout(), ws)
 				}
@@ -172,7 +181,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			Short: "list nodes with their platform and state",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
-				ns := h.Snapshot(c.Context()).Nodes
+				ns := snapshot(c.Context()).Nodes
 				if asJSON {
 					return writeJSON(c.OutOrStdout(), ns)
 				}
@@ -184,10 +193,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			Short: "list models with their recipe per engine (env values only for admins)",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
-				ms := h.Snapshot(c.Context()).Models
-				if !u.Role.Allows(fleet.RoleAdmin) {
-					ms = fleet.RedactModels(ms)
-				}
+				ms := snapshot(c.Context()).Models
 				if asJSON {
 					return writeJSON(c.OutOrStdout(), ms)
 				}

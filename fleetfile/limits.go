@@ -416,12 +416,21 @@ func hasKey(l []byte) bool {
 }
 
 // RefuseRedacted refuses a fleet holding the placeholder an export shows
-// non-admins in place of env values: applying it would hand the engine
-// the placeholder instead of the secret. Export itself writes such files
-// (they are valid YAML and parse), so the check belongs to apply.
+// non-admins in place of env values and secret flag values: applying it
+// would hand the engine the placeholder instead of the secret. Export itself
+// writes such files (they are valid YAML and parse), so the check belongs to
+// apply.
 func RefuseRedacted(filename string, f fleet.Fleet) error {
 	for _, m := range f.Models {
 		for _, e := range slices.Sorted(maps.Keys(m.Recipes)) {
+			for i, a := range m.Recipes[e].Args {
+				if flag, inline := fleet.IsSecretFlag(a); flag != "" {
+					if inline && a == flag+"="+fleet.Redacted || !inline && i+1 < len(m.Recipes[e].Args) && m.Recipes[e].Args[i+1] == fleet.Redacted {
+						return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),
+							Msg: fmt.Sprintf("args: %s is %s, the placeholder an export shows non-admins; put the real value in its place", flag, fleet.Redacted)}
+					}
+				}
+			}
 			for _, name := range slices.Sorted(maps.Keys(m.Recipes[e].Env)) {
 				if m.Recipes[e].Env[name] == fleet.Redacted {
 					return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),

@@ -23,6 +23,9 @@ func (h *Hub) ConsoleSource(u fleet.User) console.Source { return consoleSource{
 func (s consoleSource) Snapshot() fleet.Snapshot {
 	ctx := context.Background()
 	snap := s.h.Snapshot(ctx)
+	if !s.u.Role.Allows(fleet.RoleAdmin) {
+		snap = fleet.RedactSnapshot(snap)
+	}
 	if s.u.Role.Allows(fleet.ActionRole("audit")) {
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
 			snap.Audit = audit

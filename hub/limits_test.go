@@ -2,6 +2,7 @@ package hub
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -47,48 +48,74 @@ func TestDeepFleetFileRefused(t *testing.T) {
 	}
 }
 
-// withToken is the demo fleet with a secret in a recipe's env.
+// withToken is the demo fleet with a secret in a recipe's env and an API
+// key in llama-server's args.
 func withToken(t *testing.T) []byte {
 	t.Helper()
 	f := strings.Replace(string(fleetfile.Demo), "        model: Qwen/Qwen3-4B-AWQ\n",
 		"        model: Qwen/Qwen3-4B-AWQ\n        env:\n          HF_TOKEN: hf_s3cr3t_value\n", 1)
-	if !strings.Contains(f, "hf_s3cr3t_value") {
+	f = strings.Replace(f, "args: [-ngl, \"99\",", "args: [--api-key, sk-s3cr3t-key, -ngl, \"99\",", 1)
+	if !strings.Contains(f, "hf_s3cr3t_value") || !strings.Contains(f, "sk-s3cr3t-key") {
 		t.Fatal("the demo fleet changed shape; update withToken")
 	}
 	return []byte(f)
 }
 
-// Recipe env values (an HF_TOKEN) reach admins only: export and models
-// --json show the other roles the names with a placeholder, and an export
+// Recipe env values (an HF_TOKEN) and secret flag values (--api-key) reach
+// admins only: export, models --json, workers --json and the console's
+// snapshot show the other roles the names with a placeholder, and an export
 // with the placeholder does not apply back as the value.
 func TestSecretsRedactedForNonAdmins(t *testing.T) {
-	const secret = "hf_s3cr3t_value"
+	secrets := []string{"hf_s3cr3t_value", "sk-s3cr3t-key"}
 	h := newHub(t, Options{})
 	if _, err := h.Apply(t.Context(), admin, "fleet.yaml", withToken(t), false); err != nil {
 		t.Fatal(err)
 	}
+	// A worker started with the key on its command line, as the manager
+	// reports one.
+	h.mu.Lock()
+	h.workers["ultra/qwen3-4b"] = fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady,
+		Argv:       []string{"llama-server", "--api-key", "sk-s3cr3t-key", "--port", "18000"},
+		LaunchArgv: []string{"sh", "-c", "s", "start", "d", "env", "HF_TOKEN=hf_s3cr3t_value", "fleet", "sim", "--api-key=sk-s3cr3t-key"}}
+	h.mu.Unlock()
 	for _, u := range []fleet.User{viewer, operator, admin} {
 		exported, err := h.Export(t.Context(), u)
 		if err != nil {
 			t.Fatal(err)
 		}
-		var models, stderr bytes.Buffer
-		if code := h.Exec(t.Context(), u, []string{"models", "--json"}, nil, &models, &stderr); code != 0 {
-			t.Fatalf("models --json as %s: exit %d: %s", u.Role, code, stderr.String())
-		}
-		for what, out := range map[string]string{"export": string(exported), "models --json": models.String()} {
-			shows := strings.Contains(out, secret)
-			if shows != (u.Role == fleet.RoleAdmin) {
-				t.Errorf("%s as %s shows the token: %v\n%s", what, u.Role, shows, out)
+		outs := map[string]string{"export": string(exported)}
+		for _, cmd := range []string{"models", "workers"} {
+			var out, stderr bytes.Buffer
+			if code := h.Exec(t.Context(), u, []string{cmd, "--json"}, nil, &out, &stderr); code != 0 {
+				t.Fatalf("%s --json as %s: exit %d: %s", cmd, u.Role, code, stderr.String())
 			}
-			if !strings.Contains(out, "HF_TOKEN") {
-				t.Errorf("%s as %s hides the variable's name too:\n%s", what, u.Role, out)
+			outs[cmd+" --json"] = out.String()
+		}
+		snap, err := json.Marshal(h.ConsoleSource(u).Snapshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs["console snapshot"] = string(snap)
+		for what, out := range outs {
+			for _, secret := range secrets {
+				shows := strings.Contains(out, secret)
+				if shows != (u.Role == fleet.RoleAdmin) {
+					t.Errorf("%s as %s shows %s: %v\n%s", what, u.Role, secret, shows, out)
+				}
+			}
+			if !strings.Contains(out, "HF_TOKEN") || !strings.Contains(out, "--api-key") {
+				t.Errorf("%s as %s hides the variable's or the flag's name too:\n%s", what, u.Role, out)
 			}
 		}
 		if u.Role != fleet.RoleAdmin {
 			_, err := h.Apply(t.Context(), admin, "exported.yaml", exported, true)
-			if err == nil || !strings.Contains(err.Error(), "env HF_TOKEN is "+fleet.Redacted+", the placeholder") {
+			if err == nil || !strings.Contains(err.Error(), "is "+fleet.Redacted+", the placeholder") {
 				t.Errorf("a redacted export applied: %v", err)
+			}
+			noEnv := strings.Replace(string(exported), "HF_TOKEN: "+fleet.Redacted, "HF_TOKEN: hf_real", 1)
+			_, err = h.Apply(t.Context(), admin, "exported.yaml", []byte(noEnv), true)
+			if err == nil || !strings.Contains(err.Error(), "args: --api-key is "+fleet.Redacted+", the placeholder") {
+				t.Errorf("an export with a redacted --api-key applied: %v\n%s", err, noEnv)
 			}
 		}
 	}
