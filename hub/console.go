@@ -44,11 +44,11 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 		if _, err := s.h.authorize(s.u, "restart", strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
-		go func() {
-			if _, err := s.h.Act(context.WithoutCancel(ctx), s.u, "restart", a.Targets); err != nil {
+		s.h.detached.goDetached(ctx, func(ctx context.Context) {
+			if _, err := s.h.Act(ctx, s.u, "restart", a.Targets); err != nil && ctx.Err() == nil {
 				s.h.onEvent(fleet.Event{Level: "error", Subject: strings.Join(a.Targets, " "), Message: "restart failed: " + err.Error()})
 			}
-		}()
+		})
 		return fmt.Sprintf("restarting %s: drain, stop, launch (see its state and events)", strings.Join(a.Targets, ", ")), nil
 	case console.ActionShape:
 		if _, err := s.h.authorize(s.u, "shape", strings.Join(a.Targets, " ")); err != nil {
