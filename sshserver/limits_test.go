@@ -18,6 +18,7 @@ import (
 	gossh "golang.org/x/crypto/ssh"
 
 	"fleet"
+	"fleet/internal/syncbuf"
 )
 
 // tail keeps what a session printed, for a test to wait on.
@@ -147,7 +148,7 @@ func farthestCursor(out string) (col, row int) {
 func TestSessionLimits(t *testing.T) {
 	olga := newIdentity(t, "olga", fleet.RoleOperator)
 	vic := newIdentity(t, "vic", fleet.RoleViewer)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	ts := startServer(t, Options{Users: newUsers(olga.user, vic.user), MaxSessionsPerConn: 2, MaxSessionsPerUser: 3, MaxConsoles: 1,
 		Logger: slog.New(slog.NewTextHandler(logs, nil))})
 	connect := func(id identity) *gossh.Client {
@@ -244,30 +245,12 @@ func TestSessionLimitsDisabled(t *testing.T) {
 	}
 }
 
-// syncBuffer is a log destination safe for the server's goroutines.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // TestLongCommandIsRefusedAndNotLogged: a viewer's `drain <120 KB>` was
 // logged twice per session in full. A command line over MaxCommandBytes is
 // refused before it runs, and no log line carries more than a clip of it.
 func TestLongCommandIsRefusedAndNotLogged(t *testing.T) {
 	vic := newIdentity(t, "vic", fleet.RoleViewer)
-	logs := &syncBuffer{}
+	logs := &syncbuf.Buffer{}
 	var ran []string
 	var mu sync.Mutex
 	exec := func(ctx context.Context, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {

@@ -9,7 +9,6 @@
 package sshdtest
 
 import (
-	"bytes"
 	"crypto/ed25519"
 	"crypto/rand"
 	"encoding/pem"
@@ -21,12 +20,13 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"golang.org/x/crypto/ssh"
+
+	"fleet/internal/syncbuf"
 )
 
 // Path is where the OpenSSH server must be for a Server to run.
@@ -45,7 +45,7 @@ type Server struct {
 	identity string
 	home     string
 	cmd      *exec.Cmd
-	log      *syncBuffer
+	log      *syncbuf.Buffer
 }
 
 // New prepares a Server's keys, home and config on a free loopback port;
@@ -132,7 +132,7 @@ func (s *Server) RotateHostKey() {
 // connections. If the test fails, this run's sshd log is written to it.
 func (s *Server) Start() {
 	s.t.Helper()
-	s.log = &syncBuffer{}
+	s.log = &syncbuf.Buffer{}
 	argv := append(append([]string{}, s.prefix...), Path, "-D", "-e", "-f", filepath.Join(s.dir, "sshd_config"))
 	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Stderr = s.log
@@ -295,22 +295,4 @@ func FreePort(t testing.TB) int {
 	}
 	defer ln.Close()
 	return ln.Addr().(*net.TCPAddr).Port
-}
-
-// syncBuffer lets sshd's stderr be read while sshd still writes it.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
