@@ -652,7 +652,7 @@ func (r *Router) queueLen(model string) int {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if q := r.queues[model]; q != nil {
-		return len(q.waiters)
+		return q.Len()
 	}
 	return 0
 }

@@ -37,7 +37,8 @@ type waiter struct {
 	err  *schedError
 }
 
-type queue struct{ waiters []*waiter }
+// queue is a model's waiting requests (queue.go holds the rules).
+type queue = Queue[*waiter]
 
 // schedError is a reason no backend could be given, with the answer it maps to.
 type schedError struct {
@@ -118,29 +119,13 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 // nextFreeLocked predicts when a slot frees for job on a full backend that
 // holds load requests in slots slots.
 func (r *Router) nextFreeLocked(b *backend, w *worker, job Job, load, slots int, now time.Time) time.Duration {
-	next := time.Duration(-1)
+	soonest := time.Duration(-1)
 	for f := range b.active {
-		left := f.predictedEnd.Sub(now)
-		if next < 0 || left < next {
-			next = left
+		if left := f.predictedEnd.Sub(now); soonest < 0 || left < soonest {
+			soonest = left
 		}
 	}
-	if load > w.inFlight {
-		// Some of the load is requests the router did not send, whose ends
-		// it cannot know: assume their remaining times are spread evenly,
-		// so a slot frees every completion/slots, and the engine's own
-		// queue takes the first ones that free.
-		full := w.speed.Completion(slots, job)
-		est := time.Duration(load-slots+1) * full / time.Duration(max(slots, 1))
-		if next < 0 || load > slots {
-			next = est
-		} else {
-			next = min(next, est)
-		}
-	}
-	// An overdue request ends "soon", not "now": a token's time keeps an
-	// overrun from looking like a free slot.
-	return max(next, w.speed.ITL(slots))
+	return NextFree(soonest, load, w.inFlight, slots, w.speed, job)
 }
 
 // takeLocked starts a flight on b.
@@ -172,25 +157,25 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 		return nil, serr
 	}
 	q := r.queues[model]
-	if serr == nil && (q == nil || len(q.waiters) == 0) {
-		if i := r.policy.Choose(job, cands, r.rng); i >= 0 {
+	if q == nil {
+		q = &queue{}
+		r.queues[model] = q
+	}
+	if serr == nil {
+		if i := q.Choose(r.policy, r.rng, job, cands); i >= 0 {
 			f := r.takeLocked(backs[i], model, job, now)
 			r.mu.Unlock()
 			return f, nil
 		}
 	}
-	if q == nil {
-		q = &queue{}
-		r.queues[model] = q
-	}
-	if len(q.waiters) >= r.opts.QueueSize {
+	if q.Len() >= r.opts.QueueSize {
 		r.mu.Unlock()
 		return nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
-			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, len(q.waiters))}
+			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, q.Len())}
 	}
 	wt := &waiter{job: job, excluded: excluded, enqueued: now, done: make(chan *flight, 1)}
-	q.waiters = append(q.waiters, wt)
-	r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+	q.Push(wt)
+	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 	r.mu.Unlock()
 
 	timer := time.NewTimer(r.opts.QueueTimeout)
@@ -213,9 +198,8 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 		cause = r.queueTimeout(model, job, excluded)
 	}
 	r.mu.Lock()
-	if i := slices.Index(q.waiters, wt); i >= 0 {
-		q.waiters = slices.Delete(q.waiters, i, i+1)
-		r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+	if q.Remove(wt) {
+		r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 		r.mu.Unlock()
 		r.metrics.queueWait.WithLabelValues(model).Observe(time.Since(now).Seconds())
 		return nil, cause
@@ -244,44 +228,62 @@ func (r *Router) queueTimeout(model string, job Job, excluded []string) *schedEr
 		msg: fmt.Sprintf("model %q: no worker slot freed within %s; retry later or add workers", model, r.opts.QueueTimeout)}
 }
 
-// dispatch gives freed slots to queued requests, in FIFO order: the head
-// waits until the policy sends it somewhere, and nobody overtakes it.
+// dispatch gives freed slots to queued requests by the queue's rules
+// (queue.go): oldest first, none taking a slot an earlier one waits for.
 func (r *Router) dispatch(model string) {
-	now := time.Now()
-	var cbuf [8]Candidate
-	var bbuf [8]*backend
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	q := r.queues[model]
 	if q == nil {
 		return
 	}
-	for len(q.waiters) > 0 {
-		head := q.waiters[0]
-		head.job.Behind = len(q.waiters) - 1
-		cands, backs, serr := r.candidatesLocked(model, head.job, head.excluded, now, cbuf[:], bbuf[:])
-		if serr != nil && serr.wait {
-			break // still coming: the queue keeps waiting
+	r.dispatchLocked(model, q, time.Now())
+	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+}
+
+func (r *Router) dispatchLocked(model string, q *queue, now time.Time) {
+	seats := &routerSeats{r: r, model: model, now: now}
+	q.Dispatch(r.policy, r.rng, seats)
+}
+
+// routerSeats is the router's side of a queue dispatch, under its lock.
+type routerSeats struct {
+	r     *Router
+	model string
+	now   time.Time
+	cbuf  [8]Candidate
+	bbuf  [8]*backend
+	backs []*backend
+}
+
+func (s *routerSeats) Job(w *waiter) Job { return w.job }
+
+func (s *routerSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
+	cands, backs, serr := s.r.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
+	s.backs = backs
+	if serr != nil {
+		if serr.wait {
+			return nil, ErrHold // still coming: the queue keeps waiting
 		}
-		if serr != nil {
-			head.err = serr
-			head.done <- nil
-		} else {
-			i := r.policy.Choose(head.job, cands, r.rng)
-			if i < 0 {
-				break
-			}
-			head.done <- r.takeLocked(backs[i], model, head.job, now)
-		}
-		q.waiters = q.waiters[1:]
+		return nil, serr
 	}
-	r.metrics.queueDepth.WithLabelValues(model).Set(float64(len(q.waiters)))
+	return cands, nil
+}
+
+func (s *routerSeats) Take(w *waiter, job Job, i int) {
+	w.job = job
+	w.done <- s.r.takeLocked(s.backs[i], s.model, job, s.now)
+}
+
+func (s *routerSeats) Fail(w *waiter, err error) {
+	w.err, _ = err.(*schedError)
+	w.done <- nil
 }
 
 func (r *Router) queuedModelsLocked() []string {
 	var models []string
 	for m, q := range r.queues {
-		if len(q.waiters) > 0 {
+		if q.Len() > 0 {
 			models = append(models, m)
 		}
 	}

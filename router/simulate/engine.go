@@ -93,9 +93,10 @@ func (h *arrivalHeap) Pop() any {
 	return x
 }
 
-// sim is one policy's run. It mirrors the router's dispatch: a new request
-// goes straight to the policy when nobody waits, else joins a FIFO queue
-// whose head is offered to the policy each time a slot frees.
+// sim is one policy's run. It drives the router's own queue (router.Queue)
+// in virtual time: a new request goes straight to the policy when nobody
+// waits, else joins the queue, whose waiters are offered to the policy each
+// time a slot frees or a request arrives.
 type sim struct {
 	s       *Scenario
 	policy  router.Policy
@@ -103,7 +104,7 @@ type sim struct {
 	rng     *rand.Rand
 	now     time.Duration
 	workers []*simWorker
-	queue   []*simReq
+	queue   router.Queue[*simReq]
 	caches  *caches
 	// future arrivals; sessions add their next turn as a turn ends.
 	pending arrivalHeap
@@ -156,8 +157,8 @@ func (s Scenario) runOne(p router.Policy, arrivals []arrival, plans []sessionPla
 				}
 			}
 		}
-		if len(sm.queue) > 0 {
-			t = min(t, sm.queue[0].enqueued+s.QueueTimeout)
+		if q, ok := sm.queue.Oldest(); ok {
+			t = min(t, q.enqueued+s.QueueTimeout)
 		}
 		sm.advance(t)
 		done += sm.finishDue()
@@ -283,13 +284,16 @@ func (sm *sim) nextTurn(a arrival) {
 
 func (sm *sim) expireQueue() int {
 	n := 0
-	for len(sm.queue) > 0 && sm.now-sm.queue[0].enqueued >= sm.s.QueueTimeout {
-		sm.nextTurn(sm.queue[0].arr)
-		sm.queue = sm.queue[1:]
+	for {
+		q, ok := sm.queue.Oldest()
+		if !ok || sm.now-q.enqueued < sm.s.QueueTimeout {
+			return n
+		}
+		sm.nextTurn(q.arr)
+		sm.queue.Remove(q)
 		sm.rejected++
 		n++
 	}
-	return n
 }
 
 func (sm *sim) arrive(a arrival) {
@@ -301,42 +305,50 @@ func (sm *sim) arrive(a arrival) {
 		q.prompt = seq{kind: -1, session: -1 - a.id, n: a.prompt}
 	}
 	q.job.Prefix = sm.caches.chain(q.prompt)
-	if len(sm.queue) == 0 {
-		if i := sm.policy.Choose(q.job, sm.candidates(q.job), sm.rng); i >= 0 {
-			sm.start(sm.workers[i], q)
-			return
-		}
+	if i := sm.queue.Choose(sm.policy, sm.rng, q.job, sm.candidates(q.job)); i >= 0 {
+		sm.start(sm.workers[i], q)
+		return
 	}
-	sm.queue = append(sm.queue, q)
+	sm.queue.Push(q)
+	if sm.queue.Len() > 1000000 {
+		sm.dispatch()
+	}
 }
 
-func (sm *sim) dispatch() {
-	for len(sm.queue) > 0 {
-		head := sm.queue[0]
-		head.job.OutputTokens = int(sm.outputMean)
-		head.job.Behind = len(sm.queue) - 1
-		i := sm.policy.Choose(head.job, sm.candidates(head.job), sm.rng)
-		if i < 0 {
-			return
-		}
-		sm.queue = sm.queue[1:]
-		sm.start(sm.workers[i], head)
-	}
+func (sm *sim) dispatch() { sm.queue.Dispatch(sm.policy, sm.rng, sm) }
+
+// Job, Candidates, Take and Fail are the simulation's router.Seats.
+func (sm *sim) Job(q *simReq) router.Job {
+	job := q.job
+	job.OutputTokens = int(sm.outputMean)
+	return job
 }
+
+func (sm *sim) Candidates(_ *simReq, job router.Job) ([]router.Candidate, error) {
+	return sm.candidates(job), nil
+}
+
+func (sm *sim) Take(q *simReq, job router.Job, i int) {
+	q.job = job
+	sm.start(sm.workers[i], q)
+}
+
+func (sm *sim) Fail(*simReq, error) {} // every simulated worker is always eligible
 
 func (sm *sim) candidates(job router.Job) []router.Candidate {
 	sm.cands = sm.cands[:0]
 	for _, w := range sm.workers {
-		c := router.Candidate{Name: w.spec.Name, InFlight: len(w.active) + len(w.pending), Slots: w.spec.Slots, Speed: w.speed}
+		load := len(w.active) + len(w.pending)
+		c := router.Candidate{Name: w.spec.Name, InFlight: load, Slots: w.spec.Slots, Speed: w.speed}
 		c.Cached, _ = w.index.Predict(job)
 		if c.InFlight >= c.Slots {
-			next := time.Duration(-1)
+			soonest := time.Duration(-1)
 			for _, q := range w.active {
-				if left := q.predictedEnd - sm.now; next < 0 || left < next {
-					next = left
+				if left := q.predictedEnd - sm.now; soonest < 0 || left < soonest {
+					soonest = left
 				}
 			}
-			c.NextFree = max(next, w.speed.ITL(c.Slots))
+			c.NextFree = router.NextFree(soonest, load, load, c.Slots, w.speed, job)
 		}
 		sm.cands = append(sm.cands, c)
 	}
