@@ -216,21 +216,28 @@ func (p *fleetPolicy) cost(job Job, c Candidate) time.Duration {
 }
 
 func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
+	i, _ := p.chooseOrWait(job, cands, rng)
+	return i
+}
+
+// chooseOrWait is Choose, and when the job is to wait, the full backend it
+// waits for (-1 when it waits for none in particular).
+func (p *fleetPolicy) chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (take, waitFor int) {
 	if len(cands) > p.p2cAbove {
 		var buf [16]int
 		free := freeIndexes(buf[:0], cands)
 		switch len(free) {
 		case 0:
-			return -1
+			return -1, -1
 		case 1:
-			return free[0]
+			return free[0], -1
 		}
 		a := free[rng.IntN(len(free))]
 		b := free[rng.IntN(len(free))]
 		if p.cost(job, cands[b]) < p.cost(job, cands[a]) {
-			return b
+			return b, -1
 		}
-		return a
+		return a, -1
 	}
 	best, bestFree := -1, -1
 	var bestCost, bestFreeCost time.Duration
@@ -254,12 +261,12 @@ func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
 	// popular prefix onto one worker"). Where no backend holds any of the
 	// prompt, the choice is fleet-no-prefix's.
 	if p.prefix && affinity && bestFree >= 0 && bestFreeCost < waitMargin*bestCost {
-		return bestFree
+		return bestFree, -1
 	}
 	if best >= 0 && !cands[best].free() {
-		return -1
+		return -1, best
 	}
-	return best
+	return best, -1
 }
 
 // waitMargin: see fleetPolicy.Choose.

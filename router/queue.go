@@ -14,6 +14,13 @@ import (
 // live scheduler's own rules.
 type Queue[T comparable] struct {
 	waiting []T
+	claims  []claim
+}
+
+// claim counts the waiters ahead in one dispatch that wait for a backend.
+type claim struct {
+	name string
+	n    int
 }
 
 // Seats is the caller's side of a dispatch: what it knows of the waiters
@@ -59,8 +66,9 @@ func (q *Queue[T]) Remove(w T) bool {
 }
 
 // Choose decides for a newly arrived job with its candidates: the index to
-// take now, or -1 to queue it (Push). With requests already waiting it is
-// always -1: the newcomer queues behind them.
+// take now, or -1 to queue it (Push, then Dispatch). With requests already
+// waiting it is always -1: the newcomer is offered slots after them, in the
+// dispatch, so it cannot take a slot an earlier request is waiting for.
 func (q *Queue[T]) Choose(p Policy, rng *rand.Rand, job Job, cands []Candidate) int {
 	if len(q.waiting) > 0 {
 		return -1
@@ -72,9 +80,16 @@ func (q *Queue[T]) Choose(p Policy, rng *rand.Rand, job Job, cands []Candidate) 
 func (q *Queue[T]) Push(w T) { q.waiting = append(q.waiting, w) }
 
 // Dispatch offers the waiting requests, oldest first, to the policy; each
-// one it sends somewhere leaves the queue. The first one it leaves waiting
-// holds the rest behind it (FIFO).
+// one it sends somewhere leaves the queue. One it leaves waiting keeps its
+// place, and the requests behind it are still offered the backends it
+// declined: a request whose conversation a free worker holds does not wait
+// behind one that waits for the busy fast worker (head-of-line blocking,
+// which on the agent workload made most of the router's queue waits). It
+// cannot take the slot an earlier request waits for: the earlier one is
+// offered every freed slot first, and each request behind sees the backend
+// it waits for as that many slot intervals further off, as it really is.
 func (q *Queue[T]) Dispatch(p Policy, rng *rand.Rand, s Seats[T]) {
+	q.claims = q.claims[:0]
 	kept := q.waiting[:0]
 	for k, w := range q.waiting {
 		job := s.Job(w)
@@ -88,15 +103,70 @@ func (q *Queue[T]) Dispatch(p Policy, rng *rand.Rand, s Seats[T]) {
 			s.Fail(w, err)
 			continue
 		}
-		if i := p.Choose(job, cands, rng); i >= 0 {
+		q.pushBack(cands, job)
+		i, waitFor := choose(p, job, cands, rng)
+		if i >= 0 {
 			s.Take(w, job, i)
 			continue
 		}
-		kept = append(kept, q.waiting[k:]...)
-		break
+		kept = append(kept, w)
+		if waitFor >= 0 {
+			q.claim(cands[waitFor].Name)
+		}
 	}
 	clear(q.waiting[len(kept):])
 	q.waiting = kept
+}
+
+// pushBack moves each full backend that waiters ahead wait for back by one
+// slot interval (its completion time at full slots over its slots) per
+// such waiter: they take its next slots before this job.
+func (q *Queue[T]) pushBack(cands []Candidate, job Job) {
+	for _, cl := range q.claims {
+		for i := range cands {
+			c := &cands[i]
+			if c.Name != cl.name || c.free() {
+				continue
+			}
+			full := c.Speed.Completion(c.Slots, job)
+			c.NextFree += time.Duration(cl.n) * full / time.Duration(max(c.Slots, 1))
+		}
+	}
+}
+
+func (q *Queue[T]) claim(name string) {
+	for i := range q.claims {
+		if q.claims[i].name == name {
+			q.claims[i].n++
+			return
+		}
+	}
+	q.claims = append(q.claims, claim{name: name, n: 1})
+}
+
+// waitChooser is a policy that can say which full backend a job it leaves
+// waiting waits for.
+type waitChooser interface {
+	chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (take, waitFor int)
+}
+
+// choose is the policy's choice, and when it leaves the job waiting, the
+// backend it waits for: the policy's own where it says, else the full
+// backend that frees first (what a least-loaded or random pick takes).
+func choose(p Policy, job Job, cands []Candidate, rng *rand.Rand) (take, waitFor int) {
+	if wc, ok := p.(waitChooser); ok {
+		return wc.chooseOrWait(job, cands, rng)
+	}
+	if i := p.Choose(job, cands, rng); i >= 0 {
+		return i, -1
+	}
+	waitFor = -1
+	for i, c := range cands {
+		if !c.free() && (waitFor < 0 || c.NextFree < cands[waitFor].NextFree) {
+			waitFor = i
+		}
+	}
+	return -1, waitFor
 }
 
 // NextFree predicts when a slot frees for job on a full backend holding load

@@ -1,9 +1,13 @@
 package router
 
 import (
+	"context"
 	"errors"
 	"math/rand/v2"
+	"net/http"
 	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -84,6 +88,10 @@ func TestQueueDispatch(t *testing.T) {
 			taken: []string{"1y>b"}, failed: []string{"0x"}},
 		{name: "all free: all go", waiting: []string{"0x", "1y"}, seats: testSeats{cands: cands(true, true)},
 			taken: []string{"0x>a", "1y>b"}},
+		{name: "a later waiter takes the free backend the oldest declines", waiting: []string{"1x", "0y", "1z"}, seats: testSeats{cands: cands(true, false)},
+			taken: []string{"0y>a"}, left: []string{"1x", "1z"}},
+		{name: "nobody takes a slot an earlier waiter is offered first", waiting: []string{"0x", "0y"}, seats: testSeats{cands: cands(true)},
+			taken: []string{"0x>a"}, left: []string{"0y"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var q Queue[string]
@@ -140,5 +148,100 @@ func TestNextFree(t *testing.T) {
 				t.Errorf("NextFree = %v, want %v", got, max(tc.want, itl))
 			}
 		})
+	}
+}
+
+// seenPolicy leaves every job waiting and records the first candidate's
+// NextFree as each job saw it.
+type seenPolicy struct{ seen []time.Duration }
+
+func (*seenPolicy) Name() string { return "seen" }
+func (p *seenPolicy) Choose(_ Job, cands []Candidate, _ *rand.Rand) int {
+	p.seen = append(p.seen, cands[0].NextFree)
+	return -1
+}
+
+// Each waiter sees the full backend that the waiters ahead of it wait for
+// one slot interval further off per such waiter: they take its next slots.
+func TestQueueWaitersAheadPushBackTheBackendTheyWaitFor(t *testing.T) {
+	speed := NewSpeedModel(SpeedPrior{})
+	seats := &testSeats{cands: []Candidate{{Name: "a", Slots: 2, InFlight: 2, Speed: speed, NextFree: time.Second}}}
+	var q Queue[string]
+	for _, w := range []string{"0x", "0y", "0z"} {
+		q.Push(w)
+	}
+	p := &seenPolicy{}
+	q.Dispatch(p, newRNG(1), seats)
+	interval := speed.Completion(2, Job{}) / 2
+	want := []time.Duration{time.Second, time.Second + interval, time.Second + 2*interval}
+	if !slices.Equal(p.seen, want) {
+		t.Errorf("waiters saw the full backend free in %v, want %v", p.seen, want)
+	}
+	if q.Len() != 3 {
+		t.Errorf("%d waiting, want all 3", q.Len())
+	}
+}
+
+// longWaitsForA sends a job with a long prompt only to backend "a" (waiting
+// for it when it is busy) and any other job to any free backend.
+type longWaitsForA struct{}
+
+func (longWaitsForA) Name() string { return "long-waits-for-a" }
+func (longWaitsForA) Choose(job Job, cands []Candidate, _ *rand.Rand) int {
+	for i, c := range cands {
+		if c.free() && (job.PromptTokens < 50 || c.Name == "a") {
+			return i
+		}
+	}
+	return -1
+}
+
+// Through the router: a request that a free worker can serve does not wait
+// behind a queued one that waits for the busy worker.
+func TestRouterQueuedRequestOvertakesOneWaitingForABusyWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	started := map[string]chan struct{}{"a": make(chan struct{}, 4), "b": make(chan struct{}, 4)}
+	release := make(chan struct{})
+	handler := func(name string) http.HandlerFunc {
+		return func(w http.ResponseWriter, req *http.Request) {
+			started[name] <- struct{}{}
+			<-release
+			okJSON(w, req)
+		}
+	}
+	_, a := startBackend(t, "a", 1, handler("a"))
+	_, b := startBackend(t, "b", 1, handler("b"))
+	var once sync.Once
+	free := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(free) // before the backends close, which waits for their handlers
+	r, rsrv := startRouter(t, Options{}, a, b)
+	r.mu.Lock()
+	r.policy = longWaitsForA{}
+	r.mu.Unlock()
+	long := `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("x", 400) + `"}]}`
+	codes := make(chan int, 3)
+	send := func(body string) {
+		go func() {
+			resp := post(t, ctx, rsrv.URL, body)
+			resp.Body.Close()
+			codes <- resp.StatusCode
+		}()
+	}
+	send(long)
+	<-started["a"]
+	send(long)
+	waitFor(t, func() bool { return r.queueLen("qwen3-4b") == 1 })
+	send(`{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"}]}`)
+	select {
+	case <-started["b"]:
+	case <-ctx.Done():
+		t.Fatal("the short request waited behind the long one queued for the busy worker")
+	}
+	free()
+	for range 3 {
+		if c := <-codes; c != http.StatusOK {
+			t.Errorf("status %d", c)
+		}
 	}
 }

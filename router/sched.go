@@ -175,6 +175,10 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 	}
 	wt := &waiter{job: job, excluded: excluded, enqueued: now, done: make(chan *flight, 1)}
 	q.Push(wt)
+	if q.Len() > 1 {
+		// It may take a slot the waiters ahead of it declined.
+		r.dispatchLocked(model, q, now)
+	}
 	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 	r.mu.Unlock()
 

@@ -310,6 +310,9 @@ func (sm *sim) arrive(a arrival) {
 		return
 	}
 	sm.queue.Push(q)
+	if sm.queue.Len() > 1 {
+		sm.dispatch()
+	}
 	if sm.queue.Len() > 1000000 {
 		sm.dispatch()
 	}
