@@ -23,16 +23,23 @@ import (
 // as llama-server and vLLM do, behind a real hub; the scenario's first
 // sessions run as closed loops (a turn waits for the previous answer and a
 // think time), one run per policy. To keep the run to minutes, sessions are
-// cut at agentRTMaxTurns turns and start agentRTSpeedup times as often, so
-// about as many are open at once as in the virtual run. The cache hit ratio is what
-// the engines themselves report (usage.prompt_tokens_details.cached_tokens).
-// Like TestRealtimePolicyComparison it is a measurement, opt-in, failing
-// only when something breaks.
+// cut at agentRTMaxTurns turns and start agentRTSpeedup times as often. Cut
+// sessions have shorter prompts, which the RTX 5060 Ti's shared vLLM cache
+// holds all of: at twice as often it took 96–100% of the turns under both
+// fleet policies, never saturated, and prefix knowledge had nothing to
+// decide (108 against 107 ms p50 TTFT, and the same in virtual time). At
+// four times it saturates as on the virtual run's busy seeds, and turns
+// spill onto the llama-server Macs, where holding the conversation is what
+// counts. The same sessions' virtual-time figures are logged beside the
+// real ones. The cache hit ratio is what the engines themselves report
+// (usage.prompt_tokens_details.cached_tokens). Like
+// TestRealtimePolicyComparison it is a measurement, opt-in, failing only
+// when something breaks.
 
 const (
-	agentRTWindow   = 120 * time.Second // of the scenario's session starts
+	agentRTWindow   = 90 * time.Second // of the scenario's session starts
 	agentRTMaxTurns = 8
-	agentRTSpeedup  = 2
+	agentRTSpeedup  = 4
 )
 
 // agentRTFleetFile is seed-mixed's fleet with vLLM reporting cached tokens.
@@ -82,8 +89,13 @@ func TestRealtimeAgentSessions(t *testing.T) {
 	if err := os.WriteFile(fleetFile, []byte(agentRTFleetFile), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	policies := []string{"fleet", "fleet-no-prefix", "cache-aware", "p2c-least-loaded"}
+	virtual, err := simulate.RunSessions(scen, sessions, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
 	var results []agentRTResult
-	for _, policy := range []string{"fleet", "fleet-no-prefix", "cache-aware", "p2c-least-loaded"} {
+	for _, policy := range policies {
 		t.Run(policy, func(t *testing.T) {
 			results = append(results, runAgentRT(t, policy, fleetFile, scen.Agent.System, sessions))
 		})
@@ -110,6 +122,11 @@ func TestRealtimeAgentSessions(t *testing.T) {
 			fmt.Fprintf(&sb, "  %s %.1f%% (%.0f%%)", w, 100*r.share[w], 100*r.workerHit[w])
 		}
 		sb.WriteString("\n")
+	}
+	sb.WriteString("the same sessions in virtual time (simulate.RunSessions)\n")
+	for _, r := range virtual {
+		fmt.Fprintf(&sb, "%18s %6d %8d %9s %9s %9s %9s %8.1f%%\n", r.Policy, r.Requests, r.Rejected,
+			rtFmtMS(r.P50TTFTms), rtFmtMS(r.P99TTFTms), rtFmtMS(r.P50E2Ems), rtFmtMS(r.P99E2Ems), 100*r.CacheHit)
 	}
 	t.Logf("real time, same sessions for each policy:\n%s", sb.String())
 }

@@ -2,8 +2,11 @@ package simulate
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"time"
+
+	"fleet/router"
 )
 
 // AgentWorkload is coding-agent traffic: sessions of one growing
@@ -225,4 +228,44 @@ func (s Scenario) Sessions() []Session {
 		out = append(out, ss)
 	}
 	return out
+}
+
+// RunSessions runs the given sessions (Sessions' shape, perhaps cut or
+// compressed, as the real-time test does) on the scenario's workers in
+// virtual time, once per policy: the virtual figures of a real-time run.
+func RunSessions(s Scenario, sessions []Session, policies []string) ([]Result, error) {
+	if s.Agent == nil {
+		return nil, fmt.Errorf("scenario %q has no agent workload to run sessions on", s.Name)
+	}
+	plans := make([]sessionPlan, 0, len(sessions))
+	s.Requests = 0
+	for _, ss := range sessions {
+		if ss.Kind < 0 || ss.Kind >= len(s.Agent.System) || len(ss.Turns) == 0 {
+			return nil, fmt.Errorf("a session of kind %d with %d turns: the scenario has %d kinds and a session needs a turn", ss.Kind, len(ss.Turns), len(s.Agent.System))
+		}
+		sp := sessionPlan{start: ss.Start, kind: ss.Kind}
+		for _, t := range ss.Turns {
+			sp.turns = append(sp.turns, turnPlan{prompt: t.Prompt, output: t.Output, think: t.Think})
+		}
+		s.Requests += len(sp.turns)
+		plans = append(plans, sp)
+	}
+	if err := s.validate(); err != nil {
+		return nil, err
+	}
+	if s.QueueTimeout <= 0 {
+		s.QueueTimeout = 30 * time.Second
+	}
+	ceiling := math.Round(cacheCeiling(plans, s.Agent.System)*1000) / 1000
+	out := make([]Result, 0, len(policies))
+	for _, name := range policies {
+		p, err := router.NewPolicy(name)
+		if err != nil {
+			return nil, err
+		}
+		r := s.runOne(p, nil, plans)
+		r.CacheHitCeiling = ceiling
+		out = append(out, r)
+	}
+	return out, nil
 }

@@ -1,6 +1,8 @@
 package simulate
 
 import (
+	"reflect"
+	"strings"
 	"testing"
 
 	"fleet/router"
@@ -229,5 +231,34 @@ func TestAgentSessionsGoalsAcrossSeeds(t *testing.T) {
 				t.Errorf("seed %d: fleet p50 TTFT %.0f ms worse than %s's %.0f ms", seed, f.P50TTFTms, p, res[p].P50TTFTms)
 			}
 		}
+	}
+}
+
+// RunSessions of a scenario's own sessions is the scenario's run: the
+// real-time test's virtual figures come from the same simulation.
+func TestRunSessionsIsTheScenarioRun(t *testing.T) {
+	s, err := Builtin("agent-sessions", 0.7)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Requests = 600
+	policies := []string{router.PolicyFleet, router.PolicyCacheAware}
+	want, err := Run(s, policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := RunSessions(s, s.Sessions(), policies)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range want {
+		if !reflect.DeepEqual(got[i], want[i]) {
+			t.Errorf("%s: RunSessions %+v, Run %+v", want[i].Policy, got[i], want[i])
+		}
+	}
+	bad := s.Sessions()[:1]
+	bad[0].Kind = len(s.Agent.System)
+	if _, err := RunSessions(s, bad, policies); err == nil || !strings.Contains(err.Error(), "kinds") {
+		t.Errorf("a session of an unknown kind: err %v, want one that names the scenario's kinds", err)
 	}
 }
