@@ -215,7 +215,8 @@ func TestRouterQueuedRequestOvertakesOneWaitingForABusyWorker(t *testing.T) {
 	var once sync.Once
 	free := func() { once.Do(func() { close(release) }) }
 	t.Cleanup(free) // before the backends close, which waits for their handlers
-	r, rsrv := startRouter(t, Options{}, a, b)
+	// A queue of one: full while the long request waits in it.
+	r, rsrv := startRouter(t, Options{QueueSize: 1}, a, b)
 	r.mu.Lock()
 	r.policy = longWaitsForA{}
 	r.mu.Unlock()
@@ -236,7 +237,14 @@ func TestRouterQueuedRequestOvertakesOneWaitingForABusyWorker(t *testing.T) {
 	select {
 	case <-started["b"]:
 	case <-ctx.Done():
-		t.Fatal("the short request waited behind the long one queued for the busy worker")
+		t.Fatal("the short request waited behind the long one queued for the busy worker, or the full queue turned it away")
+	}
+	// Both workers busy and the queue full: one more that would wait is
+	// turned away, and the one waiting keeps its place.
+	resp := post(t, ctx, rsrv.URL, long)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || r.queueLen("qwen3-4b") != 1 {
+		t.Errorf("with the queue full: status %d and %d waiting, want 429 and 1", resp.StatusCode, r.queueLen("qwen3-4b"))
 	}
 	free()
 	for range 3 {

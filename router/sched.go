@@ -168,16 +168,19 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 			return f, nil
 		}
 	}
-	if q.Len() >= r.opts.QueueSize {
-		r.mu.Unlock()
-		return nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
-			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, q.Len())}
-	}
 	wt := &waiter{job: job, excluded: excluded, enqueued: now, done: make(chan *flight, 1)}
 	q.Push(wt)
 	if q.Len() > 1 {
 		// It may take a slot the waiters ahead of it declined.
 		r.dispatchLocked(model, q, now)
+	}
+	// A full queue turns away a request that would wait, not one that a
+	// worker the waiters declined has just taken.
+	if q.Len() > r.opts.QueueSize && q.Remove(wt) {
+		r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+		r.mu.Unlock()
+		return nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
+			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, q.Len())}
 	}
 	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 	r.mu.Unlock()
