@@ -27,3 +27,14 @@ func removeHopHeaders(h http.Header) {
 		h.Del(name)
 	}
 }
+
+// hasHopHeaders reports whether removeHopHeaders would change h, so that a
+// request without any is sent without copying its header.
+func hasHopHeaders(h http.Header) bool {
+	for _, name := range hopHeaders {
+		if _, ok := h[name]; ok {
+			return true
+		}
+	}
+	return false
+}

@@ -2,8 +2,6 @@ package router
 
 import (
 	"bytes"
-	"errors"
-	"fmt"
 	"io"
 	"net/http"
 
@@ -50,22 +48,6 @@ func readForRewrite(body io.Reader) ([]byte, error) {
 	var buf bytes.Buffer
 	_, err := buf.ReadFrom(io.LimitReader(body, maxRewriteBody+1))
 	return buf.Bytes(), err
-}
-
-// errBodyOverLimit is why an over-large answer passed through unrewritten.
-var errBodyOverLimit = errors.New("answer larger than the router rewrites")
-
-// rewriteJSONBody normalises a whole non-streamed answer. It returns the
-// body to send and, when it had to send the original, why.
-func rewriteJSONBody(body []byte, mode reasoning.Mode) ([]byte, error) {
-	if len(body) > maxRewriteBody {
-		return body, fmt.Errorf("%w (%d bytes)", errBodyOverLimit, maxRewriteBody)
-	}
-	out, err := reasoning.RewriteJSON(body, mode)
-	if err != nil {
-		return body, err
-	}
-	return out, nil
 }
 
 // sseNormaliser rewrites an SSE stream as it goes by. Each complete line is

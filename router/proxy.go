@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -115,7 +114,8 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			fmt.Sprintf("%s takes POST with a JSON body", req.URL.Path), 0)
 		return
 	}
-	if _, ok := r.authorize(w, req); !ok {
+	key, ok := r.authorize(w, req)
+	if !ok {
 		return
 	}
 	body, err := r.readBody(w, req)
@@ -170,7 +170,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			r.answerSchedError(w, req, model, err, lastErr)
 			return
 		}
-		res := r.forward(w, req, f, body, info, mode, arrived)
+		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived})
 		if !res.retry {
 			return
 		}
@@ -210,18 +210,50 @@ func (r *Router) countStatus(model, backend string, status int) {
 	r.metrics.requests.WithLabelValues(model, backend, strconv.Itoa(status)).Inc()
 }
 
-// forward sends the body to f's backend and streams the answer back,
-// normalised to mode when mode is not Off.
-func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, info requestInfo, mode reasoning.Mode, arrived time.Time) forwardResult {
-	b := f.b
-	ctx := req.Context()
+// call is one client request on its way through the router: what it
+// asked for, by whom, and when it arrived.
+type call struct {
+	info requestInfo
+	mode reasoning.Mode
+	// key names the client's API key, "" when the router takes none.
+	key     string
+	arrived time.Time
+}
+
+// upstream is the chain of round trippers (transport.go) that one attempt
+// of c goes through to f's worker; m meters the answer as the engine sent
+// it, before any rewrite.
+func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
+	var rt http.RoundTripper = hedgedTransport{r: r, f: f, stream: c.info.Stream}
+	rt = &meterTransport{next: rt, m: m}
+	if c.mode != reasoning.Off {
+		rt = &normaliseTransport{next: rt, mode: c.mode, log: r.log, backend: f.b.cfg.Name}
+	}
 	// The engine gets the name it serves; the client gets back the name it
 	// asked for (see modelname.go).
-	served := b.cfg.servedName()
-	renaming := served != info.Model
-	if renaming {
-		body = withModel(body, quoteJSON(served))
+	if served := f.b.cfg.servedName(); served != c.info.Model {
+		rt = newModelNameTransport(rt, served, c.info.Model)
 	}
+	return &hopTransport{next: rt}
+}
+
+// hedgedTransport is the end of the chain: f's worker's connection, with
+// the first-byte hedge (hedge.go).
+type hedgedTransport struct {
+	r      *Router
+	f      *flight
+	stream bool
+}
+
+func (t hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	return t.r.roundTripHedged(t.f, req, t.stream)
+}
+
+// forward sends the body to f's backend through the upstream chain and
+// copies the answer to the client: the one copy loop.
+func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, c *call) forwardResult {
+	b := f.b
+	ctx := req.Context()
 	u := b.base
 	u.Path = req.URL.Path
 	u.RawQuery = req.URL.RawQuery
@@ -232,27 +264,23 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		ProtoMajor:    1,
 		ProtoMinor:    1,
 		Header:        make(http.Header, len(req.Header)),
-		Body:          io.NopCloser(bytes.NewReader(body)),
+		Body:          newBodyBytes(body),
 		ContentLength: int64(len(body)),
 		Host:          b.cfg.Addr,
 	}
 	out = out.WithContext(ctx)
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	out.GetBody = func() (io.ReadCloser, error) { return newBodyBytes(body), nil }
 	for k, v := range req.Header {
 		out.Header[k] = v
 	}
-	removeHopHeaders(out.Header)
 	if r.opts.Keys != nil {
 		// The router's key is not the engine's business.
 		out.Header.Del("Authorization")
 	}
-	if mode != reasoning.Off || renaming {
-		// The router reads the answer to rewrite it, so it must come plain.
-		out.Header.Del("Accept-Encoding")
-	}
 
+	m := newMeter(false) // meterTransport learns whether it is a stream
 	sent := time.Now()
-	resp, err := r.roundTripHedged(f, out, info.Stream)
+	resp, err := r.upstream(f, c, m).RoundTrip(out)
 	if err != nil {
 		r.release(f, nil)
 		if ctx.Err() != nil {
@@ -272,59 +300,11 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		return forwardResult{retry: true, err: fmt.Errorf("%s answered %s: %s", b.cfg.Name, resp.Status, bytes.TrimSpace(snippet))}
 	}
 
-	sse := isEventStream(resp.Header.Get("Content-Type"))
-	rewrite := (mode != reasoning.Off || renaming) && rewritable(resp)
-	m := newMeter(sse)
-	var upstream io.Reader = resp.Body
-	var firstByte time.Time
-	// rewritten, when set, is the whole non-streamed answer to send.
-	var rewritten []byte
-	if rewrite && !sse {
-		raw, err := readForRewrite(resp.Body)
-		if err != nil {
-			r.release(f, nil)
-			if ctx.Err() != nil {
-				r.countStatus(f.model, b.cfg.Name, 499)
-				return forwardResult{}
-			}
-			// Nothing reached the client yet, so another worker may answer.
-			r.recordFailure(b, false, err)
-			return forwardResult{retry: true, err: fmt.Errorf("%s failed while sending its answer: %w", b.cfg.Name, err)}
-		}
-		firstByte = time.Now()
-		out, rerr := raw, error(nil)
-		if mode != reasoning.Off {
-			out, rerr = rewriteJSONBody(raw, mode)
-		} else if len(raw) > maxRewriteBody {
-			rerr = fmt.Errorf("%w (%d bytes)", errBodyOverLimit, maxRewriteBody)
-		}
-		if renaming && rerr == nil {
-			out = withModel(out, quoteJSON(info.Model))
-		}
-		switch {
-		case errors.Is(rerr, errBodyOverLimit):
-			r.log.Warn("answer passed through without normalisation", "backend", b.cfg.Name, "err", rerr)
-			upstream = io.MultiReader(bytes.NewReader(raw), resp.Body)
-		case rerr != nil:
-			r.log.Warn("answer passed through without reasoning normalisation", "backend", b.cfg.Name, "err", rerr)
-			rewritten = raw
-		default:
-			rewritten = out
-		}
-		if rewritten != nil {
-			// The meter only needs the tail, where usage sits.
-			m.feed(raw[max(0, len(raw)-2048):], firstByte)
-		}
-	}
-
 	h := w.Header()
 	for k, v := range resp.Header {
 		h[k] = v
 	}
-	removeHopHeaders(h)
-	if rewritten != nil {
-		h.Set("Content-Length", strconv.Itoa(len(rewritten)))
-	}
+	sse := isEventStream(resp.Header.Get("Content-Type"))
 	if sse {
 		// Lengths of streams are not ours to promise, and proxies in
 		// front of us must not buffer.
@@ -333,65 +313,31 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	}
 	w.WriteHeader(resp.StatusCode)
 	flusher, _ := w.(http.Flusher)
-	if sse && flusher != nil {
+	if !sse {
+		flusher = nil
+	} else if flusher != nil {
 		flusher.Flush()
 	}
 
-	var streamErr, clientErr error
-	if rewritten != nil {
-		_, clientErr = w.Write(rewritten)
-		// Nothing left to read: the loop below sees EOF at once.
-		upstream = http.NoBody
-	}
-	var norm *sseNormaliser
-	if rewrite && sse && mode != reasoning.Off {
-		norm = newSSENormaliser(mode)
-	}
-	var rename *sseModelRewriter
-	if rewrite && sse && renaming {
-		rename = newSSEModelRewriter(info.Model)
-	}
+	// Each read of the chain is one read of the upstream: what it brought
+	// leaves in one flush, so events that arrived together leave together
+	// and none waits for a later one.
 	bufp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bufp)
 	buf := *bufp
-	for clientErr == nil {
-		n, rerr := upstream.Read(buf)
+	var streamErr, clientErr error
+	for {
+		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			now := time.Now()
-			if firstByte.IsZero() {
-				firstByte = now
-			}
-			m.feed(buf[:n], now)
-			chunk := buf[:n]
-			if norm != nil {
-				chunk = norm.feed(chunk)
-			}
-			if rename != nil {
-				chunk = rename.feed(chunk)
-			}
-			if _, werr := w.Write(chunk); werr != nil {
+			if _, werr := w.Write(buf[:n]); werr != nil {
 				clientErr = werr
 				break
 			}
-			if sse && flusher != nil {
+			if flusher != nil {
 				flusher.Flush()
 			}
 		}
 		if rerr == io.EOF {
-			var tail []byte
-			if norm != nil {
-				tail = norm.finish()
-			}
-			if rename != nil {
-				tail = append(slices.Clone(rename.feed(tail)), rename.finish()...)
-			}
-			if len(tail) > 0 {
-				if _, werr := w.Write(tail); werr != nil {
-					clientErr = werr
-				} else if flusher != nil {
-					flusher.Flush()
-				}
-			}
 			break
 		}
 		if rerr != nil {
@@ -409,248 +355,114 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	switch {
 	case clientErr != nil:
 		status = 499
-		r.release(f, nil)
 	case streamErr != nil:
+		status = 502
 		r.recordFailure(b, false, streamErr)
-		r.release(f, nil)
 		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
 		if sse {
 			_, _ = w.Write(sseErrorEvent(fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
 			if flusher != nil {
 				flusher.Flush()
 			}
-			status = 502
-		} else {
-			r.countStatus(f.model, b.cfg.Name, 502)
-			// A JSON body cut short cannot be mended: cut the connection
-			// so the client sees the failure instead of a truncated body.
-			panic(http.ErrAbortHandler)
 		}
-	default:
-		r.finish(f, m, info, arrived, sent, firstByte, end, status)
 	}
-	r.countStatus(f.model, b.cfg.Name, status)
+	r.finish(f, c, m, sent, end, status)
+	if streamErr != nil && !sse {
+		// A JSON body cut short cannot be mended: cut the connection so
+		// the client sees the failure instead of a truncated body.
+		panic(http.ErrAbortHandler)
+	}
 	return forwardResult{}
 }
 
-// finish records a completed request: metrics, live stats, the sample, and
-// the speed model. TTFT is the time to the first token: in a stream, the
-// first chunk that carries content, reasoning or a tool call (an early
-// role-only chunk or a comment is not a token); in a non-streamed answer,
-// the engine's own prefill time where it reports one (llama-server's
-// timings.prompt_ms), else it is left out rather than guessed.
-func (r *Router) finish(f *flight, m *meter, info requestInfo, arrived, sent, firstByte, end time.Time, status int) {
-	if firstByte.IsZero() {
-		firstByte = end
+// finish records how a request that reached a worker ended, whatever the
+// status: the one place a request's outcome is recorded (status, tokens,
+// cached tokens, TTFT, ITL, worker, model, key), and where a per-request
+// hook belongs.
+func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, status int) {
+	r.countStatus(f.model, f.b.cfg.Name, status)
+	if status >= 400 {
+		r.release(f, nil)
+		return
 	}
-	tokens := m.outputTokens()
-	e2e := end.Sub(arrived)
-	var backendTTFT, itl time.Duration // 0: not known
+	t := r.timeAnswer(f, c, m, sent, end)
+	if t.clientTTFT > 0 {
+		f.b.observers.ttft.Observe(t.clientTTFT.Seconds())
+	}
+	f.b.observers.e2e.Observe(t.e2e.Seconds())
+	if t.itl > 0 {
+		f.b.observers.itl.Observe(t.itl.Seconds())
+	}
+	r.mu.Lock()
+	w := r.workerLocked(f.b.cfg.Name)
+	// The worker's own TTFT, from the moment it was sent the request: a
+	// wait in the router's queue is the fleet's, not the worker's.
+	if t.backendTTFT > 0 {
+		w.ttftHistory.add(ms(t.backendTTFT))
+	}
+	if t.itl > 0 {
+		w.itlHistory.add(ms(t.itl))
+	}
+	r.mu.Unlock()
+	r.release(f, &outcome{ok: true, ttft: t.backendTTFT, itl: t.itl, outputTokens: t.tokens, cache: m.promptCache()})
+	if r.opts.OnSample != nil {
+		r.opts.OnSample(fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: t.backendTTFT, ITL: t.itl,
+			E2E: t.e2e, OutputTokens: t.tokens, TokPerSec: t.tokPerSec})
+	}
+}
+
+// answerTimes are a served answer's measurements; a zero duration is not
+// known.
+type answerTimes struct {
+	tokens                  int
+	backendTTFT, clientTTFT time.Duration
+	itl, e2e                time.Duration
+	tokPerSec               float64
+}
+
+// timeAnswer measures an answer. TTFT is the time to the first token: in a
+// stream, the first chunk that carries content, reasoning or a tool call
+// (an early role-only chunk or a comment is not a token); in a non-streamed
+// answer, the engine's own prefill time where it reports one (llama-server's
+// timings.prompt_ms), else it is left out rather than guessed.
+func (r *Router) timeAnswer(f *flight, c *call, m *meter, sent, end time.Time) answerTimes {
+	t := answerTimes{tokens: m.outputTokens(), e2e: end.Sub(c.arrived)}
 	if m.sse {
 		if !m.firstToken.IsZero() {
-			backendTTFT = max(m.firstToken.Sub(sent), 1)
-			if tokens > 1 && m.lastData.After(m.firstToken) {
-				itl = m.lastData.Sub(m.firstToken) / time.Duration(tokens-1)
+			t.backendTTFT = max(m.firstToken.Sub(sent), 1)
+			if t.tokens > 1 && m.lastData.After(m.firstToken) {
+				t.itl = m.lastData.Sub(m.firstToken) / time.Duration(t.tokens-1)
 			}
 		}
 	} else {
 		if p, ok := promptTime(m.tail); ok {
-			backendTTFT = max(min(p, end.Sub(sent)), 1)
+			t.backendTTFT = max(min(p, end.Sub(sent)), 1)
 		}
-		if tokens > 1 {
+		if t.tokens > 1 {
 			// A non-streamed answer arrives at once: split its time into
 			// the prefill (reported, else the speed model's guess, used for
 			// the decode speed only) and the decode after it.
-			split := backendTTFT
+			split := t.backendTTFT
 			if split == 0 {
 				r.mu.Lock()
-				split = min(r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, info.PromptTokens), end.Sub(sent))
+				split = min(r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, c.info.PromptTokens), end.Sub(sent))
 				r.mu.Unlock()
 			}
-			itl = (end.Sub(sent) - split) / time.Duration(tokens-1)
+			t.itl = (end.Sub(sent) - split) / time.Duration(t.tokens-1)
 		}
 	}
-	var clientTTFT time.Duration
-	if backendTTFT > 0 {
-		clientTTFT = sent.Sub(arrived) + backendTTFT
+	if t.backendTTFT > 0 {
+		t.clientTTFT = sent.Sub(c.arrived) + t.backendTTFT
 	}
-	ok := status < 400
-	var o *outcome
-	if ok {
-		o = &outcome{ok: true, ttft: backendTTFT, itl: itl, outputTokens: tokens, cache: m.promptCache()}
-		if clientTTFT > 0 {
-			f.b.observers.ttft.Observe(clientTTFT.Seconds())
-		}
-		f.b.observers.e2e.Observe(e2e.Seconds())
-		if itl > 0 {
-			f.b.observers.itl.Observe(itl.Seconds())
-		}
-		r.mu.Lock()
-		w := r.workerLocked(f.b.cfg.Name)
-		// The worker's own TTFT, from the moment it was sent the request:
-		// a wait in the router's queue is the fleet's, not the worker's.
-		if backendTTFT > 0 {
-			w.ttftHistory.add(ms(backendTTFT))
-		}
-		if itl > 0 {
-			w.itlHistory.add(ms(itl))
-		}
-		r.mu.Unlock()
+	decodeFrom := m.firstRead
+	if decodeFrom.IsZero() {
+		decodeFrom = end
 	}
-	r.release(f, o)
-	if ok && r.opts.OnSample != nil {
-		s := fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: backendTTFT, ITL: itl, E2E: e2e, OutputTokens: tokens}
-		decodeFrom := firstByte
-		if !m.firstToken.IsZero() {
-			decodeFrom = m.firstToken
-		}
-		if d := end.Sub(decodeFrom); tokens > 1 && d > 0 {
-			s.TokPerSec = float64(tokens-1) / d.Seconds()
-		}
-		r.opts.OnSample(s)
+	if !m.firstToken.IsZero() {
+		decodeFrom = m.firstToken
 	}
-}
-
-func isEventStream(ct string) bool {
-	return len(ct) >= 17 && equalFold(ct[:17], "text/event-stream")
-}
-
-// meter watches a response go by: SSE data events and their times, and the
-// usage's completion_tokens, without holding the body.
-type meter struct {
-	sse bool
-	// line holds the start of an SSE line cut by the end of a read.
-	line      []byte
-	overflow  bool
-	events    int
-	firstData time.Time
-	lastData  time.Time
-	// firstToken is when the first data event carrying a token (content,
-	// reasoning, a tool call, completion text) arrived.
-	firstToken time.Time
-	usage      int
-	// cache is what the usage and timings chunks said of the prompt.
-	cache promptCache
-	// tail keeps the end of a non-streamed body, where usage sits.
-	tail []byte
-}
-
-const maxMeterLine = 16 << 10
-
-func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1, cache: unknownPromptCache()} }
-
-var (
-	dataPrefix      = []byte("data:")
-	donePayload     = []byte("[DONE]")
-	completionField = []byte(`"completion_tokens":`)
-	timingsField    = []byte(`"timings":`)
-)
-
-// feed meters one read. Whole lines are looked at where they lie in p; only
-// a line cut by the end of the read is kept, until its newline comes.
-func (m *meter) feed(p []byte, now time.Time) {
-	if !m.sse {
-		const keep = 2048
-		m.tail = append(m.tail, p...)
-		if len(m.tail) > keep {
-			m.tail = append(m.tail[:0], m.tail[len(m.tail)-keep:]...)
-		}
-		return
+	if d := end.Sub(decodeFrom); t.tokens > 1 && d > 0 {
+		t.tokPerSec = float64(t.tokens-1) / d.Seconds()
 	}
-	for len(p) > 0 {
-		i := bytes.IndexByte(p, '\n')
-		if i < 0 {
-			m.carry(p)
-			return
-		}
-		line := p[:i]
-		if len(m.line) > 0 || m.overflow {
-			m.carry(line)
-			line = m.line
-		}
-		if len(line) > maxMeterLine {
-			// Cut as a carried line is, so that where reads fall does
-			// not change what is seen.
-			line, m.overflow = line[:maxMeterLine], true
-		}
-		m.endLine(line, m.overflow, now)
-		m.line = m.line[:0]
-		m.overflow = false
-		p = p[i+1:]
-	}
-}
-
-// carry keeps the start of a line that continues in the next read: its
-// first maxMeterLine bytes (data lines of usage chunks are a few hundred
-// bytes; a longer one is a token, and its start says so).
-func (m *meter) carry(p []byte) {
-	if m.overflow {
-		return
-	}
-	if room := maxMeterLine - len(m.line); len(p) > room {
-		p, m.overflow = p[:room], true
-	}
-	m.line = append(m.line, p...)
-}
-
-var emptyChoices = []byte(`"choices":[]`)
-
-// endLine meters one SSE line; cut says only its start is there, enough to
-// count a data event but not to read it.
-func (m *meter) endLine(line []byte, cut bool, now time.Time) {
-	line = bytes.TrimRight(line, "\r")
-	payload, ok := bytes.CutPrefix(line, dataPrefix)
-	if !ok {
-		return
-	}
-	payload = bytes.TrimSpace(payload)
-	if cut {
-		m.events++
-		if m.firstData.IsZero() {
-			m.firstData = now
-		}
-		m.lastData = now
-		return
-	}
-	if bytes.Equal(payload, donePayload) {
-		return
-	}
-	// Most events are a token and carry neither usage nor timings: the
-	// forward searches (vectorised, unlike LastIndex) rule both out first.
-	if bytes.Contains(payload, completionField) {
-		if n := usageTokens(payload); n >= 0 {
-			m.usage = n
-			m.cache.scan(payload)
-		} else if bytes.Contains(payload, timingsField) {
-			m.cache.scan(payload)
-		}
-	} else if bytes.Contains(payload, timingsField) {
-		m.cache.scan(payload)
-	}
-	// The usage-only chunk carries no token; every other data event
-	// carries at least one.
-	if bytes.Contains(payload, emptyChoices) {
-		return
-	}
-	m.events++
-	if m.firstData.IsZero() {
-		m.firstData = now
-	}
-	if m.firstToken.IsZero() && carriesToken(payload) {
-		m.firstToken = now
-	}
-	m.lastData = now
-}
-
-// usageTokens finds "completion_tokens":N in p, or -1.
-func usageTokens(p []byte) int { return intField(p, completionField) }
-
-func (m *meter) outputTokens() int {
-	if !m.sse {
-		return max(usageTokens(m.tail), 0)
-	}
-	if m.usage >= 0 {
-		return m.usage
-	}
-	return m.events
+	return t
 }

@@ -2,13 +2,32 @@ package router
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"strconv"
 	"strings"
+	"time"
 
 	"fleet/router/reasoning"
 )
+
+// The upstream path of a request is a chain of http.RoundTrippers, each
+// doing one job on the request on its way out and on the response on its
+// way back, ahead of forward's one copy loop (see upstream in proxy.go):
+//
+//	hopTransport       hop-by-hop headers, both ways
+//	modelNameTransport the engine's served name out, the client's name back
+//	normaliseTransport reasoning in the model's one shape
+//	meterTransport     tokens, times and usage as the answer goes by
+//	(hedged)           the worker's connection, with the first-byte hedge
+//
+// A piece that rewrites a stream wraps the body in a rewrittenStream, which
+// reads the upstream once per Read: an event leaves in the flush of the
+// read that brought it. NormalisingTransport is the normalise piece alone,
+// for checks that talk to one worker as a router's client would.
 
 // NormalisingTransport wraps base so that chat completion answers come back
 // rewritten to mode, exactly as the router rewrites them for clients. Checks
@@ -21,65 +40,194 @@ func NormalisingTransport(base http.RoundTripper, mode reasoning.Mode) http.Roun
 	if mode == reasoning.Off {
 		return base
 	}
-	return normalisingTransport{base: base, mode: mode}
+	return &normaliseTransport{next: base, mode: mode}
 }
 
-type normalisingTransport struct {
-	base http.RoundTripper
-	mode reasoning.Mode
-}
+// hopTransport strips the hop-by-hop headers (hop.go) from the request and
+// the response.
+type hopTransport struct{ next http.RoundTripper }
 
-func (t normalisingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	if !strings.HasSuffix(req.URL.Path, chatPath) {
-		return t.base.RoundTrip(req)
+func (t *hopTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if hasHopHeaders(req.Header) {
+		req = withHeader(req, req.Header.Clone())
+		removeHopHeaders(req.Header)
 	}
-	req = req.Clone(req.Context())
-	req.Header.Del("Accept-Encoding") // as the router does: a body it can read
-	resp, err := t.base.RoundTrip(req)
-	if err != nil || !rewritable(resp) {
-		return resp, err
-	}
-	if strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		resp.Body = &normalisedStream{src: resp.Body, n: newSSENormaliser(t.mode)}
-		resp.ContentLength = -1
-		resp.Header.Del("Content-Length")
-		return resp, nil
-	}
-	body, err := readForRewrite(resp.Body)
-	resp.Body.Close()
+	resp, err := t.next.RoundTrip(req)
 	if err != nil {
 		return nil, err
 	}
-	body, _ = rewriteJSONBody(body, t.mode) // on error the original passes, as in the router
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	resp.ContentLength = int64(len(body))
-	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+	removeHopHeaders(resp.Header)
 	return resp, nil
 }
 
-// normalisedStream reads an SSE body through the router's stream normaliser.
-type normalisedStream struct {
-	src     io.ReadCloser
-	n       *sseNormaliser
+// modelNameTransport sends the engine the name it serves and gives the
+// client back the name it asked for, in the body or every streamed chunk
+// (modelname.go).
+type modelNameTransport struct {
+	next http.RoundTripper
+	// served is the quoted name the engine answers to, asked the one the
+	// client gets back.
+	served, asked []byte
+}
+
+func newModelNameTransport(next http.RoundTripper, served, asked string) *modelNameTransport {
+	return &modelNameTransport{next: next, served: quoteJSON(served), asked: quoteJSON(asked)}
+}
+
+func (t *modelNameTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	body, err := requestBody(req)
+	if err != nil {
+		return nil, err
+	}
+	req = withBody(req, withModel(body, t.served))
+	// The answer is read to be rewritten, so it must come plain.
+	req.Header.Del("Accept-Encoding")
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || !rewritable(resp) {
+		return resp, err
+	}
+	if isEventStream(resp.Header.Get("Content-Type")) {
+		streamThrough(resp, &sseModelRewriter{quoted: t.asked})
+		return resp, nil
+	}
+	raw, rest, err := readWhole(resp)
+	if err != nil {
+		return nil, err
+	}
+	if rest != nil {
+		// Too large to hold: it passes as the engine sent it.
+		resp.Body = rest
+		return resp, nil
+	}
+	setBody(resp, withModel(raw, t.asked))
+	return resp, nil
+}
+
+// normaliseTransport rewrites chat completion answers to mode (normalise.go).
+type normaliseTransport struct {
+	next http.RoundTripper
+	mode reasoning.Mode
+	// log, when set, hears of answers passed through unnormalised, from
+	// the worker named backend.
+	log     *slog.Logger
+	backend string
+}
+
+func (t *normaliseTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	if t.mode == reasoning.Off || !strings.HasSuffix(req.URL.Path, chatPath) {
+		return t.next.RoundTrip(req)
+	}
+	req = withHeader(req, req.Header.Clone())
+	req.Header.Del("Accept-Encoding") // the answer is read, so it must come plain
+	resp, err := t.next.RoundTrip(req)
+	if err != nil || !rewritable(resp) {
+		return resp, err
+	}
+	if isEventStream(resp.Header.Get("Content-Type")) {
+		streamThrough(resp, newSSENormaliser(t.mode))
+		return resp, nil
+	}
+	raw, rest, err := readWhole(resp)
+	if err != nil {
+		return nil, err
+	}
+	if rest != nil {
+		t.warn("answer passed through without normalisation",
+			fmt.Errorf("%w (%d bytes)", errBodyOverLimit, maxRewriteBody))
+		resp.Body = rest
+		return resp, nil
+	}
+	out, err := reasoning.RewriteJSON(raw, t.mode)
+	if err != nil {
+		t.warn("answer passed through without reasoning normalisation", err)
+		out = raw
+	}
+	setBody(resp, out)
+	return resp, nil
+}
+
+func (t *normaliseTransport) warn(msg string, err error) {
+	if t.log != nil {
+		t.log.Warn(msg, "backend", t.backend, "err", err)
+	}
+}
+
+// meterTransport feeds every read of the answer to a meter: no copy, and
+// the time of each read as the router saw it.
+type meterTransport struct {
+	next http.RoundTripper
+	m    *meter
+}
+
+func (t *meterTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	resp, err := t.next.RoundTrip(req)
+	if err != nil {
+		return nil, err
+	}
+	t.m.sse = isEventStream(resp.Header.Get("Content-Type"))
+	resp.Body = &meteredBody{ReadCloser: resp.Body, m: t.m}
+	return resp, nil
+}
+
+type meteredBody struct {
+	io.ReadCloser
+	m *meter
+}
+
+func (b *meteredBody) Read(p []byte) (int, error) {
+	n, err := b.ReadCloser.Read(p)
+	if n > 0 {
+		b.m.feed(p[:n], time.Now())
+	}
+	return n, err
+}
+
+// streamRewriter changes a stream as it goes by: feed takes one read and
+// returns what to send now, finish what is left at the end; each result is
+// valid until the next call.
+type streamRewriter interface {
+	feed(p []byte) []byte
+	finish() []byte
+}
+
+// streamThrough makes resp's body come through rw.
+func streamThrough(resp *http.Response, rw streamRewriter) {
+	resp.Body = &rewrittenStream{src: resp.Body, rw: rw}
+	resp.ContentLength = -1
+	resp.Header.Del("Content-Length")
+}
+
+// rewrittenStream reads a body through a streamRewriter. Each Read reads
+// the source at most once, into the caller's buffer, so one read of the
+// upstream is one read of the chain.
+type rewrittenStream struct {
+	src io.ReadCloser
+	rw  streamRewriter
+	// pending is rewritten output not yet returned (the rewriter's buffer).
 	pending []byte
-	buf     [32 << 10]byte
+	err     error
 	done    bool
 }
 
-func (s *normalisedStream) Read(p []byte) (int, error) {
+func (s *rewrittenStream) Read(p []byte) (int, error) {
 	for len(s.pending) == 0 {
-		if s.done {
+		switch {
+		case s.done:
 			return 0, io.EOF
-		}
-		n, err := s.src.Read(s.buf[:])
-		if n > 0 {
-			s.pending = append(s.pending[:0], s.n.feed(s.buf[:n])...)
-		}
-		if err == io.EOF {
+		case s.err == io.EOF:
 			s.done = true
-			s.pending = append(s.pending, s.n.finish()...)
-		} else if err != nil {
-			return 0, err
+			s.pending = s.rw.finish()
+			continue
+		case s.err != nil:
+			return 0, s.err
+		}
+		n, err := s.src.Read(p)
+		s.err = err
+		if n > 0 {
+			s.pending = s.rw.feed(p[:n])
+		}
+		if n == 0 && err == nil {
+			return 0, nil
 		}
 	}
 	n := copy(p, s.pending)
@@ -87,4 +235,77 @@ func (s *normalisedStream) Read(p []byte) (int, error) {
 	return n, nil
 }
 
-func (s *normalisedStream) Close() error { return s.src.Close() }
+func (s *rewrittenStream) Close() error { return s.src.Close() }
+
+// readWhole reads a non-streamed answer to rewrite it. When it is over
+// maxRewriteBody, rest is the whole body still to send, read part first.
+func readWhole(resp *http.Response) (raw []byte, rest io.ReadCloser, err error) {
+	raw, err = readForRewrite(resp.Body)
+	if err != nil {
+		resp.Body.Close()
+		return nil, nil, fmt.Errorf("reading the answer to rewrite it: %w", err)
+	}
+	if len(raw) > maxRewriteBody {
+		return raw, readCloser{io.MultiReader(bytes.NewReader(raw), resp.Body), resp.Body}, nil
+	}
+	resp.Body.Close()
+	return raw, nil, nil
+}
+
+type readCloser struct {
+	io.Reader
+	io.Closer
+}
+
+// setBody makes body the whole of resp's body.
+func setBody(resp *http.Response, body []byte) {
+	resp.Body = io.NopCloser(bytes.NewReader(body))
+	resp.ContentLength = int64(len(body))
+	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
+}
+
+// requestBody is the whole body of req, which the router always sends with
+// GetBody; another caller's body is read.
+func requestBody(req *http.Request) ([]byte, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return nil, nil
+	}
+	if br, ok := req.Body.(bodyBytes); ok {
+		return br.b, nil
+	}
+	b, err := io.ReadAll(req.Body)
+	req.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reading the request to rewrite it: %w", err)
+	}
+	return b, nil
+}
+
+// bodyBytes is a request body whose bytes a piece can take without reading.
+type bodyBytes struct {
+	*bytes.Reader
+	b []byte
+}
+
+func newBodyBytes(b []byte) bodyBytes { return bodyBytes{bytes.NewReader(b), b} }
+func (bodyBytes) Close() error        { return nil }
+
+// withBody is a shallow copy of req sending body instead, with its own
+// header (RoundTrippers must not change the request they were given).
+func withBody(req *http.Request, body []byte) *http.Request {
+	out := withHeader(req, req.Header.Clone())
+	out.Body = newBodyBytes(body)
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return newBodyBytes(body), nil }
+	return out
+}
+
+// withHeader is a shallow copy of req with h as its header.
+func withHeader(req *http.Request, h http.Header) *http.Request {
+	out := *req
+	out.Header = h
+	return &out
+}
+
+// errBodyOverLimit is why an over-large answer passed through unrewritten.
+var errBodyOverLimit = errors.New("answer larger than the router rewrites")

@@ -1,0 +1,159 @@
+package router
+
+import (
+	"bytes"
+	"time"
+)
+
+func isEventStream(ct string) bool {
+	return len(ct) >= 17 && equalFold(ct[:17], "text/event-stream")
+}
+
+// meter watches a response go by: SSE data events and their times, and the
+// usage's completion_tokens, without holding the body.
+type meter struct {
+	sse bool
+	// firstRead is when the first bytes of the answer came.
+	firstRead time.Time
+	// line holds the start of an SSE line cut by the end of a read.
+	line      []byte
+	overflow  bool
+	events    int
+	firstData time.Time
+	lastData  time.Time
+	// firstToken is when the first data event carrying a token (content,
+	// reasoning, a tool call, completion text) arrived.
+	firstToken time.Time
+	usage      int
+	// cache is what the usage and timings chunks said of the prompt.
+	cache promptCache
+	// tail keeps the end of a non-streamed body, where usage sits.
+	tail []byte
+}
+
+const maxMeterLine = 16 << 10
+
+func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1, cache: unknownPromptCache()} }
+
+var (
+	dataPrefix      = []byte("data:")
+	donePayload     = []byte("[DONE]")
+	completionField = []byte(`"completion_tokens":`)
+	timingsField    = []byte(`"timings":`)
+)
+
+// feed meters one read. Whole lines are looked at where they lie in p; only
+// a line cut by the end of the read is kept, until its newline comes.
+func (m *meter) feed(p []byte, now time.Time) {
+	if m.firstRead.IsZero() {
+		m.firstRead = now
+	}
+	if !m.sse {
+		const keep = 2048
+		if len(p) >= keep {
+			m.tail = append(m.tail[:0], p[len(p)-keep:]...)
+			return
+		}
+		m.tail = append(m.tail, p...)
+		if len(m.tail) > keep {
+			m.tail = append(m.tail[:0], m.tail[len(m.tail)-keep:]...)
+		}
+		return
+	}
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			m.carry(p)
+			return
+		}
+		line := p[:i]
+		if len(m.line) > 0 || m.overflow {
+			m.carry(line)
+			line = m.line
+		}
+		if len(line) > maxMeterLine {
+			// Cut as a carried line is, so that where reads fall does
+			// not change what is seen.
+			line, m.overflow = line[:maxMeterLine], true
+		}
+		m.endLine(line, m.overflow, now)
+		m.line = m.line[:0]
+		m.overflow = false
+		p = p[i+1:]
+	}
+}
+
+// carry keeps the start of a line that continues in the next read: its
+// first maxMeterLine bytes (data lines of usage chunks are a few hundred
+// bytes; a longer one is a token, and its start says so).
+func (m *meter) carry(p []byte) {
+	if m.overflow {
+		return
+	}
+	if room := maxMeterLine - len(m.line); len(p) > room {
+		p, m.overflow = p[:room], true
+	}
+	m.line = append(m.line, p...)
+}
+
+var emptyChoices = []byte(`"choices":[]`)
+
+// endLine meters one SSE line; cut says only its start is there, enough to
+// count a data event but not to read it.
+func (m *meter) endLine(line []byte, cut bool, now time.Time) {
+	line = bytes.TrimRight(line, "\r")
+	payload, ok := bytes.CutPrefix(line, dataPrefix)
+	if !ok {
+		return
+	}
+	payload = bytes.TrimSpace(payload)
+	if cut {
+		m.events++
+		if m.firstData.IsZero() {
+			m.firstData = now
+		}
+		m.lastData = now
+		return
+	}
+	if bytes.Equal(payload, donePayload) {
+		return
+	}
+	// Most events are a token and carry neither usage nor timings: the
+	// forward searches (vectorised, unlike LastIndex) rule both out first.
+	if bytes.Contains(payload, completionField) {
+		if n := usageTokens(payload); n >= 0 {
+			m.usage = n
+			m.cache.scan(payload)
+		} else if bytes.Contains(payload, timingsField) {
+			m.cache.scan(payload)
+		}
+	} else if bytes.Contains(payload, timingsField) {
+		m.cache.scan(payload)
+	}
+	// The usage-only chunk carries no token; every other data event
+	// carries at least one.
+	if bytes.Contains(payload, emptyChoices) {
+		return
+	}
+	m.events++
+	if m.firstData.IsZero() {
+		m.firstData = now
+	}
+	if m.firstToken.IsZero() && carriesToken(payload) {
+		m.firstToken = now
+	}
+	m.lastData = now
+}
+
+// usageTokens finds "completion_tokens":N in p, or -1.
+func usageTokens(p []byte) int { return intField(p, completionField) }
+
+func (m *meter) outputTokens() int {
+	if !m.sse {
+		return max(usageTokens(m.tail), 0)
+	}
+	if m.usage >= 0 {
+		return m.usage
+	}
+	return m.events
+}
