@@ -3,6 +3,7 @@ package router
 import (
 	"bufio"
 	"context"
+	"fmt"
 
 	"io"
 	"net/http"
@@ -12,6 +13,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 )
@@ -28,6 +30,8 @@ func benchTargets(b *testing.B, backend http.HandlerFunc, slots int, reasoningMo
 	u, _ := url.Parse(be.URL)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
+	// As many idle connections as the router keeps, so that both reuse them.
+	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
 	ps := httptest.NewServer(rp)
 	b.Cleanup(ps.Close)
 	r := mustNew(b, Options{})
@@ -48,16 +52,24 @@ func benchClient(conns int) *http.Client {
 
 func roundTrip(b *testing.B, c *http.Client, base, body string) time.Duration {
 	start := time.Now()
+	if err := post1(c, base, body); err != nil {
+		b.Fatal(err)
+	}
+	return time.Since(start)
+}
+
+// post1 sends one request and reads its answer whole.
+func post1(c *http.Client, base, body string) error {
 	resp, err := c.Post(base+"/v1/chat/completions", "application/json", strings.NewReader(body))
 	if err != nil {
-		b.Fatal(err)
+		return err
 	}
 	_, _ = io.Copy(io.Discard, resp.Body)
 	resp.Body.Close()
 	if resp.StatusCode != 200 {
-		b.Fatalf("status %d", resp.StatusCode)
+		return fmt.Errorf("status %d", resp.StatusCode)
 	}
-	return time.Since(start)
+	return nil
 }
 
 func pctl(d []time.Duration, q float64) time.Duration {
@@ -232,29 +244,91 @@ func benchStreams64(b *testing.B, reasoningMode string) {
 }
 
 // BenchmarkStreams64Instant is the throughput case: 64 concurrent streams
-// of 128 tokens from a backend that never waits, direct and through the
-// router in one run, with the client's reads per stream (fewer: events that
-// arrived together left together).
+// of 128 tokens from a backend that never waits, direct, through a bare
+// httputil.ReverseProxy and through the router in one run, with the
+// client's reads per stream (fewer: events that arrived together left
+// together) and the process's CPU time per stream.
 func BenchmarkStreams64Instant(b *testing.B) {
 	const n = 64
-	direct, _, routed := benchTargets(b, instantStream, n, "")
+	direct, proxy, routed := benchTargets(b, instantStream, n, "")
 	c := benchClient(n)
-	streams(b, c, direct, n)
-	streams(b, c, routed, n)
-	var d, r, dReads, rReads float64
+	targets := []struct {
+		name, base  string
+		rate, reads float64
+		cpu         time.Duration
+	}{{name: "direct", base: direct}, {name: "proxy", base: proxy}, {name: "router", base: routed}}
+	for _, t := range targets {
+		streams(b, c, t.base, n)
+	}
 	b.ResetTimer()
 	for b.Loop() {
-		rate, reads := streamsReads(b, c, direct, n)
-		d, dReads = d+rate, dReads+reads
-		rate, reads = streamsReads(b, c, routed, n)
-		r, rReads = r+rate, rReads+reads
+		for i := range targets {
+			t := &targets[i]
+			before := cpuTime(b)
+			rate, reads := streamsReads(b, c, t.base, n)
+			t.rate, t.reads, t.cpu = t.rate+rate, t.reads+reads, t.cpu+cpuTime(b)-before
+		}
 	}
 	b.StopTimer()
-	b.ReportMetric(d/float64(b.N), "direct-tok/s")
-	b.ReportMetric(r/float64(b.N), "router-tok/s")
+	for _, t := range targets {
+		b.ReportMetric(t.rate/float64(b.N), t.name+"-tok/s")
+		b.ReportMetric(t.reads/float64(b.N), t.name+"-reads/stream")
+		// CPU time of the whole process (client, proxy, backend) per
+		// stream: what a proxy costs is the difference to direct, which
+		// other load on the machine changes less than the rates.
+		b.ReportMetric(float64(t.cpu)/float64(time.Microsecond)/float64(b.N*n), t.name+"-cpu-µs/stream")
+	}
+	b.ReportMetric(targets[1].rate/targets[0].rate, "proxy/direct")
+	b.ReportMetric(targets[2].rate/targets[0].rate, "router/direct")
+}
+
+// BenchmarkSmallRPS sends small non-streamed requests from 8 clients at
+// once, direct, through a bare reverse proxy and through the router in
+// turn, and reports the requests per second of each beside direct.
+func BenchmarkSmallRPS(b *testing.B) {
+	const clients, each = 8, 50
+	direct, proxy, routed := benchTargets(b, okJSON, clients, "")
+	c := benchClient(clients)
+	rps := func(base string) float64 {
+		var wg sync.WaitGroup
+		start := time.Now()
+		for range clients {
+			wg.Go(func() {
+				for range each {
+					if err := post1(c, base, smallBody); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		}
+		wg.Wait()
+		return clients * each / time.Since(start).Seconds()
+	}
+	for _, base := range []string{direct, proxy, routed} {
+		rps(base)
+	}
+	var d, p, r float64
+	b.ResetTimer()
+	for b.Loop() {
+		d += rps(direct)
+		p += rps(proxy)
+		r += rps(routed)
+	}
+	b.StopTimer()
+	b.ReportMetric(d/float64(b.N), "direct-req/s")
+	b.ReportMetric(r/float64(b.N), "router-req/s")
+	b.ReportMetric(p/d, "proxy/direct")
 	b.ReportMetric(r/d, "router/direct")
-	b.ReportMetric(dReads/float64(b.N), "direct-reads/stream")
-	b.ReportMetric(rReads/float64(b.N), "router-reads/stream")
+}
+
+// cpuTime is the user and system CPU time the process has used.
+func cpuTime(b *testing.B) time.Duration {
+	var u syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &u); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
 }
 
 // oneStream runs one stream of tokenStream and returns the client's time

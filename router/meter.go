@@ -118,21 +118,20 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	if bytes.Equal(payload, donePayload) {
 		return
 	}
-	// Most events are a token and carry neither usage nor timings: the
-	// forward searches (vectorised, unlike LastIndex) rule both out first.
-	if bytes.Contains(payload, completionField) {
+	usage, timings, noChoices := meterKeys(payload)
+	if usage {
 		if n := usageTokens(payload); n >= 0 {
 			m.usage = n
 			m.cache.scan(payload)
-		} else if bytes.Contains(payload, timingsField) {
+		} else if timings {
 			m.cache.scan(payload)
 		}
-	} else if bytes.Contains(payload, timingsField) {
+	} else if timings {
 		m.cache.scan(payload)
 	}
 	// The usage-only chunk carries no token; every other data event
 	// carries at least one.
-	if bytes.Contains(payload, emptyChoices) {
+	if noChoices {
 		return
 	}
 	m.events++
@@ -143,6 +142,30 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 		m.firstToken = now
 	}
 	m.lastData = now
+}
+
+// meterKeys reports which of the keys the meter reads a data payload
+// holds, in one pass: most events are a token and hold none, and a search
+// per key was a pass per key over every event.
+func meterKeys(p []byte) (usage, timings, noChoices bool) {
+	// A plain loop: quotes are every few bytes in JSON, too close for a
+	// call to IndexByte per quote to pay.
+	for i := 0; i+1 < len(p); i++ {
+		if p[i] != '"' {
+			continue
+		}
+		switch p[i+1] {
+		case 'c':
+			if bytes.HasPrefix(p[i:], completionField) {
+				usage = true
+			} else if bytes.HasPrefix(p[i:], emptyChoices) {
+				noChoices = true
+			}
+		case 't':
+			timings = timings || bytes.HasPrefix(p[i:], timingsField)
+		}
+	}
+	return usage, timings, noChoices
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.

@@ -39,3 +39,22 @@ func TestMeterSplitReads(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkMeterFeed meters a stream of vLLM-shaped chunks, one read per
+// event as an engine flushes them.
+func BenchmarkMeterFeed(b *testing.B) {
+	event := []byte(`data: {"id":"chatcmpl-0b5a2c","object":"chat.completion.chunk","created":1764540000,"model":"Qwen/Qwen3-4B","choices":[{"index":0,"delta":{"content":" the"},"logprobs":null,"finish_reason":null}]}` + "\n\n")
+	usage := []byte(`data: {"id":"chatcmpl-0b5a2c","object":"chat.completion.chunk","created":1764540000,"model":"Qwen/Qwen3-4B","choices":[],"usage":{"prompt_tokens":31,"total_tokens":159,"completion_tokens":128}}` + "\n\ndata: [DONE]\n\n")
+	now := time.Now()
+	b.SetBytes(int64(128*len(event) + len(usage)))
+	for b.Loop() {
+		m := newMeter(true)
+		for range 128 {
+			m.feed(event, now)
+		}
+		m.feed(usage, now)
+		if m.outputTokens() != 128 || m.events != 128 {
+			b.Fatalf("%d tokens, %d events", m.outputTokens(), m.events)
+		}
+	}
+}

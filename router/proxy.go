@@ -222,19 +222,30 @@ type call struct {
 
 // upstream is the chain of round trippers (transport.go) that one attempt
 // of c goes through to f's worker; m meters the answer as the engine sent
-// it, before any rewrite.
+// it, before any rewrite. The pieces of one attempt are allocated at once.
 func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
-	var rt http.RoundTripper = hedgedTransport{r: r, f: f, stream: c.info.Stream}
-	rt = &meterTransport{next: rt, m: m}
+	p := &struct {
+		hop    hopTransport
+		name   modelNameTransport
+		norm   normaliseTransport
+		meter  meterTransport
+		hedged hedgedTransport
+	}{}
+	p.hedged = hedgedTransport{r: r, f: f, stream: c.info.Stream}
+	p.meter = meterTransport{next: &p.hedged, m: m}
+	var rt http.RoundTripper = &p.meter
 	if c.mode != reasoning.Off {
-		rt = &normaliseTransport{next: rt, mode: c.mode, log: r.log, backend: f.b.cfg.Name}
+		p.norm = normaliseTransport{next: rt, mode: c.mode, log: r.log, backend: f.b.cfg.Name}
+		rt = &p.norm
 	}
 	// The engine gets the name it serves; the client gets back the name it
 	// asked for (see modelname.go).
 	if served := f.b.cfg.servedName(); served != c.info.Model {
-		rt = newModelNameTransport(rt, served, c.info.Model)
+		p.name = modelNameTransport{next: rt, served: quoteJSON(served), asked: quoteJSON(c.info.Model)}
+		rt = &p.name
 	}
-	return &hopTransport{next: rt}
+	p.hop = hopTransport{next: rt}
+	return &p.hop
 }
 
 // hedgedTransport is the end of the chain: f's worker's connection, with
@@ -245,7 +256,7 @@ type hedgedTransport struct {
 	stream bool
 }
 
-func (t hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+func (t *hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.r.roundTripHedged(t.f, req, t.stream)
 }
 
@@ -258,18 +269,20 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	u.Path = req.URL.Path
 	u.RawQuery = req.URL.RawQuery
 	out := &http.Request{
-		Method:        http.MethodPost,
-		URL:           &u,
-		Proto:         "HTTP/1.1",
-		ProtoMajor:    1,
-		ProtoMinor:    1,
-		Header:        make(http.Header, len(req.Header)),
-		Body:          newBodyBytes(body),
+		Method:     http.MethodPost,
+		URL:        &u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     make(http.Header, len(req.Header)),
+		// net/http sends a bytes.Reader (NopCloser'd) with the headers in
+		// one write; a body type it does not know costs a second write.
+		Body:          io.NopCloser(bytes.NewReader(body)),
 		ContentLength: int64(len(body)),
 		Host:          b.cfg.Addr,
 	}
 	out = out.WithContext(ctx)
-	out.GetBody = func() (io.ReadCloser, error) { return newBodyBytes(body), nil }
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	for k, v := range req.Header {
 		out.Header[k] = v
 	}

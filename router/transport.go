@@ -157,6 +157,7 @@ func (t *normaliseTransport) warn(msg string, err error) {
 type meterTransport struct {
 	next http.RoundTripper
 	m    *meter
+	body meteredBody
 }
 
 func (t *meterTransport) RoundTrip(req *http.Request) (*http.Response, error) {
@@ -165,7 +166,8 @@ func (t *meterTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	t.m.sse = isEventStream(resp.Header.Get("Content-Type"))
-	resp.Body = &meteredBody{ReadCloser: resp.Body, m: t.m}
+	t.body = meteredBody{ReadCloser: resp.Body, m: t.m}
+	resp.Body = &t.body
 	return resp, nil
 }
 
@@ -264,39 +266,32 @@ func setBody(resp *http.Response, body []byte) {
 	resp.Header.Set("Content-Length", strconv.Itoa(len(body)))
 }
 
-// requestBody is the whole body of req, which the router always sends with
-// GetBody; another caller's body is read.
+// requestBody reads the whole body of req.
 func requestBody(req *http.Request) ([]byte, error) {
 	if req.Body == nil || req.Body == http.NoBody {
 		return nil, nil
 	}
-	if br, ok := req.Body.(bodyBytes); ok {
-		return br.b, nil
+	var buf bytes.Buffer
+	if req.ContentLength > 0 {
+		buf.Grow(int(req.ContentLength))
 	}
-	b, err := io.ReadAll(req.Body)
+	_, err := buf.ReadFrom(req.Body)
 	req.Body.Close()
 	if err != nil {
 		return nil, fmt.Errorf("reading the request to rewrite it: %w", err)
 	}
-	return b, nil
+	return buf.Bytes(), nil
 }
-
-// bodyBytes is a request body whose bytes a piece can take without reading.
-type bodyBytes struct {
-	*bytes.Reader
-	b []byte
-}
-
-func newBodyBytes(b []byte) bodyBytes { return bodyBytes{bytes.NewReader(b), b} }
-func (bodyBytes) Close() error        { return nil }
 
 // withBody is a shallow copy of req sending body instead, with its own
-// header (RoundTrippers must not change the request they were given).
+// header (RoundTrippers must not change the request they were given). The
+// body stays a NopCloser'd bytes.Reader, which net/http knows is in memory
+// and so sends in one write with the headers.
 func withBody(req *http.Request, body []byte) *http.Request {
 	out := withHeader(req, req.Header.Clone())
-	out.Body = newBodyBytes(body)
+	out.Body = io.NopCloser(bytes.NewReader(body))
 	out.ContentLength = int64(len(body))
-	out.GetBody = func() (io.ReadCloser, error) { return newBodyBytes(body), nil }
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	return out
 }
 
