@@ -58,3 +58,29 @@ func BenchmarkMeterFeed(b *testing.B) {
 		}
 	}
 }
+
+// TestMeterKeys: the one pass finds the keys the meter reads wherever they
+// sit, and not a key's name inside a string value (where its quotes are
+// escaped).
+func TestMeterKeys(t *testing.T) {
+	for _, tc := range []struct {
+		name                      string
+		payload                   string
+		usage, timings, noChoices bool
+	}{
+		{name: "a token", payload: `{"id":"x","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`},
+		{name: "vLLM's usage chunk", payload: `{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}`, usage: true, noChoices: true},
+		{name: "llama-server's last chunk", payload: `{"choices":[{"finish_reason":"stop","index":0,"delta":{}}],"usage":{"completion_tokens":7},"timings":{"prompt_n":3}}`, usage: true, timings: true},
+		{name: "timings alone", payload: `{"choices":[],"timings":{"prompt_ms":1.5}}`, timings: true, noChoices: true},
+		{name: "names inside a token", payload: `{"choices":[{"delta":{"content":"\"completion_tokens\":1 \"timings\": \"choices\":[]"}}]}`},
+		{name: "a key at the very end", payload: `"timings":`, timings: true},
+		{name: "a lone quote", payload: `"`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			u, tm, nc := meterKeys([]byte(tc.payload))
+			if u != tc.usage || tm != tc.timings || nc != tc.noChoices {
+				t.Errorf("usage %v timings %v no choices %v; want %v %v %v", u, tm, nc, tc.usage, tc.timings, tc.noChoices)
+			}
+		})
+	}
+}
