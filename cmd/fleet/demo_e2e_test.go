@@ -33,7 +33,7 @@ func TestMain(m *testing.M) {
 	}))
 }
 
-func freePort(t *testing.T) int {
+func freePort(t testing.TB) int {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -51,14 +51,14 @@ type hubProc struct {
 }
 
 // startHub starts `fleet serve --demo` with extra flags.
-func startHub(t *testing.T, data string, httpPort int, extra ...string) *hubProc {
+func startHub(t testing.TB, data string, httpPort int, extra ...string) *hubProc {
 	t.Helper()
 	return launchHub(t, data, httpPort, append([]string{"--demo"}, extra...)...)
 }
 
 // launchHub starts `fleet serve` on data with the router on httpPort; no
 // SSH console unless the flags ask for one. Its log is printed if the test fails.
-func launchHub(t *testing.T, data string, httpPort int, flags ...string) *hubProc {
+func launchHub(t testing.TB, data string, httpPort int, flags ...string) *hubProc {
 	t.Helper()
 	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
 	// Registered before the hub's own cleanup, so it runs after the hub has
@@ -92,14 +92,14 @@ func launchHub(t *testing.T, data string, httpPort int, flags ...string) *hubPro
 }
 
 // fleetCmd runs a hub command through the control socket.
-func fleetCmd(t *testing.T, data string, args ...string) (string, int) {
+func fleetCmd(t testing.TB, data string, args ...string) (string, int) {
 	t.Helper()
 	return fleetCmdIn(t, data, "", args...)
 }
 
 // fleetCmdIn is fleetCmd with standard input; it returns the combined output
 // and the exit status.
-func fleetCmdIn(t *testing.T, data string, stdin string, args ...string) (string, int) {
+func fleetCmdIn(t testing.TB, data string, stdin string, args ...string) (string, int) {
 	t.Helper()
 	cmd := exec.Command(fleetBin, append([]string{"--data", data}, args...)...)
 	cmd.Stdin = strings.NewReader(stdin)

@@ -27,7 +27,7 @@ models:
 `
 
 // waitControl waits until the hub on data answers its control socket.
-func waitControl(t *testing.T, data string) {
+func waitControl(t testing.TB, data string) {
 	t.Helper()
 	deadline := time.Now().Add(60 * time.Second)
 	for {
