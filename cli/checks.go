@@ -26,7 +26,7 @@ func shapeCmd(h Hub, u fleet.User) *cobra.Command {
 	var all string
 	c := &cobra.Command{
 		Use:   "shape A B | shape --all MODEL",
-		Short: "send the same probes to two workers and diff their response shapes (what a client would notice)",
+		Short: "send the same requests to two workers and diff their response shapes (what a client would notice)",
 		Args: func(c *cobra.Command, args []string) error {
 			if all == "" && len(args) != 2 {
 				return usageError{errors.New("shape takes two workers (NODE or NODE/MODEL), or --all MODEL")}
@@ -70,7 +70,7 @@ func shapeCmd(h Hub, u fleet.User) *cobra.Command {
 	}
 	c.Flags().BoolVar(&asJSON, "json", false, "print the report as JSON")
 	c.Flags().StringVar(&all, "all", "", "check every ready worker of this model against its reference shape")
-	c.Long = `shape sends the same probes to two workers whose engines answer (ready, on probation, draining or
+	c.Long = `shape sends the same requests to two workers whose engines answer (ready, on probation, draining or
 rejected) and prints what a client would notice between them.`
 	c.Annotations = map[string]string{annotationFlagAction: "all", annotationTargetFlag: "all"}
 	pin := &cobra.Command{

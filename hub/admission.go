@@ -289,7 +289,7 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 	if err != nil {
 		return false, err
 	}
-	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+	got, err := shape.MeasureWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 	if err != nil {
 		return false, fmt.Errorf("shape: probing: %w", err)
 	}
@@ -472,7 +472,7 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	if err != nil {
 		return name + ": " + err.Error()
 	}
-	got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+	got, err := shape.MeasureWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 	if err != nil {
 		return fmt.Sprintf("%s: probing: %v", name, err)
 	}
@@ -532,7 +532,7 @@ func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
 			if err != nil {
 				return
 			}
-			got, err := shape.ProbeWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
+			got, err := shape.MeasureWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 			if err != nil {
 				h.onEvent(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
 				return

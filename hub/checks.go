@@ -119,7 +119,7 @@ func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			shapes[i], errs[i] = shape.Probe(ctx, t)
+			shapes[i], errs[i] = shape.Measure(ctx, t)
 		}()
 	}
 	wg.Wait()
@@ -171,7 +171,7 @@ func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error
 		if err != nil {
 			return nil, err
 		}
-		got, err := shape.Probe(ctx, t)
+		got, err := shape.Measure(ctx, t)
 		if err != nil {
 			return nil, fmt.Errorf("probing %s: %w", name, err)
 		}
@@ -204,7 +204,7 @@ func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	got, err := shape.Probe(ctx, t)
+	got, err := shape.Measure(ctx, t)
 	if err != nil {
 		return "", fmt.Errorf("probing %s: %w", worker, err)
 	}

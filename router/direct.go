@@ -8,9 +8,9 @@ import (
 )
 
 // HoldSlot counts one request the hub sends to the named worker around the
-// router (a shape probe, a bench sweep, an admission check) as that
+// router (a shape request, a bench sweep, an admission check) as that
 // worker's load until release is called, so the scheduler does not fill
-// the slots those requests occupy: twelve shape probes on a 4-slot worker
+// the slots those requests occupy: twelve shape requests on a 4-slot worker
 // used to leave it looking idle. A worker outside the ready set gets no
 // router traffic, so there is nothing to count and release does nothing.
 func (r *Router) HoldSlot(worker string) (release func()) {

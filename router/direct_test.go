@@ -10,7 +10,7 @@ import (
 	"testing"
 )
 
-// Requests the hub sends to a worker directly (shape probes, bench) are the
+// Requests the hub sends to a worker directly (shape requests, bench) are the
 // worker's load in the router: they show in its in-flight count, and the
 // router's own requests queue behind them instead of piling onto the
 // engine.
@@ -32,9 +32,9 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 	r, rsrv := startRouter(t, Options{QueueTimeout: 2 * hangGuard}, b)
 	client := &http.Client{Transport: r.CountingTransport(&http.Transport{MaxConnsPerHost: 64}, b.Name)}
 
-	const probes = 12 // `shape ultra max` twelve times at once
+	const requests = 12 // `shape ultra max` twelve times at once
 	var wg sync.WaitGroup
-	for range probes {
+	for range requests {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -48,12 +48,12 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 			resp.Body.Close()
 		}()
 	}
-	waitFor(t, func() bool { return active.Load() == probes })
-	if got := r.InFlight(b.Name); got != probes {
-		t.Errorf("router in-flight %d while %d probes run on the worker, want %d", got, probes, probes)
+	waitFor(t, func() bool { return active.Load() == requests })
+	if got := r.InFlight(b.Name); got != requests {
+		t.Errorf("router in-flight %d while %d shape requests run on the worker, want %d", got, requests, requests)
 	}
-	if st := r.Stats(); len(st) != 1 || st[0].InFlight != probes {
-		t.Errorf("console figures %+v, want %d in flight", st, probes)
+	if st := r.Stats(); len(st) != 1 || st[0].InFlight != requests {
+		t.Errorf("console figures %+v, want %d in flight", st, requests)
 	}
 
 	// A client request now waits in the router, not on the full engine.
@@ -65,8 +65,8 @@ func TestDirectRequestsCountAsLoad(t *testing.T) {
 		done <- resp.StatusCode
 	}()
 	waitFor(t, func() bool { return r.queueLen("qwen3-4b") == 1 })
-	if n := active.Load(); n != probes {
-		t.Errorf("the engine holds %d requests, want the %d probes only", n, probes)
+	if n := active.Load(); n != requests {
+		t.Errorf("the engine holds %d requests, want the %d shape requests only", n, requests)
 	}
 	free()
 	wg.Wait()

@@ -390,7 +390,7 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 			continue
 		}
 		// A worker that joins or comes back from the hub is ready by the
-		// hub's own probe, which is at least as good as ours. One that
+		// hub's own readiness check, which is at least as good as ours. One that
 		// stayed keeps its cooldown: the hub resyncs on any worker's change.
 		w := r.workerLocked(cfg.Name)
 		w.coolingUntil = time.Time{}

@@ -21,28 +21,28 @@ type Report struct {
 	// Differences are what a client would notice (Material) and what it
 	// would not unless it looks for it (notes: extra fields, timings).
 	Differences []Difference `json:"differences"`
-	// Rows is the side-by-side table, one row per probe and aspect.
+	// Rows is the side-by-side table, one row per request and aspect.
 	Rows []Row `json:"rows"`
 }
 
 // Difference is one finding, worded for a person.
 type Difference struct {
-	// Probes are the probes it was seen on ("reasoning, streamed"); the
-	// same finding on several probes is reported once.
-	Probes   []string `json:"probes"`
+	// Requests are the shape requests it was seen on ("reasoning,
+	// streamed"); the same finding on several is reported once.
+	Requests []string `json:"probes"`
 	Aspect   string   `json:"aspect"`
 	Material bool     `json:"material"`
 	Text     string   `json:"text"`
 }
 
-// String is the finding with the probes it was seen on:
+// String is the finding with the requests it was seen on:
 // "reasoning prompt, non-streamed: content empty on ultra, …".
 func (d Difference) String() string {
-	return probesLabel(d.Probes) + ": " + d.Text
+	return requestsLabel(d.Requests) + ": " + d.Text
 }
 
-// probesLabel words a set of probe keys compactly.
-func probesLabel(keys []string) string {
+// requestsLabel words a set of request keys compactly.
+func requestsLabel(keys []string) string {
 	modes := map[string]map[string]bool{}
 	var names []string
 	for _, k := range keys {
@@ -83,14 +83,14 @@ func probesLabel(keys []string) string {
 	return strings.Join(keys, "; ")
 }
 
-// merge folds findings with the same wording on several probes into one.
+// merge folds findings with the same wording on several requests into one.
 func merge(ds []Difference) []Difference {
 	var out []Difference
 	index := map[string]int{}
 	for _, d := range ds {
 		k := fmt.Sprintf("%v|%s|%s", d.Material, d.Aspect, d.Text)
 		if i, ok := index[k]; ok {
-			out[i].Probes = append(out[i].Probes, d.Probes...)
+			out[i].Requests = append(out[i].Requests, d.Requests...)
 			continue
 		}
 		index[k] = len(out)
@@ -101,11 +101,11 @@ func merge(ds []Difference) []Difference {
 
 // Row is one line of the side-by-side table.
 type Row struct {
-	Probe  string `json:"probe"`
-	Aspect string `json:"aspect"`
-	A      string `json:"a"`
-	B      string `json:"b"`
-	Same   bool   `json:"same"`
+	Request string `json:"probe"`
+	Aspect  string `json:"aspect"`
+	A       string `json:"a"`
+	B       string `json:"b"`
+	Same    bool   `json:"same"`
 }
 
 // Matches checks a worker's shape against its model's reference shape: it
@@ -115,31 +115,31 @@ func Matches(ref, got Shape) (bool, Report) {
 	return r.Verdict == VerdictSame, r
 }
 
-// Diff compares two shapes probe by probe and says what a client would
+// Diff compares two shapes request by request and says what a client would
 // notice, naming each side by its target.
 func Diff(a, b Shape) Report {
 	r := Report{A: a.Target, B: b.Target, Verdict: VerdictSame}
 	if r.A == r.B {
 		r.A, r.B = r.A+" (1)", r.B+" (2)"
 	}
-	bByKey := map[string]ProbeShape{}
-	for _, p := range b.Probes {
+	bByKey := map[string]Answer{}
+	for _, p := range b.Answers {
 		bByKey[p.Key()] = p
 	}
-	for _, pa := range a.Probes {
+	for _, pa := range a.Answers {
 		pb, ok := bByKey[pa.Key()]
 		if !ok {
-			r.add(Difference{Probes: []string{pa.Key()}, Aspect: "probe", Material: true,
-				Text: "probed on " + r.A + " only"})
+			r.add(Difference{Requests: []string{pa.Key()}, Aspect: "request", Material: true,
+				Text: "asked of " + r.A + " only"})
 			continue
 		}
 		delete(bByKey, pa.Key())
 		r.compare(pa, pb)
 	}
-	for _, pb := range b.Probes {
+	for _, pb := range b.Answers {
 		if _, left := bByKey[pb.Key()]; left {
-			r.add(Difference{Probes: []string{pb.Key()}, Aspect: "probe", Material: true,
-				Text: "probed on " + r.B + " only"})
+			r.add(Difference{Requests: []string{pb.Key()}, Aspect: "request", Material: true,
+				Text: "asked of " + r.B + " only"})
 		}
 	}
 	r.Differences = merge(r.Differences)
@@ -153,13 +153,13 @@ func Diff(a, b Shape) Report {
 
 func (r *Report) add(d Difference) { r.Differences = append(r.Differences, d) }
 
-func (r *Report) row(probe, aspect, a, b string) bool {
+func (r *Report) row(request, aspect, a, b string) bool {
 	same := a == b
-	r.Rows = append(r.Rows, Row{Probe: probe, Aspect: aspect, A: a, B: b, Same: same})
+	r.Rows = append(r.Rows, Row{Request: request, Aspect: aspect, A: a, B: b, Same: same})
 	return same
 }
 
-func (r *Report) compare(a, b ProbeShape) {
+func (r *Report) compare(a, b Answer) {
 	key := a.Key()
 	if a.Error != "" || b.Error != "" {
 		if !r.row(key, "error", orDash(a.Error), orDash(b.Error)) {
@@ -174,7 +174,7 @@ func (r *Report) compare(a, b ProbeShape) {
 			} else {
 				parts = append(parts, fmt.Sprintf("answered on %s", r.B))
 			}
-			r.add(Difference{Probes: []string{key}, Aspect: "error", Material: true, Text: strings.Join(parts, "; ")})
+			r.add(Difference{Requests: []string{key}, Aspect: "error", Material: true, Text: strings.Join(parts, "; ")})
 		}
 		// Without an answer on both sides there is no shape to compare.
 		return
@@ -184,11 +184,11 @@ func (r *Report) compare(a, b ProbeShape) {
 	sameContent := r.row(key, "content", contentA, contentB)
 	sameReasoning := r.row(key, "reasoning", a.Reasoning, b.Reasoning)
 	if !sameContent || !sameReasoning {
-		r.add(Difference{Probes: []string{key}, Aspect: "reasoning", Material: true,
+		r.add(Difference{Requests: []string{key}, Aspect: "reasoning", Material: true,
 			Text: describe(b) + " on " + r.B + "; " + describe(a) + " on " + r.A})
 	}
 	if !r.row(key, "tool calls", a.ToolCalls, b.ToolCalls) {
-		r.add(Difference{Probes: []string{key}, Aspect: "tool calls", Material: true,
+		r.add(Difference{Requests: []string{key}, Aspect: "tool calls", Material: true,
 			Text: "tool calls " + toolWords(a.ToolCalls) + " on " + r.A + "; " + toolWords(b.ToolCalls) + " on " + r.B})
 	}
 	if !r.row(key, "finish_reason", orDash(a.FinishReason), orDash(b.FinishReason)) {
@@ -197,34 +197,34 @@ func (r *Report) compare(a, b ProbeShape) {
 		if !material {
 			text += " (the answer's length, not its shape)"
 		}
-		r.add(Difference{Probes: []string{key}, Aspect: "finish_reason", Material: material, Text: text})
+		r.add(Difference{Requests: []string{key}, Aspect: "finish_reason", Material: material, Text: text})
 	}
 	if !r.row(key, "usage", yesNo(a.Usage), yesNo(b.Usage)) {
-		r.add(Difference{Probes: []string{key}, Aspect: "usage", Material: true,
+		r.add(Difference{Requests: []string{key}, Aspect: "usage", Material: true,
 			Text: "usage only on " + r.which(a.Usage) + "; a client counting tokens gets nothing from the other"})
 	}
 	if !r.row(key, "timings", yesNo(a.Timings), yesNo(b.Timings)) {
-		r.add(Difference{Probes: []string{key}, Aspect: "timings", Material: false,
+		r.add(Difference{Requests: []string{key}, Aspect: "timings", Material: false,
 			Text: "llama-server timings only on " + r.which(a.Timings) + " (an extra field clients ignore)"})
 	}
 	if a.Stream != nil && b.Stream != nil {
 		if !r.row(key, "role first", yesNo(a.Stream.RoleFirst), yesNo(b.Stream.RoleFirst)) {
-			r.add(Difference{Probes: []string{key}, Aspect: "role first", Material: false,
+			r.add(Difference{Requests: []string{key}, Aspect: "role first", Material: false,
 				Text: "first delta carries role \"assistant\" only on " + r.which(a.Stream.RoleFirst)})
 		}
 		if !r.row(key, "usage chunk", yesNo(a.Stream.UsageChunk), yesNo(b.Stream.UsageChunk)) {
-			r.add(Difference{Probes: []string{key}, Aspect: "usage chunk", Material: true,
+			r.add(Difference{Requests: []string{key}, Aspect: "usage chunk", Material: true,
 				Text: "usage arrives in a separate chunk with empty choices only on " + r.which(a.Stream.UsageChunk) +
 					"; a client reading choices[0] of every chunk breaks there"})
 		}
 		if !r.row(key, "[DONE]", yesNo(a.Stream.Done), yesNo(b.Stream.Done)) {
-			r.add(Difference{Probes: []string{key}, Aspect: "[DONE]", Material: true,
+			r.add(Difference{Requests: []string{key}, Aspect: "[DONE]", Material: true,
 				Text: "stream ends with data: [DONE] only on " + r.which(a.Stream.Done)})
 		}
 	}
 	cva, cvb := clientWords(a.Client), clientWords(b.Client)
 	if !r.row(key, "go-openai sees", cva, cvb) && sameContent && sameReasoning {
-		r.add(Difference{Probes: []string{key}, Aspect: "go-openai", Material: false,
+		r.add(Difference{Requests: []string{key}, Aspect: "go-openai", Material: false,
 			Text: "go-openai sees " + cva + " on " + r.A + ", " + cvb + " on " + r.B})
 	}
 	r.row(key, "go-openai cannot see", orDash(strings.Join(a.Client.Hidden, ", ")), orDash(strings.Join(b.Client.Hidden, ", ")))
@@ -232,7 +232,7 @@ func (r *Report) compare(a, b ProbeShape) {
 	if ha != hb {
 		// A hidden reasoning field is already a material reasoning
 		// difference above; the rest are extras a client never reads.
-		r.add(Difference{Probes: []string{key}, Aspect: "go-openai cannot see", Material: false,
+		r.add(Difference{Requests: []string{key}, Aspect: "go-openai cannot see", Material: false,
 			Text: "fields a go-openai user cannot read: " + orNone(ha) + " on " + r.A + "; " + orNone(hb) + " on " + r.B})
 	}
 	r.fieldNotes(key, a, b)
@@ -240,7 +240,7 @@ func (r *Report) compare(a, b ProbeShape) {
 
 // fieldNotes reports paths present on one side only, top-most first, as
 // notes: a client that ignores unknown fields does not notice them.
-func (r *Report) fieldNotes(key string, a, b ProbeShape) {
+func (r *Report) fieldNotes(key string, a, b Answer) {
 	only := func(x, y map[string]string) []string {
 		var paths []string
 		for p := range x {
@@ -260,10 +260,10 @@ func (r *Report) fieldNotes(key string, a, b ProbeShape) {
 	}
 	onlyA, onlyB := only(a.Fields, b.Fields), only(b.Fields, a.Fields)
 	if len(onlyA) > 0 {
-		r.add(Difference{Probes: []string{key}, Aspect: "fields", Text: "fields only on " + r.A + ": " + strings.Join(onlyA, ", ")})
+		r.add(Difference{Requests: []string{key}, Aspect: "fields", Text: "fields only on " + r.A + ": " + strings.Join(onlyA, ", ")})
 	}
 	if len(onlyB) > 0 {
-		r.add(Difference{Probes: []string{key}, Aspect: "fields", Text: "fields only on " + r.B + ": " + strings.Join(onlyB, ", ")})
+		r.add(Difference{Requests: []string{key}, Aspect: "fields", Text: "fields only on " + r.B + ": " + strings.Join(onlyB, ", ")})
 	}
 }
 
@@ -282,7 +282,7 @@ func (r *Report) which(onA bool) string {
 
 // describe words where a response put its text: "content empty, reasoning
 // in reasoning_content", "inline <think>".
-func describe(p ProbeShape) string {
+func describe(p Answer) string {
 	var parts []string
 	if p.ContentEmpty {
 		parts = append(parts, "content empty")
@@ -412,14 +412,14 @@ func (r Report) Text(width int, colour bool) string {
 	aspectW := 22
 	colW := (width - aspectW - 4) / 2
 	fmt.Fprintf(&sb, "%s %s %s\n", pad("", aspectW), pad(paint(ansiBold, fit(r.A, colW)), colW), paint(ansiBold, fit(r.B, colW)))
-	probe := ""
+	request := ""
 	for _, row := range r.Rows {
 		if row.Same && !essentialAspects[row.Aspect] {
 			continue
 		}
-		if row.Probe != probe {
-			probe = row.Probe
-			sb.WriteString(paint(ansiBold, probe) + "\n")
+		if row.Request != request {
+			request = row.Request
+			sb.WriteString(paint(ansiBold, request) + "\n")
 		}
 		mark := " "
 		line := fmt.Sprintf("  %s %s %s", pad(fit(row.Aspect, aspectW-2), aspectW-2), pad(fit(row.A, colW), colW), pad(fit(row.B, colW), colW))

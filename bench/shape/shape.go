@@ -1,4 +1,4 @@
-// Package shape sends the same probes to a worker that any client would send
+// Package shape sends the same requests (shape requests) to a worker that any client would send
 // and reduces each response to its shape: which fields exist and with what
 // JSON kinds, where a reasoning model's thinking is (inline <think> in
 // content, reasoning_content, reasoning), whether tool calls come back
@@ -6,7 +6,7 @@
 // is framed. Two shapes are compared with Diff, which words the differences
 // as a client would notice them.
 //
-// The probes go through github.com/sashabaranov/go-openai, so a shape also
+// The requests go through github.com/sashabaranov/go-openai, so a shape also
 // records what a real client library surfaced, and the raw bytes of the
 // same response are read too, so fields the library has no place for
 // (vLLM's "reasoning", llama-server's "timings") are named rather than
@@ -37,9 +37,9 @@ const (
 	ToolCallsStructured       = "structured"
 	ToolCallsProse            = "prose"
 	ToolCallsNone             = "none"
-	ProbeReasoning            = "reasoning"
-	ProbeTools                = "tools"
-	ProbePlain                = "plain"
+	RequestReasoning          = "reasoning"
+	RequestTools              = "tools"
+	RequestPlain              = "plain"
 	reasoningPrompt           = "What is 17 multiplied by 23?"
 	toolsPrompt               = "What is the weather in Paris right now? Use the tool."
 	plainPrompt               = "Say hello in one short sentence."
@@ -47,19 +47,20 @@ const (
 	defaultMaxTokensPlain     = 64
 )
 
-// Shape is how one target answers the probes. It is JSON-serialisable so the
+// Shape is how one target answers the shape requests. It is JSON-serialisable so the
 // hub can keep a model's reference shape and check new workers against it.
 type Shape struct {
-	Target string       `json:"target"`
-	Model  string       `json:"model"`
-	Probes []ProbeShape `json:"probes"`
+	Target  string   `json:"target"`
+	Model   string   `json:"model"`
+	Answers []Answer `json:"probes"`
 }
 
-// ProbeShape is the shape of one probe's response, streamed or not.
-type ProbeShape struct {
-	Probe    string `json:"probe"` // "reasoning", "tools", "plain"
+// Answer is the shape of the answer to one shape request, streamed or
+// not.
+type Answer struct {
+	Request  string `json:"probe"` // "reasoning", "tools", "plain"
 	Streamed bool   `json:"streamed"`
-	// Error is set when the probe got no usable answer (HTTP error, broken
+	// Error is set when the request got no usable answer (HTTP error, broken
 	// stream); Status is the HTTP status when one came.
 	Error  string `json:"error,omitempty"`
 	Status int    `json:"status,omitempty"`
@@ -81,12 +82,12 @@ type ProbeShape struct {
 	Client       ClientView   `json:"client"`
 }
 
-// Key names a probe in reports: "reasoning, streamed".
-func (p ProbeShape) Key() string {
+// Key names a request in reports: "reasoning, streamed".
+func (p Answer) Key() string {
 	if p.Streamed {
-		return p.Probe + ", streamed"
+		return p.Request + ", streamed"
 	}
-	return p.Probe + ", non-streamed"
+	return p.Request + ", non-streamed"
 }
 
 // StreamShape is how a stream was framed.
@@ -113,24 +114,24 @@ type ClientView struct {
 	Hidden []string `json:"hidden,omitempty"`
 }
 
-// Options tunes Probe. The zero value is what admission uses.
+// Options tunes Measure. The zero value is what admission uses.
 type Options struct {
-	// MaxTokens caps the reasoning and tools probes (default 512: a small
+	// MaxTokens caps the reasoning and tools requests (default 512: a small
 	// reasoning model thinks about 17×23 in a few hundred tokens, and a
 	// thought cut short still shows where the thinking goes). The plain
-	// probe is capped at 64.
+	// request is capped at 64.
 	MaxTokens int
 	Logger    *slog.Logger
 }
 
-type probe struct {
+type request struct {
 	name      string
 	messages  []openai.ChatCompletionMessage
 	tools     []openai.Tool
 	maxTokens int
 }
 
-func probes(maxTokens int) []probe {
+func requests(maxTokens int) []request {
 	user := func(s string) []openai.ChatCompletionMessage {
 		return []openai.ChatCompletionMessage{{Role: openai.ChatMessageRoleUser, Content: s}}
 	}
@@ -146,24 +147,24 @@ func probes(maxTokens int) []probe {
 			"required": []string{"location"},
 		},
 	}}
-	return []probe{
-		{name: ProbeReasoning, messages: user(reasoningPrompt), maxTokens: maxTokens},
-		{name: ProbeTools, messages: user(toolsPrompt), tools: []openai.Tool{weather}, maxTokens: maxTokens},
-		{name: ProbePlain, messages: user(plainPrompt), maxTokens: defaultMaxTokensPlain},
+	return []request{
+		{name: RequestReasoning, messages: user(reasoningPrompt), maxTokens: maxTokens},
+		{name: RequestTools, messages: user(toolsPrompt), tools: []openai.Tool{weather}, maxTokens: maxTokens},
+		{name: RequestPlain, messages: user(plainPrompt), maxTokens: defaultMaxTokensPlain},
 	}
 }
 
-// Probe sends the reasoning, tools and plain probes to target, each
-// non-streamed then streamed, and returns the shape of the answers. A probe
-// that fails is part of the shape (a tools probe rejected for want of
-// --jinja is a finding); Probe fails only when no probe got an answer or
+// Measure sends the reasoning, tools and plain requests to target, each
+// non-streamed then streamed, and returns the shape of the answers. A request
+// that fails is part of the shape (a tools request rejected for want of
+// --jinja is a finding); Measure fails only when no request got an answer or
 // ctx ends.
-func Probe(ctx context.Context, target bench.Target) (Shape, error) {
-	return ProbeWith(ctx, target, Options{})
+func Measure(ctx context.Context, target bench.Target) (Shape, error) {
+	return MeasureWith(ctx, target, Options{})
 }
 
-// ProbeWith is Probe with options.
-func ProbeWith(ctx context.Context, target bench.Target, opts Options) (Shape, error) {
+// MeasureWith is Measure with options.
+func MeasureWith(ctx context.Context, target bench.Target, opts Options) (Shape, error) {
 	if err := target.Validate(); err != nil {
 		return Shape{}, err
 	}
@@ -183,31 +184,31 @@ func ProbeWith(ctx context.Context, target bench.Target, opts Options) (Shape, e
 	shape := Shape{Target: target.Label(), Model: target.Model}
 	var firstErr error
 	answered := 0
-	for _, p := range probes(maxTokens) {
+	for _, p := range requests(maxTokens) {
 		for _, streamed := range []bool{false, true} {
 			if err := ctx.Err(); err != nil {
-				return Shape{}, fmt.Errorf("shape probe of %s interrupted: %w", target.Label(), err)
+				return Shape{}, fmt.Errorf("shape requests to %s interrupted: %w", target.Label(), err)
 			}
-			ps := runProbe(ctx, client, target.Model, p, streamed)
-			log.Debug("shape probe", "target", target.Label(), "probe", ps.Key(), "reasoning", ps.Reasoning,
+			ps := ask(ctx, client, target.Model, p, streamed)
+			log.Debug("shape request", "target", target.Label(), "request", ps.Key(), "reasoning", ps.Reasoning,
 				"content_empty", ps.ContentEmpty, "error", ps.Error)
 			if ps.Error == "" {
 				answered++
 			} else if firstErr == nil {
 				firstErr = errors.New(ps.Error)
 			}
-			shape.Probes = append(shape.Probes, ps)
+			shape.Answers = append(shape.Answers, ps)
 		}
 	}
 	if answered == 0 {
-		return Shape{}, fmt.Errorf("no shape probe of %s (%s) got an answer; is the worker up and serving %q? first error: %w",
+		return Shape{}, fmt.Errorf("no shape request to %s (%s) got an answer; is the worker up and serving %q? first error: %w",
 			target.Label(), target.BaseURL, target.Model, firstErr)
 	}
 	return shape, nil
 }
 
-func runProbe(ctx context.Context, client *openai.Client, model string, p probe, streamed bool) ProbeShape {
-	ps := ProbeShape{Probe: p.name, Streamed: streamed}
+func ask(ctx context.Context, client *openai.Client, model string, p request, streamed bool) Answer {
+	ps := Answer{Request: p.name, Streamed: streamed}
 	req := openai.ChatCompletionRequest{Model: model, Messages: p.messages, Tools: p.tools, MaxCompletionTokens: p.maxTokens}
 	if len(p.tools) > 0 {
 		req.ToolChoice = "auto"
@@ -268,7 +269,7 @@ type text struct {
 	finish                               string
 }
 
-func reduceResponse(ps *ProbeShape, raw []byte, resp openai.ChatCompletionResponse) {
+func reduceResponse(ps *Answer, raw []byte, resp openai.ChatCompletionResponse) {
 	var doc any
 	if err := json.Unmarshal(raw, &doc); err != nil {
 		ps.Error = fmt.Sprintf("response is not JSON: %v", err)
@@ -296,7 +297,7 @@ func reduceResponse(ps *ProbeShape, raw []byte, resp openai.ChatCompletionRespon
 	ps.Client.Hidden = hiddenPaths(doc, seen)
 }
 
-func reduceStream(ps *ProbeShape, raw []byte, chunks []openai.ChatCompletionStreamResponse) {
+func reduceStream(ps *Answer, raw []byte, chunks []openai.ChatCompletionStreamResponse) {
 	fields := map[string]map[string]bool{}
 	hidden := map[string]bool{}
 	st := &StreamShape{}
@@ -413,7 +414,7 @@ func (t *text) add(m map[string]any) {
 }
 
 // summarise turns the accumulated text into the shape's verdict fields.
-func (ps *ProbeShape) summarise(t text) {
+func (ps *Answer) summarise(t text) {
 	var where []string
 	if strings.Contains(t.content, "<think>") || strings.Contains(t.content, "</think>") {
 		where = append(where, ReasoningInline)

@@ -24,7 +24,7 @@ type fakeEngine struct {
 	timings     bool
 	usageChunk  bool // usage in a separate choices:[] chunk (else on the finish chunk)
 	noDone      bool
-	toolsStatus int // non-zero: the tools probe fails with this status
+	toolsStatus int // non-zero: the tools request fails with this status
 }
 
 const (
@@ -126,28 +126,28 @@ func (f fakeEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 }
 
-func probeFake(t *testing.T, name string, f fakeEngine) Shape {
+func measureFake(t *testing.T, name string, f fakeEngine) Shape {
 	t.Helper()
 	srv := httptest.NewServer(f)
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	s, err := Probe(ctx, bench.Target{Name: name, BaseURL: srv.URL + "/v1", Model: "qwen3-4b"})
+	s, err := Measure(ctx, bench.Target{Name: name, BaseURL: srv.URL + "/v1", Model: "qwen3-4b"})
 	if err != nil {
-		t.Fatalf("Probe %s: %v", name, err)
+		t.Fatalf("Measure %s: %v", name, err)
 	}
 	return s
 }
 
-func find(t *testing.T, s Shape, probe string, streamed bool) ProbeShape {
+func find(t *testing.T, s Shape, request string, streamed bool) Answer {
 	t.Helper()
-	for _, p := range s.Probes {
-		if p.Probe == probe && p.Streamed == streamed {
+	for _, p := range s.Answers {
+		if p.Request == request && p.Streamed == streamed {
 			return p
 		}
 	}
-	t.Fatalf("no %s probe (streamed %v) in %+v", probe, streamed, s)
-	return ProbeShape{}
+	t.Fatalf("no %s request (streamed %v) in %+v", request, streamed, s)
+	return Answer{}
 }
 
 var (
@@ -157,7 +157,7 @@ var (
 	llamaNone    = fakeEngine{reasoning: "inline", timings: true, usageChunk: true}
 )
 
-func TestProbeShape(t *testing.T) {
+func TestMeasureShape(t *testing.T) {
 	tests := []struct {
 		name         string
 		engine       fakeEngine
@@ -182,13 +182,13 @@ func TestProbeShape(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			s := probeFake(t, tt.name, tt.engine)
-			if len(s.Probes) != 6 {
-				t.Fatalf("want 6 probes (3 prompts × streamed or not), got %d", len(s.Probes))
+			s := measureFake(t, tt.name, tt.engine)
+			if len(s.Answers) != 6 {
+				t.Fatalf("want 6 answers (3 prompts × streamed or not), got %d", len(s.Answers))
 			}
-			r := find(t, s, ProbeReasoning, tt.streamed)
+			r := find(t, s, RequestReasoning, tt.streamed)
 			if r.Error != "" {
-				t.Fatalf("reasoning probe failed: %s", r.Error)
+				t.Fatalf("reasoning request failed: %s", r.Error)
 			}
 			if r.Reasoning != tt.wantReason || r.ContentEmpty != tt.wantEmpty {
 				t.Errorf("reasoning at %q, content empty %v; want %q, %v", r.Reasoning, r.ContentEmpty, tt.wantReason, tt.wantEmpty)
@@ -213,12 +213,12 @@ func TestProbeShape(t *testing.T) {
 			if tt.wantReason == ReasoningField && r.Client.ReasoningContent {
 				t.Errorf("go-openai has no field for vLLM's reasoning, yet saw it: %+v", r.Client)
 			}
-			tools := find(t, s, ProbeTools, tt.streamed)
+			tools := find(t, s, RequestTools, tt.streamed)
 			if tools.ToolCalls != tt.wantTools {
 				t.Errorf("tool calls %q, want %q", tools.ToolCalls, tt.wantTools)
 			}
 			if tt.wantTools == ToolCallsStructured && (tools.FinishReason != "tool_calls" || tools.Client.ToolCalls != 1) {
-				t.Errorf("tools probe: finish %q, go-openai saw %d calls", tools.FinishReason, tools.Client.ToolCalls)
+				t.Errorf("tools request: finish %q, go-openai saw %d calls", tools.FinishReason, tools.Client.ToolCalls)
 			}
 			// A shape must survive the store: JSON in, JSON out, same verdict.
 			raw, err := json.Marshal(s)
@@ -236,16 +236,16 @@ func TestProbeShape(t *testing.T) {
 	}
 }
 
-func TestProbeFailures(t *testing.T) {
+func TestMeasureFailures(t *testing.T) {
 	t.Run("tools rejected is a finding, not a failure", func(t *testing.T) {
-		s := probeFake(t, "nojinja", fakeEngine{toolsStatus: 400})
-		tools := find(t, s, ProbeTools, false)
+		s := measureFake(t, "nojinja", fakeEngine{toolsStatus: 400})
+		tools := find(t, s, RequestTools, false)
 		if tools.Error == "" || tools.Status != 400 || !strings.Contains(tools.Error, "--jinja") {
-			t.Errorf("tools probe error %q status %d", tools.Error, tools.Status)
+			t.Errorf("tools request error %q status %d", tools.Error, tools.Status)
 		}
-		d := Diff(probeFake(t, "ok", fakeEngine{}), s)
+		d := Diff(measureFake(t, "ok", fakeEngine{}), s)
 		if d.Verdict != VerdictDiffers || !strings.Contains(d.Text(100, false), "failed on nojinja") {
-			t.Errorf("diff does not report the failed probe:\n%s", d.Text(100, false))
+			t.Errorf("diff does not report the failed request:\n%s", d.Text(100, false))
 		}
 	})
 	t.Run("nothing answers", func(t *testing.T) {
@@ -253,14 +253,14 @@ func TestProbeFailures(t *testing.T) {
 			http.Error(w, `{"error":{"message":"model not loaded","type":"server_error","code":503}}`, http.StatusServiceUnavailable)
 		}))
 		defer srv.Close()
-		_, err := Probe(context.Background(), bench.Target{Name: "down", BaseURL: srv.URL + "/v1", Model: "m"})
-		if err == nil || !strings.Contains(err.Error(), "no shape probe of down") || !strings.Contains(err.Error(), "503") {
+		_, err := Measure(context.Background(), bench.Target{Name: "down", BaseURL: srv.URL + "/v1", Model: "m"})
+		if err == nil || !strings.Contains(err.Error(), "no shape request to down") || !strings.Contains(err.Error(), "503") {
 			t.Errorf("err = %v", err)
 		}
 	})
 	t.Run("bad target", func(t *testing.T) {
 		for _, tg := range []bench.Target{{Name: "x", BaseURL: "127.0.0.1:8080", Model: "m"}, {Name: "y", BaseURL: "http://h/v1"}} {
-			if _, err := Probe(context.Background(), tg); err == nil {
+			if _, err := Measure(context.Background(), tg); err == nil {
 				t.Errorf("target %+v accepted", tg)
 			}
 		}
@@ -270,18 +270,18 @@ func TestProbeFailures(t *testing.T) {
 		cancel()
 		srv := httptest.NewServer(fakeEngine{})
 		defer srv.Close()
-		if _, err := Probe(ctx, bench.Target{Name: "c", BaseURL: srv.URL + "/v1", Model: "m"}); err == nil {
-			t.Error("cancelled probe succeeded")
+		if _, err := Measure(ctx, bench.Target{Name: "c", BaseURL: srv.URL + "/v1", Model: "m"}); err == nil {
+			t.Error("cancelled measurement succeeded")
 		}
 	})
 }
 
 func TestDiff(t *testing.T) {
-	rig := probeFake(t, "rig", vllmInline)
-	ultra := probeFake(t, "ultra", llamaDefault)
-	fixed := probeFake(t, "ultra", llamaNone)
-	parser := probeFake(t, "gpu", vllmParser)
-	prose := probeFake(t, "mac", fakeEngine{reasoning: "inline", proseTools: true, usageChunk: true})
+	rig := measureFake(t, "rig", vllmInline)
+	ultra := measureFake(t, "ultra", llamaDefault)
+	fixed := measureFake(t, "ultra", llamaNone)
+	parser := measureFake(t, "gpu", vllmParser)
+	prose := measureFake(t, "mac", fakeEngine{reasoning: "inline", proseTools: true, usageChunk: true})
 
 	tests := []struct {
 		name        string
@@ -342,9 +342,9 @@ func TestDiff(t *testing.T) {
 	}
 }
 
-// The probes cap their answers with max_completion_tokens: max_tokens is
+// The shape requests cap their answers with max_completion_tokens: max_tokens is
 // deprecated in the OpenAI API, and vLLM, llama-server and sim read both.
-func TestProbeCapsWithMaxCompletionTokens(t *testing.T) {
+func TestShapeRequestsCapWithMaxCompletionTokens(t *testing.T) {
 	bodies := make(chan map[string]any, 64)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		var body map[string]any
@@ -355,21 +355,21 @@ func TestProbeCapsWithMaxCompletionTokens(t *testing.T) {
 		http.Error(w, "down", http.StatusServiceUnavailable)
 	}))
 	defer srv.Close()
-	if _, err := Probe(context.Background(), bench.Target{Name: "cap", BaseURL: srv.URL + "/v1", Model: "m"}); err == nil {
-		t.Fatal("Probe of an engine that answers 503 succeeded")
+	if _, err := Measure(context.Background(), bench.Target{Name: "cap", BaseURL: srv.URL + "/v1", Model: "m"}); err == nil {
+		t.Fatal("Measure of an engine that answers 503 succeeded")
 	}
 	close(bodies)
 	n := 0
 	for body := range bodies {
 		n++
 		if _, ok := body["max_tokens"]; ok {
-			t.Errorf("a probe sent the deprecated max_tokens: %v", body)
+			t.Errorf("a shape request sent the deprecated max_tokens: %v", body)
 		}
 		if v, ok := body["max_completion_tokens"].(float64); !ok || v < 1 {
-			t.Errorf("a probe sent no max_completion_tokens cap: %v", body)
+			t.Errorf("a shape request sent no max_completion_tokens cap: %v", body)
 		}
 	}
 	if n == 0 {
-		t.Fatal("no probe reached the engine")
+		t.Fatal("no shape request reached the engine")
 	}
 }

@@ -34,13 +34,13 @@ var (
 	llamaNoneArgs = append(append([]string{}, llamaArgs...), "--reasoning-format", "none")
 )
 
-func probeURL(t *testing.T, name, url string) Shape {
+func measureURL(t *testing.T, name, url string) Shape {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	s, err := Probe(ctx, bench.Target{Name: name, BaseURL: url + "/v1", Model: "qwen3-4b"})
+	s, err := Measure(ctx, bench.Target{Name: name, BaseURL: url + "/v1", Model: "qwen3-4b"})
 	if err != nil {
-		t.Fatalf("probe %s: %v", name, err)
+		t.Fatalf("measure %s: %v", name, err)
 	}
 	return s
 }
@@ -56,8 +56,8 @@ func materialAspects(r Report) []string {
 }
 
 func TestSimSeedDifference(t *testing.T) {
-	rig := probeURL(t, "rig", simWorker(t, vllmArgs...))
-	ultra := probeURL(t, "ultra", simWorker(t, llamaArgs...))
+	rig := measureURL(t, "rig", simWorker(t, vllmArgs...))
+	ultra := measureURL(t, "ultra", simWorker(t, llamaArgs...))
 	r := Diff(rig, ultra)
 	text := r.Text(120, false)
 	t.Logf("\n%s", text)
@@ -76,12 +76,12 @@ func TestSimSeedDifference(t *testing.T) {
 	if !strings.Contains(text, "reasoning in reasoning_content on ultra") || !strings.Contains(text, "inline <think> on rig") {
 		t.Errorf("report does not name the seed's difference")
 	}
-	reasoningProbe := find(t, ultra, ProbeReasoning, false)
-	if reasoningProbe.Client.Content && !reasoningProbe.Client.ReasoningContent {
-		t.Errorf("go-openai view of llama default: %+v", reasoningProbe.Client)
+	reasoning := find(t, ultra, RequestReasoning, false)
+	if reasoning.Client.Content && !reasoning.Client.ReasoningContent {
+		t.Errorf("go-openai view of llama default: %+v", reasoning.Client)
 	}
 
-	fixed := probeURL(t, "ultra", simWorker(t, llamaNoneArgs...))
+	fixed := measureURL(t, "ultra", simWorker(t, llamaNoneArgs...))
 	r = Diff(rig, fixed)
 	if r.Verdict != VerdictSame {
 		t.Errorf("with --reasoning-format none the shapes should match:\n%s", r.Text(120, false))
@@ -131,8 +131,8 @@ func TestSimNormalisedShapes(t *testing.T) {
 	vllmURL, llamaURL := simWorker(t, vllmArgs...), simWorker(t, llamaArgs...)
 	for _, mode := range []reasoning.Mode{reasoning.Inline, reasoning.Field} {
 		t.Run(string(mode), func(t *testing.T) {
-			rig := probeURL(t, "rig", normalising(t, vllmURL, mode))
-			ultra := probeURL(t, "ultra", normalising(t, llamaURL, mode))
+			rig := measureURL(t, "rig", normalising(t, vllmURL, mode))
+			ultra := measureURL(t, "ultra", normalising(t, llamaURL, mode))
 			if ok, r := Matches(rig, ultra); !ok {
 				t.Errorf("normalised %s: shapes differ:\n%s", mode, r.Text(120, false))
 			}
@@ -140,7 +140,7 @@ func TestSimNormalisedShapes(t *testing.T) {
 			if mode == reasoning.Field {
 				want = ReasoningContentField
 			}
-			if p := find(t, ultra, ProbeReasoning, true); p.Reasoning != want {
+			if p := find(t, ultra, RequestReasoning, true); p.Reasoning != want {
 				t.Errorf("normalised %s: reasoning at %q, want %q", mode, p.Reasoning, want)
 			}
 		})
@@ -150,9 +150,9 @@ func TestSimNormalisedShapes(t *testing.T) {
 // TestSimVLLMReasoningParser: vLLM ≥ 0.17 with a reasoning parser puts the
 // thinking in "reasoning", which go-openai has no field for.
 func TestSimVLLMReasoningParser(t *testing.T) {
-	gpu := probeURL(t, "gpu", simWorker(t, append(append([]string{}, vllmArgs...), "--reasoning-parser", "qwen3")...))
-	mac := probeURL(t, "mac", simWorker(t, llamaArgs...))
-	p := find(t, gpu, ProbeReasoning, false)
+	gpu := measureURL(t, "gpu", simWorker(t, append(append([]string{}, vllmArgs...), "--reasoning-parser", "qwen3")...))
+	mac := measureURL(t, "mac", simWorker(t, llamaArgs...))
+	p := find(t, gpu, RequestReasoning, false)
 	if p.Reasoning != ReasoningField || p.Client.ReasoningContent {
 		t.Errorf("vLLM parser: reasoning at %q, go-openai saw reasoning_content %v", p.Reasoning, p.Client.ReasoningContent)
 	}
