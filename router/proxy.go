@@ -389,9 +389,11 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 }
 
 // finish records how a request that reached a worker ended, whatever the
-// status: the one place a request's outcome is recorded (status, tokens,
-// cached tokens, TTFT, ITL, worker, model, key), and where a per-request
-// hook belongs.
+// status: the one place a request's outcome is recorded, and where a
+// per-request hook belongs. At hand: status; c.key (the client's key name),
+// f.model and f.b.cfg.Name (model, worker); m.promptCache() (prompt and
+// cached tokens as the engine reported them); for a served answer, t's
+// output tokens, TTFT and ITL.
 func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, status int) {
 	r.countStatus(f.model, f.b.cfg.Name, status)
 	if status >= 400 {
@@ -399,6 +401,17 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 		return
 	}
 	t := r.timeAnswer(f, c, m, sent, end)
+	r.observe(f, t)
+	r.release(f, &outcome{ok: true, ttft: t.backendTTFT, itl: t.itl, outputTokens: t.tokens, cache: m.promptCache()})
+	if r.opts.OnSample != nil {
+		r.opts.OnSample(fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: t.backendTTFT, ITL: t.itl,
+			E2E: t.e2e, OutputTokens: t.tokens, TokPerSec: t.tokPerSec})
+	}
+}
+
+// observe adds a served answer's times to the worker's metrics and the
+// histories the console shows.
+func (r *Router) observe(f *flight, t answerTimes) {
 	if t.clientTTFT > 0 {
 		f.b.observers.ttft.Observe(t.clientTTFT.Seconds())
 	}
@@ -407,6 +420,7 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 		f.b.observers.itl.Observe(t.itl.Seconds())
 	}
 	r.mu.Lock()
+	defer r.mu.Unlock()
 	w := r.workerLocked(f.b.cfg.Name)
 	// The worker's own TTFT, from the moment it was sent the request: a
 	// wait in the router's queue is the fleet's, not the worker's.
@@ -415,12 +429,6 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 	}
 	if t.itl > 0 {
 		w.itlHistory.add(ms(t.itl))
-	}
-	r.mu.Unlock()
-	r.release(f, &outcome{ok: true, ttft: t.backendTTFT, itl: t.itl, outputTokens: t.tokens, cache: m.promptCache()})
-	if r.opts.OnSample != nil {
-		r.opts.OnSample(fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: t.backendTTFT, ITL: t.itl,
-			E2E: t.e2e, OutputTokens: t.tokens, TokPerSec: t.tokPerSec})
 	}
 }
 
