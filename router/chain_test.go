@@ -17,10 +17,6 @@ import (
 // The upstream pieces (transport.go), each alone against a fake next
 // RoundTripper: what it sends on, and what it hands back.
 
-type rtFunc func(*http.Request) (*http.Response, error)
-
-func (f rtFunc) RoundTrip(req *http.Request) (*http.Response, error) { return f(req) }
-
 // engine is a fake next hop answering with status, content type and body
 // (as reads of the given pieces), recording the request it got.
 type engine struct {
