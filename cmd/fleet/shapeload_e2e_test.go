@@ -33,7 +33,7 @@ func inFlight(t *testing.T, base, backend string) int {
 // `fleet shape` talks to the workers directly, around the router; the
 // router still counts those requests as the workers' load, so its
 // scheduler does not fill the slots they take.
-func TestShapeProbesAreRouterLoad(t *testing.T) {
+func TestShapeRequestsAreRouterLoad(t *testing.T) {
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http
@@ -60,7 +60,7 @@ func TestShapeProbesAreRouterLoad(t *testing.T) {
 		}
 	}
 	if seen == 0 {
-		t.Errorf("the router never counted the shape probes on ultra as in flight")
+		t.Errorf("the router never counted the shape requests on ultra as in flight")
 	}
 	if n := inFlight(t, base, "ultra/qwen3-4b"); n != 0 {
 		t.Errorf("after the shape check the router still counts %d in flight on ultra", n)
