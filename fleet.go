@@ -385,6 +385,10 @@ var actions = [...]Action{
 	{"export", RoleViewer, false},
 	// A theme is the user's own preference, not the fleet's.
 	{"theme", RoleViewer, false},
+	// Usage by model or worker is the fleet's; by key it names the keys,
+	// which only admins list.
+	{"usage", RoleViewer, false},
+	{"usage --by key", RoleAdmin, false},
 
 	{"drain", RoleOperator, true},
 	{"undrain", RoleOperator, true},
@@ -407,6 +411,7 @@ var actions = [...]Action{
 	{"key create", RoleAdmin, true},
 	{"key revoke", RoleAdmin, true},
 	{"key list", RoleAdmin, false},
+	{"key limit", RoleAdmin, true},
 }
 
 // Actions returns the action table (a copy).
@@ -458,6 +463,30 @@ type APIKey struct {
 	Name    string    `json:"name"`
 	Created time.Time `json:"created"`
 	Revoked time.Time `json:"revoked,omitzero"`
+	KeyLimits
+}
+
+// KeyLimits are a router key's optional limits; 0 is no limit. Tokens are
+// prompt plus completion tokens as the engines report them, per UTC day.
+type KeyLimits struct {
+	RequestsPerMinute int   `json:"requests_per_minute,omitempty"`
+	TokensPerDay      int64 `json:"tokens_per_day,omitempty"`
+}
+
+// Usage is what one router key (or model, or worker) used: requests
+// answered and the tokens the engines reported for them. Key is "" when the
+// router takes no keys (loopback without --require-keys).
+type Usage struct {
+	// Bucket is the start of the minute the usage was counted in, when it
+	// is one minute's (as the router's recorder writes it); zero in totals.
+	Bucket           time.Time `json:"bucket,omitzero"`
+	Key              string    `json:"key,omitempty"`
+	Model            string    `json:"model,omitempty"`
+	Worker           string    `json:"worker,omitempty"`
+	Requests         int64     `json:"requests"`
+	PromptTokens     int64     `json:"prompt_tokens"`
+	CachedTokens     int64     `json:"cached_tokens"`
+	CompletionTokens int64     `json:"completion_tokens"`
 }
 
 // Event is a line of a node's or worker's history: launches, probes, drains,

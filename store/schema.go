@@ -165,4 +165,22 @@ ALTER TABLE models ADD COLUMN reference TEXT NOT NULL DEFAULT '';
 ALTER TABLE reference_shapes ADD COLUMN source TEXT NOT NULL DEFAULT '';
 ALTER TABLE reference_shapes ADD COLUMN argv TEXT NOT NULL DEFAULT '[]';
 `,
+	// 4: usage per router key, model and worker in minute buckets (bucket is
+	// the minute's start in Unix seconds; key is '' when the router takes no
+	// keys), and each key's optional limits (0: none).
+	`
+CREATE TABLE usage (
+	bucket            INTEGER NOT NULL,
+	key               TEXT NOT NULL,
+	model             TEXT NOT NULL,
+	worker            TEXT NOT NULL,
+	requests          INTEGER NOT NULL DEFAULT 0,
+	prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+	cached_tokens     INTEGER NOT NULL DEFAULT 0,
+	completion_tokens INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (bucket, key, model, worker)
+);
+ALTER TABLE api_keys ADD COLUMN requests_per_minute INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE api_keys ADD COLUMN tokens_per_day INTEGER NOT NULL DEFAULT 0;
+`,
 }

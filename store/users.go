@@ -210,7 +210,7 @@ func (s *Store) VerifyAPIKey(ctx context.Context, key string) (string, bool, err
 
 // APIKeys lists router keys, revoked ones included, by name.
 func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, created, revoked FROM api_keys ORDER BY name`)
+	rows, err := s.db.QueryContext(ctx, `SELECT name, created, revoked, requests_per_minute, tokens_per_day FROM api_keys ORDER BY name`)
 	if err != nil {
 		return nil, fmt.Errorf("list API keys: %w", err)
 	}
@@ -221,7 +221,7 @@ func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
 			k                fleet.APIKey
 			created, revoked int64
 		)
-		if err := rows.Scan(&k.Name, &created, &revoked); err != nil {
+		if err := rows.Scan(&k.Name, &created, &revoked, &k.RequestsPerMinute, &k.TokensPerDay); err != nil {
 			return nil, fmt.Errorf("list API keys: %w", err)
 		}
 		k.Created, k.Revoked = fromUnixNano(created), fromUnixNano(revoked)

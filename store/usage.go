@@ -1,0 +1,140 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"fmt"
+	"time"
+
+	"fleet"
+)
+
+// UsageBucket is the time bucket usage is kept in.
+const UsageBucket = time.Minute
+
+// AddUsage adds one batch of usage, each row to its minute bucket (the row's
+// Bucket, truncated), in one transaction: rows already there for the same
+// bucket, key, model and worker are added to.
+func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
+	if len(rows) == 0 {
+		return nil
+	}
+	for i, u := range rows {
+		if u.Bucket.IsZero() || u.Model == "" || u.Worker == "" {
+			return fmt.Errorf("add usage: row %d has no time, model or worker; nothing was stored", i)
+		}
+	}
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (bucket, key, model, worker) DO UPDATE SET
+				requests = requests + excluded.requests,
+				prompt_tokens = prompt_tokens + excluded.prompt_tokens,
+				cached_tokens = cached_tokens + excluded.cached_tokens,
+				completion_tokens = completion_tokens + excluded.completion_tokens`)
+		if err != nil {
+			return err
+		}
+		defer stmt.Close()
+		for _, u := range rows {
+			if _, err := stmt.ExecContext(ctx, u.Bucket.Truncate(UsageBucket).Unix(), u.Key, u.Model, u.Worker,
+				u.Requests, u.PromptTokens, u.CachedTokens, u.CompletionTokens); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("add %d usage rows to %s: %w", len(rows), s.path, err)
+	}
+	return nil
+}
+
+// UsageBy names what usage totals are grouped by.
+type UsageBy string
+
+const (
+	UsageByKey    UsageBy = "key"
+	UsageByModel  UsageBy = "model"
+	UsageByWorker UsageBy = "worker"
+)
+
+// Usage totals the usage counted since since (from the start of its minute),
+// grouped by key, model or worker, most tokens first.
+func (s *Store) Usage(ctx context.Context, since time.Time, by UsageBy) ([]fleet.Usage, error) {
+	var col string
+	switch by {
+	case UsageByKey, UsageByModel, UsageByWorker:
+		col = string(by)
+	default:
+		return nil, fmt.Errorf("usage: cannot group by %q; use key, model or worker", by)
+	}
+	// col is one of three constants above, never client text.
+	rows, err := s.db.QueryContext(ctx, `SELECT `+col+`, SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)
+		FROM usage WHERE bucket >= ? GROUP BY `+col+`
+		ORDER BY SUM(prompt_tokens) + SUM(completion_tokens) DESC, `+col,
+		since.Truncate(UsageBucket).Unix())
+	if err != nil {
+		return nil, fmt.Errorf("usage by %s: %w", by, err)
+	}
+	defer rows.Close()
+	out := []fleet.Usage{}
+	for rows.Next() {
+		var (
+			u    fleet.Usage
+			name string
+		)
+		if err := rows.Scan(&name, &u.Requests, &u.PromptTokens, &u.CachedTokens, &u.CompletionTokens); err != nil {
+			return nil, fmt.Errorf("usage by %s: %w", by, err)
+		}
+		switch by {
+		case UsageByKey:
+			u.Key = name
+		case UsageByModel:
+			u.Model = name
+		case UsageByWorker:
+			u.Worker = name
+		}
+		out = append(out, u)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("usage by %s: %w", by, err)
+	}
+	return out, nil
+}
+
+// KeyTokensSince is each key's prompt plus completion tokens since since, so
+// a restarted hub goes on counting a day's token limit where it was.
+func (s *Store) KeyTokensSince(ctx context.Context, since time.Time) (map[string]int64, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT key, SUM(prompt_tokens) + SUM(completion_tokens) FROM usage
+		WHERE bucket >= ? AND key != '' GROUP BY key`, since.Truncate(UsageBucket).Unix())
+	if err != nil {
+		return nil, fmt.Errorf("tokens per key: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]int64{}
+	for rows.Next() {
+		var (
+			k string
+			n int64
+		)
+		if err := rows.Scan(&k, &n); err != nil {
+			return nil, fmt.Errorf("tokens per key: %w", err)
+		}
+		out[k] = n
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("tokens per key: %w", err)
+	}
+	return out, nil
+}
+
+// SetAPIKeyLimits sets a live key's limits (0: none).
+func (s *Store) SetAPIKeyLimits(ctx context.Context, name string, l fleet.KeyLimits) error {
+	if l.RequestsPerMinute < 0 || l.TokensPerDay < 0 {
+		return fmt.Errorf("set limits of API key %s: a limit cannot be negative (0 removes it); nothing changed", name)
+	}
+	return s.execOne(ctx, "set limits of API key "+name, "live API key "+name, "; `fleet key list` shows the keys",
+		`UPDATE api_keys SET requests_per_minute = ?, tokens_per_day = ? WHERE name = ? AND revoked = 0`,
+		l.RequestsPerMinute, l.TokensPerDay, name)
+}
