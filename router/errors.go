@@ -25,6 +25,7 @@ const (
 	codeNoWorker        = "no_worker_available"
 	codeQueueTimeout    = "queue_timeout"
 	codeQueueFull       = "queue_full"
+	codeKeyRateLimit    = "rate_limit_exceeded"
 	codeInvalidAPIKey   = "invalid_api_key"
 	codeUpstreamFailed  = "upstream_failed"
 	codeMethodNotAllows = "method_not_allowed"

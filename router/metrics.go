@@ -19,6 +19,8 @@ type metrics struct {
 	retries    *prometheus.CounterVec
 	queueDepth *prometheus.GaugeVec
 	queueWait  *prometheus.HistogramVec
+	tokens     *prometheus.CounterVec
+	keyLimited *prometheus.CounterVec
 }
 
 // unknownModel is the one label value every model name the router does not
@@ -54,6 +56,12 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		queueWait: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name: "fleet_router_queue_wait_seconds", Help: "Time requests spent waiting in the router's queue.", Buckets: latencyBuckets,
 		}, []string{"model"}),
+		tokens: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_tokens_total", Help: "Tokens of answered requests as the engines reported them, by model, backend and type: prompt, cached (the prompt's part the engine reused: cache hits) and completion.",
+		}, []string{"model", "backend", "type"}),
+		keyLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_key_limited_total", Help: "Requests refused with 429 because their API key's limit was spent, by limit (requests a minute, tokens a day).",
+		}, []string{"limit"}),
 	}
 	m.requests = register(reg, m.requests)
 	m.inFlight = register(reg, m.inFlight)
@@ -63,6 +71,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.retries = register(reg, m.retries)
 	m.queueDepth = register(reg, m.queueDepth)
 	m.queueWait = register(reg, m.queueWait)
+	m.tokens = register(reg, m.tokens)
+	m.keyLimited = register(reg, m.keyLimited)
 	return m
 }
 

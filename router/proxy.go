@@ -115,7 +115,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	key, ok := r.authorize(w, req)
-	if !ok {
+	if !ok || !r.admitKey(w, key) {
 		return
 	}
 	body, err := r.readBody(w, req)
@@ -407,6 +407,7 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 		r.opts.OnSample(fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: t.backendTTFT, ITL: t.itl,
 			E2E: t.e2e, OutputTokens: t.tokens, TokPerSec: t.tokPerSec})
 	}
+	r.recordUsage(f, c.key, m, end)
 }
 
 // observe adds a served answer's times to the worker's metrics and the

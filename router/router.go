@@ -25,7 +25,6 @@ import (
 	"fleet/router/reasoning"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // Backend is one ready worker as the router sees it.
@@ -100,6 +99,12 @@ type Options struct {
 	// (default 15 s: three of the hub's 5 s scrape intervals, so one missed
 	// scrape does not drop it); older ones are ignored.
 	EngineLoadMaxAge time.Duration
+	// OnUsage gets each answered request's tokens (usage.go); it must not
+	// block. May be nil.
+	OnUsage func(Usage)
+	// MetricsOpenLoopback leaves /metrics open to loopback clients when
+	// Keys is set (a local Prometheus); others need a key as on /v1.
+	MetricsOpenLoopback bool
 }
 
 // KeyVerifier checks an API key; name identifies the key to the caller (it is
@@ -205,8 +210,9 @@ type backend struct {
 }
 
 type backendObservers struct {
-	ttft, itl, e2e prometheus.Observer
-	inFlight       prometheus.Gauge
+	ttft, itl, e2e                               prometheus.Observer
+	inFlight                                     prometheus.Gauge
+	promptTokens, cachedTokens, completionTokens prometheus.Counter
 }
 
 // worker is what the router remembers about a name across SetBackends
@@ -257,6 +263,10 @@ type Router struct {
 	// requests that do not say max_tokens.
 	outputs map[string]*estimate
 	hedge   hedgeState
+	// limits are the API keys' limits and what each spent (keylimits.go).
+	limits keyLimits
+	// engines holds each worker's last engine metrics (enginemetrics.go).
+	engines engineMetrics
 }
 
 // New builds a router with no models and no backends. An unknown
@@ -307,7 +317,7 @@ func (r *Router) routes() http.Handler {
 	mux.HandleFunc("/v1/completions", r.serveInference)
 	mux.HandleFunc("/v1/embeddings", r.serveInference)
 	mux.HandleFunc("/v1/models", r.serveModels)
-	mux.Handle("/metrics", promhttp.HandlerFor(r.gatherer, promhttp.HandlerOpts{}))
+	mux.Handle("/metrics", r.metricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
 		_, _ = w.Write([]byte(`{"status":"ok"}`))
@@ -460,6 +470,9 @@ func (r *Router) newBackend(cfg Backend) *backend {
 		itl:      r.metrics.itl.With(labels),
 		e2e:      r.metrics.e2e.With(labels),
 		inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
+		promptTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "prompt"),
+		cachedTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "cached"),
+		completionTokens: r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "completion"),
 	}
 	return b
 }

@@ -1,0 +1,43 @@
+package router
+
+import "time"
+
+// Usage is one answered request's tokens, as the engine reported them, for
+// the hub's per-key accounting (Options.OnUsage).
+type Usage struct {
+	At time.Time
+	// Key is the API key's name; "" when the router takes no keys.
+	Key    string
+	Model  string
+	Worker string
+	// PromptTokens is the engine's usage.prompt_tokens, else the router's
+	// estimate of the prompt (a stream without include_usage reports none,
+	// and it must not go uncounted against a token limit).
+	PromptTokens int
+	// CachedTokens is the prompt's part the engine reused (cached_tokens,
+	// llama-server's timings.cache_n); 0 when it did not say.
+	CachedTokens int
+	// CompletionTokens is usage.completion_tokens, else the streamed token
+	// events counted.
+	CompletionTokens int
+}
+
+// recordUsage counts an answered request's tokens: the metrics by model
+// and worker, the key's day for its token limit, and the hub's accounting.
+// It never blocks on the hub (OnUsage must not).
+func (r *Router) recordUsage(f *flight, key string, m *meter, end time.Time) {
+	c := m.promptCache()
+	u := Usage{At: end, Key: key, Model: f.model, Worker: f.b.cfg.Name,
+		PromptTokens: c.promptTokens, CachedTokens: max(c.cached, 0), CompletionTokens: m.outputTokens()}
+	if u.PromptTokens < 0 {
+		u.PromptTokens = f.job.PromptTokens
+	}
+	u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
+	f.b.observers.promptTokens.Add(float64(u.PromptTokens))
+	f.b.observers.cachedTokens.Add(float64(u.CachedTokens))
+	f.b.observers.completionTokens.Add(float64(u.CompletionTokens))
+	r.limits.spend(u.Key, int64(u.PromptTokens+u.CompletionTokens), end)
+	if r.opts.OnUsage != nil {
+		r.opts.OnUsage(u)
+	}
+}
