@@ -466,10 +466,10 @@ func (r *Router) newBackend(cfg Backend) *backend {
 	b.transport = t
 	b.active = map[*flight]struct{}{}
 	b.observers = backendObservers{
-		ttft:     r.metrics.ttft.With(labels),
-		itl:      r.metrics.itl.With(labels),
-		e2e:      r.metrics.e2e.With(labels),
-		inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
+		ttft:             r.metrics.ttft.With(labels),
+		itl:              r.metrics.itl.With(labels),
+		e2e:              r.metrics.e2e.With(labels),
+		inFlight:         r.metrics.inFlight.WithLabelValues(cfg.Name),
 		promptTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "prompt"),
 		cachedTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "cached"),
 		completionTokens: r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "completion"),
