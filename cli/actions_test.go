@@ -42,6 +42,9 @@ var commandFor = map[string][]string{
 	"key create":      {"key", "create", "ci"},
 	"key revoke":      {"key", "revoke", "ci"},
 	"key list":        {"key", "list"},
+	"key limit":       {"key", "limit", "ci", "--rpm", "60"},
+	"usage":           {"usage"},
+	"usage --by key":  {"usage", "--by", "key"},
 }
 
 // TestEveryActionByEveryRole runs the command of every action in the table

@@ -192,13 +192,14 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 				return writeJSON(c.OutOrStdout(), keys)
 			}
 			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED")
+			fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED\tRPM\tTOKENS/DAY")
 			for _, k := range keys {
 				revoked := "-"
 				if !k.Revoked.IsZero() {
 					revoked = k.Revoked.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked,
+					limitText(int64(k.RequestsPerMinute)), limitText(k.TokensPerDay))
 			}
 			return tw.Flush()
 		},
@@ -220,6 +221,7 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 			},
 		},
 		list,
+		keyLimitCmd(h, u),
 		&cobra.Command{
 			Use:   "revoke NAME",
 			Short: "revoke a key at once",

@@ -50,6 +50,8 @@ type Hub interface {
 	CreateKey(ctx context.Context, u fleet.User, name string) (string, error)
 	Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error)
 	RevokeKey(ctx context.Context, u fleet.User, name string) error
+	SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error
+	Usage(ctx context.Context, u fleet.User, since time.Time, by string) ([]fleet.Usage, error)
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 }
 
@@ -118,12 +120,15 @@ func newRoot(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 // Annotations a command sets when its action is not simply its path below
 // the root ("user add"): annotationAction names it outright,
 // annotationFlagAction names a flag that, when given, makes it another
-// action ("apply" with --dry-run is "apply --dry-run"), and
-// annotationTargetFlag a flag whose value is what the action is done to.
+// action ("apply" with --dry-run is "apply --dry-run"),
+// annotationFlagValueAction a flag=value that does so ("usage" with --by key
+// is "usage --by key"), and annotationTargetFlag a flag whose value is what
+// the action is done to.
 const (
-	annotationAction     = "fleet.action"
-	annotationFlagAction = "fleet.action-flag"
-	annotationTargetFlag = "fleet.target-flag"
+	annotationAction          = "fleet.action"
+	annotationFlagAction      = "fleet.action-flag"
+	annotationFlagValueAction = "fleet.action-flag-value"
+	annotationTargetFlag      = "fleet.target-flag"
 )
 
 // actionOf is the name in the action table of command c run with args, and
@@ -138,6 +143,11 @@ func actionOf(c *cobra.Command, args []string) (action, target string) {
 	}
 	if f := c.Annotations[annotationFlagAction]; f != "" && c.Flags().Changed(f) {
 		action += " --" + f
+	}
+	if name, value, ok := strings.Cut(c.Annotations[annotationFlagValueAction], "="); ok {
+		if f := c.Flags().Lookup(name); f != nil && f.Value.String() == value {
+			action += " --" + name + " " + value
+		}
 	}
 	target = strings.Join(args, " ")
 	if f := c.Flags().Lookup(c.Annotations[annotationTargetFlag]); f != nil && f.Value.String() != "" {
@@ -255,6 +265,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		admitCmd(h, u),
 		nodeCmd(h, u),
 		keyCmd(h, u),
+		usageCmd(h, u),
 	)
 }
 

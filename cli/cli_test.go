@@ -9,6 +9,7 @@ import (
 	"io"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
 	"fleet/bench/shape"
@@ -23,6 +24,11 @@ type fakeHub struct {
 	workers []fleet.WorkerView // the snapshot's workers when set
 	// authorized are the actions and targets the tree asked about.
 	authorized [][2]string
+	// limits are the key limits set, "NAME RPM TPD"; usageSince and
+	// usageBy what the last usage asked for.
+	limits     []string
+	usageSince time.Time
+	usageBy    string
 }
 
 func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action, target string) error {
@@ -86,7 +92,15 @@ func (f *fakeHub) TrustNode(context.Context, fleet.User, string) (string, error)
 func (f *fakeHub) CreateKey(context.Context, fleet.User, string) (string, error)  { return "fk-x", nil }
 func (f *fakeHub) Keys(context.Context, fleet.User) ([]fleet.APIKey, error)       { return nil, nil }
 func (f *fakeHub) RevokeKey(context.Context, fleet.User, string) error            { return nil }
-func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error             { return nil }
+func (f *fakeHub) SetKeyLimits(_ context.Context, _ fleet.User, name string, l fleet.KeyLimits) error {
+	f.limits = append(f.limits, fmt.Sprintf("%s %d %d", name, l.RequestsPerMinute, l.TokensPerDay))
+	return nil
+}
+func (f *fakeHub) Usage(_ context.Context, _ fleet.User, since time.Time, by string) ([]fleet.Usage, error) {
+	f.usageSince, f.usageBy = since, by
+	return []fleet.Usage{{Key: "alice", Requests: 3, PromptTokens: 1200, CachedTokens: 1000, CompletionTokens: 30}}, nil
+}
+func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error { return nil }
 
 func TestExitStatuses(t *testing.T) {
 	operator := fleet.User{Name: "op", Role: fleet.RoleOperator}

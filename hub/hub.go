@@ -62,6 +62,9 @@ type Options struct {
 	// RequireKeys makes the router demand an API key even on loopback; a
 	// non-loopback HTTPAddr always does.
 	RequireKeys bool
+	// MetricsOpenLoopback leaves the router's /metrics open to loopback
+	// clients (a Prometheus on the hub's machine) when keys are required.
+	MetricsOpenLoopback bool
 	// SSHAddr is where the console is served over SSH ("" = no console).
 	SSHAddr string
 	// AdminKeysFile is an authorized_keys file whose keys become admins.
@@ -124,6 +127,9 @@ type Hub struct {
 	lanName string
 	// detached is the work actions start and do not wait for; Close ends it.
 	detached *background
+	// usage sums the router's token counts until they are written (usage.go).
+	usage      usageRecorder
+	admissions *prometheus.CounterVec
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -222,14 +228,19 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	// Built before the fleet file is applied, so that a bad --policy
 	// changes nothing.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(newHubCollector(h))
+	h.admissions = newAdmissions(reg)
 	rt, err := router.New(router.Options{
-		Logger:       opts.Logger.With("component", "router"),
-		Registerer:   prometheus.NewRegistry(),
-		Policy:       opts.Policy,
-		QueueTimeout: opts.QueueTimeout,
-		QueueSize:    opts.QueueSize,
-		BodyTimeout:  opts.BodyTimeout,
-		Keys:         keys,
+		Logger:              opts.Logger.With("component", "router"),
+		Registerer:          reg,
+		Policy:              opts.Policy,
+		QueueTimeout:        opts.QueueTimeout,
+		QueueSize:           opts.QueueSize,
+		BodyTimeout:         opts.BodyTimeout,
+		Keys:                keys,
+		OnUsage:             h.usage.add,
+		MetricsOpenLoopback: opts.MetricsOpenLoopback,
 		// A request got no first byte: is the worker's node still there?
 		OnNoFirstByte: h.checkWorkerNode,
 		OnSample: func(s fleet.Sample) {
@@ -243,6 +254,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = rt
+	if err := h.loadKeyLimits(ctx); err != nil {
+		return nil, err
+	}
 	switch {
 	case opts.FleetFile != "":
 		data, err := os.ReadFile(opts.FleetFile)
@@ -279,7 +293,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return p.Mimic
 		},
 		Gate:            h.gate,
-		Admit:           h.admit,
+		Admit:           h.admitCounted,
 		RejectedGrace:   opts.RejectedGrace,
 		OnWorker:        h.onWorker,
 		OnWorkerRemoved: h.onWorkerRemoved,
@@ -296,6 +310,11 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	h.models = f.Models
 	h.placements = f.Placements
+	for _, m := range f.Models {
+		// At zero before the first verdict, so a dashboard shows 0.
+		h.admissions.WithLabelValues(m.ID, "admitted")
+		h.admissions.WithLabelValues(m.ID, "rejected")
+	}
 	if err := h.router.SetModels(f.Models); err != nil {
 		return nil, err
 	}
@@ -456,6 +475,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		}
 	})
 	spawn(func() { h.flushSamples(ctx) })
+	spawn(func() { h.flushUsage(ctx, usageFlushInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()
 	h.httpAddr = ln.Addr().String()
@@ -557,6 +577,11 @@ func (h *Hub) scrapeEngines(ctx context.Context, every time.Duration) {
 					return
 				}
 				h.router.ObserveEngineLoad(w.Name(), router.EngineLoad{Running: l.Running, Waiting: l.Waiting, Slots: l.Slots, At: at})
+			}()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				h.scrapeEngineMetrics(ctx, w.Name())
 			}()
 		}
 		wg.Wait()

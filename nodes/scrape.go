@@ -21,6 +21,38 @@ const scrapeTimeout = 4 * time.Second
 // an error that wraps enginectl.ErrNoLoadSignal, which a periodic caller
 // should treat as "nothing to learn here" rather than a fault.
 func (m *Manager) Scrape(ctx context.Context, worker string) (enginectl.Load, error) {
+	w, t, err := m.scrapeTarget(worker)
+	if err != nil {
+		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", worker, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
+	defer cancel()
+	l, err := enginectl.Scrape(ctx, t, w.Port, w.Engine)
+	if err != nil {
+		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", worker, err)
+	}
+	return l, nil
+}
+
+// EngineMetrics reads a serving worker's engine /metrics page through its
+// node's transport, as Scrape reaches it. An engine without one returns an
+// error wrapping enginectl.ErrNoMetrics.
+func (m *Manager) EngineMetrics(ctx context.Context, worker string) (fleet.Worker, []byte, error) {
+	w, t, err := m.scrapeTarget(worker)
+	if err != nil {
+		return w, nil, fmt.Errorf("engine metrics of %s: %w", worker, err)
+	}
+	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
+	defer cancel()
+	text, err := enginectl.MetricsText(ctx, t, w.Port, w.Engine)
+	if err != nil {
+		return w, nil, fmt.Errorf("engine metrics of %s: %w", worker, err)
+	}
+	return w, text, nil
+}
+
+// scrapeTarget is a serving worker and its node's transport.
+func (m *Manager) scrapeTarget(worker string) (fleet.Worker, Transport, error) {
 	m.mu.Lock()
 	ws, ok := m.workers[worker]
 	var w fleet.Worker
@@ -38,19 +70,13 @@ func (m *Manager) Scrape(ctx context.Context, worker string) (enginectl.Load, er
 
 	switch {
 	case !ok || ws.retiring:
-		return enginectl.Load{}, fmt.Errorf("scrape %s: no such worker; workers are named NODE/MODEL, see `fleet workers`", worker)
+		return w, nil, fmt.Errorf("no such worker; workers are named NODE/MODEL, see `fleet workers`")
 	case w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining && w.State != fleet.WorkerProbation:
-		return enginectl.Load{}, fmt.Errorf("scrape %s: the worker is %s, so no engine of it is serving; scrape it once it is ready", worker, w.State)
+		return w, nil, fmt.Errorf("the worker is %s, so no engine of it is serving; scrape it once it is ready", w.State)
 	case w.Port <= 0:
-		return enginectl.Load{}, fmt.Errorf("scrape %s: the worker has no engine port yet", worker)
+		return w, nil, fmt.Errorf("the worker has no engine port yet")
 	case t == nil || node.State != fleet.NodeUp:
-		return enginectl.Load{}, fmt.Errorf("scrape %s: node %s is not connected: %s", worker, w.Node, cmp.Or(node.Reason, string(node.State), "not probed yet"))
+		return w, nil, fmt.Errorf("node %s is not connected: %s", w.Node, cmp.Or(node.Reason, string(node.State), "not probed yet"))
 	}
-	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
-	defer cancel()
-	l, err := enginectl.Scrape(ctx, t, w.Port, w.Engine)
-	if err != nil {
-		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", worker, err)
-	}
-	return l, nil
+	return w, t, nil
 }

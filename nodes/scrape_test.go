@@ -64,7 +64,8 @@ func TestManagerScrapeRealSimulator(t *testing.T) {
 			_ = syscall.Kill(pid, syscall.SIGKILL)
 		}
 	})
-	h.m.SetDesired(simFleet(testModel(), "max"))
+	// --metrics: llama-server serves /metrics only when asked to.
+	h.m.SetDesired(simFleet(testModel("--metrics"), "max"))
 	h.run()
 	w := h.waitReady("max/qwen3-4b")
 
@@ -103,5 +104,17 @@ func TestManagerScrapeRealSimulator(t *testing.T) {
 	}
 	if busy.Running != 2 || busy.Slots != 4 {
 		t.Errorf("sim with two streams: %+v; want 2 running on 4 slots", busy)
+	}
+	// The engine's own /metrics page comes through the same transport,
+	// for the hub to serve relabelled.
+	ew, text, err := h.m.EngineMetrics(ctx, w.Name())
+	if err != nil {
+		t.Fatalf("EngineMetrics: %v", err)
+	}
+	if ew.Node != "max" || !strings.Contains(string(text), "# TYPE llamacpp:") {
+		t.Errorf("EngineMetrics = worker %s, text %.300q; want max's llama-server exposition", ew.Name(), text)
+	}
+	if _, _, err := h.m.EngineMetrics(ctx, "max/ghost"); err == nil || !strings.Contains(err.Error(), "no such worker") {
+		t.Errorf("unknown worker: %v", err)
 	}
 }

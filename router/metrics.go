@@ -73,7 +73,19 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.queueWait = register(reg, m.queueWait)
 	m.tokens = register(reg, m.tokens)
 	m.keyLimited = register(reg, m.keyLimited)
+	for _, limit := range []string{"requests", "tokens"} {
+		m.keyLimited.WithLabelValues(limit)
+	}
 	return m
+}
+
+// initModel makes a model's queue and retry series exist at zero before
+// its first queued or retried request, so dashboards and alerts see 0, not
+// "no data". Models come from the fleet file: bounded.
+func (m *metrics) initModel(id string) {
+	m.queueDepth.WithLabelValues(id)
+	m.queueWait.WithLabelValues(id)
+	m.retries.WithLabelValues(id)
 }
 
 // register adopts an identical collector already in reg, so two routers (a

@@ -353,6 +353,9 @@ func (r *Router) SetModels(models []fleet.Model) error {
 			}
 		}
 	}
+	for _, m := range models {
+		r.metrics.initModel(m.ID)
+	}
 	r.mu.Lock()
 	r.models = slices.Clone(models)
 	r.names = names

@@ -1,0 +1,276 @@
+package hub
+
+// Usage per API key, model and worker (fleet usage), the keys' limits, and
+// the hub's own series on /metrics (worker and node states, admissions).
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"fleet"
+	"fleet/enginectl"
+	"fleet/router"
+	"fleet/store"
+)
+
+// usageFlushInterval paces writing counted usage to SQLite: one
+// transaction a few seconds, never one per request.
+const usageFlushInterval = 2 * time.Second
+
+// maxPendingUsage bounds the rows waiting for a flush. A row is one
+// minute × key × model × worker, all from bounded sets (the key table, the
+// fleet's models and workers), so only a store stuck for long reaches it;
+// then new rows are dropped (and logged) rather than the hub's memory grown.
+const maxPendingUsage = 10000
+
+type usageKey struct {
+	bucket             int64
+	key, model, worker string
+}
+
+// usageRecorder sums the router's usage reports in memory, off the request
+// path but for a map update, until the flush loop writes them.
+type usageRecorder struct {
+	mu      sync.Mutex
+	pending map[usageKey]*fleet.Usage
+	dropped int
+}
+
+func (r *usageRecorder) add(u router.Usage) {
+	if u.Model == "" || u.Worker == "" {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.addLocked(fleet.Usage{Bucket: u.At.Truncate(store.UsageBucket).UTC(), Key: u.Key, Model: u.Model, Worker: u.Worker, Requests: 1,
+		PromptTokens: int64(u.PromptTokens), CachedTokens: int64(u.CachedTokens), CompletionTokens: int64(u.CompletionTokens)})
+}
+
+func (r *usageRecorder) addLocked(row fleet.Usage) {
+	if r.pending == nil {
+		r.pending = map[usageKey]*fleet.Usage{}
+	}
+	k := usageKey{row.Bucket.Unix(), row.Key, row.Model, row.Worker}
+	p, ok := r.pending[k]
+	if !ok {
+		if len(r.pending) >= maxPendingUsage {
+			r.dropped++
+			return
+		}
+		p = &fleet.Usage{Bucket: row.Bucket, Key: row.Key, Model: row.Model, Worker: row.Worker}
+		r.pending[k] = p
+	}
+	p.Requests += row.Requests
+	p.PromptTokens += row.PromptTokens
+	p.CachedTokens += row.CachedTokens
+	p.CompletionTokens += row.CompletionTokens
+}
+
+// putBack keeps rows a flush could not write, for the next one.
+func (r *usageRecorder) putBack(rows []fleet.Usage) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, row := range rows {
+		r.addLocked(row)
+	}
+}
+
+// take empties the recorder.
+func (r *usageRecorder) take() ([]fleet.Usage, int) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	rows := make([]fleet.Usage, 0, len(r.pending))
+	for _, row := range r.pending {
+		rows = append(rows, *row)
+	}
+	clear(r.pending)
+	dropped := r.dropped
+	r.dropped = 0
+	return rows, dropped
+}
+
+// flushUsage writes counted usage to the store every interval and once more
+// when ctx ends. A failed write is put back, to be retried with the next.
+func (h *Hub) flushUsage(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		done := false
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			done = true
+		}
+		h.writeUsage(context.WithoutCancel(ctx))
+		if done {
+			return
+		}
+	}
+}
+
+func (h *Hub) writeUsage(ctx context.Context) {
+	rows, dropped := h.usage.take()
+	if dropped > 0 {
+		h.log.Warn("usage rows dropped: the store fell behind", "dropped", dropped)
+	}
+	if err := h.store.AddUsage(ctx, rows); err != nil {
+		h.log.Warn("could not store usage; keeping it for the next try", "rows", len(rows), "err", err)
+		h.usage.putBack(rows)
+	}
+}
+
+// Usage totals the usage counted since since, by key, model or worker.
+// By key needs an admin, as key names do.
+func (h *Hub) Usage(ctx context.Context, u fleet.User, since time.Time, by string) (us []fleet.Usage, err error) {
+	action := "usage"
+	if by == string(store.UsageByKey) {
+		action = "usage --by key"
+	}
+	err = h.do(u, action, by, func() (string, error) {
+		// What the router counted in the last seconds is not lost to a
+		// reader who asks now.
+		h.writeUsage(ctx)
+		us, err = h.store.Usage(ctx, since, store.UsageBy(by))
+		return "", err
+	})
+	return us, err
+}
+
+// SetKeyLimits sets an API key's limits (0: none), at once on the router.
+func (h *Hub) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error {
+	target := fmt.Sprintf("%s (%d requests/min, %d tokens/day)", name, l.RequestsPerMinute, l.TokensPerDay)
+	return h.do(u, "key limit", target, func() (string, error) {
+		if err := h.store.SetAPIKeyLimits(ctx, name, l); err != nil {
+			return "", err
+		}
+		return "", h.loadKeyLimits(ctx)
+	})
+}
+
+// loadKeyLimits gives the router every live key's limits and, so that a
+// restarted hub does not forget them, the tokens each spent today (UTC).
+func (h *Hub) loadKeyLimits(ctx context.Context) error {
+	keys, err := h.store.APIKeys(ctx)
+	if err != nil {
+		return err
+	}
+	limits := map[string]fleet.KeyLimits{}
+	for _, k := range keys {
+		if k.Revoked.IsZero() {
+			limits[k.Name] = k.KeyLimits
+		}
+	}
+	h.router.SetKeyLimits(limits)
+	now := time.Now().UTC()
+	day := now.Truncate(24 * time.Hour)
+	used, err := h.store.KeyTokensSince(ctx, day)
+	if err != nil {
+		return err
+	}
+	h.router.SeedKeyTokens(now, used)
+	return nil
+}
+
+// hubCollector serves the hub's own view on /metrics: each worker's state
+// and each node's, one series per worker or node and state (all bounded
+// by the fleet), read when Prometheus scrapes.
+type hubCollector struct {
+	h          *Hub
+	workerDesc *prometheus.Desc
+	nodeDesc   *prometheus.Desc
+}
+
+var workerStates = []fleet.WorkerState{fleet.WorkerPending, fleet.WorkerInstalling, fleet.WorkerStarting, fleet.WorkerProbation,
+	fleet.WorkerReady, fleet.WorkerDraining, fleet.WorkerStopped, fleet.WorkerFailed, fleet.WorkerRejected}
+
+var nodeStates = []fleet.NodeState{fleet.NodeUnknown, fleet.NodeUp, fleet.NodeUnreachable}
+
+func newHubCollector(h *Hub) *hubCollector {
+	return &hubCollector{
+		h: h,
+		workerDesc: prometheus.NewDesc("fleet_worker_state", "1 for the state each worker is in, 0 for the others.",
+			[]string{"node", "worker", "model", "engine", "state"}, nil),
+		nodeDesc: prometheus.NewDesc("fleet_node_state", "1 for the state each node is in, 0 for the others.",
+			[]string{"node", "state"}, nil),
+	}
+}
+
+func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
+	ch <- c.workerDesc
+	ch <- c.nodeDesc
+}
+
+func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
+	c.h.mu.Lock()
+	workers := make([]fleet.Worker, 0, len(c.h.workers))
+	for _, w := range c.h.workers {
+		workers = append(workers, w)
+	}
+	nodes := make([]fleet.Node, 0, len(c.h.nodes))
+	for _, n := range c.h.nodes {
+		nodes = append(nodes, n)
+	}
+	c.h.mu.Unlock()
+	for _, w := range workers {
+		for _, s := range workerStates {
+			ch <- prometheus.MustNewConstMetric(c.workerDesc, prometheus.GaugeValue, b2f(w.State == s), w.Node, w.Name(), w.Model, string(w.Engine), string(s))
+		}
+	}
+	for _, n := range nodes {
+		for _, s := range nodeStates {
+			ch <- prometheus.MustNewConstMetric(c.nodeDesc, prometheus.GaugeValue, b2f(n.State == s), n.Name, string(s))
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
+
+// admissions counts admission checks by model and result.
+func newAdmissions(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleet_admissions_total",
+		Help: "Admission checks of workers leaving probation, by model and result: admitted, or rejected (too slow, a different response shape, or a check that failed).",
+	}, []string{"model", "result"})
+	reg.MustRegister(c)
+	return c
+}
+
+// admitCounted is admit, counted on /metrics.
+func (h *Hub) admitCounted(ctx context.Context, w fleet.Worker) error {
+	err := h.admit(ctx, w)
+	switch {
+	case err == nil:
+		h.admissions.WithLabelValues(w.Model, "admitted").Inc()
+	case errors.Is(err, context.Canceled):
+		// The hub is stopping: no verdict.
+	default:
+		h.admissions.WithLabelValues(w.Model, "rejected").Inc()
+	}
+	return err
+}
+
+// scrapeEngineMetrics passes a worker's engine /metrics page to the router,
+// which serves it relabelled. An engine without one is nothing to report.
+func (h *Hub) scrapeEngineMetrics(ctx context.Context, worker string) {
+	at := time.Now()
+	w, text, err := h.mgr.EngineMetrics(ctx, worker)
+	if err != nil {
+		if !errors.Is(err, enginectl.ErrNoMetrics) && ctx.Err() == nil {
+			h.log.Debug("engine metrics scrape failed", "worker", worker, "err", err)
+		}
+		return
+	}
+	if err := h.router.ObserveEngineMetrics(w.Node, worker, w.Engine, text, at); err != nil {
+		h.log.Warn("engine metrics not served", "worker", worker, "err", err)
+	}
+}
