@@ -12,6 +12,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
 	"fleet/cli"
@@ -304,6 +305,17 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}},
 		{"key revoke", "key revoke", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
 			return h.RevokeKey(ctx, u, "ci")
+		}},
+		{"key limit", "key limit", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
+			return h.SetKeyLimits(ctx, u, "ci", fleet.KeyLimits{RequestsPerMinute: 10})
+		}},
+		{"usage", "usage", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
+			_, err := h.Usage(ctx, u, time.Now().Add(-time.Hour), "model")
+			return err
+		}},
+		{"usage by key", "usage --by key", fleet.RoleAdmin, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
+			_, err := h.Usage(ctx, u, time.Now().Add(-time.Hour), "key")
+			return err
 		}},
 		{"key list", "key list", fleet.RoleAdmin, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
 			keys, err := h.Keys(ctx, u)

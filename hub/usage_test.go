@@ -1,0 +1,105 @@
+package hub
+
+import (
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+	"fleet/router"
+)
+
+// The router's reports are summed per minute, key, model and worker in
+// memory and written in one batch; `fleet usage` sees what was counted a
+// moment ago.
+func TestUsageRecordedInBatches(t *testing.T) {
+	h := newHub(t, Options{})
+	ctx := t.Context()
+	now := time.Now()
+	for i := range 3 {
+		h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 100, CachedTokens: 60, CompletionTokens: 10 + i})
+	}
+	h.usage.add(router.Usage{At: now, Key: "bob", Model: "qwen3-4b", Worker: "max/qwen3-4b", PromptTokens: 5, CompletionTokens: 5})
+	h.usage.mu.Lock()
+	pending := len(h.usage.pending)
+	h.usage.mu.Unlock()
+	if pending != 2 {
+		t.Fatalf("%d rows pending, want 2 (one per key, model, worker and minute)", pending)
+	}
+	us, err := h.Usage(ctx, admin, now.Add(-time.Minute), "key")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(us) != 2 || us[0].Key != "ci" || us[0].Requests != 3 || us[0].PromptTokens != 300 || us[0].CachedTokens != 180 || us[0].CompletionTokens != 33 {
+		t.Errorf("usage by key = %+v", us)
+	}
+	if _, err := h.Usage(ctx, viewer, now.Add(-time.Minute), "key"); err == nil || !strings.Contains(err.Error(), "admin") {
+		t.Errorf("a viewer read usage by key: %v", err)
+	}
+	if us, err := h.Usage(ctx, viewer, now.Add(-time.Minute), "worker"); err != nil || len(us) != 2 {
+		t.Errorf("a viewer's usage by worker = %+v, %v", us, err)
+	}
+}
+
+// A store that stops taking writes does not grow the hub: rows beyond
+// maxPendingUsage are dropped and counted, and a failed batch is kept for
+// the next flush without losing its counts.
+func TestUsageRecorderIsBounded(t *testing.T) {
+	var r usageRecorder
+	now := time.Now()
+	for i := range maxPendingUsage + 5 {
+		r.add(router.Usage{At: now, Model: "m", Worker: fmt.Sprintf("n%d/m", i), PromptTokens: 1})
+	}
+	rows, dropped := r.take()
+	if len(rows) != maxPendingUsage || dropped != 5 {
+		t.Fatalf("took %d rows, %d dropped; want %d and 5", len(rows), dropped, maxPendingUsage)
+	}
+	r.add(router.Usage{At: now, Model: "m", Worker: "n0/m", PromptTokens: 1})
+	r.putBack(rows[:1])
+	back, _ := r.take()
+	total := int64(0)
+	for _, row := range back {
+		total += row.Requests
+	}
+	if len(back) > 2 || total != 2 {
+		t.Errorf("after a put-back: %+v; want the two requests kept", back)
+	}
+}
+
+// Limits set with `fleet key limit` and the tokens a key spent today come
+// back with a restarted hub: a key that spent its day stays refused.
+func TestKeyLimitsSurviveARestart(t *testing.T) {
+	dir := t.TempDir()
+	first := newHub(t, Options{DataDir: dir})
+	ctx := t.Context()
+	key, err := first.CreateKey(ctx, admin, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	if err := first.SetKeyLimits(ctx, admin, "ghost", fleet.KeyLimits{TokensPerDay: 1}); err == nil || !strings.Contains(err.Error(), "ghost") {
+		t.Errorf("limits for a key that does not exist: %v", err)
+	}
+	first.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 200})
+	first.writeUsage(ctx)
+	first.Close()
+
+	h := newHub(t, Options{DataDir: dir, RequireKeys: true})
+	srv := httptest.NewServer(h.router.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("x-ratelimit-remaining-tokens") != "0" {
+		t.Errorf("a key past its day's tokens after a restart: %d %v; want 429", resp.StatusCode, resp.Header)
+	}
+}
