@@ -556,6 +556,10 @@ type Snapshot struct {
 	// Audit is the recent audit trail (who did what), newest last; the
 	// console's events view shows it beside the events.
 	Audit []AuditEntry `json:"audit,omitempty"`
+	// Usage is the last 24 hours' usage by worker (Worker and Model set)
+	// and, for admins, by API key (Key set); the console's usage view
+	// shows it.
+	Usage []Usage `json:"usage,omitempty"`
 }
 
 // IsLoopbackAddr reports whether a listen address (host:port) is reachable

@@ -83,6 +83,7 @@ const (
 	viewNodes
 	viewModels
 	viewEvents
+	viewUsage
 	viewCount
 )
 
@@ -153,6 +154,7 @@ type Model struct {
 	nodes   nodesView
 	models  modelsView
 	evts    eventsView
+	usage   usageView
 	detail  detailView
 	views   [viewCount]tableView
 	view    viewKind
@@ -209,9 +211,10 @@ func newModel(src Source, opts Options) *Model {
 	m.nodes = nodesView{common: c}
 	m.models = modelsView{common: c}
 	m.evts = eventsView{common: c}
+	m.usage = usageView{common: c}
 	m.detail = detailView{common: c}
 	m.help = helpPanel{common: c}
-	m.views = [viewCount]tableView{&m.workers, &m.nodes, &m.models, &m.evts}
+	m.views = [viewCount]tableView{&m.workers, &m.nodes, &m.models, &m.evts, &m.usage}
 	return m
 }
 
@@ -281,6 +284,7 @@ func (m *Model) apply(s fleet.Snapshot) {
 	m.nodes.refilter()
 	m.models.refilter()
 	m.evts.refilter()
+	m.usage.refilter()
 	m.clampAll()
 	m.track()
 }

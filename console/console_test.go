@@ -150,6 +150,7 @@ func TestViewsCycleWithTab(t *testing.T) {
 		{[]string{"[nodes]", "Address", "ops@rig.lan:22", "sim:m4max-llamacpp", "GiB", "up"}},
 		{[]string{"[models]", "qwen3-4b (qwen3)", "ctx 16k", "vLLM", "Qwen/Qwen3-4B-AWQ --tensor-parallel-size 1", "llama.cpp", "Qwen/Qwen3-4B-GGUF:Q4_K_M -ngl 99", "profile m4max-llamacpp"}},
 		{[]string{"[events]", "probe slow: 1.2s", "ready after 4.1s", "launched llama-server", "audit", "drain by vic: denied: drain needs the operator role"}},
+		{[]string{"[usage]", "Last 24 h", "Requests", "Cached", "rig/qwen3-4b", "412", "1.23M", "987.7k  80%", "45.7k", "max/qwen3-4b", "800", "key ci"}},
 		{[]string{"[workers]", "Started with"}},
 	}
 	for i, tt := range tests {
@@ -159,6 +160,7 @@ func TestViewsCycleWithTab(t *testing.T) {
 	}
 	// Events are newest first.
 	h.keys("tab", "tab", "tab")
+	mustContain(t, h.screen(), "[events]")
 	s := h.screen()
 	if strings.Index(s, "probe slow") > strings.Index(s, "launched llama-server") {
 		t.Fatalf("events are not newest first:\n%s", s)

@@ -85,7 +85,7 @@ func newKeyMap() *keyMap {
 		Shape: act("s", "shape: compare the responses of the two marked workers", ActionShape),
 		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests", ActionBench).passed(),
 
-		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events").hinted("tab", "view"),
+		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events → usage").hinted("tab", "view"),
 		PrevView: bind([]string{"shift+tab"}, "", ""),
 		Help:     bind([]string{"?"}, "?", "this help").hinted("?", "help").inDetail("help").passed(),
 		Quit:     bind([]string{"q"}, "q / ctrl+c", "quit (q closes a panel first)").hinted("q", "quit"),

@@ -111,6 +111,11 @@ func (m *Model) renderTitle() string {
 	left := tabs.String()
 	gap := m.width - ansi.StringWidth(left) - ansi.StringWidth(right)
 	if gap < 1 {
+		// A narrow terminal keeps the ready count, the part that changes.
+		right = fmt.Sprintf("%d/%d ready ", ready, len(m.snap.Workers))
+		gap = m.width - ansi.StringWidth(left) - ansi.StringWidth(right)
+	}
+	if gap < 1 {
 		return t.Title.Render(fit(left, m.width))
 	}
 	return t.Title.Render(left + strings.Repeat(" ", gap) + right)

@@ -119,6 +119,8 @@ func TestTerminalViewsFilterHelpResize(t *testing.T) {
 	tm.key(tea.KeyTab)
 	tm.waitText("[events]", "probe slow")
 	tm.key(tea.KeyTab)
+	tm.waitText("[usage]", "rig/qwen3-4b", "key ci")
+	tm.key(tea.KeyTab)
 	tm.waitText("[workers]")
 
 	tm.typeText("/m4")

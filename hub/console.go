@@ -31,6 +31,8 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 			snap.Audit = audit
 		}
 	}
+	// Key names only for those who may list them.
+	snap.Usage = s.h.recentUsage(ctx, s.u.Role.Allows(fleet.ActionRole("usage --by key")))
 	return snap
 }
 

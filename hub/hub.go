@@ -129,6 +129,7 @@ type Hub struct {
 	detached *background
 	// usage sums the router's token counts until they are written (usage.go).
 	usage      usageRecorder
+	usageCache usageCache
 	admissions *prometheus.CounterVec
 }
 

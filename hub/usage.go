@@ -7,6 +7,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -273,4 +275,42 @@ func (h *Hub) scrapeEngineMetrics(ctx context.Context, worker string) {
 	if err := h.router.ObserveEngineMetrics(w.Node, worker, w.Engine, text, at); err != nil {
 		h.log.Warn("engine metrics not served", "worker", worker, "err", err)
 	}
+}
+
+// recentUsageTTL is how long the console's usage figures are reused: every
+// console asks twice a second, SQLite need not answer that often.
+const recentUsageTTL = 10 * time.Second
+
+type usageCache struct {
+	mu       sync.Mutex
+	at       time.Time
+	byWorker []fleet.Usage
+	byKey    []fleet.Usage
+}
+
+// recentUsage is the last 24 hours' usage by worker and, with byKey, by
+// key, for the console's usage view; a failed read shows none.
+func (h *Hub) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
+	c := &h.usageCache
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); now.Sub(c.at) > recentUsageTTL {
+		since := now.Add(-24 * time.Hour)
+		workers, err := h.store.Usage(ctx, since, store.UsageByWorker)
+		keys, kerr := h.store.Usage(ctx, since, store.UsageByKey)
+		if err = errors.Join(err, kerr); err != nil {
+			h.log.Warn("reading usage for the console", "err", err)
+		}
+		for i := range workers {
+			if _, m, ok := strings.Cut(workers[i].Worker, "/"); ok {
+				workers[i].Model = m
+			}
+		}
+		c.at, c.byWorker, c.byKey = now, workers, keys
+	}
+	out := slices.Clone(c.byWorker)
+	if byKey {
+		out = append(out, c.byKey...)
+	}
+	return out
 }

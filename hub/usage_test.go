@@ -103,3 +103,25 @@ func TestKeyLimitsSurviveARestart(t *testing.T) {
 		t.Errorf("a key past its day's tokens after a restart: %d %v; want 429", resp.StatusCode, resp.Header)
 	}
 }
+
+// The console's usage view gets the last day's usage by worker, and by key
+// only for admins, who may list the keys.
+func TestConsoleUsageByKeyOnlyForAdmins(t *testing.T) {
+	h := newHub(t, Options{})
+	h.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
+	h.writeUsage(t.Context())
+	for _, tc := range []struct {
+		u       fleet.User
+		wantKey bool
+	}{{viewer, false}, {operator, false}, {admin, true}} {
+		snap := h.ConsoleSource(tc.u).Snapshot()
+		var worker, key bool
+		for _, u := range snap.Usage {
+			worker = worker || (u.Worker == "rig/qwen3-4b" && u.Model == "qwen3-4b" && u.Requests == 1)
+			key = key || u.Key == "ci"
+		}
+		if !worker || key != tc.wantKey {
+			t.Errorf("%s's console usage = %+v; want the worker's row, and the key's: %v", tc.u.Role, snap.Usage, tc.wantKey)
+		}
+	}
+}

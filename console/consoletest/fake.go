@@ -88,6 +88,11 @@ func Demo() *Source {
 		Audit: []fleet.AuditEntry{
 			{ID: 1, At: start.Add(3 * time.Second), User: "vic", Action: "drain", Target: "rig/qwen3-4b", Outcome: "denied: drain needs the operator role"},
 		},
+		Usage: []fleet.Usage{
+			{Model: "qwen3-4b", Worker: "rig/qwen3-4b", Requests: 412, PromptTokens: 1_234_567, CachedTokens: 987_654, CompletionTokens: 45_678},
+			{Model: "qwen3-4b", Worker: "max/qwen3-4b", Requests: 12, PromptTokens: 800, CachedTokens: 0, CompletionTokens: 300},
+			{Key: "ci", Requests: 424, PromptTokens: 1_235_367, CachedTokens: 987_654, CompletionTokens: 45_978},
+		},
 	}}
 	s.SetInFlight("ultra/qwen3-4b", 3)
 	return s
@@ -154,6 +159,7 @@ func (s *Source) Snapshot() fleet.Snapshot {
 	}
 	out.Events = slices.Clone(s.snap.Events)
 	out.Audit = slices.Clone(s.snap.Audit)
+	out.Usage = slices.Clone(s.snap.Usage)
 	return out
 }
 
