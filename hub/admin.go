@@ -50,7 +50,11 @@ func (h *Hub) Users(ctx context.Context, u fleet.User) (us []fleet.User, err err
 func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key string, err error) {
 	err = h.do(u, "key create", name, func() (string, error) {
 		key, err = h.store.CreateAPIKey(ctx, name)
-		return "", err
+		if err != nil {
+			return "", err
+		}
+		// A revoked key's name reused starts without the old key's limits.
+		return "", h.loadKeyLimits(ctx)
 	})
 	return key, err
 }
@@ -67,7 +71,10 @@ func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err 
 // RevokeKey revokes a router API key at once.
 func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
 	return h.do(u, "key revoke", name, func() (string, error) {
-		return "", h.store.RevokeAPIKey(ctx, name)
+		if err := h.store.RevokeAPIKey(ctx, name); err != nil {
+			return "", err
+		}
+		return "", h.loadKeyLimits(ctx)
 	})
 }
 

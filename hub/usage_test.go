@@ -125,3 +125,46 @@ func TestConsoleUsageByKeyOnlyForAdmins(t *testing.T) {
 		}
 	}
 }
+
+// A key revoked and created again under its name is a new key: the old
+// one's limits do not follow the name.
+func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
+	h := newHub(t, Options{RequireKeys: true, DataDir: func() string {
+		dir := t.TempDir()
+		seed := newHub(t, Options{DataDir: dir})
+		if _, err := seed.CreateKey(t.Context(), admin, "seed"); err != nil {
+			t.Fatal(err)
+		}
+		seed.Close()
+		return dir
+	}()})
+	ctx := t.Context()
+	if _, err := h.CreateKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if err := h.RevokeKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	key, err := h.CreateKey(ctx, admin, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h.router.Handler())
+	defer srv.Close()
+	for i := range 3 {
+		// A model nobody serves answers 404 at once, after the key's limits.
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"nope"}`))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if resp.StatusCode == http.StatusTooManyRequests || resp.Header.Get("x-ratelimit-limit-requests") != "" {
+			t.Fatalf("request %d with the new ci key: %d %v; the revoked key's limit followed its name", i+1, resp.StatusCode, resp.Header)
+		}
+	}
+}
