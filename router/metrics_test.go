@@ -1,9 +1,13 @@
 package router
 
 import (
+	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
+
+	"fleet/internal/llamatest"
 
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -157,5 +161,37 @@ func TestEngineMetricsRelabelled(t *testing.T) {
 	got = scrapeValues(t, req)
 	if _, ok := got["vllm:num_requests_waiting"]; ok {
 		t.Error("stale engine metrics are still served")
+	}
+}
+
+// The real llama-server's /metrics (built by .ci/build-llama-server), after
+// a request through it, is served relabelled and parses as Prometheus text.
+func TestEngineMetricsFromRealLlamaServer(t *testing.T) {
+	real := llamatest.Start(t, "-a", "qwen3-4b", "--metrics", "-np", "1", "-c", "2048")
+	resp, err := http.Post(real.URL+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"hi","max_tokens":4}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	resp, err = http.Get(real.URL + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	r, rsrv := startRouter(t, Options{EngineLoadMaxAge: time.Hour})
+	if err := r.ObserveEngineMetrics("max", "max/qwen3-4b", "llamacpp", text, time.Now()); err != nil {
+		t.Fatalf("%v\n%s", err, text)
+	}
+	req, _ := http.NewRequest(http.MethodGet, rsrv.URL+"/metrics", nil)
+	got := scrapeValues(t, req)
+	for _, name := range []string{"llamacpp:requests_deferred", "llamacpp:requests_processing", "llamacpp:tokens_predicted_total", "llamacpp:prompt_tokens_total"} {
+		s := got[name]
+		if len(s) != 1 || s[0].labels["worker"] != "max/qwen3-4b" || s[0].labels["node"] != "max" || s[0].labels["engine"] != "llamacpp" {
+			t.Errorf("%s = %+v; want one series labelled node max, worker max/qwen3-4b, engine llamacpp\n%s", name, s, text)
+		}
+	}
+	if p := got["llamacpp:tokens_predicted_total"]; len(p) == 1 && p[0].value < 1 {
+		t.Errorf("llamacpp:tokens_predicted_total = %v after a request", p[0].value)
 	}
 }
