@@ -233,15 +233,13 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	reg.MustRegister(newHubCollector(h))
 	h.admissions = newAdmissions(reg)
 	rt, err := router.New(router.Options{
-		Logger:              opts.Logger.With("component", "router"),
-		Registerer:          reg,
-		Policy:              opts.Policy,
-		QueueTimeout:        opts.QueueTimeout,
-		QueueSize:           opts.QueueSize,
-		BodyTimeout:         opts.BodyTimeout,
-		Keys:                keys,
-		OnUsage:             h.usage.add,
-		MetricsOpenLoopback: opts.MetricsOpenLoopback,
+		Logger:       opts.Logger.With("component", "router"),
+		Registerer:   reg,
+		Policy:       opts.Policy,
+		QueueTimeout: opts.QueueTimeout,
+		QueueSize:    opts.QueueSize,
+		BodyTimeout:  opts.BodyTimeout,
+		Keys:         keys,
 		// A request got no first byte: is the worker's node still there?
 		OnNoFirstByte: h.checkWorkerNode,
 		OnSample: func(s fleet.Sample) {
@@ -250,6 +248,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			default: // the store is behind; a lost sample costs a sparkline point, not a request
 			}
 		},
+		// Tokens per key, model and worker, batched to SQLite (usage.go).
+		OnUsage:             h.usage.add,
+		MetricsOpenLoopback: opts.MetricsOpenLoopback,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--policy: %w", err)

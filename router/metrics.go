@@ -79,6 +79,17 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	return m
 }
 
+// tokenCounters are a backend's fleet_router_tokens_total series.
+type tokenCounters struct{ prompt, cached, completion prometheus.Counter }
+
+func (m *metrics) tokenCounters(b Backend) tokenCounters {
+	return tokenCounters{
+		prompt:     m.tokens.WithLabelValues(b.Model, b.Name, "prompt"),
+		cached:     m.tokens.WithLabelValues(b.Model, b.Name, "cached"),
+		completion: m.tokens.WithLabelValues(b.Model, b.Name, "completion"),
+	}
+}
+
 // initModel makes a model's queue and retry series exist at zero before
 // its first queued or retried request, so dashboards and alerts see 0, not
 // "no data". Models come from the fleet file: bounded.

@@ -210,9 +210,9 @@ type backend struct {
 }
 
 type backendObservers struct {
-	ttft, itl, e2e                               prometheus.Observer
-	inFlight                                     prometheus.Gauge
-	promptTokens, cachedTokens, completionTokens prometheus.Counter
+	ttft, itl, e2e prometheus.Observer
+	inFlight       prometheus.Gauge
+	tokens         tokenCounters
 }
 
 // worker is what the router remembers about a name across SetBackends
@@ -469,13 +469,11 @@ func (r *Router) newBackend(cfg Backend) *backend {
 	b.transport = t
 	b.active = map[*flight]struct{}{}
 	b.observers = backendObservers{
-		ttft:             r.metrics.ttft.With(labels),
-		itl:              r.metrics.itl.With(labels),
-		e2e:              r.metrics.e2e.With(labels),
-		inFlight:         r.metrics.inFlight.WithLabelValues(cfg.Name),
-		promptTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "prompt"),
-		cachedTokens:     r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "cached"),
-		completionTokens: r.metrics.tokens.WithLabelValues(cfg.Model, cfg.Name, "completion"),
+		ttft:     r.metrics.ttft.With(labels),
+		itl:      r.metrics.itl.With(labels),
+		e2e:      r.metrics.e2e.With(labels),
+		inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
+		tokens:   r.metrics.tokenCounters(cfg),
 	}
 	return b
 }

@@ -33,9 +33,9 @@ func (r *Router) recordUsage(f *flight, key string, m *meter, end time.Time) {
 		u.PromptTokens = f.job.PromptTokens
 	}
 	u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
-	f.b.observers.promptTokens.Add(float64(u.PromptTokens))
-	f.b.observers.cachedTokens.Add(float64(u.CachedTokens))
-	f.b.observers.completionTokens.Add(float64(u.CompletionTokens))
+	f.b.observers.tokens.prompt.Add(float64(u.PromptTokens))
+	f.b.observers.tokens.cached.Add(float64(u.CachedTokens))
+	f.b.observers.tokens.completion.Add(float64(u.CompletionTokens))
 	r.limits.spend(u.Key, int64(u.PromptTokens+u.CompletionTokens), end)
 	if r.opts.OnUsage != nil {
 		r.opts.OnUsage(u)
