@@ -25,6 +25,13 @@ type job struct {
 	includeUsage bool
 	chat         bool
 	placement    reasoningPlacement
+	// api is the wire format the answer is written in; apiOpenAI covers
+	// chat and text completions.
+	api apiKind
+	// apiStream is the state of an Anthropic or Responses stream.
+	apiStream apiStreamState
+	// maxTokens is the request's limit (0 none), which a Responses answer repeats.
+	maxTokens int
 
 	id      string
 	created int64
@@ -97,7 +104,11 @@ func (j *job) run() {
 				if s.llama() {
 					j.writeHeaders()
 				}
-				j.sendRole()
+				if j.api != apiOpenAI {
+					j.apiStart()
+				} else {
+					j.sendRole()
+				}
 			}
 		}
 		s.metrics.token(now.Sub(last).Seconds(), busy, i == 0)
@@ -122,7 +133,10 @@ func (j *job) abort(arrival time.Time, why string) {
 
 func (j *job) newID() string {
 	prefix := "cmpl-"
-	if j.chat {
+	switch {
+	case j.api == apiResponses:
+		prefix = "resp_"
+	case j.chat:
 		prefix = "chatcmpl-"
 	}
 	if j.s.llama() {
@@ -291,6 +305,10 @@ func (j *job) emit(p piece, last bool) {
 	if !j.stream {
 		return
 	}
+	if j.api != apiOpenAI {
+		j.apiPiece(p)
+		return
+	}
 	d := j.delta(p)
 	if !j.s.llama() && last {
 		// vLLM carries the finish reason on the chunk of the last token.
@@ -349,6 +367,10 @@ func (j *job) timings() obj {
 }
 
 func (j *job) finish() {
+	if j.api != apiOpenAI {
+		j.apiFinish()
+		return
+	}
 	if j.stream {
 		j.finishStream()
 		return
