@@ -2,7 +2,9 @@ package sim
 
 import (
 	"fmt"
+	"net/http"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -75,5 +77,139 @@ func TestCacheFieldsMatchRealLlamaServer(t *testing.T) {
 	}
 	if t.Failed() {
 		t.Log(strings.TrimSpace(fmt.Sprint(real.Log())))
+	}
+}
+
+// keyPaths lists every key path in v ("message.usage.input_tokens"), with
+// list elements under "[]", so two answers' shapes compare whatever their
+// values.
+func keyPaths(prefix string, v any, into map[string]bool) {
+	switch x := v.(type) {
+	case map[string]any:
+		for k, e := range x {
+			p := prefix + "." + k
+			into[p] = true
+			keyPaths(p, e, into)
+		}
+	case []any:
+		for _, e := range x {
+			keyPaths(prefix+"[]", e, into)
+		}
+	}
+}
+
+func shapeOf(evs []namedEvent) map[string]bool {
+	paths := map[string]bool{}
+	for _, e := range evs {
+		keyPaths(e.name, e.data, paths)
+	}
+	return paths
+}
+
+func diffPaths(a, b map[string]bool) (onlyA, onlyB []string) {
+	for p := range a {
+		if !b[p] {
+			onlyA = append(onlyA, p)
+		}
+	}
+	for p := range b {
+		if !a[p] {
+			onlyB = append(onlyB, p)
+		}
+	}
+	slices.Sort(onlyA)
+	slices.Sort(onlyB)
+	return onlyA, onlyB
+}
+
+// TestAnthropicAndResponsesMatchRealLlamaServer sends the same /v1/messages
+// and /v1/responses requests, streamed and not, to the real llama-server and
+// to the llama mimic, and checks that the events come in the same order with
+// the same fields, and that a repeated prompt is reported as read from the
+// cache the same way (cache_read_input_tokens apart from input_tokens).
+func TestAnthropicAndResponsesMatchRealLlamaServer(t *testing.T) {
+	real := llamatest.Start(t, "-a", "qwen3-4b", "--jinja", "-np", "1", "-c", "2048")
+	// The tiny model does not think; the sim is told not to either.
+	_, ts := startSim(t, "--mimic llamacpp --profile instant -- -a qwen3-4b --jinja -np 1 --chat-template-kwargs {\"enable_thinking\":false}")
+	type result struct {
+		names                  map[string][]string
+		shapes                 map[string]map[string]bool
+		repeatCached, repeatIn int
+		prompt                 int
+	}
+	// The tiny model's weights are random: it may end at once. A prompt
+	// whose answer runs to max_tokens shows every event.
+	prompt := ""
+	for _, p := range []string{"Tell me a story", "Write code", "abc def ghi", "Name three rivers", "Count to ten"} {
+		evs := namedStream(t, real.URL+"/v1/messages", anthropic(p, 4))
+		if slices.Contains(eventNames(evs), "content_block_delta") {
+			prompt = p
+			break
+		}
+	}
+	if prompt == "" {
+		t.Fatal("the real llama-server ended every prompt before a token; cannot compare the event shapes")
+	}
+	run := func(base string) result {
+		r := result{names: map[string][]string{}, shapes: map[string]map[string]bool{}}
+		body := anthropic(prompt, 4)
+		code, whole := post(t, base+"/v1/messages", body)
+		if code != 200 {
+			t.Fatalf("%s /v1/messages: HTTP %d %v", base, code, whole)
+		}
+		// Text only: the values differ, the shape must not.
+		r.shapes["messages"] = map[string]bool{}
+		keyPaths("", whole, r.shapes["messages"])
+		wu := whole["usage"].(map[string]any)
+		r.prompt = num(wu["input_tokens"]) + num(wu["cache_read_input_tokens"])
+		evs := namedStream(t, base+"/v1/messages", anthropic(prompt, 4))
+		r.names["messages stream"] = eventNames(evs)
+		r.shapes["messages stream"] = shapeOf(evs)
+		su := evs[0].data["message"].(map[string]any)["usage"].(map[string]any)
+		r.repeatCached, r.repeatIn = num(su["cache_read_input_tokens"]), num(su["input_tokens"])
+
+		resp := map[string]any{"model": "qwen3-4b", "input": prompt, "max_output_tokens": 4}
+		http.DefaultClient.CloseIdleConnections()
+		code, whole = post(t, base+"/v1/responses", resp)
+		if code != 200 {
+			t.Fatalf("%s /v1/responses: HTTP %d %v", base, code, whole)
+		}
+		r.shapes["responses"] = map[string]bool{}
+		keyPaths("", whole, r.shapes["responses"])
+		evs = namedStream(t, base+"/v1/responses", resp)
+		r.names["responses stream"] = eventNames(evs)
+		r.shapes["responses stream"] = shapeOf(evs)
+
+		// llama-server may close a connection after a stream without the
+		// client noticing yet; a POST on it would fail, not be retried.
+		http.DefaultClient.CloseIdleConnections()
+		code, ct := post(t, base+"/v1/messages/count_tokens", anthropic(prompt, 4))
+		if code != 200 {
+			t.Fatalf("%s count_tokens: HTTP %d %v", base, code, ct)
+		}
+		r.shapes["count_tokens"] = map[string]bool{}
+		keyPaths("", ct, r.shapes["count_tokens"])
+		return r
+	}
+	got, want := run(ts.URL), run(real.URL)
+	for k, names := range want.names {
+		if !slices.Equal(got.names[k], names) {
+			t.Errorf("%s events: sim %v, real %v", k, got.names[k], names)
+		}
+	}
+	for k, shape := range want.shapes {
+		if onlySim, onlyReal := diffPaths(got.shapes[k], shape); len(onlySim)+len(onlyReal) > 0 {
+			t.Errorf("%s fields: only the sim has %v, only llama-server has %v", k, onlySim, onlyReal)
+		}
+	}
+	for who, r := range map[string]result{"sim": got, "real": want} {
+		t.Logf("%s: a %d-token prompt repeated: cache_read_input_tokens %d input_tokens %d", who, r.prompt, r.repeatCached, r.repeatIn)
+		if r.repeatCached == 0 || r.repeatCached+r.repeatIn != r.prompt {
+			t.Errorf("%s: the repeat of a %d-token prompt reads %d from cache and %d fresh; want most from cache, summing to the prompt",
+				who, r.prompt, r.repeatCached, r.repeatIn)
+		}
+	}
+	if t.Failed() {
+		t.Log(strings.TrimSpace(real.Log()))
 	}
 }
