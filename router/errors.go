@@ -56,7 +56,8 @@ func errorBody(typ, code, param, msg string) []byte {
 	return b
 }
 
-// writeError answers with an OpenAI-shaped error. retryAfter > 0 adds a
+// writeError answers with an OpenAI-shaped error, or an Anthropic-shaped
+// one on the Anthropic endpoints (see apiWriter). retryAfter > 0 adds a
 // Retry-After header rounded up to whole seconds, the only unit the header has.
 func writeError(w http.ResponseWriter, status int, typ, code, param, msg string, retryAfter time.Duration) {
 	h := w.Header()
@@ -66,6 +67,10 @@ func writeError(w http.ResponseWriter, status int, typ, code, param, msg string,
 		h.Set("Retry-After", strconv.Itoa(secs))
 	}
 	w.WriteHeader(status)
+	if writerAPI(w) == apiAnthropic {
+		_, _ = w.Write(anthropicErrorBody(status, msg))
+		return
+	}
 	_, _ = w.Write(errorBody(typ, code, param, msg))
 }
 

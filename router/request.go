@@ -50,6 +50,11 @@ type wireRequest struct {
 	Prompt              json.RawMessage `json:"prompt"`
 	Input               json.RawMessage `json:"input"`
 	Tools               json.RawMessage `json:"tools"`
+	// Anthropic's system prompt and the Responses API's instructions and
+	// output limit.
+	System          json.RawMessage `json:"system"`
+	Instructions    json.RawMessage `json:"instructions"`
+	MaxOutputTokens *int            `json:"max_output_tokens"`
 }
 
 // parseRequest reads the routing facts out of an OpenAI request body.
@@ -86,14 +91,21 @@ func parseRequest(body []byte) (requestInfo, error) {
 		info.MaxTokens = *w.MaxTokens
 	case w.MaxCompletionTokens != nil:
 		info.MaxTokens = *w.MaxCompletionTokens
+	case w.MaxOutputTokens != nil:
+		info.MaxTokens = *w.MaxOutputTokens
 	}
 	if info.MaxTokens < 0 {
 		return requestInfo{}, &requestError{code: "invalid_value", param: "max_tokens",
 			msg: fmt.Sprintf("max_tokens is %d; it must be zero or positive", info.MaxTokens)}
 	}
-	info.PromptTokens = (len(w.Messages) + len(w.Prompt) + len(w.Input) + bytesPerToken - 1) / bytesPerToken
+	info.PromptTokens = (len(w.System) + len(w.Instructions) + len(w.Messages) + len(w.Prompt) + len(w.Input) + bytesPerToken - 1) / bytesPerToken
 	if len(w.Messages) > 0 || len(w.Prompt) > 0 {
-		info.Prefix = PrefixChain(w.Tools, w.Messages, w.Prompt)
+		// An Anthropic system prompt comes before the messages, as it
+		// does in the prompt the engine renders.
+		info.Prefix = PrefixChain(w.Tools, w.System, w.Messages, w.Prompt)
+	} else if len(w.Input) > 0 && len(w.Instructions)+len(w.Tools) > 0 {
+		// A Responses request: instructions, then the input items.
+		info.Prefix = PrefixChain(w.Tools, w.Instructions, w.Input)
 	}
 	return info, nil
 }

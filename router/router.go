@@ -207,6 +207,8 @@ type backend struct {
 	active map[*flight]struct{}
 	// checking is set while a health checker watches it (health.go).
 	checking bool
+	// notServed holds the paths it answered "not found" (endpoints.go).
+	notServed map[string]bool
 }
 
 type backendObservers struct {

@@ -1,0 +1,255 @@
+package router
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"slices"
+	"strings"
+
+	"fleet"
+)
+
+// Every endpoint the engines serve is routed by the "model" of its JSON
+// body, to a worker whose engine serves it. Which engine serves which path
+// is known per engine kind (the table below, from each engine's own route
+// list); an engine the table does not know for a path is tried, and a
+// worker that answers a path with 404 (or llama-server's 501 for a feature
+// it was not started with) is remembered as not serving it, until its
+// engine restarts, and the request goes to another worker.
+
+// wireAPI is the API family of an endpoint: the shape its errors take.
+type wireAPI int
+
+const (
+	apiOpenAI wireAPI = iota
+	apiAnthropic
+)
+
+// support is whether an engine kind serves an endpoint.
+type support int8
+
+const (
+	supportUnknown support = iota // tried; a 404 teaches otherwise
+	supportYes
+	supportNo
+)
+
+// endpointSpec is one routed path.
+type endpointSpec struct {
+	api wireAPI
+	// generates marks endpoints that generate tokens (their requests carry
+	// max_tokens and feed the speed model).
+	generates bool
+	engines   map[fleet.EngineKind]support
+}
+
+func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
+	return map[fleet.EngineKind]support{
+		fleet.EngineVLLM: vllm, fleet.EngineVLLMMetal: vllm, fleet.EngineLlamaCpp: llama, fleet.EngineOllama: ollama,
+	}
+}
+
+// endpointTable is which engine kind serves which path: vLLM's and
+// llama-server's own route lists (vllm/entrypoints, llama.cpp
+// tools/server), Ollama's OpenAI compatibility page. Multipart endpoints
+// (audio transcriptions) carry no JSON model and are not routed.
+var endpointTable = map[string]endpointSpec{
+	"/v1/chat/completions":        {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/completions":             {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/embeddings":              {engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/messages":                {api: apiAnthropic, generates: true, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/messages/count_tokens":   {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/responses":               {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/rerank":                  {engines: engines(supportYes, supportYes, supportNo)},
+	"/v1/score":                   {engines: engines(supportYes, supportNo, supportNo)},
+	"/tokenize":                   {engines: engines(supportYes, supportYes, supportNo)},
+	"/detokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
+	"/pooling":                    {engines: engines(supportYes, supportNo, supportNo)},
+	"/classify":                   {engines: engines(supportYes, supportNo, supportNo)},
+	"/infill":                     {generates: true, engines: engines(supportNo, supportYes, supportNo)},
+	"/apply-template":             {engines: engines(supportNo, supportYes, supportNo)},
+}
+
+// multiChoice is which engine kinds honour n > 1 on chat and text
+// completions: vLLM does; llama-server answers 400 ("Field 'n': Value must
+// be between 1 <= value <= 1"). Others are passed the request as it is.
+var multiChoice = map[fleet.EngineKind]support{
+	fleet.EngineVLLM: supportYes, fleet.EngineVLLMMetal: supportYes, fleet.EngineLlamaCpp: supportNo,
+}
+
+// routedPaths lists the routed paths in order, for the router's mux and its
+// 404 message.
+func routedPaths() []string {
+	paths := make([]string, 0, len(endpointTable))
+	for p := range endpointTable {
+		paths = append(paths, p)
+	}
+	slices.Sort(paths)
+	return paths
+}
+
+func apiOf(path string) wireAPI { return endpointTable[path].api }
+
+// serves says whether b may be sent path (n choices): not when its kind is
+// known not to, nor when it answered the path with "not found" before.
+func (b *backend) servesLocked(path string, n int) bool {
+	if b.notServed[path] {
+		return false
+	}
+	if endpointTable[path].engines[b.cfg.Engine] == supportNo {
+		return false
+	}
+	return n <= 1 || multiChoice[b.cfg.Engine] != supportNo
+}
+
+// learnNotServedLocked remembers that b answered path with "not found".
+func (b *backend) learnNotServedLocked(path string) {
+	if b.notServed == nil {
+		b.notServed = map[string]bool{}
+	}
+	b.notServed[path] = true
+}
+
+// endpointExclusions lists the ready workers of model that must not be
+// sent path with n choices. When there are ready workers and none may take
+// it, it says why instead, with the answer's status.
+func (r *Router) endpointExclusions(model, path string, n int) ([]string, *schedError) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var excluded, kinds []string
+	ready, nOnly := 0, 0
+	for _, b := range r.backends {
+		if b.cfg.Model != model {
+			continue
+		}
+		ready++
+		if b.servesLocked(path, n) {
+			continue
+		}
+		if b.servesLocked(path, 1) {
+			nOnly++
+		}
+		excluded = append(excluded, b.cfg.Name)
+		kinds = append(kinds, fmt.Sprintf("%s (%s)", b.cfg.Name, engineName(b.cfg.Engine)))
+	}
+	if ready == 0 || len(excluded) < ready {
+		return excluded, nil
+	}
+	if nOnly > 0 {
+		return nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: "unsupported_value",
+			msg: fmt.Sprintf("n = %d: no ready worker of %q returns more than one choice (%s; vLLM does, llama-server does not); send n = 1, or several requests",
+				n, model, strings.Join(kinds, ", "))}
+	}
+	return nil, &schedError{status: http.StatusNotFound, typ: errTypeInvalidRequest, code: "endpoint_not_served",
+		msg: fmt.Sprintf("no ready worker of %q serves %s: %s; use a model whose engine serves it (the router's README lists which engine serves which endpoint)",
+			model, path, strings.Join(kinds, ", "))}
+}
+
+func engineName(k fleet.EngineKind) string {
+	switch k {
+	case fleet.EngineLlamaCpp:
+		return "llama-server"
+	case "":
+		return "engine unknown"
+	}
+	return string(k)
+}
+
+// notServedAnswer reports whether an engine's answer to a request says it
+// does not serve the path at all (as opposed to refusing this request):
+// 404 from FastAPI ({"detail":"Not Found"}) or llama-server ("File Not
+// Found"), or llama-server's 501 for a feature it was not started with
+// (reranking, embeddings). A 404 about the model is not one.
+func notServedAnswer(status int, body []byte) bool {
+	switch status {
+	case http.StatusNotImplemented:
+		return true
+	case http.StatusNotFound:
+		return !bytes.Contains(body, []byte(`"model"`)) && !bytes.Contains(body, []byte("model `")) &&
+			!bytes.Contains(body, []byte("does not exist"))
+	}
+	return false
+}
+
+// wireInfo is what the router reads from a request body beyond requestInfo:
+// the choice count.
+type wireInfo struct {
+	N *int `json:"n"`
+}
+
+// choiceCount reads n from a chat or text completion body (1 when absent).
+func choiceCount(path string, body []byte) (int, error) {
+	if path != "/v1/chat/completions" && path != "/v1/completions" {
+		return 1, nil
+	}
+	var w wireInfo
+	if err := json.Unmarshal(body, &w); err != nil || w.N == nil {
+		return 1, nil
+	}
+	if *w.N < 1 {
+		return 0, &requestError{code: "invalid_value", param: "n", msg: fmt.Sprintf("n is %d; it must be at least 1", *w.N)}
+	}
+	return *w.N, nil
+}
+
+// apiWriter marks a response as belonging to an API whose errors have their
+// own shape, so that writeError, wherever it is called, answers in it.
+type apiWriter struct {
+	http.ResponseWriter
+	api wireAPI
+}
+
+func (a *apiWriter) Flush() {
+	if f, ok := a.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
+
+// Unwrap lets http.ResponseController reach the connection (read deadlines).
+func (a *apiWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
+
+func writerAPI(w http.ResponseWriter) wireAPI {
+	if a, ok := w.(*apiWriter); ok {
+		return a.api
+	}
+	return apiOpenAI
+}
+
+// anthropicErrorType is Anthropic's error type for an HTTP status.
+func anthropicErrorType(status int) string {
+	switch {
+	case status == http.StatusUnauthorized:
+		return "authentication_error"
+	case status == http.StatusForbidden:
+		return "permission_error"
+	case status == http.StatusNotFound:
+		return "not_found_error"
+	case status == http.StatusRequestEntityTooLarge:
+		return "request_too_large"
+	case status == http.StatusTooManyRequests:
+		return "rate_limit_error"
+	case status == http.StatusServiceUnavailable || status == 529:
+		return "overloaded_error"
+	case status == http.StatusGatewayTimeout || status == http.StatusRequestTimeout:
+		return "timeout_error"
+	case status >= 500:
+		return "api_error"
+	}
+	return "invalid_request_error"
+}
+
+// anthropicErrorBody is Anthropic's error envelope:
+// {"type":"error","error":{"type":"not_found_error","message":"…"}}.
+func anthropicErrorBody(status int, msg string) []byte {
+	type inner struct {
+		Type    string `json:"type"`
+		Message string `json:"message"`
+	}
+	b, _ := json.Marshal(struct {
+		Type  string `json:"type"`
+		Error inner  `json:"error"`
+	}{"error", inner{anthropicErrorType(status), msg}})
+	return b
+}

@@ -1,0 +1,84 @@
+package router
+
+import (
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+)
+
+func TestNotServedAnswer(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		status int
+		body   string
+		want   bool
+	}{
+		{"vLLM unknown path", 404, `{"detail":"Not Found"}`, true},
+		{"llama-server unknown path", 404, `{"error":{"code":404,"message":"File Not Found","type":"not_found_error"}}`, true},
+		{"llama-server without --reranking", 501, `{"error":{"code":501,"message":"This server does not support reranking. Start it with ` + "`--reranking`" + `","type":"not_supported_error"}}`, true},
+		{"vLLM unknown model", 404, `{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"NotFoundError","param":"model","code":404}}`, false},
+		{"a bad request", 400, `{"error":{"message":"bad"}}`, false},
+		{"a server error", 500, `{"error":{"message":"boom"}}`, false},
+	} {
+		if got := notServedAnswer(tc.status, []byte(tc.body)); got != tc.want {
+			t.Errorf("%s: notServedAnswer = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
+
+func TestChoiceCount(t *testing.T) {
+	for _, tc := range []struct {
+		path, body string
+		want       int
+		bad        bool
+	}{
+		{"/v1/chat/completions", `{"n":3}`, 3, false},
+		{"/v1/completions", `{"model":"m"}`, 1, false},
+		{"/v1/chat/completions", `{"n":0}`, 0, true},
+		{"/v1/embeddings", `{"n":5}`, 1, false},
+	} {
+		n, err := choiceCount(tc.path, []byte(tc.body))
+		if (err != nil) != tc.bad || (!tc.bad && n != tc.want) {
+			t.Errorf("%s %s: n %d err %v", tc.path, tc.body, n, err)
+		}
+	}
+}
+
+func TestWriteErrorTakesTheAPIsShape(t *testing.T) {
+	for _, tc := range []struct {
+		api     wireAPI
+		status  int
+		errType string
+	}{
+		{apiAnthropic, 404, "not_found_error"},
+		{apiAnthropic, 401, "authentication_error"},
+		{apiAnthropic, 429, "rate_limit_error"},
+		{apiAnthropic, 503, "overloaded_error"},
+		{apiAnthropic, 502, "api_error"},
+		{apiAnthropic, 400, "invalid_request_error"},
+		{apiOpenAI, 404, "invalid_request_error"},
+	} {
+		rec := httptest.NewRecorder()
+		var w http.ResponseWriter = rec
+		if tc.api == apiAnthropic {
+			w = &apiWriter{ResponseWriter: rec, api: apiAnthropic}
+		}
+		writeError(w, tc.status, errTypeInvalidRequest, codeModelNotFound, "model", "the message", 0)
+		var body struct {
+			Type  string `json:"type"`
+			Error struct {
+				Type    string  `json:"type"`
+				Message string  `json:"message"`
+				Code    *string `json:"code"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil || rec.Code != tc.status {
+			t.Fatalf("HTTP %d body %s: %v", rec.Code, rec.Body, err)
+		}
+		anthropic := body.Type == "error" && body.Error.Code == nil
+		if anthropic != (tc.api == apiAnthropic) || body.Error.Type != tc.errType || body.Error.Message != "the message" {
+			t.Errorf("api %d status %d: body %s, want error type %s", tc.api, tc.status, rec.Body, tc.errType)
+		}
+	}
+}
