@@ -230,3 +230,45 @@ func TestTokenizeRoundTrip(t *testing.T) {
 		}
 	}
 }
+
+func TestChoicesN(t *testing.T) {
+	_, ts := startSim(t, "--mimic vllm --profile instant --load-time 0s -- qwen3-4b")
+	code, resp := post(t, ts.URL+"/v1/chat/completions", chat("Name a fleet.", map[string]any{"n": 3, "max_tokens": 5, "chat_template_kwargs": map[string]any{"enable_thinking": false}}))
+	choices, _ := resp["choices"].([]any)
+	if code != 200 || len(choices) != 3 {
+		t.Fatalf("vLLM n=3: HTTP %d, %d choices: %v", code, len(choices), resp)
+	}
+	texts := map[string]bool{}
+	for i, c := range choices {
+		c := c.(map[string]any)
+		if num(c["index"]) != i {
+			t.Errorf("choice %d has index %v", i, c["index"])
+		}
+		texts[c["message"].(map[string]any)["content"].(string)] = true
+	}
+	if len(texts) != 3 {
+		t.Errorf("the 3 choices are not 3 different answers: %v", texts)
+	}
+	if u := resp["usage"].(map[string]any); num(u["completion_tokens"]) != 15 {
+		t.Errorf("usage %v, want 15 completion tokens (3 × 5)", u)
+	}
+	chunks, done := stream(t, ts.URL+"/v1/completions", map[string]any{"model": "qwen3-4b", "prompt": "A fleet", "n": 2, "max_tokens": 4,
+		"stream_options": map[string]any{"include_usage": true}})
+	perIndex := map[int]int{}
+	for _, c := range chunks {
+		for _, ch := range c["choices"].([]any) {
+			if t := ch.(map[string]any)["text"].(string); t != "" {
+				perIndex[num(ch.(map[string]any)["index"])]++
+			}
+		}
+	}
+	if !done || perIndex[0] != 4 || perIndex[1] != 4 || num(chunks[len(chunks)-1]["usage"].(map[string]any)["completion_tokens"]) != 8 {
+		t.Errorf("streamed n=2: tokens per choice %v, last chunk %v", perIndex, chunks[len(chunks)-1])
+	}
+
+	_, ts = startSim(t, "--mimic llamacpp --profile instant -- -a qwen3-4b")
+	code, resp = post(t, ts.URL+"/v1/chat/completions", chat("Name a fleet.", map[string]any{"n": 2}))
+	if msg, _ := resp["error"].(map[string]any)["message"].(string); code != 400 || !strings.Contains(msg, "Field 'n'") {
+		t.Errorf("llama-server n=2: HTTP %d %v, want its 400", code, resp)
+	}
+}

@@ -193,6 +193,7 @@ type chatRequest struct {
 	Tools               []toolSpec      `json:"tools"`
 	ToolChoice          json.RawMessage `json:"tool_choice"`
 	ChatTemplateKwargs  map[string]any  `json:"chat_template_kwargs"`
+	N                   *int            `json:"n"`
 }
 
 func toolChoiceName(raw json.RawMessage) string {
@@ -259,6 +260,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	n, ok := s.choiceCount(w, req.N)
+	if !ok {
+		return
+	}
 	var all strings.Builder
 	lastUser := ""
 	for _, m := range req.Messages {
@@ -285,7 +290,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		structured = s.opts.AutoToolChoice && s.opts.ToolCallParser != ""
 	}
 	llama := s.llama()
-	pl := makeChatPlan(planInput{
+	in := planInput{
 		seed: s.opts.Seed, content: all.String() + toolsText, lastUser: lastUser, thinking: thinking,
 		maxTokens: maxTok, tools: req.Tools, toolChoice: toolChoiceName(req.ToolChoice), structured: structured,
 		toolIDFmt: func(rng *rand.Rand) string {
@@ -294,7 +299,8 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 			}
 			return "chatcmpl-tool-" + randomHex(rng, 32)
 		},
-	})
+	}
+	pl := makeChatPlan(in)
 	includeUsage := req.StreamOptions != nil && req.StreamOptions.IncludeUsage
 	if !llama && s.opts.ForceIncludeUsage {
 		includeUsage = true
@@ -303,6 +309,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 		s: s, w: w, r: r, plan: pl, promptTokens: nPrompt, promptText: toolsText + all.String(),
 		stream: req.Stream, includeUsage: includeUsage, chat: true, placement: s.placement(),
 	}
+	job.addChoices(n, func(seed uint64) plan { in.seed = seed; return makeChatPlan(in) })
 	job.run()
 }
 
@@ -312,6 +319,34 @@ type completionRequest struct {
 	Stream        bool            `json:"stream"`
 	StreamOptions *streamOptions  `json:"stream_options"`
 	MaxTokens     *int            `json:"max_tokens"`
+	N             *int            `json:"n"`
+}
+
+// choiceCount reads n: vLLM generates that many choices; llama-server
+// refuses any n but 1, in its JSON schema check's words.
+func (s *Server) choiceCount(w http.ResponseWriter, n *int) (int, bool) {
+	if n == nil {
+		return 1, true
+	}
+	if s.llama() && *n != 1 {
+		s.badRequest(w, fmt.Sprintf("Field 'n': Value must be between 1 <= value <= 1, but got %d", *n))
+		return 0, false
+	}
+	if *n < 1 {
+		s.badRequest(w, fmt.Sprintf("n must be at least 1, got %d", *n))
+		return 0, false
+	}
+	return *n, true
+}
+
+// addChoices gives j its n-1 other choices, each planned with its own seed.
+func (j *job) addChoices(n int, planFor func(seed uint64) plan) {
+	for k := 1; k < n; k++ {
+		e := *j
+		e.plan = planFor(j.s.opts.Seed + uint64(k))
+		e.index = k
+		j.extra = append(j.extra, &e)
+	}
 }
 
 func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
@@ -331,6 +366,10 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	n, ok := s.choiceCount(w, req.N)
+	if !ok {
+		return
+	}
 	if maxTok == 0 && !s.llama() {
 		// vLLM's completions API defaults max_tokens to 16.
 		maxTok = 16
@@ -347,6 +386,7 @@ func (s *Server) handleCompletion(w http.ResponseWriter, r *http.Request) {
 		s: s, w: w, r: r, plan: makeTextPlan(s.opts.Seed, prompt, maxTok), promptTokens: nPrompt,
 		promptText: prompt, stream: req.Stream, includeUsage: includeUsage,
 	}
+	job.addChoices(n, func(seed uint64) plan { return makeTextPlan(seed, prompt, maxTok) })
 	job.run()
 }
 

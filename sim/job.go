@@ -32,6 +32,11 @@ type job struct {
 	apiStream apiStreamState
 	// maxTokens is the request's limit (0 none), which a Responses answer repeats.
 	maxTokens int
+	// index is the choice this job writes; extra are the other choices of
+	// a request for n > 1 (vLLM), generated in the same engine steps and
+	// written by this job.
+	index int
+	extra []*job
 
 	id      string
 	created int64
@@ -89,7 +94,11 @@ func (j *job) run() {
 	decodeStart := time.Now()
 	var pc pacer
 	last := decodeStart
-	for i, p := range j.plan.pieces {
+	steps := len(j.plan.pieces)
+	for _, e := range j.extra {
+		steps = max(steps, len(e.plan.pieces))
+	}
+	for i := range steps {
 		busy := s.pool.busy()
 		if err := pc.wait(ctx, s.opts.Profile.TokenDelay(busy)); err != nil {
 			j.abort(arrival, "client gone while decoding")
@@ -108,22 +117,29 @@ func (j *job) run() {
 					j.apiStart()
 				} else {
 					j.sendRole()
+					for _, e := range j.extra {
+						e.sendRole()
+					}
 				}
 			}
 		}
 		s.metrics.token(now.Sub(last).Seconds(), busy, i == 0)
 		last = now
 		s.pool.progress(slot)
-		j.generated++
-		j.emit(p, i == len(j.plan.pieces)-1)
-		if j.writeErr != nil {
-			j.abort(arrival, "write failed: "+j.writeErr.Error())
-			return
+		for _, c := range j.choices() {
+			if i < len(c.plan.pieces) {
+				c.generated++
+				c.emit(c.plan.pieces[i], i == len(c.plan.pieces)-1)
+			}
+			if c.writeErr != nil {
+				j.abort(arrival, "write failed: "+c.writeErr.Error())
+				return
+			}
 		}
 	}
 	j.decode = time.Since(decodeStart)
 	j.finish()
-	s.metrics.finish(j.plan.finish, j.promptTokens, j.generated, j.decode.Seconds(), time.Since(arrival).Seconds())
+	s.metrics.finish(j.plan.finish, j.promptTokens, j.totalGenerated(), j.decode.Seconds(), time.Since(arrival).Seconds())
 }
 
 func (j *job) abort(arrival time.Time, why string) {
@@ -225,12 +241,12 @@ func (j *job) sendChoice(delta obj, finish string) {
 	case j.s.llama():
 		choice = obj{{"text", deltaText(delta)}, {"index", 0}, {"logprobs", nil}, {"finish_reason", fr}}
 	case j.chat:
-		choice = obj{{"index", 0}, {"delta", delta}, {"logprobs", nil}, {"finish_reason", fr}}
+		choice = obj{{"index", j.index}, {"delta", delta}, {"logprobs", nil}, {"finish_reason", fr}}
 		if finish != "" {
 			choice = append(choice, field{"stop_reason", nil})
 		}
 	default:
-		choice = obj{{"index", 0}, {"text", deltaText(delta)}, {"logprobs", nil}, {"finish_reason", fr}, {"stop_reason", nil}}
+		choice = obj{{"index", j.index}, {"text", deltaText(delta)}, {"logprobs", nil}, {"finish_reason", fr}, {"stop_reason", nil}}
 	}
 	var extra obj
 	if finish != "" && j.s.llama() {
@@ -323,18 +339,31 @@ func (j *job) emit(p piece, last bool) {
 	}
 }
 
+// choices is the job and its extra choices, in index order.
+func (j *job) choices() []*job { return append([]*job{j}, j.extra...) }
+
+// totalGenerated counts the tokens of every choice, as usage does.
+func (j *job) totalGenerated() int {
+	n := 0
+	for _, c := range j.choices() {
+		n += c.generated
+	}
+	return n
+}
+
 func (j *job) usage() obj {
+	gen := j.totalGenerated()
 	if j.s.llama() {
-		return obj{{"completion_tokens", j.generated}, {"prompt_tokens", j.promptTokens},
-			{"total_tokens", j.promptTokens + j.generated}, {"prompt_tokens_details", obj{{"cached_tokens", j.cached}}}}
+		return obj{{"completion_tokens", gen}, {"prompt_tokens", j.promptTokens},
+			{"total_tokens", j.promptTokens + gen}, {"prompt_tokens_details", obj{{"cached_tokens", j.cached}}}}
 	}
 	// vLLM details the cached tokens only when asked to at launch.
 	var details any
 	if j.s.opts.PromptTokensDetails {
 		details = obj{{"cached_tokens", j.cached}}
 	}
-	return obj{{"prompt_tokens", j.promptTokens}, {"total_tokens", j.promptTokens + j.generated},
-		{"completion_tokens", j.generated}, {"prompt_tokens_details", details}}
+	return obj{{"prompt_tokens", j.promptTokens}, {"total_tokens", j.promptTokens + gen},
+		{"completion_tokens", gen}, {"prompt_tokens_details", details}}
 }
 
 func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
@@ -375,6 +404,20 @@ func (j *job) finish() {
 		j.finishStream()
 		return
 	}
+	llama := j.s.llama()
+	choices := make([]any, 0, 1+len(j.extra))
+	for _, c := range j.choices() {
+		choices = append(choices, c.wholeChoice())
+	}
+	extra := obj{{"usage", j.usage()}}
+	if llama {
+		extra = append(extra, field{"timings", j.timings()})
+	}
+	writeJSON(j.w, http.StatusOK, j.envelope(choices, extra))
+}
+
+// wholeChoice is the job's choice in a non-streamed answer.
+func (j *job) wholeChoice() obj {
 	var choice obj
 	llama := j.s.llama()
 	if j.chat {
@@ -382,14 +425,10 @@ func (j *job) finish() {
 	} else if llama {
 		choice = obj{{"text", j.content.String()}, {"index", 0}, {"logprobs", nil}, {"finish_reason", j.plan.finish}}
 	} else {
-		choice = obj{{"index", 0}, {"text", j.content.String()}, {"logprobs", nil}, {"finish_reason", j.plan.finish},
+		choice = obj{{"index", j.index}, {"text", j.content.String()}, {"logprobs", nil}, {"finish_reason", j.plan.finish},
 			{"stop_reason", nil}, {"prompt_logprobs", nil}}
 	}
-	extra := obj{{"usage", j.usage()}}
-	if llama {
-		extra = append(extra, field{"timings", j.timings()})
-	}
-	writeJSON(j.w, http.StatusOK, j.envelope([]any{choice}, extra))
+	return choice
 }
 
 func (j *job) chatChoice() obj {
@@ -426,7 +465,7 @@ func (j *job) chatChoice() obj {
 	}
 	msg := obj{{"role", "assistant"}, {"content", c}, {"refusal", nil}, {"annotations", nil}, {"audio", nil},
 		{"function_call", nil}, {"tool_calls", calls}, {"reasoning", r}}
-	return obj{{"index", 0}, {"message", msg}, {"logprobs", nil}, {"finish_reason", j.plan.finish}, {"stop_reason", nil}}
+	return obj{{"index", j.index}, {"message", msg}, {"logprobs", nil}, {"finish_reason", j.plan.finish}, {"stop_reason", nil}}
 }
 
 func (j *job) finishStream() {
