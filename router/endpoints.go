@@ -56,20 +56,20 @@ func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
 // tools/server), Ollama's OpenAI compatibility page. Multipart endpoints
 // (audio transcriptions) carry no JSON model and are not routed.
 var endpointTable = map[string]endpointSpec{
-	"/v1/chat/completions":        {generates: true, engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/completions":             {generates: true, engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/embeddings":              {engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/messages":                {api: apiAnthropic, generates: true, engines: engines(supportYes, supportYes, supportUnknown)},
-	"/v1/messages/count_tokens":   {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
-	"/v1/responses":               {generates: true, engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/rerank":                  {engines: engines(supportYes, supportYes, supportNo)},
-	"/v1/score":                   {engines: engines(supportYes, supportNo, supportNo)},
-	"/tokenize":                   {engines: engines(supportYes, supportYes, supportNo)},
-	"/detokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
-	"/pooling":                    {engines: engines(supportYes, supportNo, supportNo)},
-	"/classify":                   {engines: engines(supportYes, supportNo, supportNo)},
-	"/infill":                     {generates: true, engines: engines(supportNo, supportYes, supportNo)},
-	"/apply-template":             {engines: engines(supportNo, supportYes, supportNo)},
+	"/v1/chat/completions":      {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/completions":           {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/messages":              {api: apiAnthropic, generates: true, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/responses":             {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo)},
+	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo)},
+	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
+	"/detokenize":               {engines: engines(supportYes, supportYes, supportNo)},
+	"/pooling":                  {engines: engines(supportYes, supportNo, supportNo)},
+	"/classify":                 {engines: engines(supportYes, supportNo, supportNo)},
+	"/infill":                   {generates: true, engines: engines(supportNo, supportYes, supportNo)},
+	"/apply-template":           {engines: engines(supportNo, supportYes, supportNo)},
 }
 
 // multiChoice is which engine kinds honour n > 1 on chat and text
