@@ -253,3 +253,124 @@ func anthropicErrorBody(status int, msg string) []byte {
 	}{"error", inner{anthropicErrorType(status), msg}})
 	return b
 }
+
+// topLevelValue finds the value of key in the JSON object p and returns its
+// byte range; the last one counts when the key repeats.
+func topLevelValue(p []byte, key string) (start, end int, ok bool) {
+	quotedKey := quoteJSON(key)
+	i := skipSpace(p, 0)
+	if i >= len(p) || p[i] != '{' {
+		return 0, 0, false
+	}
+	i++
+	for {
+		i = skipSpace(p, i)
+		if i >= len(p) || p[i] != '"' {
+			return start, end, ok
+		}
+		keyEnd := skipString(p, i)
+		if keyEnd < 0 {
+			return 0, 0, false
+		}
+		k := p[i:keyEnd]
+		i = skipSpace(p, keyEnd)
+		if i >= len(p) || p[i] != ':' {
+			return 0, 0, false
+		}
+		i = skipSpace(p, i+1)
+		valEnd := skipValue(p, i)
+		if valEnd < 0 {
+			return 0, 0, false
+		}
+		if bytes.Equal(k, quotedKey) {
+			start, end, ok = i, valEnd, true
+		}
+		i = skipSpace(p, valEnd)
+		if i < len(p) && p[i] == ',' {
+			i++
+		}
+	}
+}
+
+// answerModelField finds the model name an answer carries: its top-level
+// "model", else that of the object an Anthropic message_start event
+// ("message") or a Responses event ("response") wraps.
+func answerModelField(p []byte) (start, end int, ok bool) {
+	if start, end, ok = modelField(p); ok {
+		return start, end, true
+	}
+	for _, key := range []string{"message", "response"} {
+		vs, ve, found := topLevelValue(p, key)
+		if !found || p[vs] != '{' {
+			continue
+		}
+		if s, e, ok := modelField(p[vs:ve]); ok {
+			return vs + s, vs + e, true
+		}
+	}
+	return 0, 0, false
+}
+
+// withAnswerModel is withModel for an answer: the name it carries, where
+// answerModelField finds it, set to quoted.
+func withAnswerModel(p, quoted []byte) []byte {
+	start, end, ok := answerModelField(p)
+	if !ok || bytes.Equal(p[start:end], quoted) {
+		return p
+	}
+	out := make([]byte, 0, len(p)-(end-start)+len(quoted))
+	out = append(out, p[:start]...)
+	out = append(out, quoted...)
+	return append(out, p[end:]...)
+}
+
+// sseErrorEventFor is sseErrorEvent in the API's own shape: an Anthropic
+// stream gets Anthropic's error event.
+func sseErrorEventFor(w http.ResponseWriter, msg string) []byte {
+	if writerAPI(w) != apiAnthropic {
+		return sseErrorEvent(msg)
+	}
+	b := anthropicErrorBody(http.StatusBadGateway, msg)
+	out := make([]byte, 0, len(b)+32)
+	out = append(out, "event: error\ndata: "...)
+	out = append(out, b...)
+	return append(out, "\n\n"...)
+}
+
+var (
+	outputTokensField   = []byte(`"output_tokens":`)
+	inputTokensField    = []byte(`"input_tokens":`)
+	cacheReadInputField = []byte(`"cache_read_input_tokens":`)
+)
+
+// apiUsageTokens reads the output tokens of an Anthropic or Responses usage
+// ("output_tokens"), or -1.
+func apiUsageTokens(p []byte) int { return intField(p, outputTokensField) }
+
+// scanAPIUsage reads the prompt's size and cached part from an Anthropic
+// usage (input_tokens apart from cache_read_input_tokens, as llama-server
+// and Anthropic count them) or a Responses usage (input_tokens including
+// input_tokens_details.cached_tokens).
+func (c *promptCache) scanAPIUsage(p []byte) {
+	in := intField(p, inputTokensField)
+	if read := intField(p, cacheReadInputField); read >= 0 {
+		c.cached = read
+		if in >= 0 {
+			c.promptTokens = in + read
+		}
+		return
+	}
+	if in >= 0 {
+		c.promptTokens = in
+	}
+	if n := intField(p, cachedTokensField); n >= 0 {
+		c.cached = n
+	}
+}
+
+// learnNotServed remembers that b's engine does not serve path.
+func (r *Router) learnNotServed(b *backend, path string) {
+	r.mu.Lock()
+	b.learnNotServedLocked(path)
+	r.mu.Unlock()
+}

@@ -129,6 +129,13 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	} else if timings {
 		m.cache.scan(payload)
 	}
+	if bytes.Contains(payload, outputTokensField) {
+		// Anthropic's and the Responses API's usage (endpoints.go).
+		if n := apiUsageTokens(payload); n >= 0 {
+			m.usage = n
+		}
+		m.cache.scanAPIUsage(payload)
+	}
 	// The usage-only chunk carries no token; every other data event
 	// carries at least one.
 	if noChoices {
@@ -173,7 +180,10 @@ func usageTokens(p []byte) int { return intField(p, completionField) }
 
 func (m *meter) outputTokens() int {
 	if !m.sse {
-		return max(usageTokens(m.tail), 0)
+		if n := usageTokens(m.tail); n >= 0 {
+			return n
+		}
+		return max(apiUsageTokens(m.tail), 0)
 	}
 	if m.usage >= 0 {
 		return m.usage

@@ -161,7 +161,7 @@ func (s *sseModelRewriter) emitLine(line []byte) {
 		s.out = append(s.out, line...)
 		return
 	}
-	start, end, found := modelField(rest)
+	start, end, found := answerModelField(rest)
 	if !found || bytes.Equal(rest[start:end], s.quoted) {
 		s.out = append(s.out, line...)
 		return

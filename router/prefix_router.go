@@ -88,6 +88,9 @@ func (m *meter) promptCache() promptCache {
 	if !m.sse {
 		c := unknownPromptCache()
 		c.scan(m.tail)
+		if bytes.Contains(m.tail, outputTokensField) {
+			c.scanAPIUsage(m.tail)
+		}
 		return c
 	}
 	return m.cache

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"sync"
 	"syscall"
@@ -80,8 +81,12 @@ func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bo
 	auth := req.Header.Get("Authorization")
 	key, ok := cutPrefixFold(auth, "Bearer ")
 	if !ok || key == "" {
+		// Anthropic's clients send the key as x-api-key.
+		key = req.Header.Get("X-Api-Key")
+	}
+	if key == "" {
 		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
-			"no API key: send \"Authorization: Bearer KEY\" (an admin creates one with `fleet key create NAME`)", 0)
+			"no API key: send \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" (an admin creates one with `fleet key create NAME`)", 0)
 		return "", false
 	}
 	name, valid, err := r.opts.Keys.VerifyAPIKey(req.Context(), key)
@@ -109,6 +114,11 @@ func equalFold(a, b string) bool { return bytes.EqualFold([]byte(a), []byte(b)) 
 
 func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	arrived := time.Now()
+	path := req.URL.Path
+	if api := apiOf(path); api != apiOpenAI {
+		// Every error this request gets is in its API's shape.
+		w = &apiWriter{ResponseWriter: w, api: api}
+	}
 	if req.Method != http.MethodPost {
 		writeError(w, http.StatusMethodNotAllowed, errTypeInvalidRequest, codeMethodNotAllows, "",
 			fmt.Sprintf("%s takes POST with a JSON body", req.URL.Path), 0)
@@ -145,6 +155,14 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusBadRequest, errTypeInvalidRequest, rerr.code, rerr.param, rerr.msg, 0)
 		return
 	}
+	n, err := choiceCount(path, body)
+	if err != nil {
+		var rerr *requestError
+		errors.As(err, &rerr)
+		r.countStatus("", "", http.StatusBadRequest)
+		writeError(w, http.StatusBadRequest, errTypeInvalidRequest, rerr.code, rerr.param, rerr.msg, 0)
+		return
+	}
 	r.mu.Lock()
 	model, known := r.resolveLocked(info.Model)
 	// Context fit is judged on what the client may ask for (max_tokens is
@@ -161,7 +179,13 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			fmt.Sprintf("the model %q does not exist here; GET /v1/models lists the models this fleet serves", info.Model), 0)
 		return
 	}
-	var excluded []string
+	// Workers whose engine does not serve the path (or n choices) are left
+	// out from the start (endpoints.go).
+	excluded, serr := r.endpointExclusions(model, path, n)
+	if serr != nil {
+		r.answerSchedError(w, req, model, serr, nil)
+		return
+	}
 	var lastErr error
 	retries := 0
 	for attempt := 0; ; attempt++ {
@@ -174,8 +198,24 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		if !res.retry {
 			return
 		}
-		lastErr = res.err
 		excluded = append(excluded, f.b.cfg.Name)
+		if res.notServed {
+			// Learnt, not failed: another worker may serve the path,
+			// uncounted; if none does, say so.
+			r.log.Info("worker does not serve the endpoint; trying another", "worker", f.b.cfg.Name, "path", path)
+			more, serr := r.endpointExclusions(model, path, n)
+			if serr != nil {
+				r.answerSchedError(w, req, model, serr, nil)
+				return
+			}
+			for _, name := range more {
+				if !slices.Contains(excluded, name) {
+					excluded = append(excluded, name)
+				}
+			}
+			continue
+		}
+		lastErr = res.err
 		if !r.mayRetry(res, &retries) {
 			r.countStatus(model, f.b.cfg.Name, http.StatusBadGateway)
 			writeError(w, http.StatusBadGateway, errTypeServer, codeUpstreamFailed, "",
@@ -289,6 +329,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	if r.opts.Keys != nil {
 		// The router's key is not the engine's business.
 		out.Header.Del("Authorization")
+		out.Header.Del("X-Api-Key")
 	}
 
 	m := newMeter(false) // meterTransport learns whether it is a stream
@@ -305,6 +346,17 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		return forwardResult{retry: true, dial: isDialError(err), err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
 	}
 	defer resp.Body.Close()
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNotImplemented {
+		// An engine that does not serve the path is not failing: it is
+		// remembered, and another worker may serve it (endpoints.go).
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if notServedAnswer(resp.StatusCode, snippet) {
+			r.release(f, nil)
+			r.learnNotServed(b, req.URL.Path)
+			return forwardResult{retry: true, notServed: true, err: fmt.Errorf("%s does not serve %s: %s", b.cfg.Name, req.URL.Path, bytes.TrimSpace(snippet))}
+		}
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(snippet), resp.Body), resp.Body}
+	}
 	if resp.StatusCode >= 500 {
 		// Nothing reached the client yet, so another worker may answer.
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
@@ -373,7 +425,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		r.recordFailure(b, false, streamErr)
 		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
 		if sse {
-			_, _ = w.Write(sseErrorEvent(fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
+			_, _ = w.Write(sseErrorEventFor(w, fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
 			if flusher != nil {
 				flusher.Flush()
 			}

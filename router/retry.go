@@ -20,7 +20,9 @@ type forwardResult struct {
 	retry bool
 	// dial: it failed because the worker could not be reached.
 	dial bool
-	err  error
+	// notServed: the worker's engine does not serve the path.
+	notServed bool
+	err       error
 }
 
 // mayRetry applies the rules to a failed attempt; retries counts the

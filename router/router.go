@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -315,9 +316,9 @@ func (r *Router) Handler() http.Handler { return r.handler }
 
 func (r *Router) routes() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("/v1/chat/completions", r.serveInference)
-	mux.HandleFunc("/v1/completions", r.serveInference)
-	mux.HandleFunc("/v1/embeddings", r.serveInference)
+	for _, path := range routedPaths() {
+		mux.HandleFunc(path, r.serveInference)
+	}
 	mux.HandleFunc("/v1/models", r.serveModels)
 	mux.Handle("/metrics", r.metricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
@@ -326,7 +327,7 @@ func (r *Router) routes() http.Handler {
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusNotFound, errTypeInvalidRequest, "unknown_url", "",
-			fmt.Sprintf("no endpoint %s %s; the router serves POST /v1/chat/completions, /v1/completions, /v1/embeddings and GET /v1/models", req.Method, req.URL.Path), 0)
+			fmt.Sprintf("no endpoint %s %s; the router serves POST %s and GET /v1/models", req.Method, req.URL.Path, strings.Join(routedPaths(), ", ")), 0)
 	})
 	return mux
 }

@@ -99,7 +99,7 @@ func (t *modelNameTransport) RoundTrip(req *http.Request) (*http.Response, error
 		resp.Body = rest
 		return resp, nil
 	}
-	setBody(resp, withModel(raw, t.asked))
+	setBody(resp, withAnswerModel(raw, t.asked))
 	return resp, nil
 }
 

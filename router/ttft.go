@@ -11,6 +11,8 @@ import (
 // token: chat deltas (content, reasoning under either name, tool calls) and
 // completion text.
 type tokenChunk struct {
+	// Type is an Anthropic or Responses stream event's type.
+	Type    string `json:"type"`
 	Choices []struct {
 		Text  string `json:"text"`
 		Delta struct {
@@ -22,7 +24,14 @@ type tokenChunk struct {
 	} `json:"choices"`
 }
 
-var tokenKeys = [][]byte{[]byte(`"content"`), []byte(`"reasoning`), []byte(`"text"`), []byte(`"tool_calls"`)}
+var tokenKeys = [][]byte{[]byte(`"content"`), []byte(`"reasoning`), []byte(`"text"`), []byte(`"tool_calls"`), []byte(`"delta"`)}
+
+// apiTokenEvents are the Anthropic and Responses stream events that carry a
+// token (text, thinking or tool input).
+var apiTokenEvents = map[string]bool{
+	"content_block_delta": true, "response.output_text.delta": true, "response.reasoning_text.delta": true,
+	"response.function_call_arguments.delta": true,
+}
 
 // carriesToken reports whether an SSE data payload carries a token. It is
 // asked only until the first token of a stream, so the JSON decode costs a
@@ -41,6 +50,9 @@ func carriesToken(payload []byte) bool {
 	var c tokenChunk
 	if json.Unmarshal(payload, &c) != nil {
 		return false
+	}
+	if c.Type != "" {
+		return apiTokenEvents[c.Type]
 	}
 	for _, ch := range c.Choices {
 		d := ch.Delta
