@@ -38,11 +38,8 @@ const (
 
 // endpointSpec is one routed path.
 type endpointSpec struct {
-	api wireAPI
-	// generates marks endpoints that generate tokens (their requests carry
-	// max_tokens and feed the speed model).
-	generates bool
-	engines   map[fleet.EngineKind]support
+	api     wireAPI
+	engines map[fleet.EngineKind]support
 }
 
 func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
@@ -56,19 +53,19 @@ func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
 // tools/server), Ollama's OpenAI compatibility page. Multipart endpoints
 // (audio transcriptions) carry no JSON model and are not routed.
 var endpointTable = map[string]endpointSpec{
-	"/v1/chat/completions":      {generates: true, engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/completions":           {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/chat/completions":      {engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/completions":           {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/messages":              {api: apiAnthropic, generates: true, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/messages":              {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
 	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
-	"/v1/responses":             {generates: true, engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/responses":             {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo)},
 	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo)},
 	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
 	"/detokenize":               {engines: engines(supportYes, supportYes, supportNo)},
 	"/pooling":                  {engines: engines(supportYes, supportNo, supportNo)},
 	"/classify":                 {engines: engines(supportYes, supportNo, supportNo)},
-	"/infill":                   {generates: true, engines: engines(supportNo, supportYes, supportNo)},
+	"/infill":                   {engines: engines(supportNo, supportYes, supportNo)},
 	"/apply-template":           {engines: engines(supportNo, supportYes, supportNo)},
 }
 

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -280,5 +281,31 @@ func TestTokenizeRoutedByModel(t *testing.T) {
 		if code != 200 || !strings.Contains(string(b), `"tokens":[`) {
 			t.Errorf("/tokenize: HTTP %d %s", code, b)
 		}
+	}
+}
+
+// TestAnthropicMidStreamFailure: a worker dying in the middle of an
+// Anthropic stream leaves the client Anthropic's error event, not OpenAI's.
+func TestAnthropicMidStreamFailure(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"model\":\"qwen3-4b\"}}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	srv.Config.ErrorLog = nil
+	srv.Start()
+	t.Cleanup(srv.Close)
+	_, rs := startRouter(t, Options{}, Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp,
+		Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4})
+	code, body := sendPath(t, rs.URL, "/v1/messages", `{"model":"qwen3-4b","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
+	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
+	if code != 200 || len(events) != 2 {
+		t.Fatalf("HTTP %d events %q", code, events)
+	}
+	payload, ok := strings.CutPrefix(events[1], "event: error\ndata: ")
+	var e anthropicError
+	if !ok || json.Unmarshal([]byte(payload), &e) != nil || e.Type != "error" || e.Error.Type != "api_error" || !strings.Contains(e.Error.Message, "mid-stream") {
+		t.Errorf("last event %q, want Anthropic's error event", events[1])
 	}
 }
