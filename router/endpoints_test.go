@@ -82,3 +82,43 @@ func TestWriteErrorTakesTheAPIsShape(t *testing.T) {
 		}
 	}
 }
+
+func TestAnswerModelName(t *testing.T) {
+	q := quoteJSON("qwen3")
+	for _, tc := range []struct{ in, want string }{
+		{`{"id":"x","model":"qwen3-4b","choices":[]}`, `{"id":"x","model":"qwen3","choices":[]}`},
+		{`{"type":"message_start","message":{"id":"m","content":[{"model":"keep"}],"model":"Qwen/Qwen3-4B-AWQ"}}`,
+			`{"type":"message_start","message":{"id":"m","content":[{"model":"keep"}],"model":"qwen3"}}`},
+		{`{"type":"response.completed","response":{"id":"r","model":"qwen3-4b","output":[]}}`,
+			`{"type":"response.completed","response":{"id":"r","model":"qwen3","output":[]}}`},
+		{`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\"model\":\"x\""}}`,
+			`{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\"model\":\"x\""}}`},
+		{`{"type":"response.created","response":{"id":"r","object":"response","status":"in_progress"}}`,
+			`{"type":"response.created","response":{"id":"r","object":"response","status":"in_progress"}}`},
+	} {
+		if got := string(withAnswerModel([]byte(tc.in), q)); got != tc.want {
+			t.Errorf("withAnswerModel(%s) = %s, want %s", tc.in, got, tc.want)
+		}
+	}
+}
+
+func TestScanAPIUsage(t *testing.T) {
+	for _, tc := range []struct {
+		name           string
+		payload        string
+		prompt, cached int
+	}{
+		// llama-server's message_start: the cached part apart.
+		{"anthropic", `{"type":"message_start","message":{"usage":{"cache_read_input_tokens":62,"input_tokens":1,"output_tokens":0}}}`, 63, 62},
+		// vLLM's: no cache field.
+		{"anthropic vllm", `{"type":"message_delta","usage":{"input_tokens":40,"output_tokens":9}}`, 40, -1},
+		// Responses: input_tokens includes the cached ones.
+		{"responses", `{"usage":{"input_tokens":57,"output_tokens":3,"total_tokens":60,"input_tokens_details":{"cached_tokens":17}}}`, 57, 17},
+	} {
+		c := unknownPromptCache()
+		c.scanAPIUsage([]byte(tc.payload))
+		if c.promptTokens != tc.prompt || c.cached != tc.cached {
+			t.Errorf("%s: prompt %d cached %d, want %d and %d", tc.name, c.promptTokens, c.cached, tc.prompt, tc.cached)
+		}
+	}
+}
