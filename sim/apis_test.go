@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
 	"strings"
@@ -270,5 +271,84 @@ func TestChoicesN(t *testing.T) {
 	code, resp = post(t, ts.URL+"/v1/chat/completions", chat("Name a fleet.", map[string]any{"n": 2}))
 	if msg, _ := resp["error"].(map[string]any)["message"].(string); code != 400 || !strings.Contains(msg, "Field 'n'") {
 		t.Errorf("llama-server n=2: HTTP %d %v, want its 400", code, resp)
+	}
+}
+
+// TestMessagesThinkingBlocks: thoughts go to a thinking block before the
+// text; llama-server closes every block at the end (the thinking one with an
+// empty signature), vLLM each block when the next starts (signed).
+func TestMessagesThinkingBlocks(t *testing.T) {
+	for mimic, want := range map[string][]string{
+		"llamacpp": {"start 0 thinking", "delta 0 thinking_delta", "start 1 text", "delta 1 text_delta", "delta 0 signature_delta", "stop 0", "stop 1"},
+		"vllm":     {"start 0 thinking", "delta 0 thinking_delta", "delta 0 signature_delta", "stop 0", "start 1 text", "delta 1 text_delta", "stop 1"},
+	} {
+		_, ts := startSim(t, "--mimic "+mimic+" --profile instant -- -a qwen3-4b --served-model-name qwen3-4b --reasoning-parser qwen3")
+		body := anthropic("Describe the fleet.", 200)
+		body["thinking"] = map[string]any{"type": "enabled"}
+		var got []string
+		signature := ""
+		for _, e := range namedStream(t, ts.URL+"/v1/messages", body) {
+			idx := num(e.data["index"])
+			var step string
+			switch e.name {
+			case "content_block_start":
+				step = fmt.Sprintf("start %d %v", idx, e.data["content_block"].(map[string]any)["type"])
+			case "content_block_delta":
+				d := e.data["delta"].(map[string]any)
+				step = fmt.Sprintf("delta %d %v", idx, d["type"])
+				if d["type"] == "signature_delta" {
+					signature = d["signature"].(string)
+				}
+			case "content_block_stop":
+				step = fmt.Sprintf("stop %d", idx)
+			default:
+				continue
+			}
+			if len(got) == 0 || got[len(got)-1] != step {
+				got = append(got, step)
+			}
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("%s blocks %v, want %v", mimic, got, want)
+		}
+		if (signature == "") != (mimic == "llamacpp") {
+			t.Errorf("%s signature %q", mimic, signature)
+		}
+	}
+}
+
+// TestResponsesReasoningAndToolCall: thoughts become a reasoning item and a
+// structured tool call a function_call item, streamed and not.
+func TestResponsesReasoningAndToolCall(t *testing.T) {
+	_, ts := startSim(t, "--mimic llamacpp --profile instant -- -a qwen3-4b --jinja")
+	body := func() map[string]any {
+		return map[string]any{"model": "qwen3-4b", "input": "What is the weather in Paris?", "max_output_tokens": 400,
+			"tools": []any{map[string]any{"type": "function", "name": "get_weather",
+				"parameters": map[string]any{"type": "object", "properties": map[string]any{"city": map[string]any{"type": "string"}}, "required": []string{"city"}}}}}
+	}
+	code, whole := post(t, ts.URL+"/v1/responses", body())
+	out, _ := whole["output"].([]any)
+	if code != 200 || len(out) != 2 {
+		t.Fatalf("HTTP %d output %v", code, whole["output"])
+	}
+	rs, fc := out[0].(map[string]any), out[1].(map[string]any)
+	if rs["type"] != "reasoning" || fc["type"] != "function_call" || fc["name"] != "get_weather" || fc["arguments"] != `{"city":"Paris"}` ||
+		!strings.HasPrefix(fc["call_id"].(string), "call_") {
+		t.Errorf("output items %v", out)
+	}
+	evs := namedStream(t, ts.URL+"/v1/responses", body())
+	want := []string{"response.created", "response.in_progress", "response.output_item.added", "response.reasoning_text.delta",
+		"response.output_item.added", "response.function_call_arguments.delta", "response.output_item.done", "response.completed"}
+	if got := eventNames(evs); !slices.Equal(got, want) {
+		t.Errorf("events %v, want %v", got, want)
+	}
+	var args strings.Builder
+	for _, e := range evs {
+		if e.name == "response.function_call_arguments.delta" {
+			args.WriteString(e.data["delta"].(string))
+		}
+	}
+	if args.String() != `{"city":"Paris"}` {
+		t.Errorf("streamed arguments %q", args.String())
 	}
 }
