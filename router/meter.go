@@ -118,7 +118,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	if bytes.Equal(payload, donePayload) {
 		return
 	}
-	usage, timings, noChoices := meterKeys(payload)
+	usage, timings, noChoices, apiUsage := meterKeys(payload)
 	if usage {
 		if n := usageTokens(payload); n >= 0 {
 			m.usage = n
@@ -129,8 +129,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	} else if timings {
 		m.cache.scan(payload)
 	}
-	if bytes.Contains(payload, outputTokensField) {
-		// Anthropic's and the Responses API's usage (endpoints.go).
+	if apiUsage {
 		if n := apiUsageTokens(payload); n >= 0 {
 			m.usage = n
 		}
@@ -154,7 +153,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 // meterKeys reports which of the keys the meter reads a data payload
 // holds, in one pass: most events are a token and hold none, and a search
 // per key was a pass per key over every event.
-func meterKeys(p []byte) (usage, timings, noChoices bool) {
+func meterKeys(p []byte) (usage, timings, noChoices, apiUsage bool) {
 	// A plain loop: quotes are every few bytes in JSON, too close for a
 	// call to IndexByte per quote to pay.
 	for i := 0; i+1 < len(p); i++ {
@@ -170,9 +169,12 @@ func meterKeys(p []byte) (usage, timings, noChoices bool) {
 			}
 		case 't':
 			timings = timings || bytes.HasPrefix(p[i:], timingsField)
+		case 'o':
+			// Anthropic's and the Responses API's usage (endpoints.go).
+			apiUsage = apiUsage || bytes.HasPrefix(p[i:], outputTokensField)
 		}
 	}
-	return usage, timings, noChoices
+	return usage, timings, noChoices, apiUsage
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.

@@ -64,9 +64,9 @@ func BenchmarkMeterFeed(b *testing.B) {
 // escaped).
 func TestMeterKeys(t *testing.T) {
 	for _, tc := range []struct {
-		name                      string
-		payload                   string
-		usage, timings, noChoices bool
+		name                                string
+		payload                             string
+		usage, timings, noChoices, apiUsage bool
 	}{
 		{name: "a token", payload: `{"id":"x","choices":[{"index":0,"delta":{"content":"hi"},"finish_reason":null}]}`},
 		{name: "vLLM's usage chunk", payload: `{"id":"x","choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7}}`, usage: true, noChoices: true},
@@ -75,11 +75,13 @@ func TestMeterKeys(t *testing.T) {
 		{name: "names inside a token", payload: `{"choices":[{"delta":{"content":"\"completion_tokens\":1 \"timings\": \"choices\":[]"}}]}`},
 		{name: "a key at the very end", payload: `"timings":`, timings: true},
 		{name: "a lone quote", payload: `"`},
+		{name: "Anthropic's message_delta", payload: `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}`, apiUsage: true},
+		{name: "Anthropic's text delta", payload: `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\"output_tokens\":1"}}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			u, tm, nc := meterKeys([]byte(tc.payload))
-			if u != tc.usage || tm != tc.timings || nc != tc.noChoices {
-				t.Errorf("usage %v timings %v no choices %v; want %v %v %v", u, tm, nc, tc.usage, tc.timings, tc.noChoices)
+			u, tm, nc, au := meterKeys([]byte(tc.payload))
+			if u != tc.usage || tm != tc.timings || nc != tc.noChoices || au != tc.apiUsage {
+				t.Errorf("usage %v timings %v no choices %v API usage %v; want %v %v %v %v", u, tm, nc, au, tc.usage, tc.timings, tc.noChoices, tc.apiUsage)
 			}
 		})
 	}
