@@ -70,7 +70,8 @@ type sdkStream struct {
 // TypeScript SDK and the official OpenAI SDK (chat completions and the
 // Responses API) against the demo fleet behind a router that requires keys,
 // and checks what each client saw: streamed text, usage, and the model name
-// it asked for (an alias, which the engines never hear).
+// it asked for (an alias, which the engines never hear); n = 2 is answered by
+// the vLLM worker, the only one that returns several choices.
 func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
 	node, sdks := npmSDKs(t)
 	data := t.TempDir()
@@ -118,7 +119,13 @@ func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
 			ErrorType string `json:"error_type"`
 			Message   string `json:"message"`
 		} `json:"anthropic_error"`
-		Chat      sdkStream `json:"openai_chat_stream"`
+		Chat  sdkStream `json:"openai_chat_stream"`
+		ChatN struct {
+			Error   string    `json:"error"`
+			Choices int       `json:"choices"`
+			Model   string    `json:"model"`
+			Usage   *sdkUsage `json:"usage"`
+		} `json:"openai_chat_n"`
 		Responses sdkStream `json:"openai_responses_stream"`
 	}
 	if err := json.Unmarshal(raw, &got); err != nil {
@@ -149,6 +156,10 @@ func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
 		t.Errorf("OpenAI SDK chat stream: text %q model %q", c.Text, c.Model)
 	case c.Usage == nil || c.Usage.CompletionTokens != maxTokens || c.Usage.PromptTokens <= 0:
 		t.Errorf("OpenAI SDK chat usage %+v, want %d completion tokens", c.Usage, maxTokens)
+	}
+
+	if n := got.ChatN; n.Error != "" || n.Choices != 2 || n.Model != "qwen3" || n.Usage == nil || n.Usage.CompletionTokens != 16 {
+		t.Errorf("OpenAI SDK chat with n=2: %+v, want 2 choices of 8 tokens from the vLLM worker", n)
 	}
 
 	r := got.Responses

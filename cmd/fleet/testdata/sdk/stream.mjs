@@ -57,6 +57,13 @@ await step("openai_chat_stream", async () => {
   }
   return { text, model: seen, usage };
 });
+// n > 1: only the vLLM worker returns several choices; the router sends it there.
+await step("openai_chat_n", async () => {
+  const res = await openai.chat.completions.create({
+    model, max_tokens: 8, n: 2, messages: [{ role: "user", content: "Name a fleet." }],
+  });
+  return { choices: res.choices.length, model: res.model, usage: res.usage };
+});
 await step("openai_responses_stream", async () => {
   const stream = await openai.responses.create({
     model, max_output_tokens: maxTokens, stream: true,
