@@ -26,10 +26,10 @@ type apiStreamState struct {
 	closed int
 	// Responses: the output items started, in order, and their ids; the
 	// sequence_number (vLLM sends it).
-	items                      []string
-	seq                        int
-	msgID, reasoningID, callID string
-	text, reasoning, args      strings.Builder
+	items                 []string
+	seq                   int
+	msgID, reasoningID    string
+	text, reasoning, args strings.Builder
 }
 
 // blockKind says which content block a piece belongs to in an Anthropic or
