@@ -309,3 +309,32 @@ func TestAnthropicMidStreamFailure(t *testing.T) {
 		t.Errorf("last event %q, want Anthropic's error event", events[1])
 	}
 }
+
+// TestAnthropicRetriedThenAnsweredInShape: /v1/messages has chat's retries
+// (a worker failing with 5xx before answering is left for another), and when
+// every worker fails the answer is Anthropic-shaped.
+func TestAnthropicRetriedThenAnsweredInShape(t *testing.T) {
+	var failed atomic.Int32
+	failing := func(w http.ResponseWriter, _ *http.Request) {
+		failed.Add(1)
+		http.Error(w, `{"error":{"message":"boom"}}`, http.StatusInternalServerError)
+	}
+	_, bad := startBackend(t, "max/qwen3-4b", 4, failing)
+	f := startSimFleet(t, Options{MaxRetries: 2}, bad)
+	body := `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
+	for i := range 3 {
+		if code, b := sendPath(t, f.url, "/v1/messages", body, nil); code != 200 {
+			t.Fatalf("request %d with one failing worker of three: HTTP %d %s", i, code, b)
+		}
+	}
+	if failed.Load() == 0 {
+		t.Fatal("the failing worker was never tried; the test proves nothing")
+	}
+	_, bad2 := startBackend(t, "max/qwen3-4b", 4, failing)
+	_, srv := startRouter(t, Options{MaxRetries: 0}, bad2)
+	code, b := sendPath(t, srv.URL, "/v1/messages", body, nil)
+	var e anthropicError
+	if code < 500 || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != anthropicErrorType(code) || !strings.Contains(e.Error.Message, "boom") {
+		t.Errorf("every worker failing: HTTP %d %s, want an Anthropic error saying why", code, b)
+	}
+}
