@@ -21,6 +21,12 @@ func TestParseRequest(t *testing.T) {
 			requestInfo{Model: "m", Stream: true, MaxTokens: 256, PromptTokens: 2}, "", ""},
 		{"max_completion_tokens", `{"model":"m","max_completion_tokens":9}`, requestInfo{Model: "m", MaxTokens: 9}, "", ""},
 		{"embedding input", `{"model":"e","input":["a","b"]}`, requestInfo{Model: "e", PromptTokens: 3}, "", ""},
+		// Anthropic: the system prompt counts.
+		{"anthropic system", `{"model":"m","max_tokens":5,"system":"abcdefgh","messages":[]}`,
+			requestInfo{Model: "m", MaxTokens: 5, PromptTokens: 3}, "", ""},
+		// Responses: instructions and input count, max_output_tokens bounds.
+		{"responses", `{"model":"m","max_output_tokens":7,"instructions":"abcdef","input":"ab"}`,
+			requestInfo{Model: "m", MaxTokens: 7, PromptTokens: 3}, "", ""},
 		{"malformed", `{"model":"m"`, requestInfo{}, codeInvalidJSON, ""},
 		{"empty body", ``, requestInfo{}, codeInvalidJSON, ""},
 		{"array", `[]`, requestInfo{}, codeInvalidJSON, ""},
@@ -48,7 +54,8 @@ func TestParseRequest(t *testing.T) {
 				t.Fatal(err)
 			}
 			// Embeddings are not prompt-cached: only prompts get a chain.
-			if hasPrompt := strings.Contains(tc.body, `"messages"`) || strings.Contains(tc.body, `"prompt"`); (len(got.Prefix) > 0) != hasPrompt {
+			hasPrompt := strings.Contains(tc.body, `"messages"`) || strings.Contains(tc.body, `"prompt"`) || strings.Contains(tc.body, `"instructions"`)
+			if (len(got.Prefix) > 0) != hasPrompt {
 				t.Errorf("prefix chain %v for %s", got.Prefix, tc.body)
 			}
 			got.Prefix = nil
