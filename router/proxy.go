@@ -331,6 +331,11 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		out.Header.Del("Authorization")
 		out.Header.Del("X-Api-Key")
 	}
+	// llama-server closes a kept-alive connection after a stream without
+	// saying so; a request sent on it at once meets EOF before any answer.
+	// An idempotency key with no value (never sent) lets the transport
+	// send it again on a new connection then, as it does a GET.
+	out.Header["X-Idempotency-Key"] = nil
 
 	m := newMeter(false) // meterTransport learns whether it is a stream
 	sent := time.Now()
