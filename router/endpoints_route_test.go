@@ -338,3 +338,40 @@ func TestAnthropicRetriedThenAnsweredInShape(t *testing.T) {
 		t.Errorf("every worker failing: HTTP %d %s, want an Anthropic error saying why", code, b)
 	}
 }
+
+// TestAnthropicUsagePerKey: a /v1/messages answer counts for its key (sent
+// as x-api-key) as the engine reported it (prompt = uncached input + cache
+// reads), and a key past its limit gets the 429 in Anthropic's shape.
+func TestAnthropicUsagePerKey(t *testing.T) {
+	var mu sync.Mutex
+	var usages []Usage
+	llama := simtest.Start(t, strings.Fields("--mimic llamacpp --profile instant -- -m q.gguf -a qwen3-4b --chat-template-kwargs {\"enable_thinking\":false}")...)
+	r, srv := startRouter(t, Options{Keys: keys{"fk-good": "ci"}, OnUsage: func(u Usage) { mu.Lock(); usages = append(usages, u); mu.Unlock() }},
+		Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, Addr: llama.Listener.Addr().String(), Context: 16384, Slots: 4})
+	body := `{"model":"qwen3-4b","max_tokens":7,"stream":true,"system":"Be terse.","messages":[{"role":"user","content":"Describe the fleet."}]}`
+	hdr := map[string]string{"x-api-key": "fk-good"}
+	for i := range 2 { // the second is read from the engine's prompt cache
+		code, b := sendPath(t, srv.URL, "/v1/messages", body, hdr)
+		if code != 200 {
+			t.Fatalf("HTTP %d %s", code, b)
+		}
+		su := sseData(b)[0]["message"].(map[string]any)["usage"].(map[string]any)
+		in, read := int(su["input_tokens"].(float64)), int(su["cache_read_input_tokens"].(float64))
+		mu.Lock()
+		u := usages[len(usages)-1]
+		mu.Unlock()
+		if u.Key != "ci" || u.PromptTokens != in+read || u.CachedTokens != read || u.CompletionTokens != 7 {
+			t.Errorf("request %d: usage %+v, the engine said input %d cache reads %d output 7", i, u, in, read)
+		}
+		if i == 1 && read == 0 {
+			t.Error("the repeat was not read from the cache; the test proves less than it says")
+		}
+	}
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"ci": {RequestsPerMinute: 1}})
+	sendPath(t, srv.URL, "/v1/messages", body, hdr)
+	code, b := sendPath(t, srv.URL, "/v1/messages", body, hdr)
+	var e anthropicError
+	if code != http.StatusTooManyRequests || json.Unmarshal(b, &e) != nil || e.Type != "error" || e.Error.Type != "rate_limit_error" {
+		t.Errorf("past the key's limit: HTTP %d %s, want Anthropic's rate_limit_error", code, b)
+	}
+}
