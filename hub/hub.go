@@ -91,6 +91,9 @@ type Options struct {
 	// RejectedGrace is how long a rejected worker's engine stays up to be
 	// looked at (0 = the node manager's default, 10 min).
 	RejectedGrace time.Duration
+	// Retention is how long request samples, usage minutes and events are
+	// kept in the database (0 = DefaultRetention; negative keeps them all).
+	Retention time.Duration
 }
 
 // Hub is the running fleet hub.
@@ -478,6 +481,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	})
 	spawn(func() { h.flushSamples(ctx) })
 	spawn(func() { h.flushUsage(ctx, usageFlushInterval) })
+	spawn(func() { h.pruneHistory(ctx, pruneInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()
 	h.httpAddr = ln.Addr().String()

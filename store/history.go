@@ -83,19 +83,6 @@ func (s *Store) Samples(ctx context.Context, worker string, since time.Time, lim
 	return samples, nil
 }
 
-// PruneSamples deletes samples taken before before and says how many went.
-func (s *Store) PruneSamples(ctx context.Context, before time.Time) (int64, error) {
-	res, err := s.db.ExecContext(ctx, `DELETE FROM samples WHERE at < ?`, unixNano(before))
-	if err != nil {
-		return 0, fmt.Errorf("prune samples before %s: %w", before.Format(time.RFC3339), err)
-	}
-	n, err := res.RowsAffected()
-	if err != nil {
-		return 0, fmt.Errorf("prune samples before %s: %w", before.Format(time.RFC3339), err)
-	}
-	return n, nil
-}
-
 // AddEvent appends a line to a node's or worker's history and returns it
 // with its ID (and At set to now when it was zero).
 func (s *Store) AddEvent(ctx context.Context, e fleet.Event) (fleet.Event, error) {

@@ -430,14 +430,6 @@ func TestSamples(t *testing.T) {
 	if !reflect.DeepEqual(got[0], want) {
 		t.Fatalf("sample round trip:\n got %+v\nwant %+v", got[0], want)
 	}
-	n, err := s.PruneSamples(ctx, t0.Add(5*time.Minute))
-	if err != nil || n != 6 {
-		t.Fatalf("PruneSamples = %d, %v; want 6 (five of rig, one of max)", n, err)
-	}
-	left, _ := s.Samples(ctx, "", time.Time{}, 0)
-	if len(left) != 5 || !left[0].At.Equal(t0.Add(5*time.Minute)) {
-		t.Fatalf("after prune: %d samples from %v", len(left), left[0].At)
-	}
 }
 
 func TestEvents(t *testing.T) {

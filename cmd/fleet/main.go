@@ -246,6 +246,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().DurationVar(&opts.Retention, "retention", hub.DefaultRetention, "how long request samples, usage minutes and events are kept in the database (720h = 30 days; negative keeps them all); the audit log and bench runs are always kept")
 	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
 	c.Flags().DurationVar(&opts.AdmissionWait, "admission-wait", 2*time.Minute, "how long a worker on probation waits for its model's reference worker and the peers starting with it")
 	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion, counting the prompt prefix each worker holds), fleet-no-prefix, p2c-least-loaded, round-robin, random, session-sticky (hash of the prompt's first chunk), cache-aware (SGLang gateway's)")
