@@ -400,6 +400,10 @@ var actions = [...]Action{
 	{"bench", RoleOperator, true},
 	{"admit --force", RoleOperator, true},
 	{"audit", RoleOperator, false},
+	// An engine's log can hold prompts and answers (llama-server logs them
+	// at -v, vLLM with --enable-log-requests): the API clients' data, not
+	// for everyone who may look at the fleet.
+	{"logs", RoleOperator, false},
 
 	{"apply", RoleAdmin, true},
 	{"apply --dry-run", RoleAdmin, false},

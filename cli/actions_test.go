@@ -45,6 +45,7 @@ var commandFor = map[string][]string{
 	"key limit":       {"key", "limit", "ci", "--rpm", "60"},
 	"usage":           {"usage"},
 	"usage --by key":  {"usage", "--by", "key"},
+	"logs":            {"logs", "ultra/qwen3-4b"},
 }
 
 // TestEveryActionByEveryRole runs the command of every action in the table

@@ -53,6 +53,7 @@ type Hub interface {
 	SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error
 	Usage(ctx context.Context, u fleet.User, since time.Time, by string) ([]fleet.Usage, error)
 	SetTheme(ctx context.Context, u fleet.User, name string) error
+	LogsHub
 }
 
 // BenchOptions choose what a bench run measures.
@@ -266,6 +267,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		nodeCmd(h, u),
 		keyCmd(h, u),
 		usageCmd(h, u),
+		logsCmd(h, u),
 	)
 }
 

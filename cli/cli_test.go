@@ -101,6 +101,11 @@ func (f *fakeHub) Usage(_ context.Context, _ fleet.User, since time.Time, by str
 	return []fleet.Usage{{Key: "alice", Requests: 3, PromptTokens: 1200, CachedTokens: 1000, CompletionTokens: 30}}, nil
 }
 func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error { return nil }
+func (f *fakeHub) Logs(_ context.Context, _ fleet.User, worker string, lines int, follow bool, w io.Writer) error {
+	f.acts = append(f.acts, []string{"logs", worker, fmt.Sprint(lines), fmt.Sprint(follow)})
+	fmt.Fprintf(w, "log of %s: %d lines, follow %v\n", worker, lines, follow)
+	return nil
+}
 
 func TestExitStatuses(t *testing.T) {
 	operator := fleet.User{Name: "op", Role: fleet.RoleOperator}
@@ -129,6 +134,12 @@ func TestExitStatuses(t *testing.T) {
 		{"extra argument is usage", operator, []string{"workers", "extra"}, "", ExitUsage, "", "takes no arguments", 0},
 		{"apply with nothing on stdin is usage", admin, []string{"apply"}, "", ExitUsage, "", "standard input", 0},
 		{"admit needs --force", operator, []string{"admit", "ultra"}, "", ExitUsage, "", "--force", 0},
+		{"logs by an operator, 200 lines by default", operator, []string{"logs", "ultra/qwen3-4b"}, "", ExitOK, "log of ultra/qwen3-4b: 200 lines, follow false", "", 1},
+		{"logs -f -n 5", operator, []string{"logs", "-f", "-n", "5", "ultra/qwen3-4b"}, "", ExitOK, "5 lines, follow true", "", 1},
+		{"logs by a viewer fails: logs can hold prompts", viewer, []string{"logs", "ultra/qwen3-4b"}, "", ExitFail, "", "needs the operator role", 0},
+		{"logs -n 0 is usage", operator, []string{"logs", "-n", "0", "ultra/qwen3-4b"}, "", ExitUsage, "", "from 1 to 10000", 0},
+		{"logs -n past the bound is usage", operator, []string{"logs", "-n", "10001", "ultra/qwen3-4b"}, "", ExitUsage, "", "from 1 to 10000", 0},
+		{"logs without a worker is usage", operator, []string{"logs"}, "", ExitUsage, "", "one worker", 0},
 		{"bench with a bad split is usage", operator, []string{"bench", "ultra", "--split", "poetry"}, "", ExitUsage, "", "chat or agent", 0},
 	}
 	for _, c := range cases {

@@ -89,6 +89,12 @@ func (s consoleSource) Refused(kind string, targets []string) {
 	_, _ = s.h.authorize(s.u, kind, strings.Join(targets, " "))
 }
 
+// WorkerLog is the detail's log, shown only to whom `fleet logs` is: an
+// engine's log can hold prompts. Not audited: the detail asks every few
+// seconds, and a viewer opening a worker is not trying to read its log.
 func (s consoleSource) WorkerLog(ctx context.Context, worker string, lines int) ([]string, error) {
+	if need := fleet.ActionRole("logs"); !s.u.Role.Allows(need) {
+		return nil, fmt.Errorf("the engine log needs the %s role (it can hold prompts); you are %s", need, roleName(s.u.Role))
+	}
 	return s.h.WorkerLog(ctx, worker, lines)
 }

@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // The control socket lets `fleet workers` (and every other hub command) typed
@@ -24,12 +25,16 @@ import (
 // Protocol: the client sends one JSON line {"args":[...]} and then its
 // standard input until it half-closes; the hub answers with frames of
 // [kind byte][uint32 length][payload]: 'o' stdout, 'e' stderr, 'x' exit status.
+// An empty 'o' frame is a heartbeat while a command runs.
 
 const (
 	frameStdout = 'o'
 	frameStderr = 'e'
 	frameExit   = 'x'
 )
+
+// controlHeartbeat is how often a running command's client is checked for.
+const controlHeartbeat = 2 * time.Second
 
 // SocketName is the control socket's file name inside the data dir.
 const SocketName = "hub.sock"
@@ -124,7 +129,29 @@ func handleControl(ctx context.Context, conn net.Conn, exec ExecFunc, log *slog.
 	mu := &sync.Mutex{}
 	out := frameWriter{mu: mu, w: conn, kind: frameStdout, fail: cancel}
 	errw := frameWriter{mu: mu, w: conn, kind: frameStderr, fail: cancel}
+	// An empty frame now and then finds out that the client left (its
+	// Ctrl-C closes the socket, which only a write notices; the client
+	// half-closed its side long ago, so a read cannot tell): a command that
+	// prints nothing for a while, like a follow of a quiet log, is then
+	// cancelled instead of running on, on the hub and on the node.
+	beat, beating := make(chan struct{}), sync.WaitGroup{}
+	beating.Go(func() {
+		t := time.NewTicker(controlHeartbeat)
+		defer t.Stop()
+		for {
+			select {
+			case <-beat:
+				return
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				_, _ = out.Write(nil)
+			}
+		}
+	})
 	code := exec(ctx, req.Args, br, out, errw)
+	close(beat)
+	beating.Wait()
 	_, _ = frameWriter{mu: mu, w: conn, kind: frameExit, fail: cancel}.Write([]byte(strconv.Itoa(code)))
 }
 

@@ -18,6 +18,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // TestListenControl: the control socket is an admin's door into the hub,
@@ -342,5 +343,34 @@ func TestFrameMatchesFrameWriter(t *testing.T) {
 		if !bytes.Equal(buf.Bytes(), frame(frameStderr, payload)) {
 			t.Errorf("frameWriter wrote %s, frame() builds %s", fmt.Sprintf("%x", buf.Bytes()), fmt.Sprintf("%x", frame(frameStderr, payload)))
 		}
+	}
+}
+
+// TestControlClientLeavingCancelsTheCommand: a client that closes the socket
+// (Ctrl-C on `fleet logs -f`) cancels its command on the hub even while the
+// command prints nothing, so a follow does not run on, on the node.
+func TestControlClientLeavingCancelsTheCommand(t *testing.T) {
+	dir := t.TempDir()
+	started, cancelled := make(chan struct{}), make(chan struct{})
+	serveTestControl(t, dir, func(ctx context.Context, _ []string, _ io.Reader, stdout, _ io.Writer) int {
+		close(started)
+		<-ctx.Done()
+		close(cancelled)
+		return 0
+	})
+	conn, err := net.Dial("unix", filepath.Join(dir, SocketName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := conn.Write([]byte(`{"args":["logs","-f","rig/qwen3-4b"]}` + "\n")); err != nil {
+		t.Fatal(err)
+	}
+	conn.(*net.UnixConn).CloseWrite() // as RunRemote does when there is no stdin
+	<-started
+	conn.Close()
+	select {
+	case <-cancelled:
+	case <-time.After(30 * time.Second):
+		t.Fatal("the command still runs 30s after its client left")
 	}
 }

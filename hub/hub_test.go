@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"maps"
 	"os"
 	"slices"
@@ -360,6 +361,10 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			_, err := h.Bench(ctx, u, "nope", cli.BenchOptions{}, nil)
 			return err
 		}},
+		// An engine's log can hold prompts: an operator's.
+		{"logs", "logs", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
+			return h.Logs(ctx, u, "nope", 10, false, io.Discard)
+		}},
 	}
 	for _, c := range calls {
 		for _, name := range []string{viewer.Name, operator.Name, admin.Name, nobody.Name, stranger.Name} {
@@ -437,6 +442,11 @@ func TestConsoleSourceRoles(t *testing.T) {
 
 			if got := len(src.Snapshot().Audit) > 0; got != tt.seesAudit {
 				t.Errorf("%s (%q) sees the audit trail: %v, want %v", u.Name, u.Role, got, tt.seesAudit)
+			}
+			_, logErr := src.WorkerLog(t.Context(), ultraWorker, 10)
+			if mayRead := u.Role.Allows(fleet.RoleOperator); mayRead && logErr != nil && strings.Contains(logErr.Error(), "role") ||
+				!mayRead && (logErr == nil || !strings.Contains(logErr.Error(), "needs the operator role")) {
+				t.Errorf("console log of %s for %s (%q): err = %v; an engine log is for operators", ultraWorker, u.Name, u.Role, logErr)
 			}
 			if tt.mayAct {
 				return // the allowed paths are TestRolesEnforcedAndAudited's; restart here would outlive the test
