@@ -145,3 +145,24 @@ func TestTailLogFollowsAndLeavesNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestManagerStreamsAWorkersLog reads a running sim worker's engine log
+// through the manager, by worker name, where node.sh put it.
+func TestManagerStreamsAWorkersLog(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "max"))
+	h.run()
+	w := h.waitReady("max/qwen3-4b")
+
+	var out syncBuf
+	if err := h.m.StreamWorkerLog(context.Background(), w.Name(), 5, false, &out); err != nil {
+		t.Fatalf("StreamWorkerLog: %v (%s)", err, out.String())
+	}
+	if want := fmt.Sprintf("listening on 127.0.0.1:%d", w.Port); !strings.Contains(out.String(), want) {
+		t.Errorf("the worker's log lacks the engine's own %q:\n%s", want, out.String())
+	}
+	if err := h.m.StreamWorkerLog(context.Background(), "max/nope", 5, false, &out); err == nil || !strings.Contains(err.Error(), "no worker named max/nope") {
+		t.Errorf("an unknown worker: %v, want an error naming it", err)
+	}
+}
