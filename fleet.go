@@ -381,6 +381,7 @@ var actions = [...]Action{
 	{"workers", RoleViewer, false},
 	{"nodes", RoleViewer, false},
 	{"models", RoleViewer, false},
+	{"status", RoleViewer, false},
 	{"events", RoleViewer, false},
 	{"export", RoleViewer, false},
 	// A theme is the user's own preference, not the fleet's.

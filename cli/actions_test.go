@@ -46,6 +46,7 @@ var commandFor = map[string][]string{
 	"usage":           {"usage"},
 	"usage --by key":  {"usage", "--by", "key"},
 	"logs":            {"logs", "ultra/qwen3-4b"},
+	"status":          {"status"},
 }
 
 // TestEveryActionByEveryRole runs the command of every action in the table

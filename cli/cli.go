@@ -54,6 +54,7 @@ type Hub interface {
 	Usage(ctx context.Context, u fleet.User, since time.Time, by string) ([]fleet.Usage, error)
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 	LogsHub
+	StatusHub
 }
 
 // BenchOptions choose what a bench run measures.
@@ -268,6 +269,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		keyCmd(h, u),
 		usageCmd(h, u),
 		logsCmd(h, u),
+		statusCmd(h, u),
 	)
 }
 

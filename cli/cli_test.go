@@ -101,6 +101,16 @@ func (f *fakeHub) Usage(_ context.Context, _ fleet.User, since time.Time, by str
 	return []fleet.Usage{{Key: "alice", Requests: 3, PromptTokens: 1200, CachedTokens: 1000, CompletionTokens: 30}}, nil
 }
 func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error { return nil }
+func (f *fakeHub) Status(context.Context, fleet.User) (Status, error) {
+	return Status{
+		Version: "v1.2.3", DataDir: "/var/lib/fleet", StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), UptimeSeconds: 3725,
+		Router: "http://127.0.0.1:8080/v1", Keys: 2, KeysRequired: true, Console: "0.0.0.0:22", ConsoleName: "fleet.local",
+		Nodes: CountStates(map[string]string{"ultra": "up", "max": "up", "rig": "unreachable"}, []string{"up", "unreachable"}),
+		Workers: CountStates(map[string]string{"ultra/qwen3-4b": "ready", "max/qwen3-4b": "installing", "rig/qwen3-4b": "failed"},
+			[]string{"ready", "installing", "failed"}),
+		Models: []ModelStatus{{ID: "qwen3-4b", Aliases: []string{"qwen"}, Context: 16384, Ready: 1, Workers: 3}},
+	}, nil
+}
 func (f *fakeHub) Logs(_ context.Context, _ fleet.User, worker string, lines int, follow bool, w io.Writer) error {
 	f.acts = append(f.acts, []string{"logs", worker, fmt.Sprint(lines), fmt.Sprint(follow)})
 	fmt.Fprintf(w, "log of %s: %d lines, follow %v\n", worker, lines, follow)
@@ -250,5 +260,39 @@ func TestApplyRefusesInputOverTheLimit(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestStatusScreen: one screen that says where everything is and what is
+// not well, and the same figures as JSON.
+func TestStatusScreen(t *testing.T) {
+	var out bytes.Buffer
+	if code := Run(context.Background(), &fakeHub{}, fleet.User{Role: fleet.RoleViewer}, []string{"status"}, nil, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	for _, want := range []string{
+		"fleet v1.2.3, up 1h2m5s, data in /var/lib/fleet",
+		"http://127.0.0.1:8080/v1 (2 API keys, required)",
+		"ssh fleet.local (0.0.0.0:22)",
+		"3: 2 up, 1 unreachable (rig)",
+		"3: 1 ready, 1 installing (max/qwen3-4b), 1 failed (rig/qwen3-4b)",
+		"qwen3-4b (qwen): 1/3 workers ready, context 16384",
+	} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("status lacks %q:\n%s", want, out.String())
+		}
+	}
+	out.Reset()
+	if code := Run(context.Background(), &fakeHub{}, fleet.User{Role: fleet.RoleViewer}, []string{"status", "--json"}, nil, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d", code)
+	}
+	var st map[string]any
+	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	for _, key := range []string{"version", "data_dir", "uptime_s", "router", "console", "nodes", "workers", "models", "keys"} {
+		if _, ok := st[key]; !ok {
+			t.Errorf("status --json lacks %q: %s", key, out.String())
+		}
 	}
 }

@@ -38,6 +38,8 @@ import (
 
 // Options configure a hub.
 type Options struct {
+	// Version is the binary's version line, for `status`.
+	Version  string
 	DataDir  string
 	HTTPAddr string // the router, e.g. 127.0.0.1:8080
 	// FleetFile is applied at start when set; Demo applies the built-in demo fleet.
@@ -122,8 +124,10 @@ type Hub struct {
 	checks userChecks
 	// speeds are admission speed measurements, by worker (guarded by mu).
 	speeds map[string]speedRecord
-	// httpAddr is where the router listens, once Run has bound it.
+	// httpAddr is where the router listens, once Run has bound it, and
+	// started when (for `status`).
 	httpAddr string
+	started  time.Time
 	// lock is the data dir's lock, held until Close.
 	lock *os.File
 	// lanName is the console's mDNS name once announced (announce.go).
@@ -484,7 +488,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	spawn(func() { h.pruneHistory(ctx, pruneInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()
-	h.httpAddr = ln.Addr().String()
+	h.httpAddr, h.started = ln.Addr().String(), time.Now()
 	h.mu.Unlock()
 	h.log.Info("hub running", "router", ln.Addr().String(), "data", h.opts.DataDir)
 	if ready != nil {

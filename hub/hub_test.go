@@ -361,6 +361,13 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			_, err := h.Bench(ctx, u, "nope", cli.BenchOptions{}, nil)
 			return err
 		}},
+		{"status", "status", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
+			st, err := h.Status(ctx, u)
+			if err == nil && st.Keys != 1 {
+				return fmt.Errorf("status counted %d API keys, want 1", st.Keys)
+			}
+			return err
+		}},
 		// An engine's log can hold prompts: an operator's.
 		{"logs", "logs", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
 			return h.Logs(ctx, u, "nope", 10, false, io.Discard)

@@ -230,6 +230,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(c.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			opts.DataDir = *dataDir
+			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			h, err := hub.Open(c.Context(), opts)
 			if err != nil {
 				return err

@@ -1,0 +1,183 @@
+package cli
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"slices"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"fleet"
+)
+
+// Status is the one-screen summary of `fleet status`.
+type Status struct {
+	Version   string    `json:"version"`
+	DataDir   string    `json:"data_dir"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// UptimeSeconds is how long the hub has served, 0 before it does.
+	UptimeSeconds float64 `json:"uptime_s"`
+	// Router is the router's base URL, "" before it listens.
+	Router       string `json:"router"`
+	KeysRequired bool   `json:"keys_required"`
+	// Keys counts the router API keys not revoked.
+	Keys int `json:"keys"`
+	// Console is the SSH console's address ("" = none); ConsoleName its
+	// mDNS name when announced.
+	Console     string `json:"console,omitempty"`
+	ConsoleName string `json:"console_name,omitempty"`
+	// Nodes and Workers count by state; the names are of those not up or
+	// not ready, which are the ones to look at.
+	Nodes   []StateCount  `json:"nodes"`
+	Workers []StateCount  `json:"workers"`
+	Models  []ModelStatus `json:"models"`
+}
+
+// StateCount is how many nodes or workers are in one state, and which.
+type StateCount struct {
+	State string   `json:"state"`
+	Count int      `json:"count"`
+	Names []string `json:"names"`
+}
+
+// ModelStatus is a model and how many of its workers are ready.
+type ModelStatus struct {
+	ID      string   `json:"id"`
+	Aliases []string `json:"aliases,omitempty"`
+	Context int      `json:"context"`
+	Ready   int      `json:"ready"`
+	Workers int      `json:"workers"`
+}
+
+// StatusHub is what `status` needs from the hub.
+type StatusHub interface {
+	Status(ctx context.Context, u fleet.User) (Status, error)
+}
+
+// CountStates groups names by state, in the order of order (states not in
+// it after, by name).
+func CountStates(states map[string]string, order []string) []StateCount {
+	by := map[string][]string{}
+	for name, s := range states {
+		by[s] = append(by[s], name)
+	}
+	var keys []string
+	for s := range by {
+		keys = append(keys, s)
+	}
+	rank := func(s string) int {
+		if i := slices.Index(order, s); i >= 0 {
+			return i
+		}
+		return len(order)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if d := rank(a) - rank(b); d != 0 {
+			return d
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]StateCount, 0, len(keys))
+	for _, s := range keys {
+		names := by[s]
+		slices.Sort(names)
+		out = append(out, StateCount{State: s, Count: len(names), Names: names})
+	}
+	return out
+}
+
+func statusCmd(h Hub, u fleet.User) *cobra.Command {
+	var asJSON bool
+	c := &cobra.Command{
+		Use:   "status",
+		Short: "one screen: the hub, router and console addresses, nodes and workers by state, models, keys",
+		Args:  noArgs,
+		RunE: func(c *cobra.Command, _ []string) error {
+			st, err := h.Status(c.Context(), u)
+			if err != nil {
+				return err
+			}
+			if asJSON {
+				return writeJSON(c.OutOrStdout(), st)
+			}
+			return printStatus(c.OutOrStdout(), st)
+		},
+	}
+	c.Flags().BoolVar(&asJSON, "json", false, "print JSON")
+	return c
+}
+
+func printStatus(w io.Writer, st Status) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	up := "not serving yet"
+	if !st.StartedAt.IsZero() {
+		up = "up " + time.Duration(st.UptimeSeconds*float64(time.Second)).Round(time.Second).String()
+	}
+	fmt.Fprintf(tw, "hub\tfleet %s, %s, data in %s\n", st.Version, up, st.DataDir)
+	router := st.Router
+	if router == "" {
+		router = "not listening yet"
+	}
+	keys := fmt.Sprintf("%d API key", st.Keys)
+	if st.Keys != 1 {
+		keys += "s"
+	}
+	if st.KeysRequired {
+		keys += ", required"
+	} else {
+		keys += ", not required on loopback"
+	}
+	fmt.Fprintf(tw, "router\t%s (%s)\n", router, keys)
+	switch {
+	case st.Console == "":
+		fmt.Fprintf(tw, "console\tnone (serve --ssh ADDR)\n")
+	case st.ConsoleName != "":
+		fmt.Fprintf(tw, "console\tssh %s (%s)\n", st.ConsoleName, st.Console)
+	default:
+		fmt.Fprintf(tw, "console\t%s\n", st.Console)
+	}
+	fmt.Fprintf(tw, "nodes\t%s\n", stateLine(st.Nodes, string(fleet.NodeUp)))
+	fmt.Fprintf(tw, "workers\t%s\n", stateLine(st.Workers, string(fleet.WorkerReady)))
+	if len(st.Models) == 0 {
+		fmt.Fprintf(tw, "models\tnone (place one in the fleet file: fleet apply < fleet.yaml)\n")
+	}
+	for i, m := range st.Models {
+		label := ""
+		if i == 0 {
+			label = "models"
+		}
+		aliases := ""
+		if len(m.Aliases) > 0 {
+			aliases = " (" + strings.Join(m.Aliases, ", ") + ")"
+		}
+		fmt.Fprintf(tw, "%s\t%s%s: %d/%d workers ready, context %d\n", label, m.ID, aliases, m.Ready, m.Workers, m.Context)
+	}
+	return tw.Flush()
+}
+
+// stateLine is "3: 2 up, 1 unreachable (rig)": names only for states other
+// than the healthy one, which are what an operator looks at.
+func stateLine(cs []StateCount, healthy string) string {
+	total := 0
+	var parts []string
+	for _, c := range cs {
+		total += c.Count
+		p := fmt.Sprintf("%d %s", c.Count, c.State)
+		if c.State != healthy {
+			names := c.Names
+			if len(names) > 5 {
+				names = append(slices.Clone(names[:5]), fmt.Sprintf("%d more", len(c.Names)-5))
+			}
+			p += " (" + strings.Join(names, ", ") + ")"
+		}
+		parts = append(parts, p)
+	}
+	if total == 0 {
+		return "none"
+	}
+	return fmt.Sprintf("%d: %s", total, strings.Join(parts, ", "))
+}

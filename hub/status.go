@@ -1,0 +1,77 @@
+package hub
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"fleet"
+	"fleet/cli"
+)
+
+// statusNodeOrder and statusWorkerOrder order `status` lines: healthy first, then
+// on the way, then in trouble.
+var (
+	statusNodeOrder   = []string{string(fleet.NodeUp), "drained", string(fleet.NodeUnknown), string(fleet.NodeUnreachable)}
+	statusWorkerOrder = []string{
+		string(fleet.WorkerReady), string(fleet.WorkerDraining), string(fleet.WorkerProbation), string(fleet.WorkerStarting),
+		string(fleet.WorkerInstalling), string(fleet.WorkerPending), string(fleet.WorkerStopped), string(fleet.WorkerFailed), string(fleet.WorkerRejected),
+	}
+)
+
+// Status is `fleet status`: the hub, its addresses, and the fleet counted.
+func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
+	var st cli.Status
+	err := h.do(u, "status", "", func() (string, error) {
+		keys, err := h.store.APIKeys(ctx)
+		if err != nil {
+			return "", fmt.Errorf("counting the API keys: %w", err)
+		}
+		for _, k := range keys {
+			if k.Revoked.IsZero() {
+				st.Keys++
+			}
+		}
+		snap := h.Snapshot(ctx)
+		h.mu.Lock()
+		started, addr, lan := h.started, h.httpAddr, h.lanName
+		h.mu.Unlock()
+		st.Version, st.DataDir = h.opts.Version, h.opts.DataDir
+		if st.Version == "" {
+			st.Version = "dev"
+		}
+		if !started.IsZero() {
+			st.StartedAt, st.UptimeSeconds = started, time.Since(started).Seconds()
+		}
+		if addr != "" {
+			st.Router = "http://" + addr + "/v1"
+		}
+		st.KeysRequired = h.opts.RequireKeys || !fleet.IsLoopbackAddr(h.opts.HTTPAddr)
+		st.Console, st.ConsoleName = h.opts.SSHAddr, lan
+
+		nodes := map[string]string{}
+		for _, n := range snap.Nodes {
+			s := string(n.State)
+			if n.Drained && n.State == fleet.NodeUp {
+				s = "drained"
+			}
+			nodes[n.Name] = s
+		}
+		workers := map[string]string{}
+		ready, placed := map[string]int{}, map[string]int{}
+		for _, w := range snap.Workers {
+			workers[w.Name()] = string(w.State)
+			placed[w.Model]++
+			if w.State == fleet.WorkerReady {
+				ready[w.Model]++
+			}
+		}
+		st.Nodes, st.Workers = cli.CountStates(nodes, statusNodeOrder), cli.CountStates(workers, statusWorkerOrder)
+		st.Models = []cli.ModelStatus{}
+		for _, m := range snap.Models {
+			st.Models = append(st.Models, cli.ModelStatus{ID: m.ID, Aliases: m.Aliases, Context: m.Context, Ready: ready[m.ID], Workers: placed[m.ID]})
+		}
+		return "", nil
+	})
+	return st, err
+}
