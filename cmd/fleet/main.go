@@ -104,7 +104,11 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		Short: "print the version of this fleet binary",
 		Args:  cobra.NoArgs,
 		Run:   func(c *cobra.Command, _ []string) { fmt.Fprintln(c.OutOrStdout(), versionLine()) },
-	})
+	}, completionCmd(root))
+	if isCompletion(args) {
+		attachForCompletion(root, &dataDir)
+		return execute(ctx, root, stderr, &exit)
+	}
 	// Every hub command runs inside the hub; locally it is forwarded through
 	// the control socket with the arguments as typed.
 	for _, c := range hubCommands() {
@@ -130,6 +134,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		root.AddCommand(fwd)
 	}
+	return execute(ctx, root, stderr, &exit)
+}
+
+// execute runs root and gives the exit status: *exit when it ran, else
+// by its error.
+func execute(ctx context.Context, root *cobra.Command, stderr io.Writer, exit *int) int {
 	if err := root.ExecuteContext(ctx); err != nil {
 		fmt.Fprintf(stderr, "fleet: %v\n", err)
 		if strings.HasPrefix(err.Error(), "unknown") {
@@ -137,7 +147,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		}
 		return cli.ExitFail
 	}
-	return exit
+	return *exit
 }
 
 // hubCommands lists the command tree the hub serves, for help and routing.

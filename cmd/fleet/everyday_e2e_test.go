@@ -1,0 +1,123 @@
+package main
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+// TestEverydayCommands runs the demo hub and the fleet binary as an operator
+// would: `status` says where everything is, `logs` prints a worker's engine
+// log and `logs -f` follows it until the client is interrupted, after which
+// no tail is left on the node; bash completes worker names from the hub.
+func TestEverydayCommands(t *testing.T) {
+	data := t.TempDir()
+	port := freePort(t)
+	startHub(t, data, port)
+	waitReady(t, data, 3, 60*time.Second)
+
+	out, code := fleetCmd(t, data, "status", "--json")
+	if code != 0 {
+		t.Fatalf("status --json: exit %d\n%s", code, out)
+	}
+	var st struct {
+		Version string  `json:"version"`
+		DataDir string  `json:"data_dir"`
+		Uptime  float64 `json:"uptime_s"`
+		Router  string  `json:"router"`
+		Workers []struct {
+			State string `json:"state"`
+			Count int    `json:"count"`
+		} `json:"workers"`
+		Models []struct {
+			ID    string `json:"id"`
+			Ready int    `json:"ready"`
+		} `json:"models"`
+	}
+	if err := json.Unmarshal([]byte(out), &st); err != nil {
+		t.Fatalf("status --json is not JSON: %v\n%s", err, out)
+	}
+	if st.Router != fmt.Sprintf("http://127.0.0.1:%d/v1", port) || st.DataDir != data || st.Uptime <= 0 || !strings.HasPrefix(st.Version, "dev") {
+		t.Errorf("status: router %q, data %q, uptime %v, version %q; want the hub's own", st.Router, st.DataDir, st.Uptime, st.Version)
+	}
+	if len(st.Workers) != 1 || st.Workers[0].State != "ready" || st.Workers[0].Count != 3 || len(st.Models) != 1 || st.Models[0].Ready != 3 {
+		t.Errorf("status counts workers %+v and models %+v; want 3 ready workers of qwen3-4b", st.Workers, st.Models)
+	}
+	if out, code := fleetCmd(t, data, "status"); code != 0 || !strings.Contains(out, "3: 3 ready") {
+		t.Errorf("status: exit %d\n%s", code, out)
+	}
+
+	out, code = fleetCmd(t, data, "logs", "-n", "1", "max/qwen3-4b")
+	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "sim engine ready") {
+		t.Errorf("logs -n 1: exit %d, want the engine's last line:\n%s", code, out)
+	}
+
+	// logs -f through the control socket, interrupted as Ctrl-C does.
+	follow := exec.Command(fleetBin, "--data", data, "logs", "-f", "-n", "1", "max/qwen3-4b")
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("logs -f printed nothing: %v", err)
+	}
+	tails := func() []string { return procsWith("tail", filepath.Join(data, "nodes", "max")) }
+	if len(tails()) != 1 {
+		t.Fatalf("after logs -f printed %q: tails on the node %q, want one", line, tails())
+	}
+	follow.Process.Signal(syscall.SIGINT)
+	follow.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(tails()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("30s after logs -f was interrupted, tails still run on the node: %q", tails())
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+
+	// bash, with the script `fleet completion bash` prints, completes a
+	// worker name from the running hub.
+	const bashCompletion = "/usr/share/bash-completion/bash_completion"
+	if _, err := os.Stat(bashCompletion); err != nil {
+		t.Skipf("bash-completion is not installed (%s), which cobra's bash script needs: install it (apt install bash-completion) to test completion in bash", bashCompletion)
+	}
+	script := filepath.Join(t.TempDir(), "fleet.bash")
+	if out, code := fleetCmd(t, data, "completion", "bash"); code != 0 {
+		t.Fatalf("completion bash: exit %d\n%s", code, out)
+	} else if err := os.WriteFile(script, []byte(out), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	bash := exec.Command("bash", "-c", `source `+bashCompletion+`; source "$1"; COMP_LINE="fleet --data $2 logs max/"; COMP_WORDS=(fleet --data "$2" logs max/); COMP_CWORD=4; COMP_POINT=${#COMP_LINE}; __start_fleet 2>/dev/null; printf '%s\n' "${COMPREPLY[@]}"`, "bash", script, data)
+	bash.Env = append(os.Environ(), "PATH="+filepath.Dir(fleetBin)+":"+os.Getenv("PATH"))
+	// compopt complains outside a real completion (stderr, silenced above).
+	got, err := bash.Output()
+	if err != nil || strings.TrimSpace(string(got)) != "max/qwen3-4b" {
+		t.Errorf("bash completion of `fleet logs max/`: %v, %q; want max/qwen3-4b", err, got)
+	}
+}
+
+// procsWith lists the command lines of processes named name whose command
+// line mentions s.
+func procsWith(name, s string) []string {
+	var out []string
+	dirs, _ := filepath.Glob("/proc/[0-9]*")
+	for _, d := range dirs {
+		comm, _ := os.ReadFile(filepath.Join(d, "comm"))
+		b, err := os.ReadFile(filepath.Join(d, "cmdline"))
+		if err == nil && strings.TrimSpace(string(comm)) == name && strings.Contains(string(b), s) {
+			out = append(out, strings.ReplaceAll(string(b), "\x00", " "))
+		}
+	}
+	return out
+}
