@@ -230,6 +230,17 @@ type Placement struct {
 	Model  string     `json:"model"`
 	Node   string     `json:"node"`
 	Engine EngineKind `json:"engine,omitempty"`
+	// Context is the worker's context when smaller than the model's (a
+	// small GPU runs the model with less KV cache); 0 means the model's.
+	Context int `json:"context,omitempty"`
+}
+
+// ContextOf is the context the worker of p runs m with.
+func (p Placement) ContextOf(m Model) int {
+	if p.Context > 0 && (m.Context <= 0 || p.Context < m.Context) {
+		return p.Context
+	}
+	return m.Context
 }
 
 // WorkerState is a step of the worker lifecycle:

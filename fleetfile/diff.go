@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"strings"
 
 	"fleet"
@@ -141,8 +142,13 @@ func Diff(old, new fleet.Fleet) Plan {
 		switch {
 		case !ok:
 			add(Add, WhatPlacement, name, string(pl.Engine))
-		case o.Engine != pl.Engine:
-			add(Modify, WhatPlacement, name, fmt.Sprintf("engine %s → %s", engineOrAuto(o.Engine), engineOrAuto(pl.Engine)))
+		default:
+			if o.Engine != pl.Engine {
+				add(Modify, WhatPlacement, name, fmt.Sprintf("engine %s → %s", engineOrAuto(o.Engine), engineOrAuto(pl.Engine)))
+			}
+			if o.Context != pl.Context {
+				add(Modify, WhatPlacement, name, fmt.Sprintf("context %s → %s (the worker restarts)", contextOrModel(o.Context), contextOrModel(pl.Context)))
+			}
 		}
 	}
 	for _, pl := range old.Placements {
@@ -151,6 +157,14 @@ func Diff(old, new fleet.Fleet) Plan {
 		}
 	}
 	return p
+}
+
+// contextOrModel names a placement's context, 0 being the model's own.
+func contextOrModel(n int) string {
+	if n == 0 {
+		return "the model's"
+	}
+	return strconv.Itoa(n)
 }
 
 func modelChanges(o, m fleet.Model) []string {

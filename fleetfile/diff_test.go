@@ -57,6 +57,7 @@ placements:
     engine: vllm-metal
   - model: gemma
     node: ultra
+    context: 2048
 `))
 	if err != nil {
 		t.Fatal(err)
@@ -78,6 +79,7 @@ placements:
 ~ model qwen3-4b: recipe llamacpp removed
 + placement qwen3-4b on max
 ~ placement qwen3-4b on ultra: engine auto → vllm-metal
+~ placement gemma on ultra: context the model's → 2048 (the worker restarts)
 - placement qwen3-4b on rig
 `},
 		{"from nothing", fleet.Fleet{}, old, `+ node rig (ops@rig.lan)

@@ -17,7 +17,7 @@ import (
 // Marshal writes f as a fleet file (what `fleet export` prints), in the
 // layout of the README's example. Only declared fields are written: a node's probe,
 // state and host key belong to the database. Consecutive placements of one
-// model with one engine are grouped back into `nodes: [...]`.
+// model with one engine and context are grouped back into `nodes: [...]`.
 //
 // The output is parsed again before it is returned, so Marshal never hands
 // out a file that `fleet apply` would refuse.
@@ -50,7 +50,7 @@ func Marshal(f fleet.Fleet) ([]byte, error) {
 	for i := 0; i < len(f.Placements); {
 		p := f.Placements[i]
 		j := i + 1
-		for j < len(f.Placements) && f.Placements[j].Model == p.Model && f.Placements[j].Engine == p.Engine {
+		for j < len(f.Placements) && f.Placements[j].Model == p.Model && f.Placements[j].Engine == p.Engine && f.Placements[j].Context == p.Context {
 			j++
 		}
 		fmt.Fprintf(&b, "  - model: %s\n", scalar(p.Model))
@@ -64,6 +64,9 @@ func Marshal(f fleet.Fleet) ([]byte, error) {
 			fmt.Fprintf(&b, "    nodes: %s\n", flowList(nodes))
 		}
 		optional(&b, "    ", "engine", string(p.Engine))
+		if p.Context > 0 {
+			fmt.Fprintf(&b, "    context: %d\n", p.Context)
+		}
 		i = j
 	}
 	out := []byte(b.String())

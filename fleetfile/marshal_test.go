@@ -33,7 +33,7 @@ func awkward() fleet.Fleet {
 			{Model: "Qwen/Qwen3-4B", Node: "true"},
 			{Model: "Qwen/Qwen3-4B", Node: "0x1f"},
 			{Model: "gemma", Node: "true", Engine: fleet.EngineOllama},
-			{Model: "Qwen/Qwen3-4B", Node: "n.3_x-y", Engine: fleet.EngineSim},
+			{Model: "Qwen/Qwen3-4B", Node: "n.3_x-y", Engine: fleet.EngineSim, Context: 4096},
 			{Model: "gemma", Node: "n.3_x-y"},
 		},
 	}
@@ -94,8 +94,19 @@ func TestMarshalLayout(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if want := "  - model: Qwen/Qwen3-4B\n    nodes: [\"true\", \"0x1f\"]\n  - model: gemma\n    node: \"true\"\n    engine: ollama\n"; !strings.Contains(string(out), want) {
-		t.Errorf("export lacks %q:\n%s", want, out)
+	for _, want := range []string{
+		"  - model: Qwen/Qwen3-4B\n    nodes: [\"true\", \"0x1f\"]\n  - model: gemma\n    node: \"true\"\n    engine: ollama\n",
+		"    node: n.3_x-y\n    engine: sim\n    context: 4096\n",
+	} {
+		if !strings.Contains(string(out), want) {
+			t.Errorf("export lacks %q:\n%s", want, out)
+		}
+	}
+	// A placement with its own context is not grouped with the others.
+	f := awkward()
+	f.Placements[1].Context = 8192
+	if out, err = Marshal(f); err != nil || !strings.Contains(string(out), "    node: \"0x1f\"\n    context: 8192\n") {
+		t.Errorf("export of a placement context: %v\n%s", err, out)
 	}
 }
 

@@ -761,7 +761,7 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 		if model := d.peek(it, "model"); model != "" {
 			where = fmt.Sprintf("placement %d (model %s)", i+1, model)
 		}
-		entries, ok := d.mapping(it, where, "a placement", []string{"model", "node", "nodes", "engine"})
+		entries, ok := d.mapping(it, where, "a placement", []string{"model", "node", "nodes", "engine", "context"})
 		if !ok && entries == nil {
 			continue
 		}
@@ -769,6 +769,8 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 			model                         string
 			engine                        fleet.EngineKind
 			modelAt, nodeAt, nodesAt, pin ast.Node
+			contextAt                     ast.Node
+			context                       int
 			targets                       []string
 			targetAt                      []ast.Node
 		)
@@ -780,6 +782,14 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 			case "engine":
 				s, _ := d.scalar(e.value, where, "engine")
 				engine, pin = fleet.EngineKind(s), e.value
+			case "context":
+				contextAt = e.value
+				v, ok := d.number(e.value, where, "context")
+				if ok && (v != math.Trunc(v) || v <= 0 || v > maxContext) {
+					d.errorf(e.value, where, "context must be a whole number of tokens from 1 to %d, like 8192", maxContext)
+				} else if ok {
+					context = int(v)
+				}
 			case "node":
 				s, ok := d.scalar(e.value, where, "node")
 				if ok {
@@ -823,6 +833,10 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 				}
 			}
 		}
+		if known && context > m.Context && m.Context > 0 {
+			d.errorf(contextAt, where, "context %d is more than model %s's context %d; a placement may run the model with a smaller context, not a larger one (raise the model's context: instead)", context, model, m.Context)
+			context = 0
+		}
 		for j, node := range targets {
 			if _, ok := nodes[node]; !ok {
 				d.errorf(targetAt[j], where, "node %q is not declared under nodes:", node)
@@ -834,7 +848,7 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 				continue
 			}
 			placed[key] = line(targetAt[j])
-			f.Placements = append(f.Placements, fleet.Placement{Model: model, Node: node, Engine: engine})
+			f.Placements = append(f.Placements, fleet.Placement{Model: model, Node: node, Engine: engine, Context: context})
 		}
 	}
 }

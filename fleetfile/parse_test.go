@@ -200,6 +200,12 @@ models:
 			[]string{`fleet.yaml:9: model qwen3-4b: reference "rig": the model is not placed on any node; place it on rig or remove reference:`}},
 		{"empty reference", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: \"\"", 1),
 			[]string{`fleet.yaml:9: model qwen3-4b: reference is empty; name the node whose worker sets the model's response shape, or leave the key out`}},
+		{"placement context above the model's", validBase + "    context: 32768\n",
+			[]string{"fleet.yaml:15: placement 1 (model qwen3-4b): context 32768 is more than model qwen3-4b's context 16384; a placement may run the model with a smaller context, not a larger one (raise the model's context: instead)"}},
+		{"placement context zero", validBase + "    context: 0\n",
+			[]string{"fleet.yaml:15: placement 1 (model qwen3-4b): context must be a whole number of tokens from 1 to 10000000, like 8192"}},
+		{"placement context is text", validBase + "    context: 8k\n",
+			[]string{"fleet.yaml:15: placement 1 (model qwen3-4b): context must be a number, not text"}},
 		{"duplicate key", "nodes: []\nnodes: []\n", []string{`fleet.yaml:2: not valid YAML: mapping key "nodes" already defined at [1:1]`}},
 		{"empty file", "", []string{"fleet.yaml: the file is empty; a fleet file is a mapping with nodes:, models: and placements:"}},
 		{"only comments", "# nothing yet\n", []string{"fleet.yaml: the file is empty; a fleet file is a mapping with nodes:, models: and placements:"}},
@@ -251,6 +257,11 @@ func TestParseAccepts(t *testing.T) {
 		{"single node and pinned engine", strings.Replace(validBase, "    nodes: [rig, ultra]\n", "    node: ultra\n    engine: llamacpp\n", 1),
 			func(f fleet.Fleet) bool {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "ultra", Engine: fleet.EngineLlamaCpp}})
+			}},
+		{"placement context", strings.Replace(validBase, "    nodes: [rig, ultra]\n", "    node: rig\n  - model: qwen3-4b\n    node: ultra\n    context: 8192\n", 1),
+			func(f fleet.Fleet) bool {
+				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}, {Model: "qwen3-4b", Node: "ultra", Context: 8192}}) &&
+					f.Placements[0].ContextOf(f.Models[0]) == 16384 && f.Placements[1].ContextOf(f.Models[0]) == 8192
 			}},
 		{"addresses", `nodes:
   - {name: a, address: local}

@@ -384,6 +384,10 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 	if !ok {
 		return enginectl.Spec{}, enginectl.Command{}, fmt.Errorf("model %s is not defined in the fleet", ws.placement.Model)
 	}
+	// A placement's own, smaller context reaches every engine's flag (-c,
+	// --max-model-len, OLLAMA_CONTEXT_LENGTH) and the worker's Context,
+	// which the router checks prompts against.
+	model.Context = ws.placement.ContextOf(model)
 	engine, err := enginectl.EngineFor(*node.Platform, model, ws.placement.Engine)
 	if err != nil {
 		return enginectl.Spec{}, enginectl.Command{}, err

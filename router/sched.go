@@ -64,7 +64,7 @@ func (w *worker) advanceArea(now time.Time) {
 // candidatesLocked lists the backends a job may go to. It also reports why
 // there are none: no ready backend for the model, or none with the context.
 func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
-	serving, fitting, drained := 0, 0, 0
+	serving, fitting, drained, largest := 0, 0, 0, 0
 	cands, backs := buf[:0], bs[:0]
 	for _, b := range r.backends {
 		if b.cfg.Model != model {
@@ -76,6 +76,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 			continue
 		}
 		serving++
+		largest = max(largest, b.cfg.Context)
 		if b.cfg.Context > 0 && job.NeedContext > b.cfg.Context {
 			continue
 		}
@@ -109,8 +110,8 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		return nil, nil, r.noWorkerLocked(model)
 	case fitting == 0:
 		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
-			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no ready worker of %q holds that many; shorten the prompt or lower max_tokens",
-				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model)}
+			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no ready worker of %q holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
+				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, largest)}
 	}
 	return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}

@@ -167,7 +167,7 @@ func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
 }
 
 func loadPlacements(ctx context.Context, q queryer) ([]fleet.Placement, error) {
-	rows, err := q.QueryContext(ctx, `SELECT model, node, engine FROM placements ORDER BY position, id`)
+	rows, err := q.QueryContext(ctx, `SELECT model, node, engine, context FROM placements ORDER BY position, id`)
 	if err != nil {
 		return nil, fmt.Errorf("read placements: %w", err)
 	}
@@ -178,7 +178,7 @@ func loadPlacements(ctx context.Context, q queryer) ([]fleet.Placement, error) {
 			p      fleet.Placement
 			engine string
 		)
-		if err := rows.Scan(&p.Model, &p.Node, &engine); err != nil {
+		if err := rows.Scan(&p.Model, &p.Node, &engine, &p.Context); err != nil {
 			return nil, fmt.Errorf("read placements: %w", err)
 		}
 		p.Engine = fleet.EngineKind(engine)
@@ -371,8 +371,8 @@ func applyPlacements(ctx context.Context, tx *sql.Tx, placements []fleet.Placeme
 		return fmt.Errorf("replace placements: %w", err)
 	}
 	for i, p := range placements {
-		_, err := tx.ExecContext(ctx, `INSERT INTO placements (position, model, node, engine) VALUES (?, ?, ?, ?)`,
-			i, p.Model, p.Node, string(p.Engine))
+		_, err := tx.ExecContext(ctx, `INSERT INTO placements (position, model, node, engine, context) VALUES (?, ?, ?, ?, ?)`,
+			i, p.Model, p.Node, string(p.Engine), p.Context)
 		if err != nil {
 			return fmt.Errorf("save placement of model %s on node %s: %w", p.Model, p.Node, err)
 		}

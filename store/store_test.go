@@ -66,7 +66,7 @@ func fleetB() fleet.Fleet {
 		},
 		Placements: []fleet.Placement{
 			{Model: "qwen3-4b", Node: "ultra", Engine: fleet.EngineLlamaCpp},
-			{Model: "gemma", Node: "max"},
+			{Model: "gemma", Node: "max", Context: 2048},
 		},
 	}
 }

@@ -1,0 +1,62 @@
+package router
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+)
+
+// TestLongPromptsGoOnlyWhereTheyFit: two workers of one model, one placed
+// with a smaller context; a prompt that needs more than the small one holds
+// goes only to the large one, a short one may go to either, and one that
+// fits neither gets a 400 that gives the sizes.
+func TestLongPromptsGoOnlyWhereTheyFit(t *testing.T) {
+	var bigHits, smallHits atomic.Int64
+	count := func(n *atomic.Int64) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { n.Add(1); okJSON(w, r) }
+	}
+	_, big := startBackend(t, "rig/qwen3-4b", 4, count(&bigHits))
+	_, small := startBackend(t, "max/qwen3-4b", 4, count(&smallHits))
+	big.Context, small.Context = 16384, 2048
+	_, srv := startRouter(t, Options{Policy: PolicyRoundRobin}, big, small)
+
+	// ~3000 tokens of prompt at the router's 4 bytes a token, + 100 out.
+	long := `{"model":"qwen3-4b","max_tokens":100,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 2400) + `"}]}`
+	for range 6 {
+		resp := post(t, t.Context(), srv.URL, long)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("long prompt: status %d", resp.StatusCode)
+		}
+	}
+	if bigHits.Load() != 6 || smallHits.Load() != 0 {
+		t.Errorf("6 prompts of ~3100 tokens: %d to the 16384 worker, %d to the 2048 one; want all to the large one", bigHits.Load(), smallHits.Load())
+	}
+	short := `{"model":"qwen3-4b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`
+	for range 4 {
+		resp := post(t, t.Context(), srv.URL, short)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	if smallHits.Load() == 0 {
+		t.Errorf("short prompts never reached the small-context worker under round-robin (%d to the large)", bigHits.Load())
+	}
+
+	resp := post(t, t.Context(), srv.URL, `{"model":"qwen3-4b","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`)
+	defer resp.Body.Close()
+	var body struct {
+		Error struct {
+			Message string `json:"message"`
+			Code    string `json:"code"`
+		} `json:"error"`
+	}
+	json.NewDecoder(resp.Body).Decode(&body)
+	if resp.StatusCode != http.StatusBadRequest || body.Error.Code != codeContextTooLong ||
+		!strings.Contains(body.Error.Message, "max_tokens 20000") || !strings.Contains(body.Error.Message, "the largest context is 16384") {
+		t.Errorf("a request no worker holds: %d %+v; want 400 %s giving the request's and the largest worker's sizes", resp.StatusCode, body.Error, codeContextTooLong)
+	}
+}
