@@ -7,33 +7,16 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"fleet"
 	"fleet/internal/sshdtest"
+	"fleet/internal/syncbuf"
 )
 
-// syncBuf is a writer the test can poll while a follow writes to it.
-type syncBuf struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuf) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuf) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-func (b *syncBuf) waitFor(t *testing.T, s string) {
+// waitForLog waits until b holds s.
+func waitForLog(t *testing.T, b *syncbuf.Buffer, s string) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	for !strings.Contains(b.String(), s) {
@@ -91,7 +74,7 @@ func TestTailLogFollowsAndLeavesNothing(t *testing.T) {
 			path := filepath.Join(t.TempDir(), "rig-qwen3-4b.log")
 			ctx := context.Background()
 
-			var missing syncBuf
+			var missing syncbuf.Buffer
 			if err := tailLog(ctx, tr, path, 10, false, &missing); err == nil || !strings.Contains(missing.String(), "no log at") {
 				t.Errorf("a missing log: err %v, output %q; want an error saying there is no log yet", err, missing.String())
 			}
@@ -99,7 +82,7 @@ func TestTailLogFollowsAndLeavesNothing(t *testing.T) {
 			for i := 1; i <= 5; i++ {
 				appendLine(t, path, fmt.Sprintf("line %d", i))
 			}
-			var last syncBuf
+			var last syncbuf.Buffer
 			if err := tailLog(ctx, tr, path, 2, false, &last); err != nil {
 				t.Fatal(err)
 			}
@@ -108,18 +91,18 @@ func TestTailLogFollowsAndLeavesNothing(t *testing.T) {
 			}
 
 			fctx, cancel := context.WithCancel(ctx)
-			var out syncBuf
+			var out syncbuf.Buffer
 			done := make(chan error, 1)
 			go func() { done <- tailLog(fctx, tr, path, 1, true, &out) }()
-			out.waitFor(t, "line 5")
+			waitForLog(t, &out, "line 5")
 			appendLine(t, path, "line 6")
-			out.waitFor(t, "line 6")
+			waitForLog(t, &out, "line 6")
 			// A restart moves the log aside and starts a new one (node.sh).
 			if err := os.Rename(path, path+".1"); err != nil {
 				t.Fatal(err)
 			}
 			appendLine(t, path, "after restart")
-			out.waitFor(t, "after restart")
+			waitForLog(t, &out, "after restart")
 			if strings.Contains(out.String(), "line 4") {
 				t.Errorf("follow with -n 1 printed older lines:\n%s", out.String())
 			}
@@ -155,7 +138,7 @@ func TestManagerStreamsAWorkersLog(t *testing.T) {
 	h.run()
 	w := h.waitReady("max/qwen3-4b")
 
-	var out syncBuf
+	var out syncbuf.Buffer
 	if err := h.m.StreamWorkerLog(context.Background(), w.Name(), 5, false, &out); err != nil {
 		t.Fatalf("StreamWorkerLog: %v (%s)", err, out.String())
 	}
