@@ -410,6 +410,8 @@ var actions = [...]Action{
 	{"shape", RoleOperator, false},
 	{"shape --all", RoleOperator, false},
 	{"bench", RoleOperator, true},
+	// Past runs are read from the store: no load on any worker.
+	{"bench --history", RoleViewer, false},
 	{"admit --force", RoleOperator, true},
 	{"audit", RoleOperator, false},
 	// An engine's log can hold prompts and answers (llama-server logs them
@@ -552,6 +554,10 @@ type WorkerView struct {
 	// level, for the console's chart of TTFT and tok/s against concurrency.
 	Bench   []BenchPoint `json:"bench,omitempty"`
 	BenchAt time.Time    `json:"bench_at,omitzero"`
+	// AgentBench is the latest sweep of the agent split (long prompts,
+	// short answers), shown beside the chat one.
+	AgentBench   []BenchPoint `json:"agent_bench,omitempty"`
+	AgentBenchAt time.Time    `json:"agent_bench_at,omitzero"`
 }
 
 // BenchPoint is one concurrency level of a bench sweep.

@@ -30,6 +30,7 @@ var commandFor = map[string][]string{
 	"shape":           {"shape", "ultra", "max"},
 	"shape --all":     {"shape", "--all", "qwen3-4b"},
 	"bench":           {"bench", "ultra"},
+	"bench --history": {"bench", "--history", "ultra/qwen3-4b"},
 	"admit --force":   {"admit", "--force", "ultra"},
 	"audit":           {"audit"},
 	"apply":           {"apply", "--filename", "f.yaml"},

@@ -96,7 +96,8 @@ placement) runs another command line; then that worker's shape is the reference 
 
 func benchCmd(h Hub, u fleet.User) *cobra.Command {
 	var o BenchOptions
-	var asJSON bool
+	var asJSON, history bool
+	var limit int
 	c := &cobra.Command{
 		Use:   "bench NODE|NODE/MODEL|MODEL",
 		Short: "closed-loop concurrency sweep against a worker (direct) or a model (through the router)",
@@ -107,6 +108,16 @@ bypassing the scheduler; a model name is measured through the router.
 ` + sweep.Definitions,
 		Args: exactArgs(1, "one worker or model"),
 		RunE: func(c *cobra.Command, args []string) error {
+			if history {
+				runs, err := h.BenchHistory(c.Context(), u, args[0], limit)
+				if err != nil {
+					return err
+				}
+				if asJSON {
+					return writeJSON(c.OutOrStdout(), runs)
+				}
+				return printBenchHistory(c.OutOrStdout(), args[0], runs)
+			}
 			if o.Split != sweep.SplitChat && o.Split != sweep.SplitAgent {
 				return usageError{fmt.Errorf("--split %q: use chat or agent", o.Split)}
 			}
@@ -130,6 +141,9 @@ bypassing the scheduler; a model name is measured through the router.
 	c.Flags().IntVar(&o.Tokens, "tokens", 0, "output tokens per request (default 256 chat, 70 agent)")
 	c.Flags().IntVar(&o.Turns, "turns", 1, "agent split: turns per session, each resending the conversation with the previous answer and a ~500-token tool result (the cache hit column shows what the engines reused)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
+	c.Flags().BoolVar(&history, "history", false, "list the worker's past runs (chat and agent splits), newest first, instead of running one")
+	c.Flags().IntVar(&limit, "limit", 20, "with --history: how many runs")
+	c.Annotations = map[string]string{annotationFlagAction: "history"}
 	return c
 }
 

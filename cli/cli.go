@@ -55,6 +55,7 @@ type Hub interface {
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 	LogsHub
 	StatusHub
+	BenchHistoryHub
 }
 
 // BenchOptions choose what a bench run measures.

@@ -111,6 +111,17 @@ func (f *fakeHub) Status(context.Context, fleet.User) (Status, error) {
 		Models: []ModelStatus{{ID: "qwen3-4b", Aliases: []string{"qwen"}, Context: 16384, Ready: 1, Workers: 3}},
 	}, nil
 }
+func (f *fakeHub) BenchHistory(_ context.Context, _ fleet.User, worker string, limit int) ([]sweep.Result, error) {
+	f.acts = append(f.acts, []string{"bench --history", worker, fmt.Sprint(limit)})
+	at := time.Date(2026, 11, 30, 18, 0, 0, 0, time.Local)
+	level := func(c int, tok, ttft float64) sweep.Level {
+		return sweep.Level{Concurrency: c, TotalTokPerSec: tok, TTFT: sweep.Stats{P50: ttft}}
+	}
+	return []sweep.Result{
+		{Target: worker, Split: sweep.SplitAgent, Turns: 3, StartedAt: at, Levels: []sweep.Level{level(1, 40, 900), level(2, 70, 1500)}},
+		{Target: worker, Split: sweep.SplitChat, StartedAt: at.Add(-time.Hour), Levels: []sweep.Level{level(1, 60, 95), level(2, 110, 120), level(4, 180, 140)}},
+	}, nil
+}
 func (f *fakeHub) Logs(_ context.Context, _ fleet.User, worker string, lines int, follow bool, w io.Writer) error {
 	f.acts = append(f.acts, []string{"logs", worker, fmt.Sprint(lines), fmt.Sprint(follow)})
 	fmt.Fprintf(w, "log of %s: %d lines, follow %v\n", worker, lines, follow)
@@ -294,5 +305,32 @@ func TestStatusScreen(t *testing.T) {
 		if _, ok := st[key]; !ok {
 			t.Errorf("status --json lacks %q: %s", key, out.String())
 		}
+	}
+}
+
+// TestBenchHistory: past runs, newest first, each labelled with its split,
+// and the flag makes it a read (bench --history), not a run.
+func TestBenchHistory(t *testing.T) {
+	h := &fakeHub{}
+	var out bytes.Buffer
+	if code := Run(context.Background(), h, fleet.User{Role: fleet.RoleViewer}, []string{"bench", "--history", "--limit", "5", "ultra/qwen3-4b"}, nil, &out, io.Discard); code != 0 {
+		t.Fatalf("exit %d: %s", code, out.String())
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "SPLIT") {
+		t.Fatalf("history printed:\n%s\nwant a header and two runs", out.String())
+	}
+	for i, want := range [][]string{
+		{"2026-11-30 18:00:00", "agent, 3 turns", "1/2", "40/70", "900ms/1.5s"},
+		{"2026-11-30 17:00:00", "chat", "1/2/4", "60/110/180", "95ms/120ms/140ms"},
+	} {
+		for _, w := range want {
+			if !strings.Contains(lines[i+1], w) {
+				t.Errorf("run %d %q lacks %q", i+1, lines[i+1], w)
+			}
+		}
+	}
+	if len(h.acts) != 1 || strings.Join(h.acts[0], " ") != "bench --history ultra/qwen3-4b 5" || h.authorized[0][0] != "bench --history" {
+		t.Errorf("the hub was asked %v (authorized %v); want one history read of ultra/qwen3-4b, limit 5", h.acts, h.authorized)
 	}
 }

@@ -24,17 +24,34 @@ const noBenchHint = "no bench yet: press b to run one (operator)"
 
 // renderBench is the detail's bench section: the README's bench table row and a
 // bar chart each of total tok/s and TTFT p50 against concurrency.
+// The agent split's latest sweep follows the chat one, each titled with its
+// split, so the two shapes of load are read together.
 func (cm *common) renderBench(w fleet.WorkerView) []string {
 	t := cm.theme
-	if len(w.Bench) == 0 {
+	if len(w.Bench) == 0 && len(w.AgentBench) == 0 {
 		return []string{t.Muted.Render("Bench: ") + t.Muted.Render(noBenchHint)}
 	}
-	pts := byConcurrency(w.Bench)
+	var out []string
+	if len(w.Bench) > 0 {
+		out = cm.renderSweep("bench", w.Bench, w.BenchAt)
+	}
+	if len(w.AgentBench) > 0 {
+		if len(out) > 0 {
+			out = append(out, "")
+		}
+		out = append(out, cm.renderSweep("agent split bench (~4.6K-token prompts, ~70-token answers)", w.AgentBench, w.AgentBenchAt)...)
+	}
+	return out
+}
 
-	title := "bench"
-	if !w.BenchAt.IsZero() {
-		title = fmt.Sprintf("bench (at %s, %s ago)", w.BenchAt.Format("2006-01-02 15:04:05"),
-			max(cm.opts.Now().Sub(w.BenchAt), 0).Round(time.Second))
+// renderSweep is one sweep: its title, the table and the two charts.
+func (cm *common) renderSweep(name string, points []fleet.BenchPoint, at time.Time) []string {
+	t := cm.theme
+	pts := byConcurrency(points)
+	title := name
+	if !at.IsZero() {
+		title = fmt.Sprintf("%s (at %s, %s ago)", name, at.Format("2006-01-02 15:04:05"),
+			max(cm.opts.Now().Sub(at), 0).Round(time.Second))
 	}
 	out := []string{t.Muted.Render(title)}
 	indent := strings.Repeat(" ", benchIndent)

@@ -33,7 +33,15 @@ const (
 type Action struct {
 	Kind    string
 	Targets []string
+	// Split is a bench's: "chat" or "agent" (the bench package's splits).
+	Split string
 }
+
+// The bench splits b offers.
+const (
+	SplitChat  = "chat"
+	SplitAgent = "agent"
+)
 
 // Source is what the console needs from the hub.
 type Source interface {
@@ -106,10 +114,12 @@ const (
 	flashErr
 )
 
-// pendingAction is an action waiting for y/n.
+// pendingAction is an action waiting for y/n, or for a bench, for the
+// split to run (c or a).
 type pendingAction struct {
 	action Action
 	prompt string
+	split  bool
 }
 
 // tracker follows a drain, restart or bench until the snapshot shows it
@@ -121,6 +131,8 @@ type tracker struct {
 	// answers at once and the sweep lands later, so a new BenchAt is the
 	// sign it finished (the sweep's own start time may precede since).
 	benchAt time.Time
+	// split is the bench's; an agent run lands in AgentBenchAt.
+	split string
 }
 
 // Messages.
@@ -320,13 +332,14 @@ func (m *Model) track() {
 				m.setFlash(flashErr, fmt.Sprintf("%s restart ended %s: %s", name, w.State, w.Reason))
 			}
 		case ActionBench:
-			if len(w.Bench) > 0 && !w.BenchAt.Equal(t.benchAt) {
+			points, at := benchOf(w, t.split)
+			if len(points) > 0 && !at.Equal(t.benchAt) {
 				delete(m.tracking, name)
 				where := " (enter on it shows the chart)"
 				if m.overlay == overlayDetail && m.detail.worker == name {
 					where = ""
 				}
-				m.setFlash(flashOK, fmt.Sprintf("bench of %s done: %s%s", name, benchSummary(w.Bench), where))
+				m.setFlash(flashOK, fmt.Sprintf("%s of %s done: %s%s", benchWord(t.split), name, benchSummary(points), where))
 			} else if e, ok := m.benchFailure(name, t.since); ok {
 				delete(m.tracking, name)
 				m.setFlash(flashErr, fmt.Sprintf("bench of %s failed: %s", name, firstLine(e.Message)))
@@ -434,7 +447,8 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		// the snapshot when it is done, and the detail's chart follows.
 		for _, t := range a.Targets {
 			w, _ := m.workerByName(t)
-			m.tracking[t] = tracker{kind: a.Kind, since: msg.sent, benchAt: w.BenchAt}
+			_, at := benchOf(w, a.Split)
+			m.tracking[t] = tracker{kind: a.Kind, since: msg.sent, benchAt: at, split: a.Split}
 		}
 		reply := strings.TrimSpace(msg.text)
 		m.setFlash(flashOK, nonEmpty(firstLine(reply), fmt.Sprintf("bench %s started", describe(a.Targets))))
@@ -617,6 +631,12 @@ func (m *Model) mainKey(k tea.KeyPressMsg) tea.Cmd {
 			m.setFlash(flashWarn, fmt.Sprintf("no worker to %s here", b.action))
 			return nil
 		}
+		if b.action == ActionBench {
+			m.confirm = &pendingAction{action: Action{Kind: ActionBench, Targets: t}, split: true,
+				prompt: fmt.Sprintf("Bench %s at 1, 2 and 4 concurrent requests: which split?\nchat: short prompts, 256-token answers\nagent: ~4.6K-token prompts, ~70-token answers", describe(t))}
+			m.overlay = overlayConfirm
+			return nil
+		}
 		return m.do(Action{Kind: b.action, Targets: t})
 	case key.Matches(k, keys.Shape.Binding):
 		t := m.workers.marked()
@@ -689,6 +709,26 @@ func (m *Model) closeConfirm() {
 }
 
 func (m *Model) confirmKey(k tea.KeyPressMsg) tea.Cmd {
+	if m.confirm.split {
+		split := ""
+		switch {
+		case key.Matches(k, m.keys.splitChat.Binding):
+			split = SplitChat
+		case key.Matches(k, m.keys.splitAgent.Binding):
+			split = SplitAgent
+		case key.Matches(k, m.keys.confirmNo.Binding):
+			m.closeConfirm()
+			m.setFlash(flashInfo, "bench cancelled")
+			return nil
+		default:
+			return nil
+		}
+		a := m.confirm.action
+		a.Split = split
+		m.closeConfirm()
+		clear(m.workers.marks)
+		return m.do(a)
+	}
 	switch {
 	case key.Matches(k, m.keys.confirmYes.Binding):
 		p := m.confirm
@@ -738,4 +778,20 @@ func shortDuration(d time.Duration) string {
 		return d.Round(time.Second).String()
 	}
 	return d.String()
+}
+
+// benchOf is a worker's latest sweep of the split and when it ran.
+func benchOf(w fleet.WorkerView, split string) ([]fleet.BenchPoint, time.Time) {
+	if split == SplitAgent {
+		return w.AgentBench, w.AgentBenchAt
+	}
+	return w.Bench, w.BenchAt
+}
+
+// benchWord names a bench by its split in the status line.
+func benchWord(split string) string {
+	if split == SplitAgent {
+		return "agent bench"
+	}
+	return "bench"
 }

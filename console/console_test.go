@@ -497,7 +497,7 @@ func TestBenchFollowsTheSweep(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			src := consoletest.Demo()
 			h := newHarness(t, src, operator, 200, 30)
-			h.keys("down", "b")
+			h.keys("down", "b", "c")
 			mustContain(t, h.screen(), "bench started on ultra/qwen3-4b; the table lands in its events")
 			h.refresh()
 			mustContain(t, h.screen(), "benching ultra/qwen3-4b: 0s so far")
@@ -515,7 +515,7 @@ func TestBenchIgnoresEarlierFailures(t *testing.T) {
 	src := consoletest.Demo()
 	src.AddEvent(fleet.Event{At: time.Date(2026, 1, 2, 15, 0, 0, 0, time.UTC), Level: "error", Subject: "ultra/qwen3-4b", Message: "bench failed: earlier"})
 	h := newHarness(t, src, operator, 200, 30)
-	h.keys("down", "b")
+	h.keys("down", "b", "c")
 	h.refresh()
 	mustContain(t, h.screen(), "benching ultra/qwen3-4b")
 }
@@ -526,7 +526,7 @@ func TestBenchReplyWithTableIsShown(t *testing.T) {
 	src := consoletest.Demo()
 	src.Reply = "Bench of rig/qwen3-4b\n| 1 request tok/s | 2 concurrent total |\n| 96 | 180 |"
 	h := newHarness(t, src, operator, 160, 30)
-	h.keys("b")
+	h.keys("b", "c")
 	mustContain(t, h.screen(), "bench rig/qwen3-4b", "| 96 | 180 |")
 }
 
@@ -633,4 +633,38 @@ func TestHintsLeaveOutKeysTheRoleCannotUse(t *testing.T) {
 			mustNotContain(t, last(), tt.notInTable...)
 		})
 	}
+}
+
+// b asks which split; a runs the agent split, whose result lands beside the
+// chat one in the detail; esc asks nothing of the hub.
+func TestBenchOffersTheSplit(t *testing.T) {
+	at := time.Date(2026, 1, 2, 15, 10, 0, 0, time.UTC) // the harness's clock
+	src := consoletest.Demo()
+	h := newHarness(t, src, operator, 200, 60)
+	h.keys("down", "b")
+	mustContain(t, h.screen(), "which split?", "agent: ~4.6K-token prompts", "a agent split")
+	h.keys("esc")
+	mustContain(t, h.screen(), "bench cancelled")
+	if a := src.Actions(); len(a) != 0 {
+		t.Fatalf("esc at the split question sent %+v", a)
+	}
+
+	src.SetBench("ultra/qwen3-4b", consoletest.DemoBench(), at.Add(-time.Hour))
+	h.refresh()
+	h.keys("b", "a")
+	if a := src.Actions(); len(a) != 1 || a[0].Split != console.SplitAgent || strings.Join(a[0].Targets, ",") != "ultra/qwen3-4b" {
+		t.Fatalf("actions = %+v, want one agent bench of ultra/qwen3-4b", a)
+	}
+	h.refresh()
+	mustContain(t, h.screen(), "benching ultra/qwen3-4b")
+	src.SetAgentBench("ultra/qwen3-4b", []fleet.BenchPoint{
+		{Concurrency: 1, TotalTokPerSec: 41, PerRequestTokPerSec: 41, TTFTp50ms: 900},
+		{Concurrency: 2, TotalTokPerSec: 70, PerRequestTokPerSec: 35, TTFTp50ms: 1500},
+	}, at)
+	h.refresh()
+	mustContain(t, h.screen(), "agent bench of ultra/qwen3-4b done: 41 / 70 tok/s total at 1 / 2 concurrent")
+	h.keys("enter")
+	s := h.screen()
+	mustContain(t, s, "bench (at 2026-01-02 14:10:00", "agent split bench (~4.6K-token prompts, ~70-token answers) (at 2026-01-02 15:10:00",
+		"87 |", "41 |")
 }

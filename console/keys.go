@@ -58,6 +58,7 @@ type keyMap struct {
 	filterKeep, filterClear, filterErase  binding
 	filterBack                            binding
 	confirmYes, confirmNo                 binding
+	splitChat, splitAgent                 binding
 	panelBack                             binding
 }
 
@@ -83,7 +84,7 @@ func newKeyMap() *keyMap {
 		Restart: act("r", "restart: drain, stop, launch again (asks first)", ActionRestart).passed(),
 		// shape compares the two marked workers, so the detail of one has none.
 		Shape: act("s", "shape: compare the responses of the two marked workers", ActionShape),
-		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests", ActionBench).passed(),
+		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests (asks: chat or agent split)", ActionBench).passed(),
 
 		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events → usage").hinted("tab", "view"),
 		PrevView: bind([]string{"shift+tab"}, "", ""),
@@ -99,6 +100,8 @@ func newKeyMap() *keyMap {
 		filterBack:  bind([]string{"backspace"}, "", ""),
 		confirmYes:  bind([]string{"y", "Y"}, "y", "yes"),
 		confirmNo:   bind([]string{"n", "N", "esc", "q"}, "n", "no"),
+		splitChat:   bind([]string{"c", "enter"}, "c", "chat split"),
+		splitAgent:  bind([]string{"a"}, "a", "agent split"),
 		panelBack:   bind([]string{"esc", "q", "enter"}, "esc", "back"),
 	}
 }

@@ -187,6 +187,8 @@ func (m *Model) renderHints() string {
 	switch {
 	case m.filtering:
 		pairs = helpsOf(k.filterKeep, k.filterClear, k.filterErase)
+	case m.overlay == overlayConfirm && m.confirm != nil && m.confirm.split:
+		pairs = helpsOf(k.splitChat, k.splitAgent, k.confirmNo)
 	case m.overlay == overlayConfirm:
 		pairs = helpsOf(k.confirmYes, k.confirmNo)
 	case m.overlay == overlayDetail:
@@ -267,7 +269,12 @@ func (m *Model) renderConfirm() []string {
 		return nil
 	}
 	yes, no := m.keys.confirmYes.Help(), m.keys.confirmNo.Help()
-	body := t.Warn.Render(m.confirm.prompt) + "\n\n" + t.Key.Render(yes.Key) + t.Text.Render(" "+yes.Desc+"   ") + t.Key.Render(no.Key) + t.Text.Render(" "+no.Desc)
+	answers := t.Key.Render(yes.Key) + t.Text.Render(" "+yes.Desc+"   ")
+	if m.confirm.split {
+		chat, agent := m.keys.splitChat.Help(), m.keys.splitAgent.Help()
+		answers = t.Key.Render(chat.Key) + t.Text.Render(" "+chat.Desc+"   ") + t.Key.Render(agent.Key) + t.Text.Render(" "+agent.Desc+"   ")
+	}
+	body := t.Warn.Render(m.confirm.prompt) + "\n\n" + answers + t.Key.Render(no.Key) + t.Text.Render(" "+no.Desc)
 	box := t.Dialog.Render(body)
 	return strings.Split(lipgloss.Place(m.width, m.bodyHeight(), lipgloss.Center, lipgloss.Center, box), "\n")
 }

@@ -303,9 +303,11 @@ func TestTerminalBenchLandsInOpenDetail(t *testing.T) {
 	tm.key(tea.KeyEnter)
 	tm.waitText("rig/qwen3-4b", "no bench yet")
 	tm.typeText("b")
+	tm.waitText("which split?", "c chat split")
+	tm.typeText("c")
 	tm.waitText("bench started on rig/qwen3-4b", "rig/qwen3-4b", "no bench yet")
-	if a := src.Actions(); len(a) != 1 || a[0].Kind != console.ActionBench || strings.Join(a[0].Targets, ",") != "rig/qwen3-4b" {
-		t.Fatalf("actions = %+v, want one bench of rig/qwen3-4b", a)
+	if a := src.Actions(); len(a) != 1 || a[0].Kind != console.ActionBench || strings.Join(a[0].Targets, ",") != "rig/qwen3-4b" || a[0].Split != console.SplitChat {
+		t.Fatalf("actions = %+v, want one chat bench of rig/qwen3-4b", a)
 	}
 	src.SetBench("rig/qwen3-4b", []fleet.BenchPoint{
 		{Concurrency: 4, TotalTokPerSec: 310, PerRequestTokPerSec: 77.5, TTFTp50ms: 140},

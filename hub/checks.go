@@ -302,10 +302,62 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 		}
 		h.seedSpeed(worker, res)
 		h.mu.Lock()
-		h.bench[worker] = summarise(res)
+		h.bench[benchKey{worker, splitOf(res)}] = summarise(res)
 		h.mu.Unlock()
 	}
 	return res, nil
+}
+
+// benchKey is a worker and a bench split: each split's latest sweep is
+// kept, so the console shows the agent run beside the chat one.
+type benchKey struct{ worker, split string }
+
+// splitOf is a sweep's split; chat, the default, when it says none.
+func splitOf(res sweep.Result) string {
+	if res.Split == "" {
+		return sweep.SplitChat
+	}
+	return res.Split
+}
+
+// MaxBenchHistory is the most runs `bench --history` lists.
+const MaxBenchHistory = 200
+
+// BenchHistory lists a worker's stored bench sweeps, newest first (at most
+// limit, up to MaxBenchHistory). WORKER may be a node with one worker; a
+// NODE/MODEL name is taken as it is, so the runs of a worker that has left
+// the fleet can still be read.
+func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
+	var out []sweep.Result
+	err := h.do(u, "bench --history", target, func() (string, error) {
+		worker := target
+		if !strings.Contains(target, "/") {
+			names, err := h.resolve([]string{target})
+			if err != nil {
+				return "", err
+			}
+			if len(names) != 1 {
+				return "", fmt.Errorf("node %s runs %d workers; name one of %s", target, len(names), strings.Join(names, ", "))
+			}
+			worker = names[0]
+		}
+		runs, err := h.store.BenchRuns(ctx, worker, min(max(limit, 1), MaxBenchHistory))
+		if err != nil {
+			return "", err
+		}
+		out = []sweep.Result{}
+		for _, r := range runs {
+			var res sweep.Result
+			if err := json.Unmarshal(r.Run, &res); err != nil {
+				h.log.Warn("skipping an unreadable stored bench run", "worker", worker, "id", r.ID, "err", err)
+				continue
+			}
+			res.Split = splitOf(res)
+			out = append(out, res)
+		}
+		return "", nil
+	})
+	return out, err
 }
 
 // benchSummary is what the console charts of a bench sweep.
@@ -339,7 +391,7 @@ func (h *Hub) loadBenchRuns(ctx context.Context) error {
 			h.log.Warn("skipping an unreadable stored bench run", "worker", r.Worker, "id", r.ID, "err", err)
 			continue
 		}
-		h.bench[r.Worker] = summarise(res)
+		h.bench[benchKey{r.Worker, splitOf(res)}] = summarise(res)
 	}
 	return nil
 }

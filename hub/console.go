@@ -70,12 +70,16 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 		}
 		for _, t := range a.Targets {
 			go func() {
-				res, err := s.h.Bench(context.WithoutCancel(ctx), s.u, t, cli.BenchOptions{}, nil)
+				res, err := s.h.Bench(context.WithoutCancel(ctx), s.u, t, cli.BenchOptions{Split: a.Split}, nil)
 				if err != nil {
 					s.h.onEvent(fleet.Event{Level: "error", Subject: t, Message: "bench failed: " + err.Error()})
 					return
 				}
-				s.h.onEvent(fleet.Event{Level: "info", Subject: t, Message: "bench:\n" + res.Text()})
+				word := "bench"
+				if a.Split == console.SplitAgent {
+					word = "agent bench"
+				}
+				s.h.onEvent(fleet.Event{Level: "info", Subject: t, Message: word + ":\n" + res.Text()})
 			}()
 		}
 		return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil

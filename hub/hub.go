@@ -115,7 +115,7 @@ type Hub struct {
 	placements []fleet.Placement
 	// bench is each worker's latest bench sweep, kept here so snapshots
 	// (twice a second per console) never parse stored runs.
-	bench map[string]benchSummary
+	bench map[benchKey]benchSummary
 
 	samples chan fleet.Sample
 	// refMu serialises reading and retaking a model's reference shape.
@@ -203,7 +203,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		store:   st,
 		workers: map[string]fleet.Worker{},
 		nodes:   map[string]fleet.Node{},
-		bench:   map[string]benchSummary{},
+		bench:   map[benchKey]benchSummary{},
 		speeds:  map[string]speedRecord{},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,

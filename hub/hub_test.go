@@ -368,6 +368,11 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			}
 			return err
 		}},
+		// Past bench runs are read from the store: anyone may list them.
+		{"bench history", "bench --history", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
+			_, err := h.BenchHistory(ctx, u, ultraWorker, 10)
+			return err
+		}},
 		// An engine's log can hold prompts: an operator's.
 		{"logs", "logs", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
 			return h.Logs(ctx, u, "nope", 10, false, io.Discard)

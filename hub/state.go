@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/bench/sweep"
 	"fleet/enginectl"
 	"fleet/router"
 	"fleet/store"
@@ -177,8 +178,11 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
 			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
 		}
-		if b, ok := h.bench[name]; ok {
+		if b, ok := h.bench[benchKey{name, sweep.SplitChat}]; ok {
 			v.Bench, v.BenchAt = b.points, b.at
+		}
+		if b, ok := h.bench[benchKey{name, sweep.SplitAgent}]; ok {
+			v.AgentBench, v.AgentBenchAt = b.points, b.at
 		}
 		if s, ok := stats[name]; ok {
 			v.InFlight = s.InFlight

@@ -288,14 +288,29 @@ func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) erro
 	return nil
 }
 
-// LatestBenchRuns returns the newest bench run of each worker, however many
-// older ones are stored: what the hub charts at start.
+// LatestBenchRuns returns the newest bench run of each worker and split
+// (chat, agent), however many older ones are stored: what the hub charts
+// at start.
 func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
 	rows, err := s.db.QueryContext(ctx, `SELECT id, worker, run, at FROM bench_runs
-		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker) ORDER BY worker`)
+		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker, json_extract(run, '$.split')) ORDER BY worker, id`)
 	if err != nil {
 		return nil, fmt.Errorf("read the latest bench runs: %w", err)
 	}
+	return scanBenchRuns(rows, "read the latest bench runs")
+}
+
+// BenchRuns returns a worker's stored bench runs, newest first, at most
+// limit of them.
+func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]BenchRun, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT id, worker, run, at FROM bench_runs WHERE worker = ? ORDER BY id DESC LIMIT ?`, worker, limit)
+	if err != nil {
+		return nil, fmt.Errorf("read the bench runs of %s: %w", worker, err)
+	}
+	return scanBenchRuns(rows, "read the bench runs of "+worker)
+}
+
+func scanBenchRuns(rows *sql.Rows, what string) ([]BenchRun, error) {
 	defer rows.Close()
 	runs := []BenchRun{}
 	for rows.Next() {
@@ -305,14 +320,14 @@ func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
 			at  int64
 		)
 		if err := rows.Scan(&r.ID, &r.Worker, &run, &at); err != nil {
-			return nil, fmt.Errorf("read the latest bench runs: %w", err)
+			return nil, fmt.Errorf("%s: %w", what, err)
 		}
 		r.Run = json.RawMessage(run)
 		r.At = fromUnixNano(at)
 		runs = append(runs, r)
 	}
 	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read the latest bench runs: %w", err)
+		return nil, fmt.Errorf("%s: %w", what, err)
 	}
 	return runs, nil
 }

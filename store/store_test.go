@@ -677,6 +677,26 @@ func TestReferenceShapesAndBenchRuns(t *testing.T) {
 		latest[1].Worker != "rig/qwen3-4b" || string(latest[1].Run) != `{"c":3}` || latest[1].At.IsZero() {
 		t.Fatalf("LatestBenchRuns = %+v, %v; want max's only run and rig's third", latest, err)
 	}
+	// Each split keeps its own latest run; the history lists them all.
+	for _, run := range []string{`{"split":"chat","n":1}`, `{"split":"agent","n":2}`, `{"split":"chat","n":3}`} {
+		if err := s.AddBenchRun(ctx, "ultra/qwen3-4b", []byte(run)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	latest, err = s.LatestBenchRuns(ctx)
+	var ultra []string
+	for _, r := range latest {
+		if r.Worker == "ultra/qwen3-4b" {
+			ultra = append(ultra, string(r.Run))
+		}
+	}
+	if err != nil || !reflect.DeepEqual(ultra, []string{`{"split":"agent","n":2}`, `{"split":"chat","n":3}`}) {
+		t.Fatalf("latest runs of ultra by split = %q, %v; want the agent run and the newer chat one", ultra, err)
+	}
+	hist, err := s.BenchRuns(ctx, "ultra/qwen3-4b", 2)
+	if err != nil || len(hist) != 2 || string(hist[0].Run) != `{"split":"chat","n":3}` || string(hist[1].Run) != `{"split":"agent","n":2}` {
+		t.Fatalf("BenchRuns(ultra, 2) = %+v, %v; want the two newest, newest first", hist, err)
+	}
 	// A model leaving the fleet takes its reference shape along.
 	if err := s.ApplyFleet(ctx, fleet.Fleet{}); err != nil {
 		t.Fatal(err)

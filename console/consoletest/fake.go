@@ -182,7 +182,7 @@ func (s *Source) Ticks() int {
 func (s *Source) Do(_ context.Context, a console.Action) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.actions = append(s.actions, console.Action{Kind: a.Kind, Targets: slices.Clone(a.Targets)})
+	s.actions = append(s.actions, console.Action{Kind: a.Kind, Targets: slices.Clone(a.Targets), Split: a.Split})
 	if s.Err != nil {
 		return "", s.Err
 	}
@@ -234,6 +234,17 @@ func (s *Source) SetBench(worker string, points []fleet.BenchPoint, at time.Time
 	for i := range s.snap.Workers {
 		if s.snap.Workers[i].Name() == worker {
 			s.snap.Workers[i].Bench, s.snap.Workers[i].BenchAt = slices.Clone(points), at
+		}
+	}
+}
+
+// SetAgentBench records a finished agent-split sweep of a worker.
+func (s *Source) SetAgentBench(worker string, points []fleet.BenchPoint, at time.Time) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := range s.snap.Workers {
+		if s.snap.Workers[i].Name() == worker {
+			s.snap.Workers[i].AgentBench, s.snap.Workers[i].AgentBenchAt = slices.Clone(points), at
 		}
 	}
 }
