@@ -191,6 +191,9 @@ type Recipe struct {
 	Env     map[string]string `json:"env,omitempty" yaml:"env,omitempty"`
 	// Profile is the sim profile, for the sim engine only.
 	Profile string `json:"profile,omitempty" yaml:"profile,omitempty"`
+	// ReadyTimeout bounds launch to ready for this recipe (a first start
+	// that downloads weights takes long); 0 is the hub's default.
+	ReadyTimeout time.Duration `json:"ready_timeout,omitempty" yaml:"-"`
 }
 
 // Model is one model ID clients send, and how each engine serves it.

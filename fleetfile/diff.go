@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"fleet"
 )
@@ -159,6 +160,14 @@ func Diff(old, new fleet.Fleet) Plan {
 	return p
 }
 
+// readyTimeout names a recipe's ready timeout, 0 being the hub's default.
+func readyTimeout(d time.Duration) string {
+	if d == 0 {
+		return "default"
+	}
+	return shortDuration(d)
+}
+
 // contextOrModel names a placement's context, 0 being the model's own.
 func contextOrModel(n int) string {
 	if n == 0 {
@@ -194,6 +203,7 @@ func modelChanges(o, m fleet.Model) []string {
 		field(prefix+"install", quoteEmpty(or.Install), quoteEmpty(r.Install))
 		field(prefix+"env", envString(or.Env), envString(r.Env))
 		field(prefix+"profile", quoteEmpty(or.Profile), quoteEmpty(r.Profile))
+		field(prefix+"ready_timeout", readyTimeout(or.ReadyTimeout), readyTimeout(r.ReadyTimeout))
 	}
 	for _, e := range recipeOrder(o.Recipes) {
 		if _, ok := m.Recipes[e]; !ok {

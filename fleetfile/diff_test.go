@@ -44,7 +44,7 @@ models:
     context: 16384
     reference: ultra
     recipes:
-      vllm: {model: Qwen/Qwen3-4B-AWQ, args: [--tensor-parallel-size, "2"]}
+      vllm: {model: Qwen/Qwen3-4B-AWQ, args: [--tensor-parallel-size, "2"], ready_timeout: 2h}
       vllm-metal: {model: Qwen/Qwen3-4B}
   - id: gemma
     context: 4096
@@ -75,6 +75,7 @@ placements:
 ~ model qwen3-4b: context 8192 → 16384
 ~ model qwen3-4b: reference first placed node → ultra
 ~ model qwen3-4b: recipe vllm: args [--tensor-parallel-size 1] → [--tensor-parallel-size 2]
+~ model qwen3-4b: recipe vllm: ready_timeout default → 2h
 ~ model qwen3-4b: recipe vllm-metal added
 ~ model qwen3-4b: recipe llamacpp removed
 + placement qwen3-4b on max

@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/goccy/go-yaml/ast"
 	"github.com/goccy/go-yaml/parser"
@@ -98,7 +99,7 @@ func writeModel(b *strings.Builder, m fleet.Model) {
 	for _, engine := range recipeOrder(m.Recipes) {
 		r := m.Recipes[engine]
 		fmt.Fprintf(b, "      %s:", scalar(string(engine)))
-		if r.Model == "" && len(r.Args) == 0 && r.Bin == "" && r.Install == "" && len(r.Env) == 0 && r.Profile == "" {
+		if r.Model == "" && len(r.Args) == 0 && r.Bin == "" && r.Install == "" && len(r.Env) == 0 && r.Profile == "" && r.ReadyTimeout == 0 {
 			b.WriteString(" {}\n")
 			continue
 		}
@@ -116,7 +117,22 @@ func writeModel(b *strings.Builder, m fleet.Model) {
 			}
 		}
 		optional(b, "        ", "profile", r.Profile)
+		if r.ReadyTimeout > 0 {
+			fmt.Fprintf(b, "        ready_timeout: %s\n", shortDuration(r.ReadyTimeout))
+		}
 	}
+}
+
+// shortDuration writes 30m rather than Go's 30m0s.
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
 }
 
 // recipeOrder lists engines in documented order, unknown ones last, so the

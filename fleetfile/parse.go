@@ -13,6 +13,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
 	"unicode"
 	"unicode/utf8"
 
@@ -66,6 +67,10 @@ const (
 	maxMemoryGB = 100_000
 	// maxAliasHops bounds alias chains, which YAML lets refer to themselves.
 	maxAliasHops = 16
+	// A recipe's ready_timeout: less than a probe cycle is a typo, more
+	// than two days no download needs.
+	minReadyTimeout = 10 * time.Second
+	maxReadyTimeout = 48 * time.Hour
 )
 
 // Parse reads a fleet file. filename is only used in error messages. Errors
@@ -691,7 +696,7 @@ func (d *decoder) recipes(n ast.Node, where string, m *fleet.Model) {
 			continue
 		}
 		rwhere := where + ": recipe " + e.key
-		fields, ok := d.mapping(e.value, rwhere, "a recipe", []string{"model", "args", "bin", "install", "env", "profile"})
+		fields, ok := d.mapping(e.value, rwhere, "a recipe", []string{"model", "args", "bin", "install", "env", "profile", "ready_timeout"})
 		if !ok && fields == nil {
 			continue
 		}
@@ -706,6 +711,16 @@ func (d *decoder) recipes(n ast.Node, where string, m *fleet.Model) {
 				r.Bin, _ = d.scalar(fe.value, rwhere, "bin")
 			case "install":
 				r.Install, _ = d.scalar(fe.value, rwhere, "install")
+			case "ready_timeout":
+				s, ok := d.scalar(fe.value, rwhere, "ready_timeout")
+				v, err := time.ParseDuration(s)
+				switch {
+				case !ok:
+				case err != nil || v < minReadyTimeout || v > maxReadyTimeout:
+					d.errorf(fe.value, rwhere, "ready_timeout %q must be a duration from %s to %s, like 30m or 2h (how long a launch may take to serve, first download included)", s, shortDuration(minReadyTimeout), shortDuration(maxReadyTimeout))
+				default:
+					r.ReadyTimeout = v
+				}
 			case "profile":
 				r.Profile, _ = d.scalar(fe.value, rwhere, "profile")
 				if engine != fleet.EngineSim {

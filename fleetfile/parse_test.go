@@ -5,6 +5,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
 )
@@ -131,7 +132,7 @@ models:
       llamacpp:
         model: x.gguf
         agrs: [-ngl, "99"]
-`, []string{"fleet.yaml:8: model qwen3-4b: recipe llamacpp: unknown key 'agrs' (known: model, args, bin, install, env, profile)"}},
+`, []string{"fleet.yaml:8: model qwen3-4b: recipe llamacpp: unknown key 'agrs' (known: model, args, bin, install, env, profile, ready_timeout)"}},
 		{"unknown top-level key", "nodes: []\nmodles: []\n", []string{"fleet.yaml:2: unknown key 'modles' (known: nodes, models, placements)"}},
 		{"unknown node key", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    adress: x\n", 1),
 			[]string{"fleet.yaml:6: node ultra: unknown key 'adress' (known: name, address, identity, endpoint)"}},
@@ -200,6 +201,10 @@ models:
 			[]string{`fleet.yaml:9: model qwen3-4b: reference "rig": the model is not placed on any node; place it on rig or remove reference:`}},
 		{"empty reference", strings.Replace(validBase, "context: 16384", "context: 16384\n    reference: \"\"", 1),
 			[]string{`fleet.yaml:9: model qwen3-4b: reference is empty; name the node whose worker sets the model's response shape, or leave the key out`}},
+		{"ready_timeout not a duration", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        ready_timeout: soon", 1),
+			[]string{`fleet.yaml:12: model qwen3-4b: recipe llamacpp: ready_timeout "soon" must be a duration from 10s to 48h, like 30m or 2h (how long a launch may take to serve, first download included)`}},
+		{"ready_timeout too short", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        ready_timeout: 1s", 1),
+			[]string{`fleet.yaml:12: model qwen3-4b: recipe llamacpp: ready_timeout "1s" must be a duration from 10s to 48h, like 30m or 2h (how long a launch may take to serve, first download included)`}},
 		{"placement context above the model's", validBase + "    context: 32768\n",
 			[]string{"fleet.yaml:15: placement 1 (model qwen3-4b): context 32768 is more than model qwen3-4b's context 16384; a placement may run the model with a smaller context, not a larger one (raise the model's context: instead)"}},
 		{"placement context zero", validBase + "    context: 0\n",
@@ -258,6 +263,8 @@ func TestParseAccepts(t *testing.T) {
 			func(f fleet.Fleet) bool {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "ultra", Engine: fleet.EngineLlamaCpp}})
 			}},
+		{"ready_timeout", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        ready_timeout: 45m", 1),
+			func(f fleet.Fleet) bool { return f.Models[0].Recipes[fleet.EngineLlamaCpp].ReadyTimeout == 45*time.Minute }},
 		{"placement context", strings.Replace(validBase, "    nodes: [rig, ultra]\n", "    node: rig\n  - model: qwen3-4b\n    node: ultra\n    context: 8192\n", 1),
 			func(f fleet.Fleet) bool {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}, {Model: "qwen3-4b", Node: "ultra", Context: 8192}}) &&

@@ -378,6 +378,15 @@ func (m *Manager) spec(node fleet.Node, model fleet.Model, engine fleet.EngineKi
 	return spec
 }
 
+// readyTimeout is how long an engine of model on engine may take from
+// launch to serving: its recipe's ready_timeout, else the manager's.
+func (m *Manager) readyTimeout(model fleet.Model, engine fleet.EngineKind) time.Duration {
+	if d := model.Recipes[engine].ReadyTimeout; d > 0 {
+		return d
+	}
+	return m.opts.ReadyTimeout
+}
+
 // desiredCommand is what the worker should run now on its current port.
 func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) (enginectl.Spec, enginectl.Command, error) {
 	model, ok := m.model(ws.placement.Model)
@@ -513,9 +522,13 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	}
 	m.event("info", ws.name, fmt.Sprintf("launched PID %d on port %d: %s%s", proc.PID, port, strings.Join(cmd.Argv, " "), note))
 
-	rctx, cancel := context.WithTimeout(ctx, m.opts.ReadyTimeout)
+	wait := m.readyTimeout(spec.Model, spec.Engine)
+	rctx, cancel := context.WithTimeout(ctx, wait)
 	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
 	cancel()
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("%w; the ready timeout is %s (a recipe's ready_timeout: sets it, for first starts that download weights)", err, wait)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			// Ours, but not serving: it must not linger holding memory.
@@ -672,7 +685,8 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 	if w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected {
 		m.setState(ws, fleet.WorkerStarting, fmt.Sprintf("adopting engine PID %d", proc.PID))
 	}
-	rctx, cancel := context.WithTimeout(ctx, m.opts.ReadyTimeout)
+	model, _ := m.model(ws.placement.Model)
+	rctx, cancel := context.WithTimeout(ctx, m.readyTimeout(model, w.Engine))
 	defer cancel()
 	ws.proc = proc
 	if err := enginectl.WaitReady(rctx, t, w.Port, proc, w.Engine, eo...); err != nil {

@@ -128,7 +128,7 @@ func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
 	}
 	rows.Close()
 
-	rrows, err := q.QueryContext(ctx, `SELECT model_id, engine, model, args, bin, install, env, profile FROM recipes`)
+	rrows, err := q.QueryContext(ctx, `SELECT model_id, engine, model, args, bin, install, env, profile, ready_timeout FROM recipes`)
 	if err != nil {
 		return nil, fmt.Errorf("read recipes: %w", err)
 	}
@@ -137,11 +137,12 @@ func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
 		var (
 			modelID, engine, args, env string
 			r                          fleet.Recipe
+			readyNS                    int64
 		)
-		if err := rrows.Scan(&modelID, &engine, &r.Model, &args, &r.Bin, &r.Install, &env, &r.Profile); err != nil {
+		if err := rrows.Scan(&modelID, &engine, &r.Model, &args, &r.Bin, &r.Install, &env, &r.Profile, &readyNS); err != nil {
 			return nil, fmt.Errorf("read recipes: %w", err)
 		}
-		r.Engine = fleet.EngineKind(engine)
+		r.Engine, r.ReadyTimeout = fleet.EngineKind(engine), time.Duration(readyNS)
 		if err := json.Unmarshal([]byte(args), &r.Args); err != nil {
 			return nil, fmt.Errorf("read recipe %s/%s: stored args are not valid JSON: %w", modelID, engine, err)
 		}
@@ -355,9 +356,9 @@ func applyModels(ctx context.Context, tx *sql.Tx, models []fleet.Model) error {
 					return fmt.Errorf("save model %s: recipe %s: %w", m.ID, e, err)
 				}
 			}
-			_, err = tx.ExecContext(ctx, `INSERT INTO recipes (model_id, engine, model, args, bin, install, env, profile)
-				VALUES (?, ?, ?, ?, ?, ?, ?, ?)`,
-				m.ID, string(e), r.Model, args, r.Bin, r.Install, env, r.Profile)
+			_, err = tx.ExecContext(ctx, `INSERT INTO recipes (model_id, engine, model, args, bin, install, env, profile, ready_timeout)
+				VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`,
+				m.ID, string(e), r.Model, args, r.Bin, r.Install, env, r.Profile, int64(r.ReadyTimeout))
 			if err != nil {
 				return fmt.Errorf("save model %s: recipe %s: %w", m.ID, e, err)
 			}

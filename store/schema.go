@@ -184,8 +184,10 @@ ALTER TABLE api_keys ADD COLUMN requests_per_minute INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE api_keys ADD COLUMN tokens_per_day INTEGER NOT NULL DEFAULT 0;
 `,
 	// 5: a placement's own context (fleet file `context:` on a placement),
-	// smaller than its model's; 0 is the model's.
+	// smaller than its model's; 0 is the model's. A recipe's ready_timeout
+	// in nanoseconds; 0 is the hub's default.
 	`
 ALTER TABLE placements ADD COLUMN context INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE recipes ADD COLUMN ready_timeout INTEGER NOT NULL DEFAULT 0;
 `,
 }

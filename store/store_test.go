@@ -58,7 +58,7 @@ func fleetB() fleet.Fleet {
 		Models: []fleet.Model{
 			{ID: "qwen3-4b", Context: 8192, SpeedTolerance: 0.7, Reasoning: "inline", Reference: "ultra",
 				Recipes: map[fleet.EngineKind]fleet.Recipe{
-					fleet.EngineLlamaCpp: {Engine: fleet.EngineLlamaCpp, Model: "Qwen/Qwen3-4B-GGUF:Q4_K_M", Bin: "/opt/homebrew/bin/llama-server"},
+					fleet.EngineLlamaCpp: {Engine: fleet.EngineLlamaCpp, Model: "Qwen/Qwen3-4B-GGUF:Q4_K_M", Bin: "/opt/homebrew/bin/llama-server", ReadyTimeout: 45 * time.Minute},
 				}},
 			{ID: "gemma", Context: 4096, Recipes: map[fleet.EngineKind]fleet.Recipe{
 				fleet.EngineSim: {Engine: fleet.EngineSim, Profile: "m4max-llamacpp"},
