@@ -264,7 +264,9 @@ func TestParseAccepts(t *testing.T) {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "ultra", Engine: fleet.EngineLlamaCpp}})
 			}},
 		{"ready_timeout", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        ready_timeout: 45m", 1),
-			func(f fleet.Fleet) bool { return f.Models[0].Recipes[fleet.EngineLlamaCpp].ReadyTimeout == 45*time.Minute }},
+			func(f fleet.Fleet) bool {
+				return f.Models[0].Recipes[fleet.EngineLlamaCpp].ReadyTimeout == 45*time.Minute
+			}},
 		{"placement context", strings.Replace(validBase, "    nodes: [rig, ultra]\n", "    node: rig\n  - model: qwen3-4b\n    node: ultra\n    context: 8192\n", 1),
 			func(f fleet.Fleet) bool {
 				return reflect.DeepEqual(f.Placements, []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}, {Model: "qwen3-4b", Node: "ultra", Context: 8192}}) &&
