@@ -288,7 +288,8 @@ type Worker struct {
 	EngineVersion string    `json:"engine_version,omitempty"`
 	Restarts      int       `json:"restarts,omitempty"`
 	// Progress is the engine install's progress in percent while the worker
-	// is installing, when the installer prints one.
+	// is installing, or its download of the weights while it is starting,
+	// when the installer or the engine prints one.
 	Progress float64 `json:"progress,omitempty"`
 	Drained  bool    `json:"drained,omitempty"`
 	// Held is an operator's `fleet stop`: the worker stays stopped, across

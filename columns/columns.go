@@ -57,11 +57,13 @@ func NodeOrWorker(perNode map[string]int) Column {
 	return c
 }
 
-// StateCell is the lifecycle state, with the install's progress while an
-// engine is being installed. A drained worker is already "draining" in the
+// StateCell is the lifecycle state, with the progress of an engine's
+// install or of its weights' download. A drained worker is already "draining" in the
 // snapshot, so no column looks at the drain flag.
 func StateCell(w fleet.WorkerView) string {
-	if w.State == fleet.WorkerInstalling && w.Progress > 0 {
+	// Installing: the engine's installer; starting: the engine's download
+	// of its weights.
+	if (w.State == fleet.WorkerInstalling || w.State == fleet.WorkerStarting) && w.Progress > 0 {
 		return fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
 	}
 	return string(w.State)

@@ -181,6 +181,12 @@ tail)
 	expand_home "$2"
 	[ -f "$xh" ] && tail -n "$1" "$xh"
 	;;
+tailbytes)
+	# tailbytes N FILE: the last N bytes (progress bars redraw a line with
+	# \r and never end it, so lines are no bound)
+	expand_home "$2"
+	[ -f "$xh" ] && tail -c "$1" "$xh"
+	;;
 which)
 	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
 	# says 127, which a transport could also mean).

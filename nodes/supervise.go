@@ -378,6 +378,55 @@ func (m *Manager) spec(node fleet.Node, model fleet.Model, engine fleet.EngineKi
 	return spec
 }
 
+// downloadPollInterval is how often a starting engine's log is read for
+// download progress.
+const downloadPollInterval = time.Second
+
+// watchDownload follows a starting engine's download of its weights, as its
+// log shows it (llama-server -hf, vLLM's Hugging Face download): the
+// percent goes on the worker as an install's does, and the bar into its
+// events at every tenth. The returned func stops it and clears the figure.
+func (m *Manager) watchDownload(ctx context.Context, ws *workerState, t Transport, proc enginectl.Process) func() {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(downloadPollInterval)
+		defer tick.Stop()
+		lastPct, lastTenth := -1.0, -1.0
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+			}
+			tail, err := enginectl.LogTailBytes(ctx, t, proc, 4096)
+			if err != nil {
+				continue
+			}
+			pct, line, ok := enginectl.DownloadProgress(tail)
+			if !ok || math.Floor(pct) == lastPct {
+				continue
+			}
+			lastPct = math.Floor(pct)
+			m.update(ws, func(w *fleet.Worker) {
+				if w.State == fleet.WorkerStarting {
+					w.Progress = lastPct
+				}
+			})
+			if tenth := math.Floor(pct / 10); tenth != lastTenth {
+				lastTenth = tenth
+				m.event("info", ws.name, "download: "+line)
+			}
+		}
+	}()
+	return func() {
+		cancel()
+		<-done
+		m.update(ws, func(w *fleet.Worker) { w.Progress = 0 })
+	}
+}
+
 // readyTimeout is how long an engine of model on engine may take from
 // launch to serving: its recipe's ready_timeout, else the manager's.
 func (m *Manager) readyTimeout(model fleet.Model, engine fleet.EngineKind) time.Duration {
@@ -524,7 +573,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 
 	wait := m.readyTimeout(spec.Model, spec.Engine)
 	rctx, cancel := context.WithTimeout(ctx, wait)
+	stopWatch := m.watchDownload(rctx, ws, t, proc)
 	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
+	stopWatch()
 	cancel()
 	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
 		err = fmt.Errorf("%w; the ready timeout is %s (a recipe's ready_timeout: sets it, for first starts that download weights)", err, wait)
@@ -688,6 +739,7 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 	model, _ := m.model(ws.placement.Model)
 	rctx, cancel := context.WithTimeout(ctx, m.readyTimeout(model, w.Engine))
 	defer cancel()
+	defer m.watchDownload(rctx, ws, t, proc)()
 	ws.proc = proc
 	if err := enginectl.WaitReady(rctx, t, w.Port, proc, w.Engine, eo...); err != nil {
 		if ctx.Err() != nil {
