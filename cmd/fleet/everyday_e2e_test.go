@@ -11,6 +11,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"fleet"
 )
 
 // TestEverydayCommands runs the demo hub and the fleet binary as an operator
@@ -60,31 +62,7 @@ func TestEverydayCommands(t *testing.T) {
 	}
 
 	// logs -f through the control socket, interrupted as Ctrl-C does.
-	follow := exec.Command(fleetBin, "--data", data, "logs", "-f", "-n", "1", "max/qwen3-4b")
-	stdout, err := follow.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := follow.Start(); err != nil {
-		t.Fatal(err)
-	}
-	line, err := bufio.NewReader(stdout).ReadString('\n')
-	if err != nil {
-		t.Fatalf("logs -f printed nothing: %v", err)
-	}
-	tails := func() []string { return procsWith("tail", filepath.Join(data, "nodes", "max")) }
-	if len(tails()) != 1 {
-		t.Fatalf("after logs -f printed %q: tails on the node %q, want one", line, tails())
-	}
-	follow.Process.Signal(syscall.SIGINT)
-	follow.Wait()
-	deadline := time.Now().Add(30 * time.Second)
-	for len(tails()) > 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("30s after logs -f was interrupted, tails still run on the node: %q", tails())
-		}
-		time.Sleep(200 * time.Millisecond)
-	}
+	followThenInterrupt(t, data, "max/qwen3-4b", filepath.Join(data, "nodes", "max", "max-qwen3-4b.log"))
 
 	// bash, with the script `fleet completion bash` prints, completes a
 	// worker name from the running hub.
@@ -104,6 +82,48 @@ func TestEverydayCommands(t *testing.T) {
 	got, err := bash.Output()
 	if err != nil || strings.TrimSpace(string(got)) != "max/qwen3-4b" {
 		t.Errorf("bash completion of `fleet logs max/`: %v, %q; want max/qwen3-4b", err, got)
+	}
+}
+
+// TestLogsFollowOnAnSSHNode: `fleet logs -f` of a worker on an SSH node
+// (a real sshd) tails the log on the node through the hub's SSH connection,
+// and interrupting the client ends that tail on the node.
+func TestLogsFollowOnAnSSHNode(t *testing.T) {
+	f := startSSHFleet(t, "remote")
+	waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	followThenInterrupt(t, f.data, "remote/qwen3-4b", "remote-qwen3-4b.log")
+}
+
+// followThenInterrupt runs `fleet logs -f WORKER`, checks that it prints and
+// that one tail of the log (named by logMark in its command line) runs on
+// the node, interrupts the client as Ctrl-C does, and waits for that tail
+// to be gone.
+func followThenInterrupt(t *testing.T, data, worker, logMark string) {
+	t.Helper()
+	follow := exec.Command(fleetBin, "--data", data, "logs", "-f", "-n", "1", worker)
+	stdout, err := follow.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := follow.Start(); err != nil {
+		t.Fatal(err)
+	}
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		t.Fatalf("logs -f printed nothing: %v", err)
+	}
+	tails := func() []string { return procsWith("tail", logMark) }
+	if len(tails()) != 1 {
+		t.Fatalf("after logs -f printed %q: tails of %s on the node %q, want one", line, logMark, tails())
+	}
+	follow.Process.Signal(syscall.SIGINT)
+	follow.Wait()
+	deadline := time.Now().Add(30 * time.Second)
+	for len(tails()) > 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("30s after logs -f was interrupted, tails still run on the node: %q", tails())
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }
 
