@@ -118,13 +118,15 @@ func followThenInterrupt(t *testing.T, data, worker, logMark string) {
 	}
 	follow.Process.Signal(syscall.SIGINT)
 	follow.Wait()
-	deadline := time.Now().Add(30 * time.Second)
+	interrupted := time.Now()
+	deadline := interrupted.Add(30 * time.Second)
 	for len(tails()) > 0 {
 		if time.Now().After(deadline) {
 			t.Fatalf("30s after logs -f was interrupted, tails still run on the node: %q", tails())
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(100 * time.Millisecond)
 	}
+	t.Logf("the tail on the node ended %v after the client was interrupted", time.Since(interrupted).Round(100*time.Millisecond))
 }
 
 // procsWith lists the command lines of processes named name whose command
