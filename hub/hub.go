@@ -113,7 +113,7 @@ type Hub struct {
 	// placements are the declared ones: a placed worker the manager has not
 	// reported yet is one the router waits for.
 	placements []fleet.Placement
-	// bench is each worker's latest bench sweep, kept here so snapshots
+	// bench is each worker's latest bench sweep of each split, kept here so snapshots
 	// (twice a second per console) never parse stored runs.
 	bench map[benchKey]benchSummary
 
