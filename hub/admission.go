@@ -109,7 +109,7 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	}
 	h.recordSpeed(w, speed, 0)
 	// Against the ready workers first: they passed their checks, and a
-	// worker already too slow for them need not have its shape probed. Not
+	// worker already too slow for them need not have its shape measured. Not
 	// on the reference worker: its shape is the reference however fast it is.
 	if ref, err := h.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
 		if err := h.speedVerdict(ctx, w, m, speed, false); err != nil {
@@ -279,7 +279,7 @@ func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error)
 	return node + "/" + model, nil
 }
 
-// checkShape probes w's response shape. On the model's reference worker
+// checkShape measures w's response shape. On the model's reference worker
 // it becomes the reference, unless an operator pinned one and this worker
 // still runs the command line the pin was made with; every other worker is
 // compared with it, once the reference worker has answered; unchecked

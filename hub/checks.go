@@ -23,7 +23,7 @@ import (
 	"fleet/store"
 )
 
-// Admission probes are short: enough tokens to show where a reasoning model
+// Admission shape requests are short: enough tokens to show where a reasoning model
 // puts its thinking and to time decoding, not a benchmark.
 const (
 	admissionShapeTokens = 48
@@ -55,7 +55,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 	switch {
 	case w.PID > 0 && w.Port > 0 && (w.State == fleet.WorkerReady || w.State == fleet.WorkerProbation || w.State == fleet.WorkerDraining || w.State == fleet.WorkerRejected):
 	case w.State == fleet.WorkerRejected:
-		return bench.Target{}, w, fmt.Errorf("worker %s is rejected and its engine is down (%s); nothing answers to probe: 'start %s' launches it again", w.Name(), w.Reason, w.Name())
+		return bench.Target{}, w, fmt.Errorf("worker %s is rejected and its engine is down (%s); nothing answers to measure: 'start %s' launches it again", w.Name(), w.Reason, w.Name())
 	default:
 		why := ""
 		if w.Reason != "" {
@@ -89,7 +89,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 	}, w, nil
 }
 
-// Shape probes two workers with the same prompts and diffs their response shapes.
+// Shape sends two workers the same shape requests and diffs their response shapes.
 func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
 	act, err := h.authorize(u, "shape", a+" "+b)
 	if err != nil {
@@ -435,7 +435,7 @@ func (h *Hub) singleRequestSpeed(ctx context.Context, worker string) (float64, e
 		if len(res.Levels) > 0 && len(res.Levels[0].Errors) > 0 {
 			msg = strings.Join(res.Levels[0].Errors, "; ")
 		}
-		return 0, fmt.Errorf("the speed probe on %s failed: %s", worker, msg)
+		return 0, fmt.Errorf("the speed measurement on %s failed: %s", worker, msg)
 	}
 	h.seedSpeed(worker, res)
 	return res.Levels[0].PerRequestTokPerS, nil

@@ -7,7 +7,7 @@ import (
 	"fleet"
 )
 
-// MaxChecksPerUser bounds the shape probes and bench sweeps one user runs
+// MaxChecksPerUser bounds the shape checks and bench sweeps one user runs
 // at once. Their requests go to workers around the router (counted as the
 // workers' load there, see router.HoldSlot); twelve at once by one viewer
 // filled a 4-slot worker.
