@@ -61,7 +61,7 @@ func TestWorkerTargetByEngineState(t *testing.T) {
 		{"rejected, engine up", fleet.Worker{State: fleet.WorkerRejected, PID: 42, Port: 18000, Reason: "shape: differs"}, ""},
 		{"on probation", fleet.Worker{State: fleet.WorkerProbation, PID: 42, Port: 18000}, ""},
 		{"rejected, engine stopped", fleet.Worker{State: fleet.WorkerRejected, Port: 18000, Reason: "shape: differs; its engine was stopped after 10m0s rejected"},
-			"worker max/qwen3-4b is rejected and its engine is down (shape: differs; its engine was stopped after 10m0s rejected); nothing answers to probe: 'start max/qwen3-4b' launches it again"},
+			"worker max/qwen3-4b is rejected and its engine is down (shape: differs; its engine was stopped after 10m0s rejected); nothing answers to measure: 'start max/qwen3-4b' launches it again"},
 		{"rejected before launch", fleet.Worker{State: fleet.WorkerRejected, Reason: "memory: qwen3-4b needs 90.0 GB"},
 			"is rejected and its engine is down (memory: qwen3-4b needs 90.0 GB)"},
 		{"failed", fleet.Worker{State: fleet.WorkerFailed, Port: 18000, Reason: "engine PID 7 exited"},
