@@ -10,12 +10,17 @@ import (
 	"net/http/httptest"
 	"net/http/httputil"
 	"net/url"
+	"os"
+	"os/exec"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"fleet/internal/testbin"
 )
 
 const smallBody = `{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"}],"max_tokens":8}`
@@ -27,7 +32,14 @@ func benchTargets(b *testing.B, backend http.HandlerFunc, slots int, reasoningMo
 	b.Helper()
 	be := httptest.NewServer(backend)
 	b.Cleanup(be.Close)
-	u, _ := url.Parse(be.URL)
+	return proxyTargets(b, be.URL, slots, reasoningMode)
+}
+
+// proxyTargets puts a bare httputil.ReverseProxy and the router in front of
+// the backend at base.
+func proxyTargets(b *testing.B, base string, slots int, reasoningMode string) (direct, proxy, routed string) {
+	b.Helper()
+	u, _ := url.Parse(base)
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.FlushInterval = -1
 	// As many idle connections as the router keeps, so that both reuse them.
@@ -40,10 +52,46 @@ func benchTargets(b *testing.B, backend http.HandlerFunc, slots int, reasoningMo
 	if err := r.SetModels(models); err != nil {
 		b.Fatal(err)
 	}
-	r.SetBackends([]Backend{{Name: "bench/qwen3-4b", Model: "qwen3-4b", Addr: be.Listener.Addr().String(), Context: 16384, Slots: slots}})
+	r.SetBackends([]Backend{{Name: "bench/qwen3-4b", Model: "qwen3-4b", Addr: u.Host, Context: 16384, Slots: slots}})
 	rs := httptest.NewServer(r.Handler())
 	b.Cleanup(rs.Close)
-	return be.URL, ps.URL, rs.URL
+	return base, ps.URL, rs.URL
+}
+
+// simEngine starts `fleet sim --profile instant` as its own process: an
+// engine that never waits and, as llama-server and vLLM do, writes and
+// flushes each SSE event on its own. It returns the engine's base URL.
+func simEngine(b *testing.B, slots int) string {
+	b.Helper()
+	dir := b.TempDir()
+	bin, err := testbin.Build(dir, "fleet", "fleet/cmd/fleet")
+	if err != nil {
+		b.Fatal(err)
+	}
+	cmd := exec.Command(bin, "sim", "--profile", "instant", "--load-time", "0", "--port", "0",
+		"--served-name", "qwen3-4b", "--slots", strconv.Itoa(slots))
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		_ = cmd.Wait()
+	})
+	// The sim logs one line with its address when it is ready.
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		if _, rest, ok := strings.Cut(sc.Text(), " addr="); ok {
+			addr, _, _ := strings.Cut(rest, " ")
+			go func() { _, _ = io.Copy(os.Stderr, stderr) }()
+			return "http://" + addr
+		}
+	}
+	b.Fatalf("fleet sim ended before it was ready: %v", sc.Err())
+	return ""
 }
 
 func benchClient(conns int) *http.Client {
@@ -131,10 +179,6 @@ func BenchmarkAllocs(b *testing.B) {
 // tokenStream is a backend that streams 128 tokens 5 ms apart.
 func tokenStream(w http.ResponseWriter, req *http.Request) { streamTokens(w, req, 5*time.Millisecond) }
 
-// instantStream streams 128 tokens as fast as it can, each flushed on its
-// own as an engine does: what the proxy costs shows as throughput.
-func instantStream(w http.ResponseWriter, req *http.Request) { streamTokens(w, req, 0) }
-
 func streamTokens(w http.ResponseWriter, req *http.Request, gap time.Duration) {
 	w.Header().Set("Content-Type", "text/event-stream")
 	f := w.(http.Flusher)
@@ -173,48 +217,66 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	return n, err
 }
 
+// streamBody asks for a stream of 128 tokens: the sim follows it,
+// tokenStream ignores it.
+const streamBody = `{"model":"qwen3-4b","stream":true,"max_tokens":128,"messages":[{"role":"user","content":"hi"}]}`
+
 // streams runs n concurrent streams to completion and returns the events
 // received per second.
 func streams(b *testing.B, c *http.Client, base string, n int) float64 {
-	rate, _ := streamsReads(b, c, base, n)
+	rate, _ := streamsReads(b, c, base, n, 128)
 	return rate
 }
 
-// streamsReads is streams that also returns the client's reads of the
-// body per stream: events sent together arrive in one read.
-func streamsReads(b *testing.B, c *http.Client, base string, n int) (float64, float64) {
+// streamsReads runs n concurrent streams, each of which must bring want
+// data events with choices, and returns the events received per second and
+// the client's reads of the body per stream: events sent together arrive
+// in one read.
+func streamsReads(b *testing.B, c *http.Client, base string, n, want int) (float64, float64) {
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	events, reads := 0, 0
 	start := time.Now()
 	for range n {
 		wg.Go(func() {
-			req, _ := http.NewRequestWithContext(context.Background(), "POST", base+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b","stream":true}`))
-			resp, err := c.Do(req)
+			k, r, err := stream1(c, base)
 			if err != nil {
-				b.Error(err)
+				b.Errorf("%s: %v", base, err)
 				return
-			}
-			defer resp.Body.Close()
-			cr := &countingReader{r: resp.Body}
-			sc := bufio.NewScanner(cr)
-			k := 0
-			for sc.Scan() {
-				if strings.HasPrefix(sc.Text(), "data: {\"choices\":[{") {
-					k++
-				}
 			}
 			mu.Lock()
 			events += k
-			reads += cr.reads
+			reads += r
 			mu.Unlock()
 		})
 	}
 	wg.Wait()
-	if events != n*128 {
-		b.Fatalf("got %d token events, want %d", events, n*128)
+	if events != n*want {
+		b.Fatalf("got %d events with choices, want %d", events, n*want)
 	}
 	return float64(events) / time.Since(start).Seconds(), float64(reads) / float64(n)
+}
+
+// stream1 reads one stream whole and returns its data events with choices
+// and the reads of the body that brought bytes.
+func stream1(c *http.Client, base string) (events, reads int, err error) {
+	req, _ := http.NewRequestWithContext(context.Background(), "POST", base+"/v1/chat/completions", strings.NewReader(streamBody))
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != 200 {
+		return 0, 0, fmt.Errorf("status %d", resp.StatusCode)
+	}
+	cr := &countingReader{r: resp.Body}
+	sc := bufio.NewScanner(cr)
+	for sc.Scan() {
+		if strings.HasPrefix(sc.Text(), "data: {\"choices\":[{") {
+			events++
+		}
+	}
+	return events, cr.reads, sc.Err()
 }
 
 // BenchmarkStreams64 compares token throughput of 64 concurrent streams of
@@ -244,38 +306,46 @@ func benchStreams64(b *testing.B, reasoningMode string) {
 }
 
 // BenchmarkStreams64Instant is the throughput case: 64 concurrent streams
-// of 128 tokens from a backend that never waits, direct, through a bare
-// httputil.ReverseProxy and through the router in one run, with the
-// client's reads per stream (fewer: events that arrived together left
-// together) and the process's CPU time per stream.
+// of 128 tokens from `fleet sim --profile instant` in its own process,
+// which never waits and writes and flushes each event on its own as
+// llama-server and vLLM do; direct, through a bare httputil.ReverseProxy
+// and through the router in one run, with the client's reads per stream
+// (fewer: events that arrived together left together) and the CPU time per
+// stream of this process (client and proxy; the engine is apart).
 func BenchmarkStreams64Instant(b *testing.B) {
 	const n = 64
-	direct, proxy, routed := benchTargets(b, instantStream, n, "")
+	direct, proxy, routed := proxyTargets(b, simEngine(b, n), n, "")
 	c := benchClient(n)
+	// The sim's text is fixed by its seed and the prompt: every stream
+	// brings as many events as the first.
+	want, _, err := stream1(c, direct)
+	if err != nil {
+		b.Fatal(err)
+	}
 	targets := []struct {
 		name, base  string
 		rate, reads float64
 		cpu         time.Duration
 	}{{name: "direct", base: direct}, {name: "proxy", base: proxy}, {name: "router", base: routed}}
 	for _, t := range targets {
-		streams(b, c, t.base, n)
+		streamsReads(b, c, t.base, n, want)
 	}
 	b.ResetTimer()
 	for b.Loop() {
 		for i := range targets {
 			t := &targets[i]
 			before := cpuTime(b)
-			rate, reads := streamsReads(b, c, t.base, n)
+			rate, reads := streamsReads(b, c, t.base, n, want)
 			t.rate, t.reads, t.cpu = t.rate+rate, t.reads+reads, t.cpu+cpuTime(b)-before
 		}
 	}
 	b.StopTimer()
 	for _, t := range targets {
-		b.ReportMetric(t.rate/float64(b.N), t.name+"-tok/s")
+		b.ReportMetric(t.rate/float64(b.N), t.name+"-events/s")
 		b.ReportMetric(t.reads/float64(b.N), t.name+"-reads/stream")
-		// CPU time of the whole process (client, proxy, backend) per
-		// stream: what a proxy costs is the difference to direct, which
-		// other load on the machine changes less than the rates.
+		// CPU time of this process (client and proxy) per stream: what a
+		// proxy costs is the difference to direct, which other load on
+		// the machine changes less than the rates.
 		b.ReportMetric(float64(t.cpu)/float64(time.Microsecond)/float64(b.N*n), t.name+"-cpu-µs/stream")
 	}
 	b.ReportMetric(targets[1].rate/targets[0].rate, "proxy/direct")
