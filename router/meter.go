@@ -151,30 +151,34 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 }
 
 // meterKeys reports which of the keys the meter reads a data payload
-// holds, in one pass: most events are a token and hold none, and a search
-// per key was a pass per key over every event.
+// holds (apiUsage: Anthropic's and the Responses API's usage, endpoints.go).
+// Most events are a token and hold none, so each key is looked for by a
+// tail that starts with a byte rare in JSON events ('_', 'g', '['):
+// bytes.Index then hops between the few places that byte sits with a
+// vectorised IndexByte, where a loop over every byte (or a search for the
+// key's quote, every few bytes) costs a step per byte of every event.
 func meterKeys(p []byte) (usage, timings, noChoices, apiUsage bool) {
-	// A plain loop: quotes are every few bytes in JSON, too close for a
-	// call to IndexByte per quote to pay.
-	for i := 0; i+1 < len(p); i++ {
-		if p[i] != '"' {
-			continue
+	return hasKey(p, completionField, len(`"completion`)),
+		hasKey(p, timingsField, len(`"timin`)),
+		hasKey(p, emptyChoices, len(`"choices":`)),
+		hasKey(p, outputTokensField, len(`"output`))
+}
+
+// hasKey reports whether p holds key, looking for key[cut:] and checking
+// the start of key before each place it is found.
+func hasKey(p, key []byte, cut int) bool {
+	tail := key[cut:]
+	for off := 0; ; {
+		i := bytes.Index(p[off:], tail)
+		if i < 0 {
+			return false
 		}
-		switch p[i+1] {
-		case 'c':
-			if bytes.HasPrefix(p[i:], completionField) {
-				usage = true
-			} else if bytes.HasPrefix(p[i:], emptyChoices) {
-				noChoices = true
-			}
-		case 't':
-			timings = timings || bytes.HasPrefix(p[i:], timingsField)
-		case 'o':
-			// Anthropic's and the Responses API's usage (endpoints.go).
-			apiUsage = apiUsage || bytes.HasPrefix(p[i:], outputTokensField)
+		i += off
+		if i >= cut && bytes.Equal(p[i-cut:i], key[:cut]) {
+			return true
 		}
+		off = i + 1
 	}
-	return usage, timings, noChoices, apiUsage
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.

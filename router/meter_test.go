@@ -77,6 +77,9 @@ func TestMeterKeys(t *testing.T) {
 		{name: "a lone quote", payload: `"`},
 		{name: "Anthropic's message_delta", payload: `{"type":"message_delta","delta":{"stop_reason":"end_turn"},"usage":{"output_tokens":9}}`, apiUsage: true},
 		{name: "Anthropic's text delta", payload: `{"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"\"output_tokens\":1"}}`},
+		{name: "prompt tokens alone", payload: `{"usage":{"prompt_tokens":3}}`},
+		{name: "a tail before the key", payload: `{"choices":[{"delta":{"content":"[]"}}],"x":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, usage: true},
+		{name: "a key at the very start", payload: `"completion_tokens":1`, usage: true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u, tm, nc, au := meterKeys([]byte(tc.payload))
