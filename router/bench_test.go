@@ -2,6 +2,7 @@ package router
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"fmt"
 
@@ -44,7 +45,20 @@ func proxyTargets(b *testing.B, base string, slots int, reasoningMode string) (d
 	rp.FlushInterval = -1
 	// As many idle connections as the router keeps, so that both reuse them.
 	rp.Transport = &http.Transport{MaxIdleConnsPerHost: 64, DisableCompression: true}
-	ps := httptest.NewServer(rp)
+	// The request is read whole first, as the router and llama-swap read
+	// it to route: an inbound body still being copied when the engine's
+	// headers are written back is closed under the transport, which cuts
+	// the upstream connection (golang/go#40747; the instant sim answers
+	// that fast).
+	ps := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, err := io.ReadAll(req.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		req.Body = io.NopCloser(bytes.NewReader(body))
+		rp.ServeHTTP(w, req)
+	}))
 	b.Cleanup(ps.Close)
 	r := mustNew(b, Options{})
 	models := testModels()
