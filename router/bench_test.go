@@ -340,6 +340,7 @@ func BenchmarkStreams64Instant(b *testing.B) {
 		name, base  string
 		rate, reads float64
 		cpu         time.Duration
+		sys         syscalls
 	}{{name: "direct", base: direct}, {name: "proxy", base: proxy}, {name: "router", base: routed}}
 	for _, t := range targets {
 		streamsReads(b, c, t.base, n, want)
@@ -348,19 +349,28 @@ func BenchmarkStreams64Instant(b *testing.B) {
 	for b.Loop() {
 		for i := range targets {
 			t := &targets[i]
-			before := cpuTime(b)
+			before, sysBefore := cpuTime(b), syscallsNow()
 			rate, reads := streamsReads(b, c, t.base, n, want)
 			t.rate, t.reads, t.cpu = t.rate+rate, t.reads+reads, t.cpu+cpuTime(b)-before
+			t.sys = t.sys.add(syscallsNow().sub(sysBefore))
 		}
 	}
 	b.StopTimer()
 	for _, t := range targets {
+		per := float64(b.N * n)
 		b.ReportMetric(t.rate/float64(b.N), t.name+"-events/s")
 		b.ReportMetric(t.reads/float64(b.N), t.name+"-reads/stream")
 		// CPU time of this process (client and proxy) per stream: what a
 		// proxy costs is the difference to direct, which other load on
 		// the machine changes less than the rates.
-		b.ReportMetric(float64(t.cpu)/float64(time.Microsecond)/float64(b.N*n), t.name+"-cpu-µs/stream")
+		b.ReportMetric(float64(t.cpu)/float64(time.Microsecond)/per, t.name+"-cpu-µs/stream")
+		// The read and write system calls of this process per stream,
+		// which load does not change much: a proxy's are what it adds to
+		// direct's (the client's).
+		if t.sys.ok {
+			b.ReportMetric(float64(t.sys.r)/per, t.name+"-syscr/stream")
+			b.ReportMetric(float64(t.sys.w)/per, t.name+"-syscw/stream")
+		}
 	}
 	b.ReportMetric(targets[1].rate/targets[0].rate, "proxy/direct")
 	b.ReportMetric(targets[2].rate/targets[0].rate, "router/direct")
@@ -413,6 +423,40 @@ func cpuTime(b *testing.B) time.Duration {
 		b.Fatal(err)
 	}
 	return time.Duration(u.Utime.Nano() + u.Stime.Nano())
+}
+
+// syscalls counts the read and write system calls of this process, from
+// /proc/self/io (ok false where there is none).
+type syscalls struct {
+	r, w int64
+	ok   bool
+}
+
+func syscallsNow() syscalls {
+	raw, err := os.ReadFile("/proc/self/io")
+	if err != nil {
+		return syscalls{}
+	}
+	s := syscalls{ok: true}
+	for line := range strings.SplitSeq(string(raw), "\n") {
+		k, v, _ := strings.Cut(line, ": ")
+		n, _ := strconv.ParseInt(v, 10, 64)
+		switch k {
+		case "syscr":
+			s.r = n
+		case "syscw":
+			s.w = n
+		}
+	}
+	return s
+}
+
+func (s syscalls) sub(o syscalls) syscalls {
+	return syscalls{r: s.r - o.r, w: s.w - o.w, ok: s.ok && o.ok}
+}
+
+func (s syscalls) add(o syscalls) syscalls {
+	return syscalls{r: s.r + o.r, w: s.w + o.w, ok: o.ok}
 }
 
 // oneStream runs one stream of tokenStream and returns the client's time
