@@ -382,11 +382,12 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		h.Set("X-Accel-Buffering", "no")
 	}
 	w.WriteHeader(resp.StatusCode)
+	// The headers leave with the first bytes of the body, in the first
+	// read's flush, not in a write of their own: the hedge has waited for
+	// the worker's first byte already, so that read does not wait.
 	flusher, _ := w.(http.Flusher)
 	if !sse {
 		flusher = nil
-	} else if flusher != nil {
-		flusher.Flush()
 	}
 
 	// Each read of the chain is one read of the upstream: what it brought
