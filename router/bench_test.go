@@ -74,8 +74,9 @@ func proxyTargets(b *testing.B, base string, slots int, reasoningMode string) (d
 
 // simEngine starts `fleet sim --profile instant` as its own process: an
 // engine that never waits and, as llama-server and vLLM do, writes and
-// flushes each SSE event on its own. It returns the engine's base URL.
-func simEngine(b *testing.B, slots int) string {
+// flushes each SSE event on its own. It returns the engine's base URL and
+// its process.
+func simEngine(b *testing.B, slots int) (string, *os.Process) {
 	b.Helper()
 	dir := b.TempDir()
 	bin, err := testbin.Build(dir, "fleet", "fleet/cmd/fleet")
@@ -101,11 +102,31 @@ func simEngine(b *testing.B, slots int) string {
 		if _, rest, ok := strings.Cut(sc.Text(), " addr="); ok {
 			addr, _, _ := strings.Cut(rest, " ")
 			go func() { _, _ = io.Copy(os.Stderr, stderr) }()
-			return "http://" + addr
+			return "http://" + addr, cmd.Process
 		}
 	}
 	b.Fatalf("fleet sim ended before it was ready: %v", sc.Err())
-	return ""
+	return "", nil
+}
+
+// processCPU is the user and system CPU time process p has used, from
+// /proc (in the kernel's ticks, 10 ms here: sum it over many streams), or
+// -1 where there is none.
+func processCPU(p *os.Process) time.Duration {
+	raw, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.Pid))
+	if err != nil {
+		return -1
+	}
+	// The fields after the command name, which is in parentheses.
+	_, rest, _ := bytes.Cut(raw, []byte(") "))
+	f := strings.Fields(string(rest))
+	if len(f) < 13 {
+		return -1
+	}
+	utime, _ := strconv.ParseInt(f[11], 10, 64)
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	const tick = 10 * time.Millisecond // USER_HZ, 100 on Linux
+	return time.Duration(utime+stime) * tick
 }
 
 func benchClient(conns int) *http.Client {
@@ -328,7 +349,8 @@ func benchStreams64(b *testing.B, reasoningMode string) {
 // stream of this process (client and proxy; the engine is apart).
 func BenchmarkStreams64Instant(b *testing.B) {
 	const n = 64
-	direct, proxy, routed := proxyTargets(b, simEngine(b, n), n, "")
+	engine, sim := simEngine(b, n)
+	direct, proxy, routed := proxyTargets(b, engine, n, "")
 	c := benchClient(n)
 	// The sim's text is fixed by its seed and the prompt: every stream
 	// brings as many events as the first.
@@ -339,7 +361,7 @@ func BenchmarkStreams64Instant(b *testing.B) {
 	targets := []struct {
 		name, base  string
 		rate, reads float64
-		cpu         time.Duration
+		cpu, engine time.Duration
 		sys         syscalls
 	}{{name: "direct", base: direct}, {name: "proxy", base: proxy}, {name: "router", base: routed}}
 	for _, t := range targets {
@@ -349,10 +371,11 @@ func BenchmarkStreams64Instant(b *testing.B) {
 	for b.Loop() {
 		for i := range targets {
 			t := &targets[i]
-			before, sysBefore := cpuTime(b), syscallsNow()
+			before, sysBefore, engineBefore := cpuTime(b), syscallsNow(), processCPU(sim)
 			rate, reads := streamsReads(b, c, t.base, n, want)
 			t.rate, t.reads, t.cpu = t.rate+rate, t.reads+reads, t.cpu+cpuTime(b)-before
 			t.sys = t.sys.add(syscallsNow().sub(sysBefore))
+			t.engine += processCPU(sim) - engineBefore
 		}
 	}
 	b.StopTimer()
@@ -364,6 +387,11 @@ func BenchmarkStreams64Instant(b *testing.B) {
 		// proxy costs is the difference to direct, which other load on
 		// the machine changes less than the rates.
 		b.ReportMetric(float64(t.cpu)/float64(time.Microsecond)/per, t.name+"-cpu-µs/stream")
+		// The engine's, which is the same work whoever asks: with the
+		// client's and the proxy's, what the 2 cores are shared by.
+		if processCPU(sim) >= 0 {
+			b.ReportMetric(float64(t.engine)/float64(time.Microsecond)/per, t.name+"-engine-cpu-µs/stream")
+		}
 		// The read and write system calls of this process per stream,
 		// which load does not change much: a proxy's are what it adds to
 		// direct's (the client's).
