@@ -162,7 +162,7 @@ func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
 			continue
 		}
 		w := r.workerLocked(b.cfg.Name)
-		if w.drained || r.suspectLocked(b.cfg.Name, now) || now.Before(w.coolingUntil) {
+		if w.drained || r.suspectLocked(b.cfg.Name, now) || w.cooling() {
 			continue
 		}
 		return true

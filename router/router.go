@@ -171,7 +171,8 @@ type BackendStats struct {
 	EngineRunning int
 	EngineWaiting int
 	Draining      bool
-	// Cooling is true while the backend rests after failures.
+	// Cooling is true while the backend rests after failures: from the
+	// failure that cooled it until a health check passes.
 	Cooling bool
 	// TokPerSec is the per-request decode speed a new request would get at
 	// the backend's current load; ITLms likewise.
@@ -217,6 +218,11 @@ type backendObservers struct {
 	inFlight       prometheus.Gauge
 	tokens         tokenCounters
 }
+
+// cooling reports whether the backend rests after failures. It does until a
+// health check passes (health.go), not only until coolingUntil, which is
+// when the next check is due: selection, the hedge and Stats must agree.
+func (w *worker) cooling() bool { return !w.coolingUntil.IsZero() }
 
 // worker is what the router remembers about a name across SetBackends
 // calls: load, drain flag, failures and measured speed.
@@ -558,7 +564,7 @@ func (r *Router) Stats() []BackendStats {
 			InFlight:        w.inFlight,
 			Slots:           w.slots(b.cfg.Slots, now),
 			Draining:        w.drained,
-			Cooling:         now.Before(w.coolingUntil),
+			Cooling:         w.cooling(),
 			TTFTms:          median(w.ttftHistory.values()),
 			PredictedTTFTms: ms(ttft),
 			ITLms:           ms(itl),

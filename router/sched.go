@@ -84,8 +84,7 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		if slices.Contains(excluded, b.cfg.Name) {
 			continue
 		}
-		if !w.coolingUntil.IsZero() {
-			// Until its health checker brings it back (health.go).
+		if w.cooling() {
 			continue
 		}
 		c := Candidate{Name: b.cfg.Name, InFlight: w.load(now), Slots: w.slots(b.cfg.Slots, now), Speed: w.speed}
