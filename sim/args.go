@@ -65,6 +65,10 @@ type Options struct {
 	// SlotPromptSimilarity is --slot-prompt-similarity (0 turns the choice
 	// by similarity off); nil is the default, 0.10.
 	SlotPromptSimilarity *float64
+	// NoCacheIdleSlots is --no-cache-idle-slots: idle slots are not saved
+	// to the host cache (nor, with a unified KV cache, cleared) when
+	// another slot starts a task.
+	NoCacheIdleSlots bool
 
 	// vLLM behaviour.
 	ReasoningParser   string
@@ -201,6 +205,10 @@ func finishDerived(o *Options, explicitSlots int) {
 	}
 	if explicitSlots > 0 {
 		o.Slots = explicitSlots
+	} else if o.Mimic == fleet.EngineLlamaCpp {
+		// llama-server's -np defaults to auto: 4 slots (here the
+		// profile's) with a unified KV cache, whatever -no-kvu said.
+		o.KVUnified = true
 	}
 	o.Ctx = o.TotalCtx
 	if o.Mimic == fleet.EngineLlamaCpp && explicitSlots > 0 && !o.KVUnified {
@@ -374,6 +382,10 @@ func parseLlamaArgs(args []string, o *Options) (explicitSlots int, err error) {
 				return 0, fmt.Errorf("engine flag %s: %q is not a fraction between 0 and 1", name, v)
 			}
 			o.SlotPromptSimilarity = &f
+		case "--cache-idle-slots":
+			o.NoCacheIdleSlots = false
+		case "--no-cache-idle-slots":
+			o.NoCacheIdleSlots = true
 		case "--metrics":
 			o.MetricsEnabled = true
 		case "--slots":

@@ -108,13 +108,21 @@ func (u *cacheUse) end(text string) {
 // above --slot-prompt-similarity (0.10 by default), else the least recently
 // used idle slot; in the second case, or when the chosen slot would lose
 // more than half its tokens, the slot's tokens go to the host cache and the
-// cached prompt that keeps the most of the new one comes back in its place.
+// cached prompt that keeps the most of the new one comes back in its place
+// (get_available_slot). Then, with --cache-idle-slots (on by default when
+// the host cache is), every other idle slot's tokens are copied to the host
+// cache too, and with a unified KV cache (fleet's --kv-unified, or -np auto)
+// the idle slots are cleared (launch_slot_with_task's caller): a
+// conversation survives another one taking its slot, and the next request
+// mostly finds its own prompt in the host cache rather than in a slot.
 type llamaCache struct {
 	mu         sync.Mutex
 	slots      []llamaSlot
 	host       *list.List // of []uint64, oldest at the front
 	limitBytes uint64     // 0: no limit
 	enabled    bool
+	cacheIdle  bool // --cache-idle-slots
+	unified    bool // --kv-unified: saved idle slots are cleared
 	tokenBytes uint64
 	similarity float64
 	clock      uint64
@@ -123,6 +131,7 @@ type llamaCache struct {
 type llamaSlot struct {
 	tokens   []uint64
 	lastUsed uint64
+	busy     bool
 	// What the slot's last request reported, for /slots.
 	hadTask             bool
 	nPrompt, nProcessed int
@@ -251,6 +260,17 @@ func (c *llamaCache) start(slot int, prompt []uint64) int {
 	// The slot's cache now holds the reused prefix; the rest is computed.
 	s.tokens = prompt[:cached:cached]
 	s.hadTask, s.nPrompt, s.nCached, s.nProcessed = true, len(prompt), cached, 0
+	s.busy = true
+	if c.cacheIdle && c.enabled {
+		for i := range c.slots {
+			if o := &c.slots[i]; !o.busy {
+				c.save(o.tokens)
+				if c.unified {
+					o.tokens = nil
+				}
+			}
+		}
+	}
 	return cached
 }
 
@@ -273,7 +293,7 @@ func (c *llamaCache) finish(slot int, all []uint64) {
 	if all != nil {
 		s.tokens = all
 	}
-	s.lastUsed = c.clock
+	s.lastUsed, s.busy = c.clock, false
 	// The real server resets a slot's prompt statistics when it is
 	// released: /slots shows them only while the request runs.
 	s.nProcessed, s.nCached = 0, 0

@@ -116,6 +116,8 @@ func NewServer(opts Options) (*Server, error) {
 			sim = *opts.SlotPromptSimilarity
 		}
 		s.llamaCache = newLlamaCache(opts.Slots, ram, opts.Profile.KVBytesPerToken, sim)
+		s.llamaCache.cacheIdle = ram != 0 && !opts.NoCacheIdleSlots
+		s.llamaCache.unified = opts.KVUnified
 	} else {
 		kv := max(opts.Profile.KVCacheTokens, opts.Ctx)
 		s.blocks = newBlockCache(kv, !opts.NoPrefixCaching)

@@ -124,6 +124,34 @@ func TestLlamaCacheModel(t *testing.T) {
 	}
 }
 
+// TestLlamaCacheSavesIdleSlots replays the sequence the sim checks against
+// the real llama-server (sim.TestHostCacheMatchesRealLlamaServer, "two
+// slots unified, shared system between"): A, then B of the same kind taking
+// A's slot by similarity, A again, an unrelated C, then B again. The real
+// server copies idle slots to its host cache and clears them when a task
+// starts (--cache-idle-slots with --kv-unified), so B comes back whole.
+func TestLlamaCacheSavesIdleSlots(t *testing.T) {
+	c := &caches{system: []int{4000, 4000}}
+	l := newLlamaCache(c, 2, 20000)
+	a, b, other := seq{0, 1, 5000}, seq{0, 2, 10000}, seq{1, 3, 4500}
+	turn := func(p seq) int {
+		slot := l.choose(p)
+		got := l.start(slot, p)
+		l.prefilled(slot, p)
+		l.finish(slot, seq{p.kind, p.session, p.n + 70})
+		return got
+	}
+	want := []struct {
+		p      seq
+		cached int
+	}{{a, 0}, {b, 4000}, {a, 4000}, {other, 0}, {b, 9999}}
+	for i, w := range want {
+		if got := turn(w.p); got != w.cached {
+			t.Errorf("request %d (session %d, %d tokens) reused %d tokens, want %d", i+1, w.p.session, w.p.n, got, w.cached)
+		}
+	}
+}
+
 func TestVLLMBlockCacheModel(t *testing.T) {
 	c := &caches{system: []int{4000}}
 	b := newBlockCache(c, 16*400) // 6,400 tokens

@@ -51,7 +51,10 @@ func evaluateOne(cached, prompt int) int {
 // oldest evicted first; a request takes the idle slot most similar to it
 // (above --slot-prompt-similarity 0.10), else the least recently used one,
 // whose tokens then go to the host cache while the best cached prompt comes
-// back in its place.
+// back in its place; then every other idle slot's tokens are copied to the
+// host cache and the slot cleared (--cache-idle-slots, on with the host
+// cache, and fleet's --kv-unified), so a conversation survives another
+// taking its slot.
 type llamaCache struct {
 	c          *caches
 	slots      []llamaSlot
@@ -170,6 +173,14 @@ func (l *llamaCache) start(slot int, prompt seq) int {
 		cached = evaluateOne(l.c.common(s.tokens, prompt), prompt.n)
 	}
 	s.tokens, s.has = seq{prompt.kind, prompt.session, cached}, true
+	if l.limit > 0 {
+		for i := range l.slots {
+			if o := &l.slots[i]; !o.busy && o.has {
+				l.save(o.tokens)
+				o.tokens, o.has = seq{}, false
+			}
+		}
+	}
 	return cached
 }
 
