@@ -52,6 +52,24 @@ func TestParseArgs(t *testing.T) {
 			},
 		},
 		{
+			name: "llama -np auto is a unified KV cache whatever -no-kvu says; --no-cache-idle-slots",
+			args: strings.Fields("--profile m4max-llamacpp -- -m w.gguf -no-kvu --no-cache-idle-slots"),
+			check: func(t *testing.T, o Options) {
+				if !o.KVUnified || !o.NoCacheIdleSlots {
+					t.Errorf("kv unified %v, no cache idle slots %v; want both", o.KVUnified, o.NoCacheIdleSlots)
+				}
+			},
+		},
+		{
+			name: "llama explicit -np keeps a split KV cache; idle slots cached by default",
+			args: strings.Fields("--profile m4max-llamacpp -- -m w.gguf -np 2 --no-cache-idle-slots --cache-idle-slots"),
+			check: func(t *testing.T, o Options) {
+				if o.KVUnified || o.NoCacheIdleSlots {
+					t.Errorf("kv unified %v, no cache idle slots %v; want neither", o.KVUnified, o.NoCacheIdleSlots)
+				}
+			},
+		},
+		{
 			name: "llama --no-jinja, deepseek-legacy, chat template kwargs, inline values",
 			args: []string{"--profile", "instant", "--", "--no-jinja", "--reasoning-format=deepseek-legacy", "--alias=a,b",
 				"--chat-template-kwargs", `{"enable_thinking":false}`, "--unknown-flag", "value", "-c", "4096"},

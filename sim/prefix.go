@@ -4,6 +4,8 @@ import (
 	"container/list"
 	"hash/fnv"
 	"sync"
+
+	"fleet/internal/promptcache"
 )
 
 // bytesPerToken is the sim's tokenizer: every 4 bytes of the rendered prompt
@@ -43,15 +45,6 @@ func commonPrefix(a, b []uint64) int {
 		}
 	}
 	return n
-}
-
-// evaluateOne applies the rule both engines share: at least the last prompt
-// token is computed, to get the logits of the first generated one.
-func evaluateOne(cached, prompt int) int {
-	if cached >= prompt {
-		return max(prompt-1, 0)
-	}
-	return cached
 }
 
 // cacheUse is one request's use of its engine's prompt cache: llama-server's
@@ -100,53 +93,39 @@ func (u *cacheUse) end(text string) {
 	}
 }
 
-// llamaCache is llama-server's prompt reuse (tools/server, commit de3ff81):
-// every slot keeps the tokens of its last request (prompt and answer) in
-// its KV cache, and a host-RAM prompt cache (--cache-ram MiB, 8192 by
-// default, -1 unlimited, 0 off) keeps more, oldest evicted first. A request
-// takes the idle slot whose tokens share the largest fraction of its prompt
-// above --slot-prompt-similarity (0.10 by default), else the least recently
-// used idle slot; in the second case, or when the chosen slot would lose
-// more than half its tokens, the slot's tokens go to the host cache and the
-// cached prompt that keeps the most of the new one comes back in its place
-// (get_available_slot). Then, with --cache-idle-slots (on by default when
-// the host cache is), every other idle slot's tokens are copied to the host
-// cache too, and with a unified KV cache (fleet's --kv-unified, or -np auto)
-// the idle slots are cleared (launch_slot_with_task's caller): a
-// conversation survives another one taking its slot, and the next request
-// mostly finds its own prompt in the host cache rather than in a slot.
+// llamaCache is llama-server's prompt reuse, the model fleet/internal/promptcache
+// keeps for the sim and the virtual-time simulator alike, with what /slots
+// shows of each slot. The host cache's bound is --cache-ram over the
+// profile's KV bytes per token.
 type llamaCache struct {
-	mu         sync.Mutex
-	slots      []llamaSlot
-	host       *list.List // of []uint64, oldest at the front
-	limitBytes uint64     // 0: no limit
-	enabled    bool
-	cacheIdle  bool // --cache-idle-slots
-	unified    bool // --kv-unified: saved idle slots are cleared
-	tokenBytes uint64
-	similarity float64
-	clock      uint64
+	mu    sync.Mutex
+	pc    *promptcache.Llama[[]uint64]
+	slots []llamaSlot
 }
 
+// llamaSlot is what the slot's last request reported, for /slots.
 type llamaSlot struct {
-	tokens   []uint64
-	lastUsed uint64
-	busy     bool
-	// What the slot's last request reported, for /slots.
 	hadTask             bool
 	nPrompt, nProcessed int
 	nCached             int
 }
 
-func newLlamaCache(slots, cacheRAMMiB int, tokenBytes uint64, similarity float64) *llamaCache {
-	c := &llamaCache{
-		slots: make([]llamaSlot, slots), host: list.New(), tokenBytes: max(tokenBytes, 1),
-		similarity: similarity, enabled: cacheRAMMiB != 0,
-	}
+var tokenOps = promptcache.Ops[[]uint64]{
+	Len:    func(t []uint64) int { return len(t) },
+	Common: commonPrefix,
+	Prefix: func(t []uint64, n int) []uint64 { return t[:n:n] },
+}
+
+// newLlamaCache is a server's cache: slots, --cache-ram in MiB (-1 no
+// limit, 0 off), the KV size of a token, --slot-prompt-similarity,
+// --cache-idle-slots and --kv-unified.
+func newLlamaCache(slots, cacheRAMMiB int, tokenBytes uint64, similarity float64, cacheIdle, unified bool) *llamaCache {
+	cfg := promptcache.Config{Slots: slots, Enabled: cacheRAMMiB != 0, Similarity: similarity,
+		CacheIdle: cacheIdle, Unified: unified}
 	if cacheRAMMiB > 0 {
-		c.limitBytes = uint64(cacheRAMMiB) * mib
+		cfg.LimitTokens = int(uint64(cacheRAMMiB) * mib / max(tokenBytes, 1))
 	}
-	return c
+	return &llamaCache{pc: promptcache.NewLlama(tokenOps, cfg), slots: make([]llamaSlot, slots)}
 }
 
 // choose picks among idle slots the way llama-server's get_available_slot
@@ -154,92 +133,7 @@ func newLlamaCache(slots, cacheRAMMiB int, tokenBytes uint64, similarity float64
 func (c *llamaCache) choose(idle []int, prompt []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	best, bestSim := -1, 0.0
-	if c.similarity != 0 {
-		for _, i := range idle {
-			if len(c.slots[i].tokens) == 0 {
-				continue
-			}
-			sim := float64(commonPrefix(c.slots[i].tokens, prompt)) / float64(len(prompt))
-			if sim > bestSim && sim > c.similarity {
-				best, bestSim = i, sim
-			}
-		}
-	}
-	if best >= 0 {
-		return best
-	}
-	for _, i := range idle {
-		if best < 0 || c.slots[i].lastUsed < c.slots[best].lastUsed {
-			best = i
-		}
-	}
-	return best
-}
-
-func (c *llamaCache) bytes(tokens []uint64) uint64 { return uint64(len(tokens)) * c.tokenBytes }
-
-func (c *llamaCache) hostBytes() uint64 {
-	var n uint64
-	for e := c.host.Front(); e != nil; e = e.Next() {
-		n += c.bytes(e.Value.([]uint64))
-	}
-	return n
-}
-
-// save stores a slot's tokens in the host cache (server_prompt_cache::alloc).
-func (c *llamaCache) save(tokens []uint64) {
-	if len(tokens) == 0 {
-		return
-	}
-	for e := c.host.Front(); e != nil; e = e.Next() {
-		if commonPrefix(e.Value.([]uint64), tokens) == len(tokens) {
-			return // already held whole
-		}
-	}
-	size := c.bytes(tokens)
-	if c.limitBytes > 0 && size > c.limitBytes {
-		return
-	}
-	for e := c.host.Front(); e != nil; {
-		next := e.Next()
-		if t := e.Value.([]uint64); commonPrefix(t, tokens) == len(t) {
-			c.host.Remove(e) // contained in the new entry
-		}
-		e = next
-	}
-	for c.limitBytes > 0 && c.host.Len() > 0 && c.hostBytes()+size > c.limitBytes {
-		c.host.Remove(c.host.Front())
-	}
-	c.host.PushBack(tokens)
-}
-
-// load replaces the slot's tokens by the cached prompt that keeps more of
-// both (server_prompt_cache::load), taking it out of the cache.
-func (c *llamaCache) load(slot int, prompt []uint64) {
-	cur := c.slots[slot].tokens
-	lcp := commonPrefix(cur, prompt)
-	keepBest := -1.0
-	if len(cur) > 0 {
-		keepBest = float64(lcp) / float64(len(cur))
-	}
-	simBest := float64(lcp) / float64(len(prompt))
-	var found *list.Element
-	for e := c.host.Front(); e != nil; e = e.Next() {
-		t := e.Value.([]uint64)
-		l := commonPrefix(t, prompt)
-		keep, sim := float64(l)/float64(len(t)), float64(l)/float64(len(prompt))
-		if keep < 0.25 {
-			continue // do not trash a large prompt for a small overlap
-		}
-		if keepBest < keep && simBest < sim {
-			keepBest, simBest, found = keep, sim, e
-		}
-	}
-	if found != nil {
-		c.slots[slot].tokens = found.Value.([]uint64)
-		c.host.Remove(found)
-	}
+	return c.pc.Choose(idle, prompt)
 }
 
 // start is a request taking slot: it runs the prompt cache update when
@@ -247,30 +141,9 @@ func (c *llamaCache) load(slot int, prompt []uint64) {
 func (c *llamaCache) start(slot int, prompt []uint64) int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	cached := c.pc.Start(slot, prompt)
 	s := &c.slots[slot]
-	lcp := commonPrefix(s.tokens, prompt)
-	bySimilarity := c.similarity != 0 && len(s.tokens) > 0 &&
-		float64(lcp)/float64(len(prompt)) > c.similarity
-	update := !bySimilarity || float64(lcp)/float64(len(s.tokens)) < 0.5
-	if update && c.enabled {
-		c.save(s.tokens)
-		c.load(slot, prompt)
-	}
-	cached := evaluateOne(commonPrefix(s.tokens, prompt), len(prompt))
-	// The slot's cache now holds the reused prefix; the rest is computed.
-	s.tokens = prompt[:cached:cached]
 	s.hadTask, s.nPrompt, s.nCached, s.nProcessed = true, len(prompt), cached, 0
-	s.busy = true
-	if c.cacheIdle && c.enabled {
-		for i := range c.slots {
-			if o := &c.slots[i]; !o.busy {
-				c.save(o.tokens)
-				if c.unified {
-					o.tokens = nil
-				}
-			}
-		}
-	}
 	return cached
 }
 
@@ -280,7 +153,7 @@ func (c *llamaCache) prefilled(slot int, prompt []uint64) {
 	defer c.mu.Unlock()
 	s := &c.slots[slot]
 	s.nProcessed = len(prompt) - s.nCached
-	s.tokens = prompt
+	c.pc.Prefilled(slot, prompt)
 }
 
 // finish leaves the slot holding its prompt and answer (all); nil keeps
@@ -288,15 +161,10 @@ func (c *llamaCache) prefilled(slot int, prompt []uint64) {
 func (c *llamaCache) finish(slot int, all []uint64) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.clock++
-	s := &c.slots[slot]
-	if all != nil {
-		s.tokens = all
-	}
-	s.lastUsed, s.busy = c.clock, false
+	c.pc.Finish(slot, all, all == nil)
 	// The real server resets a slot's prompt statistics when it is
 	// released: /slots shows them only while the request runs.
-	s.nProcessed, s.nCached = 0, 0
+	c.slots[slot].nProcessed, c.slots[slot].nCached = 0, 0
 }
 
 // slotView is what /slots shows of a slot's cache.
@@ -309,7 +177,7 @@ func (c *llamaCache) view(slot int) slotView {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	s := c.slots[slot]
-	return slotView{hadTask: s.hadTask, nTokens: len(s.tokens), nProcessed: s.nProcessed, nCache: s.nCached}
+	return slotView{hadTask: s.hadTask, nTokens: c.pc.Held(slot), nProcessed: s.nProcessed, nCache: s.nCached}
 }
 
 // vllmBlockSize is vLLM's default KV block size (--block-size 16).

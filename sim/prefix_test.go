@@ -160,30 +160,36 @@ func TestLlamaHostCacheKeepsEvictedPrompts(t *testing.T) {
 func TestLlamaHostCacheIsBounded(t *testing.T) {
 	// 100 bytes a token, 1 MiB: 10,485 tokens. Prompts of 4,000 tokens: two
 	// fit, a third evicts the oldest.
-	c := newLlamaCache(1, 1, 100, 0.10)
+	c := newLlamaCache(1, 1, 100, 0.10, true, true)
 	prompt := func(tag string) []uint64 { return tokenize(strings.Repeat(tag, 4000)) }
 	a, b, d := prompt("aaaa"), prompt("bbbb"), prompt("dddd")
 	for _, p := range [][]uint64{a, b, d} {
-		c.save(p)
+		c.pc.Save(p)
 	}
-	if c.host.Len() != 2 || c.hostBytes() > mib {
-		t.Fatalf("%d prompts, %d bytes held; want 2 within 1 MiB", c.host.Len(), c.hostBytes())
+	held := func(c *llamaCache) (n int, bytes uint64) {
+		for _, p := range c.pc.Host() {
+			n, bytes = n+1, bytes+uint64(len(p))*100
+		}
+		return n, bytes
 	}
-	if got := c.host.Front().Value.([]uint64); commonPrefix(got, b) != len(b) {
+	if n, bytes := held(c); n != 2 || bytes > mib {
+		t.Fatalf("%d prompts, %d bytes held; want 2 within 1 MiB", n, bytes)
+	}
+	if got := c.pc.Host()[0]; commonPrefix(got, b) != len(b) {
 		t.Error("the oldest prompt (a) was not the one evicted")
 	}
 	// A prompt larger than the whole cache is not stored.
-	c.save(tokenize(strings.Repeat("e", 4*20000)))
-	if c.host.Len() != 2 {
-		t.Errorf("an oversized prompt changed the cache: %d entries", c.host.Len())
+	c.pc.Save(tokenize(strings.Repeat("e", 4*20000)))
+	if n, _ := held(c); n != 2 {
+		t.Errorf("an oversized prompt changed the cache: %d entries", n)
 	}
 	// Unlimited (-1) keeps everything.
-	u := newLlamaCache(1, -1, 100, 0.10)
+	u := newLlamaCache(1, -1, 100, 0.10, true, true)
 	for _, p := range [][]uint64{a, b, d} {
-		u.save(p)
+		u.pc.Save(p)
 	}
-	if u.host.Len() != 3 {
-		t.Errorf("unlimited cache holds %d", u.host.Len())
+	if n, _ := held(u); n != 3 {
+		t.Errorf("unlimited cache holds %d", n)
 	}
 }
 

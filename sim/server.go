@@ -115,9 +115,7 @@ func NewServer(opts Options) (*Server, error) {
 		if opts.SlotPromptSimilarity != nil {
 			sim = *opts.SlotPromptSimilarity
 		}
-		s.llamaCache = newLlamaCache(opts.Slots, ram, opts.Profile.KVBytesPerToken, sim)
-		s.llamaCache.cacheIdle = ram != 0 && !opts.NoCacheIdleSlots
-		s.llamaCache.unified = opts.KVUnified
+		s.llamaCache = newLlamaCache(opts.Slots, ram, opts.Profile.KVBytesPerToken, sim, !opts.NoCacheIdleSlots, opts.KVUnified)
 	} else {
 		kv := max(opts.Profile.KVCacheTokens, opts.Ctx)
 		s.blocks = newBlockCache(kv, !opts.NoPrefixCaching)

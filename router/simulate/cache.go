@@ -2,7 +2,8 @@ package simulate
 
 import (
 	"container/list"
-	"slices"
+
+	"fleet/internal/promptcache"
 )
 
 // The engines' prompt caches in virtual time, as `fleet sim` keeps them
@@ -39,159 +40,36 @@ func (c *caches) common(a, b seq) int {
 
 // evaluateOne is both engines' rule: the last prompt token is always
 // computed, to get the logits of the first generated one.
-func evaluateOne(cached, prompt int) int {
-	if cached >= prompt {
-		return max(prompt-1, 0)
-	}
-	return cached
-}
+func evaluateOne(cached, prompt int) int { return promptcache.EvaluateOne(cached, prompt) }
 
-// llamaCache mirrors sim's llama-server prompt reuse: slots keep their last
-// request's prompt and answer; the host cache (--cache-ram) keeps more,
-// oldest evicted first; a request takes the idle slot most similar to it
-// (above --slot-prompt-similarity 0.10), else the least recently used one,
-// whose tokens then go to the host cache while the best cached prompt comes
-// back in its place; then every other idle slot's tokens are copied to the
-// host cache and the slot cleared (--cache-idle-slots, on with the host
-// cache, and fleet's --kv-unified), so a conversation survives another
-// taking its slot.
+// llamaCache is llama-server's prompt reuse on seqs: the same model as
+// `fleet sim`'s (fleet/internal/promptcache), with the flags fleet launches
+// it with: --slot-prompt-similarity 0.10, the host cache on, idle slots
+// saved to it and, as fleet passes --kv-unified, cleared.
 type llamaCache struct {
-	c          *caches
-	slots      []llamaSlot
-	host       []seq // oldest first
-	limit      int   // host cache in tokens; 0 off
-	clock      uint64
-	similarity float64
-}
-
-type llamaSlot struct {
-	tokens   seq
-	has      bool
-	busy     bool
-	lastUsed uint64
+	*promptcache.Llama[seq]
 }
 
 func newLlamaCache(c *caches, slots, hostTokens int) *llamaCache {
-	return &llamaCache{c: c, slots: make([]llamaSlot, slots), limit: hostTokens, similarity: 0.10}
+	ops := promptcache.Ops[seq]{
+		Len:    func(s seq) int { return s.n },
+		Common: c.common,
+		Prefix: func(s seq, n int) seq { return seq{s.kind, s.session, n} },
+	}
+	return &llamaCache{promptcache.NewLlama(ops, promptcache.Config{Slots: slots, Enabled: hostTokens > 0,
+		LimitTokens: hostTokens, Similarity: 0.10, CacheIdle: true, Unified: true})}
 }
 
 // choose picks an idle slot for prompt; -1 when none is idle.
-func (l *llamaCache) choose(prompt seq) int {
-	best, bestSim := -1, 0.0
-	for i, s := range l.slots {
-		if s.busy || !s.has {
-			continue
-		}
-		sim := float64(l.c.common(s.tokens, prompt)) / float64(max(prompt.n, 1))
-		if sim > bestSim && sim > l.similarity {
-			best, bestSim = i, sim
-		}
-	}
-	if best >= 0 {
-		return best
-	}
-	for i, s := range l.slots {
-		if !s.busy && (best < 0 || s.lastUsed < l.slots[best].lastUsed) {
-			best = i
-		}
-	}
-	return best
-}
-
-func (l *llamaCache) hostTokens() int {
-	n := 0
-	for _, t := range l.host {
-		n += t.n
-	}
-	return n
-}
-
-func (l *llamaCache) save(t seq) {
-	if t.n == 0 || l.limit == 0 {
-		return
-	}
-	for _, h := range l.host {
-		if l.c.common(h, t) == t.n {
-			return
-		}
-	}
-	if t.n > l.limit {
-		return
-	}
-	l.host = slices.DeleteFunc(l.host, func(h seq) bool { return l.c.common(h, t) == h.n })
-	for len(l.host) > 0 && l.hostTokens()+t.n > l.limit {
-		l.host = l.host[1:]
-	}
-	l.host = append(l.host, t)
-}
-
-func (l *llamaCache) load(slot int, prompt seq) {
-	s := &l.slots[slot]
-	lcp := 0
-	keepBest := -1.0
-	if s.has {
-		lcp = l.c.common(s.tokens, prompt)
-		if s.tokens.n > 0 {
-			keepBest = float64(lcp) / float64(s.tokens.n)
-		}
-	}
-	simBest := float64(lcp) / float64(max(prompt.n, 1))
-	found := -1
-	for i, t := range l.host {
-		m := l.c.common(t, prompt)
-		keep, sim := float64(m)/float64(t.n), float64(m)/float64(max(prompt.n, 1))
-		if keep < 0.25 {
-			continue
-		}
-		if keepBest < keep && simBest < sim {
-			keepBest, simBest, found = keep, sim, i
-		}
-	}
-	if found >= 0 {
-		s.tokens, s.has = l.host[found], true
-		l.host = slices.Delete(l.host, found, found+1)
-	}
-}
+func (l *llamaCache) choose(prompt seq) int { return l.Choose(l.Idle(), prompt) }
 
 // start takes slot for prompt and returns the prompt tokens reused.
-func (l *llamaCache) start(slot int, prompt seq) int {
-	s := &l.slots[slot]
-	s.busy = true
-	lcp := 0
-	if s.has {
-		lcp = l.c.common(s.tokens, prompt)
-	}
-	bySimilarity := s.has && s.tokens.n > 0 && float64(lcp)/float64(max(prompt.n, 1)) > l.similarity
-	if !bySimilarity || float64(lcp)/float64(max(s.tokens.n, 1)) < 0.5 {
-		if s.has {
-			l.save(s.tokens)
-		}
-		l.load(slot, prompt)
-	}
-	cached := 0
-	if s.has {
-		cached = evaluateOne(l.c.common(s.tokens, prompt), prompt.n)
-	}
-	s.tokens, s.has = seq{prompt.kind, prompt.session, cached}, true
-	if l.limit > 0 {
-		for i := range l.slots {
-			if o := &l.slots[i]; !o.busy && o.has {
-				l.save(o.tokens)
-				o.tokens, o.has = seq{}, false
-			}
-		}
-	}
-	return cached
-}
+func (l *llamaCache) start(slot int, prompt seq) int { return l.Start(slot, prompt) }
 
-func (l *llamaCache) prefilled(slot int, prompt seq) { l.slots[slot].tokens = prompt }
+func (l *llamaCache) prefilled(slot int, prompt seq) { l.Prefilled(slot, prompt) }
 
 // finish leaves the slot holding the prompt and its answer.
-func (l *llamaCache) finish(slot int, all seq) {
-	l.clock++
-	s := &l.slots[slot]
-	s.tokens, s.has, s.busy, s.lastUsed = all, true, false, l.clock
-}
+func (l *llamaCache) finish(slot int, all seq) { l.Finish(slot, all, false) }
 
 // blockCache mirrors sim's vLLM automatic prefix caching: 16-token blocks
 // named by their prefix, shared by all requests, pinned while a request
