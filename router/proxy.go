@@ -266,6 +266,7 @@ type call struct {
 func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
 	p := &struct {
 		hop    hopTransport
+		repair anthropicRepairTransport
 		name   modelNameTransport
 		norm   normaliseTransport
 		meter  meterTransport
@@ -284,7 +285,10 @@ func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
 		p.name = modelNameTransport{next: rt, served: quoteJSON(served), asked: quoteJSON(c.info.Model)}
 		rt = &p.name
 	}
-	p.hop = hopTransport{next: rt}
+	// Anthropic streams get the structure the official SDKs require
+	// (anthropicrepair.go).
+	p.repair = anthropicRepairTransport{next: rt, model: c.info.Model}
+	p.hop = hopTransport{next: &p.repair}
 	return &p.hop
 }
 

@@ -19,6 +19,7 @@ import (
 // way back, ahead of forward's one copy loop (see upstream in proxy.go):
 //
 //	hopTransport       hop-by-hop headers, both ways
+//	anthropicRepairTransport  Anthropic streams the official SDKs accept
 //	modelNameTransport the engine's served name out, the client's name back
 //	normaliseTransport reasoning in the model's one shape
 //	meterTransport     tokens, times and usage as the answer goes by
