@@ -115,3 +115,25 @@ func TestAnthropicRepairOnlyMessagesStreams(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkAnthropicRepair is the repair's cost on a right stream of 128
+// text deltas, one read per event as an engine flushes them.
+func BenchmarkAnthropicRepair(b *testing.B) {
+	events := []string{"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"type\":\"message\",\"role\":\"assistant\",\"content\":[],\"model\":\"qwen3\",\"usage\":{\"input_tokens\":9,\"output_tokens\":0}}}\n\n",
+		"event: content_block_start\ndata: {\"type\":\"content_block_start\",\"index\":0,\"content_block\":{\"type\":\"text\",\"text\":\"\"}}\n\n"}
+	for range 128 {
+		events = append(events, "event: content_block_delta\ndata: {\"type\":\"content_block_delta\",\"index\":0,\"delta\":{\"type\":\"text_delta\",\"text\":\" word\"}}\n\n")
+	}
+	reads := make([][]byte, len(events))
+	for i, e := range events {
+		reads[i] = []byte(e)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		s := &sseAnthropicRepair{model: "qwen3"}
+		for _, p := range reads {
+			s.feed(p)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*len(events)), "ns/event")
+}
