@@ -67,6 +67,7 @@ var (
 	evMessageStart       = []byte("message_start")
 	evContentBlockStart  = []byte("content_block_start")
 	evError              = []byte("error")
+	evPing               = []byte("ping")
 	missingInput         = []byte(`"input":{}`)
 	missingSignature     = []byte(`"signature":""`)
 	missingMessageFields = []struct{ key, field string }{
@@ -92,7 +93,6 @@ func (s *sseAnthropicRepair) emitLine(line []byte) {
 		name = bytes.TrimSpace(name)
 		s.named, s.hasNamed = append(s.named[:0], name...), true
 		if !s.decided {
-			s.decided = true
 			s.startIfMissing(name)
 		}
 		s.out = append(s.out, line...)
@@ -111,7 +111,6 @@ func (s *sseAnthropicRepair) emitLine(line []byte) {
 	typ := eventType(payload)
 	if !s.decided {
 		// A stream without event: lines names its events in the data.
-		s.decided = true
 		s.startIfMissing(typ)
 	}
 	switch {
@@ -140,8 +139,13 @@ func (s *sseAnthropicRepair) emitData(line, payload, fixed []byte) {
 
 // startIfMissing sends a message_start of its own when the stream's first
 // event, named first, is something else. An error event is left alone: the
-// client must see the engine's error, not a message that never comes.
+// client must see the engine's error, not a message that never comes. A
+// ping decides nothing: the message_start may follow it.
 func (s *sseAnthropicRepair) startIfMissing(first []byte) {
+	if bytes.Equal(first, evPing) {
+		return
+	}
+	s.decided = true
 	if bytes.Equal(first, evMessageStart) || bytes.Equal(first, evError) {
 		return
 	}
