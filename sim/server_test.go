@@ -19,6 +19,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/internal/syncbuf"
 )
 
 const mathPrompt = "What is 17 multiplied by 23?"
@@ -786,7 +787,7 @@ func TestMainStartsAndStops(t *testing.T) {
 	ln.Close()
 
 	ctx, cancel := context.WithCancel(context.Background())
-	var stderr syncBuffer
+	var stderr syncbuf.Buffer
 	errc := make(chan error, 1)
 	go func() {
 		errc <- Main(ctx, strings.Fields("--mimic llamacpp --profile instant -- -a qwen3-4b --host 127.0.0.1 --port "+strconv.Itoa(port)), io.Discard, &stderr)
@@ -845,23 +846,6 @@ func TestMainRejectsBadArgs(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "instant") {
 		t.Errorf("got %v", err)
 	}
-}
-
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
 }
 
 func fleetKind(s string) fleet.EngineKind { return fleet.EngineKind(s) }
