@@ -302,17 +302,6 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 	}
 }
 
-// portLostError is a launch that lost its freshly picked port to another
-// process; the supervisor relaunches on another port at once, a few times.
-type portLostError struct{ err error }
-
-func (e *portLostError) Error() string { return e.err.Error() }
-func (e *portLostError) Unwrap() error { return e.err }
-
-// maxPortLosses bounds immediate relaunches after lost ports; beyond it the
-// usual backoff applies.
-const maxPortLosses = 3
-
 func cmpErr(err, fallback error) error {
 	if err != nil {
 		return err
