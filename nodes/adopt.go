@@ -1,0 +1,71 @@
+package nodes
+
+import (
+	"context"
+	"fmt"
+	"strings"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// adopt checks whether the engine recorded for ws still runs its stored
+// LaunchArgv and serves; if so the worker is ready again with the same PID.
+func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t Transport) (bool, error) {
+	eo := m.engineOptions()
+	m.mu.Lock()
+	w := ws.w
+	proc := ws.proc
+	m.mu.Unlock()
+	proc = m.withFiles(proc, t, node.Name, w.Model)
+	ok, err := enginectl.Adopt(ctx, t, proc, w.LaunchArgv, eo...)
+	if err != nil {
+		return false, err
+	}
+	if !ok {
+		m.event("info", ws.name, fmt.Sprintf("engine PID %d is no longer running its command; launching a new one", proc.PID))
+		return false, nil
+	}
+	if w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected {
+		m.setState(ws, fleet.WorkerStarting, fmt.Sprintf("adopting engine PID %d", proc.PID))
+	}
+	model, _ := m.model(ws.placement.Model)
+	rctx, cancel := context.WithTimeout(ctx, m.readyTimeout(model, w.Engine))
+	defer cancel()
+	defer m.watchDownload(rctx, ws, t, proc)()
+	ws.proc = proc
+	if err := enginectl.WaitReady(rctx, t, w.Port, proc, w.Engine, eo...); err != nil {
+		if ctx.Err() != nil {
+			return false, err
+		}
+		// It is ours (Adopt checked its argv) but does not serve: stop it so
+		// the relaunch does not run beside it.
+		m.event("warn", ws.name, fmt.Sprintf("engine PID %d runs but does not serve (%v); stopping it and launching a new one", proc.PID, err))
+		if serr := m.stopEngine(ctx, ws, ""); serr != nil {
+			return false, serr
+		}
+		return false, nil
+	}
+	state := fleet.WorkerReady
+	reason := ""
+	if w.State == fleet.WorkerRejected {
+		state, reason = fleet.WorkerRejected, w.Reason
+	}
+	m.setState(ws, state, reason)
+	m.event("info", ws.name, fmt.Sprintf("adopted running engine PID %d on port %d", proc.PID, w.Port))
+	return true, nil
+}
+
+// withFiles fills in the paths of an engine's log and pid files, which a
+// Process rebuilt from the store lacks: the pid file (and the argv file
+// beside it) let Adopt know an engine whose wrapper exec'd another
+// executable.
+func (m *Manager) withFiles(proc enginectl.Process, t Transport, node, model string) enginectl.Process {
+	if proc.LogPath == "" {
+		proc.LogPath = logPath(m.stateDir(t), node, model)
+	}
+	if proc.PIDPath == "" {
+		proc.PIDPath = strings.TrimSuffix(proc.LogPath, ".log") + ".pid"
+	}
+	return proc
+}
