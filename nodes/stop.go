@@ -1,0 +1,120 @@
+package nodes
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// stopEngine stops the worker's engine, if any. It must finish even while
+// the supervisor is being cancelled, so it gets its own bounded context.
+// A non-empty reason marks the worker stopped, with reason as its Reason.
+func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string) error {
+	if ws.proc.PID > 0 {
+		_, t, _, up := m.nodeFor(ws)
+		if !up || t == nil {
+			return fmt.Errorf("worker %s: cannot stop engine PID %d: node %s is not reachable", ws.name, ws.proc.PID, ws.placement.Node)
+		}
+		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.StopGrace+30*time.Second)
+		defer cancel()
+		if err := enginectl.Stop(sctx, t, ws.proc, m.opts.StopGrace, m.engineOptions()...); err != nil {
+			return fmt.Errorf("worker %s: %w", ws.name, err)
+		}
+		m.event("info", ws.name, fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
+		ws.proc = enginectl.Process{}
+	}
+	if reason != "" {
+		m.update(ws, func(w *fleet.Worker) {
+			w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, reason, 0, 0
+		})
+	} else {
+		m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID = 0, 0 })
+	}
+	return nil
+}
+
+// stopHeld stops the recorded engine of a held worker, after checking it
+// still runs the worker's command (the PID may be someone else's by now).
+func (m *Manager) stopHeld(ctx context.Context, ws *workerState, t Transport) error {
+	m.mu.Lock()
+	launch := ws.w.LaunchArgv
+	m.mu.Unlock()
+	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	ws.proc = m.withFiles(ws.proc, t, ws.placement.Node, ws.placement.Model)
+	ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("checking engine PID %d before stopping it: %w", ws.proc.PID, err)
+	}
+	if !ours {
+		ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+	}
+	return m.stopEngine(ctx, ws, "stopped by an operator")
+}
+
+// retire stops the engine of a worker whose placement is gone, then forgets
+// the worker. An engine on a node that cannot be reached is waited for, not
+// forgotten: the hub recorded it as a pending stop, so a hub restarted
+// meanwhile picks it up again.
+func (m *Manager) retire(ctx context.Context, ws *workerState) {
+	for attempt := 1; ws.proc.PID > 0; attempt++ {
+		node, t, changed, up := m.nodeFor(ws)
+		if !up {
+			reason := fmt.Sprintf("placement removed; engine PID %d is stopped once node %s is reachable again", ws.proc.PID, node.Name)
+			if ws.w.Reason != reason {
+				m.setState(ws, fleet.WorkerFailed, reason)
+				m.event("warn", ws.name, reason)
+			}
+			attempt = 0
+			select {
+			case <-ctx.Done():
+				return
+			case <-changed:
+			}
+			continue
+		}
+		m.mu.Lock()
+		launch := ws.w.LaunchArgv
+		m.mu.Unlock()
+		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		ws.proc = m.withFiles(ws.proc, t, node.Name, ws.placement.Model)
+		ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+		cancel()
+		if err == nil && !ours {
+			ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+		}
+		if err == nil {
+			err = m.stopEngine(ctx, ws, "")
+		}
+		if err == nil {
+			break
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		wait := m.opts.restartBackoff(attempt)
+		m.event("error", ws.name, fmt.Sprintf("placement removed but its engine would not stop: %v; trying again in %s", err, wait.Round(time.Second)))
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(wait):
+		}
+	}
+	m.update(ws, func(w *fleet.Worker) {
+		w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, "placement removed", 0, 0
+	})
+	m.mu.Lock()
+	if m.workers[ws.name] == ws {
+		delete(m.workers, ws.name)
+	}
+	w := ws.w
+	m.mu.Unlock()
+	m.event("info", ws.name, "placement removed: worker stopped and forgotten")
+	if m.opts.OnWorkerRemoved != nil {
+		m.opts.OnWorkerRemoved(w)
+	}
+	signal(m.wake)
+}
