@@ -28,16 +28,6 @@ const (
 	outcomeExpired                 // a rejected worker's engine ran out its RejectedGrace
 )
 
-// rejectedStoppedNote marks the reason of a rejected worker whose engine
-// was stopped after RejectedGrace, so a restarted hub keeps it down too.
-const rejectedStoppedNote = "its engine was stopped after"
-
-// gateError is a rejection before launch: no engine was started.
-type gateError struct{ err error }
-
-func (e gateError) Error() string { return e.err.Error() }
-func (e gateError) Unwrap() error { return e.err }
-
 // stableReady is how long a worker must stay ready before its consecutive
 // failure count, and so its restart backoff, starts over.
 const stableReady = 10 * time.Minute
@@ -560,100 +550,6 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	m.setState(ws, fleet.WorkerReady, "")
 	m.event("info", ws.name, fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
 	return nil
-}
-
-// gate runs the before-launch admission check (memory) on the node as
-// probed now. A worker that fails it is rejected and no engine starts.
-func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t Transport, spec enginectl.Spec, cmd enginectl.Command) error {
-	if m.opts.Gate == nil || ws.forced {
-		return nil
-	}
-	// A fresh probe: the last one may predate the stop of this worker's
-	// previous engine, or another worker's launch on the same node.
-	p, err := Probe(ctx, t)
-	if err != nil {
-		return fmt.Errorf("probing node %s before the launch: %w", node.Name, err)
-	}
-	node.Platform, node.ProbedAt = &p, time.Now()
-	m.mu.Lock()
-	w := ws.w
-	m.mu.Unlock()
-	w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots = spec.Engine, cmd.Argv, cmd.LaunchArgv, cmd.Simulated, cmd.Context, cmd.Slots
-	gerr := m.opts.Gate(ctx, w, node)
-	if gerr == nil {
-		return nil
-	}
-	if ctx.Err() != nil {
-		return ctx.Err()
-	}
-	again := ws.w.State == fleet.WorkerRejected && ws.w.Reason == gerr.Error()
-	m.update(ws, func(x *fleet.Worker) {
-		x.State, x.Reason, x.PID, x.PGID = fleet.WorkerRejected, gerr.Error(), 0, 0
-		x.Engine, x.Argv, x.LaunchArgv, x.Simulated, x.Context, x.Slots = w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots
-	})
-	if !again {
-		m.event("warn", ws.name, fmt.Sprintf("rejected before launch, no engine started: %v (checked again every %s)", gerr, m.opts.ProbeInterval))
-	}
-	return gateError{gerr}
-}
-
-// applyVerdict carries out a Judge request on a worker whose engine runs.
-func (m *Manager) applyVerdict(ws *workerState) error {
-	m.mu.Lock()
-	verdict := ws.verdict
-	ws.verdict = nil
-	m.mu.Unlock()
-	if ws.proc.PID == 0 {
-		return fmt.Errorf("worker %s is %s and its engine is not running: nothing to judge", ws.name, ws.w.State)
-	}
-	switch {
-	case verdict != nil && (ws.w.State == fleet.WorkerReady || ws.w.State == fleet.WorkerDraining):
-		ws.rejectedAt = time.Now()
-		m.setState(ws, fleet.WorkerRejected, verdict.Error())
-		m.event("warn", ws.name, fmt.Sprintf("rejected on re-judgement: %v; its engine stays up for %s to be looked at, then stops", verdict, m.opts.RejectedGrace))
-	case verdict == nil && ws.w.State == fleet.WorkerRejected:
-		ws.rejectedAt = time.Time{}
-		m.setState(ws, fleet.WorkerReady, "")
-		m.event("info", ws.name, "admitted on re-judgement")
-	case verdict != nil && ws.w.State == fleet.WorkerRejected:
-		if ws.w.Reason != verdict.Error() {
-			m.setState(ws, fleet.WorkerRejected, verdict.Error())
-		}
-	case verdict == nil && ws.w.State == fleet.WorkerReady:
-	default:
-		return fmt.Errorf("worker %s is %s: only a ready or rejected worker is re-judged", ws.name, ws.w.State)
-	}
-	return nil
-}
-
-// stopRejected stops the engine of a worker rejected longer than
-// RejectedGrace; the worker stays rejected, and parked, until asked for.
-func (m *Manager) stopRejected(ctx context.Context, ws *workerState) {
-	pid := ws.proc.PID
-	if err := m.stopEngine(ctx, ws, ""); err != nil {
-		m.event("warn", ws.name, fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
-		return
-	}
-	ws.parked = true
-	note := fmt.Sprintf("%s %s rejected", rejectedStoppedNote, m.opts.RejectedGrace)
-	m.update(ws, func(w *fleet.Worker) {
-		if !strings.Contains(w.Reason, rejectedStoppedNote) {
-			w.Reason += "; " + note
-		}
-	})
-	m.event("info", ws.name, fmt.Sprintf("%s: engine PID %d stopped; `fleet start %s` launches and judges it again, `fleet admit --force %s` launches it unchecked",
-		note, pid, ws.name, ws.name))
-}
-
-// commandChanged reports whether a parked worker's desired command line
-// differs from the one it was rejected with.
-func (m *Manager) commandChanged(ws *workerState) bool {
-	node, t, _, up := m.nodeFor(ws)
-	if !up {
-		return false
-	}
-	_, cmd, err := m.desiredCommand(ws, node, t)
-	return err != nil || !slices.Equal(cmd.Argv, ws.w.Argv)
 }
 
 // monitor watches a serving worker until something needs the supervisor.
