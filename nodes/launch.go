@@ -1,0 +1,261 @@
+package nodes
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"math"
+	"strings"
+	"sync"
+	"time"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+func (m *Manager) spec(node fleet.Node, model fleet.Model, engine fleet.EngineKind, port int, t Transport) enginectl.Spec {
+	spec := enginectl.Spec{Node: node, Model: model, Engine: engine, Port: port, FleetBin: m.opts.FleetBin, StateDir: m.stateDir(t)}
+	if m.opts.SimMimic != nil {
+		profile, _ := node.SimProfile()
+		if r, ok := model.Recipes[engine]; ok && engine == fleet.EngineSim && r.Profile != "" {
+			profile = r.Profile
+		}
+		if profile != "" {
+			spec.SimMimic = m.opts.SimMimic(profile)
+		}
+	}
+	return spec
+}
+
+// readyTimeout is how long an engine of model on engine may take from
+// launch to serving: its recipe's ready_timeout, else the manager's.
+func (m *Manager) readyTimeout(model fleet.Model, engine fleet.EngineKind) time.Duration {
+	if d := model.Recipes[engine].ReadyTimeout; d > 0 {
+		return d
+	}
+	return m.opts.ReadyTimeout
+}
+
+// desiredCommand is what the worker should run now on its current port.
+func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) (enginectl.Spec, enginectl.Command, error) {
+	model, ok := m.model(ws.placement.Model)
+	if !ok {
+		return enginectl.Spec{}, enginectl.Command{}, fmt.Errorf("model %s is not defined in the fleet", ws.placement.Model)
+	}
+	// A placement's own, smaller context reaches every engine's flag (-c,
+	// --max-model-len, OLLAMA_CONTEXT_LENGTH) and the worker's Context,
+	// which the router checks prompts against.
+	model.Context = ws.placement.ContextOf(model)
+	engine, err := enginectl.EngineFor(*node.Platform, model, ws.placement.Engine)
+	if err != nil {
+		return enginectl.Spec{}, enginectl.Command{}, err
+	}
+	port := ws.w.Port
+	if port == 0 {
+		port = m.opts.PortMin
+	}
+	spec := m.spec(node, model, engine, port, t)
+	cmd, err := enginectl.BuildCommand(spec)
+	return spec, cmd, err
+}
+
+// launch takes a worker from pending to ready (or rejected): install if
+// needed, clear a stale engine off the port, start detached, wait until our
+// process answers, then the admission check.
+func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
+	eo := m.engineOptions()
+	prevPort := ws.w.Port
+	port, err := m.allocatePort(ws, node)
+	if err != nil {
+		return err
+	}
+	m.mu.Lock()
+	ws.w.Port = port
+	m.mu.Unlock()
+	spec, cmd, err := m.desiredCommand(ws, node, t)
+	if err != nil {
+		return err
+	}
+	if err := m.gate(ctx, ws, node, t, spec, cmd); err != nil {
+		return err
+	}
+	m.update(ws, func(w *fleet.Worker) {
+		w.State, w.Reason = fleet.WorkerPending, ""
+		w.Engine, w.Port, w.PID, w.PGID = spec.Engine, port, 0, 0
+		w.Argv, w.LaunchArgv, w.Simulated = cmd.Argv, cmd.LaunchArgv, cmd.Simulated
+		w.Context, w.Slots = cmd.Context, cmd.Slots
+	})
+
+	installed, err := enginectl.Installed(ctx, t, cmd)
+	if err != nil {
+		return err
+	}
+	if !installed {
+		m.setState(ws, fleet.WorkerInstalling, "")
+		ictx, cancel := context.WithTimeout(ctx, m.opts.InstallTimeout)
+		if script, err := enginectl.InstallCommand(spec); err == nil {
+			m.event("info", ws.name, "install command: "+script)
+		}
+		lastPct := 0.0
+		lw := &lineEvents{emit: func(line string) {
+			m.event("info", ws.name, "install: "+line)
+			// Whole percents only: installers redraw their bars far more
+			// often than a worker change is worth persisting.
+			if pct, ok := enginectl.ProgressPercent(line); ok && math.Floor(pct) != lastPct {
+				lastPct = math.Floor(pct)
+				m.update(ws, func(w *fleet.Worker) { w.Progress = lastPct })
+			}
+		}}
+		err := enginectl.Install(ictx, t, spec, lw, eo...)
+		lw.Flush()
+		cancel()
+		m.update(ws, func(w *fleet.Worker) { w.Progress = 0 })
+		if err != nil {
+			return fmt.Errorf("installing %s on %s failed (see the worker's events for its output): %w", spec.Engine.Label(), node.Name, err)
+		}
+	}
+
+	owner, err := enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
+	// A remote node's ports cannot be test-bound from the hub, so a port
+	// fleet just picked may turn out to belong to an unrelated service.
+	// Nobody asked for that port: leave the stranger alone and take the
+	// next one, instead of failing on it forever. The worker's own previous
+	// port is different: a stranger there is refused (the stale server of
+	// docs/field-reports.md).
+	// Each attempt looks at a bounded number of ports; the skipped ones are
+	// remembered, so the next attempt goes on from where this one stopped.
+	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort; tries++ {
+		m.mu.Lock()
+		if ws.strangerPorts == nil {
+			ws.strangerPorts = map[int]bool{}
+		}
+		ws.strangerPorts[port] = true
+		m.mu.Unlock()
+		if tries == 16 {
+			break
+		}
+		m.event("warn", ws.name, err.Error()+"; leaving it alone and taking another port")
+		if port, err = m.allocatePort(ws, node); err != nil {
+			return err
+		}
+		m.mu.Lock()
+		ws.w.Port = port
+		m.mu.Unlock()
+		if spec, cmd, err = m.desiredCommand(ws, node, t); err != nil {
+			return err
+		}
+		m.update(ws, func(w *fleet.Worker) {
+			w.Port, w.Argv, w.LaunchArgv = port, cmd.Argv, cmd.LaunchArgv
+		})
+		owner, err = enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
+	}
+	if owner.Message != "" {
+		m.event("warn", ws.name, owner.Message)
+	}
+	if err != nil {
+		return err
+	}
+
+	m.setState(ws, fleet.WorkerStarting, "")
+	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
+	if err != nil {
+		return err
+	}
+	ws.proc = proc
+	m.update(ws, func(w *fleet.Worker) {
+		w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt
+	})
+	note := ""
+	if cmd.Simulated {
+		note = fmt.Sprintf(" (simulated: runs %s)", strings.Join(cmd.LaunchArgv, " "))
+	}
+	m.event("info", ws.name, fmt.Sprintf("launched PID %d on port %d: %s%s", proc.PID, port, strings.Join(cmd.Argv, " "), note))
+
+	wait := m.readyTimeout(spec.Model, spec.Engine)
+	rctx, cancel := context.WithTimeout(ctx, wait)
+	stopWatch := m.watchDownload(rctx, ws, t, proc)
+	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
+	stopWatch()
+	cancel()
+	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+		err = fmt.Errorf("%w; the ready timeout is %s (a recipe's ready_timeout: sets it, for first starts that download weights)", err, wait)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			// Ours, but not serving: it must not linger holding memory.
+			if serr := m.stopEngine(ctx, ws, ""); serr != nil {
+				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
+			}
+		}
+		if errors.Is(err, enginectl.ErrNotOurs) && port != prevPort {
+			// Another process took the port fleet had just found free,
+			// before the engine bound it: the host's ports are shared with
+			// more than this fleet. Skip the port, not the next 10 s.
+			m.mu.Lock()
+			if ws.strangerPorts == nil {
+				ws.strangerPorts = map[int]bool{}
+			}
+			ws.strangerPorts[port] = true
+			m.mu.Unlock()
+			return &portLostError{err: err}
+		}
+		return err
+	}
+
+	m.setState(ws, fleet.WorkerProbation, "")
+	if m.opts.Admit != nil && !ws.forced {
+		m.mu.Lock()
+		w := ws.w
+		m.mu.Unlock()
+		if err := m.opts.Admit(ctx, w); err != nil {
+			if ctx.Err() != nil {
+				return err
+			}
+			ws.rejectedAt = time.Now()
+			m.setState(ws, fleet.WorkerRejected, err.Error())
+			m.event("warn", ws.name, fmt.Sprintf("rejected: %v; its engine stays up for %s to be looked at (shape, bench, logs), then stops", err, m.opts.RejectedGrace))
+			return nil
+		}
+	}
+	m.setState(ws, fleet.WorkerReady, "")
+	m.event("info", ws.name, fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
+	return nil
+}
+
+// lineEvents turns an installer's output into one event per line.
+type lineEvents struct {
+	mu   sync.Mutex
+	buf  bytes.Buffer
+	emit func(string)
+}
+
+func (l *lineEvents) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.buf.Write(p)
+	for {
+		line, err := l.buf.ReadString('\n')
+		if err != nil {
+			l.buf.WriteString(line) // incomplete: keep for the next write
+			return len(p), nil
+		}
+		// Progress bars redraw with \r: keep the last state of the line.
+		if i := strings.LastIndexByte(strings.TrimRight(line, "\r\n"), '\r'); i >= 0 {
+			line = line[i+1:]
+		}
+		if s := strings.TrimSpace(line); s != "" {
+			l.emit(s)
+		}
+	}
+}
+
+// Flush emits a last line that had no newline.
+func (l *lineEvents) Flush() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if s := strings.TrimSpace(l.buf.String()); s != "" {
+		l.emit(s)
+	}
+	l.buf.Reset()
+}
