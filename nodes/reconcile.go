@@ -1,0 +1,174 @@
+package nodes
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"fleet"
+	"fleet/enginectl"
+)
+
+// sync brings node watchers and worker supervisors in line with the desired
+// fleet. A node that leaves the fleet stays connected while a worker on it
+// is retiring: its engine must be stopped before the node is let go.
+func (m *Manager) sync(ctx context.Context) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ctx.Err() != nil {
+		return
+	}
+	wantWorkers := map[string]fleet.Placement{}
+	for _, p := range m.desired.Placements {
+		name := p.Node + "/" + p.Model
+		if _, dup := wantWorkers[name]; dup {
+			m.logger.Warn("two placements of one model on one node; keeping the first", "worker", name)
+			continue
+		}
+		wantWorkers[name] = p
+	}
+	for name, ws := range m.workers {
+		p, ok := wantWorkers[name]
+		if ok && !ws.retiring {
+			if ws.placement != p {
+				ws.placement = p
+				signal(ws.poke)
+			}
+			continue
+		}
+		if !ws.retiring {
+			ws.retiring = true
+			ws.cancel(errRemoved)
+		}
+	}
+
+	wantNodes := map[string]fleet.Node{}
+	for _, n := range m.desired.Nodes {
+		wantNodes[n.Name] = n
+	}
+	// keep adds to wantNodes the node a retiring worker needs, when not
+	// declared: the one connected now, else the one a previous hub recorded
+	// with its pending stop. It reports whether any is known.
+	keep := func(name string) bool {
+		if _, ok := wantNodes[name]; ok {
+			return true
+		}
+		if ns, ok := m.nodes[name]; ok {
+			wantNodes[name] = ns.node
+			return true
+		}
+		if n, ok := m.removedNodes[name]; ok {
+			wantNodes[name] = n
+			return true
+		}
+		return false
+	}
+	for _, ws := range m.workers {
+		if ws.retiring {
+			keep(ws.placement.Node)
+		}
+	}
+	var orphans []fleet.Worker
+	for name, w := range m.restored {
+		if _, ok := wantWorkers[name]; ok {
+			continue
+		}
+		if _, ok := m.workers[name]; ok {
+			continue
+		}
+		if !keep(w.Node) {
+			if w.PID > 0 {
+				m.logger.Error("a stored engine's node is not known any more; it cannot be stopped from here", "worker", name, "pid", w.PID)
+				m.event("error", name, fmt.Sprintf("engine PID %d ran on node %s, which the fleet no longer declares and no pending stop describes; stop it by hand", w.PID, w.Node))
+			}
+			delete(m.restored, name)
+			continue
+		}
+		orphans = append(orphans, w)
+	}
+	for name := range m.removedNodes {
+		if _, ok := wantNodes[name]; !ok {
+			delete(m.removedNodes, name) // its engines are stopped
+		}
+	}
+
+	for name, ns := range m.nodes {
+		want, ok := wantNodes[name]
+		if ok && want.Address == ns.node.Address && want.Identity == ns.node.Identity {
+			ns.node.Endpoint, ns.node.Drained = want.Endpoint, want.Drained
+			continue
+		}
+		// Gone or re-addressed: drop the old connection.
+		ns.cancel()
+		if ns.transport != nil {
+			ns.transport.Close()
+		}
+		close(ns.changed)
+		delete(m.nodes, name)
+	}
+	for name, n := range wantNodes {
+		if _, ok := m.nodes[name]; ok {
+			continue
+		}
+		nctx, cancel := context.WithCancel(ctx)
+		n.State, n.Reason = fleet.NodeUnknown, ""
+		ns := &nodeState{node: n, cancel: cancel, poke: make(chan struct{}, 1), changed: make(chan struct{})}
+		m.nodes[name] = ns
+		m.wg.Add(1)
+		go func() {
+			defer m.wg.Done()
+			m.watchNode(nctx, ns)
+		}()
+	}
+
+	for name, p := range wantWorkers {
+		if _, ok := m.workers[name]; ok {
+			continue
+		}
+		ws := m.newWorkerState(name, p)
+		m.workers[name] = ws
+		m.startSupervisor(ctx, ws)
+	}
+	// Workers the store knew whose placement is gone: stop their engines.
+	for _, w := range orphans {
+		ws := m.newWorkerState(w.Name(), fleet.Placement{Node: w.Node, Model: w.Model, Engine: w.Engine})
+		ws.retiring = true
+		m.workers[w.Name()] = ws
+		m.startSupervisor(ctx, ws)
+		ws.cancel(errRemoved)
+	}
+}
+
+func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
+	ws := &workerState{name: name, placement: p, poke: make(chan struct{}, 1), done: make(chan struct{})}
+	ws.w = fleet.Worker{Node: p.Node, Model: p.Model, Engine: p.Engine, State: fleet.WorkerPending}
+	if r, ok := m.restored[name]; ok {
+		delete(m.restored, name)
+		ws.w = r
+		// A stopped worker's PID is 0; a held one with a PID is a stop the
+		// previous hub did not finish, which its supervisor carries out.
+		if r.PID > 0 {
+			ws.proc = enginectl.Process{PID: r.PID, PGID: r.PGID, StartedAt: r.StartedAt, ServedName: r.Model}
+		}
+		// What the store said is history until the engine is checked: a
+		// restored worker is not ready before it has been adopted.
+		if ws.w.State != fleet.WorkerStopped && ws.w.State != fleet.WorkerRejected {
+			ws.w.State, ws.w.Reason = fleet.WorkerStarting, "checking the engine recorded before the hub restarted"
+		}
+	}
+	return ws
+}
+
+func (m *Manager) startSupervisor(ctx context.Context, ws *workerState) {
+	wctx, cancel := context.WithCancelCause(ctx)
+	ws.cancel = cancel
+	m.wg.Add(1)
+	go func() {
+		defer m.wg.Done()
+		defer close(ws.done)
+		m.supervise(wctx, ws)
+		if errors.Is(context.Cause(wctx), errRemoved) && ctx.Err() == nil {
+			m.retire(ctx, ws)
+		}
+	}()
+}
