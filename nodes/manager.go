@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -507,28 +506,6 @@ func signal(c chan struct{}) {
 func formatBytes(b uint64) string {
 	const gib = 1 << 30
 	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
-}
-
-// healthy asks the engine's health endpoint through the node's transport.
-func healthy(ctx context.Context, t Transport, port int, engine fleet.EngineKind) error {
-	path := "/health"
-	if engine == fleet.EngineOllama {
-		path = "/api/version"
-	}
-	hc := &http.Client{Transport: &http.Transport{DialContext: t.DialContext, DisableKeepAlives: true}, Timeout: 10 * time.Second}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
-	if err != nil {
-		return err
-	}
-	resp, err := hc.Do(req)
-	if err != nil {
-		return fmt.Errorf("GET %s: %w", path, err)
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("GET %s answered %s", path, resp.Status)
-	}
-	return nil
 }
 
 func logPath(stateDir, node, model string) string {

@@ -4,7 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -457,4 +459,26 @@ func cmpString(a, b string) string {
 
 func (m *Manager) engineOptions() []enginectl.Option {
 	return append([]enginectl.Option{enginectl.WithLogger(m.logger)}, m.opts.EngineOptions...)
+}
+
+// healthy asks the engine's health endpoint through the node's transport.
+func healthy(ctx context.Context, t Transport, port int, engine fleet.EngineKind) error {
+	path := "/health"
+	if engine == fleet.EngineOllama {
+		path = "/api/version"
+	}
+	hc := &http.Client{Transport: &http.Transport{DialContext: t.DialContext, DisableKeepAlives: true}, Timeout: 10 * time.Second}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://127.0.0.1:"+strconv.Itoa(port)+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := hc.Do(req)
+	if err != nil {
+		return fmt.Errorf("GET %s: %w", path, err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("GET %s answered %s", path, resp.Status)
+	}
+	return nil
 }
