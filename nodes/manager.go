@@ -514,3 +514,7 @@ func logPath(stateDir, node, model string) string {
 	}
 	return filepath.Join(stateDir, enginectl.FileStem(node, model)+".log")
 }
+
+func (m *Manager) engineOptions() []enginectl.Option {
+	return append([]enginectl.Option{enginectl.WithLogger(m.logger)}, m.opts.EngineOptions...)
+}

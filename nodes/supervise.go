@@ -457,10 +457,6 @@ func cmpString(a, b string) string {
 	return b
 }
 
-func (m *Manager) engineOptions() []enginectl.Option {
-	return append([]enginectl.Option{enginectl.WithLogger(m.logger)}, m.opts.EngineOptions...)
-}
-
 // healthy asks the engine's health endpoint through the node's transport.
 func healthy(ctx context.Context, t Transport, port int, engine fleet.EngineKind) error {
 	path := "/health"
