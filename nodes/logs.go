@@ -4,8 +4,11 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strconv"
 	"time"
+
+	"fleet/enginectl"
 )
 
 // Bounds of a log read: an engine's log grows without end (vLLM logs a
@@ -79,4 +82,11 @@ func tailLog(ctx context.Context, t Transport, path string, lines int, follow bo
 		return nil
 	}
 	return err
+}
+
+func logPath(stateDir, node, model string) string {
+	if stateDir == "" {
+		stateDir = "~/.fleet"
+	}
+	return filepath.Join(stateDir, enginectl.FileStem(node, model)+".log")
 }

@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"sync"
@@ -506,13 +505,6 @@ func signal(c chan struct{}) {
 func formatBytes(b uint64) string {
 	const gib = 1 << 30
 	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
-}
-
-func logPath(stateDir, node, model string) string {
-	if stateDir == "" {
-		stateDir = "~/.fleet"
-	}
-	return filepath.Join(stateDir, enginectl.FileStem(node, model)+".log")
 }
 
 func (m *Manager) engineOptions() []enginectl.Option {
