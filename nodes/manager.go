@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"slices"
-	"strconv"
 	"sync"
 	"time"
 
@@ -500,11 +499,6 @@ func signal(c chan struct{}) {
 	case c <- struct{}{}:
 	default:
 	}
-}
-
-func formatBytes(b uint64) string {
-	const gib = 1 << 30
-	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
 }
 
 func (m *Manager) engineOptions() []enginectl.Option {

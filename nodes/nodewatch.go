@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -279,4 +280,9 @@ func (m *Manager) markNodeSuspect(name string) {
 	if ok && !known {
 		signal(ns.poke)
 	}
+}
+
+func formatBytes(b uint64) string {
+	const gib = 1 << 30
+	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
 }
