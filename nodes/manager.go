@@ -184,8 +184,6 @@ type workerState struct {
 	rejectedAt time.Time
 }
 
-var errRemoved = errors.New("placement removed")
-
 // NewManager returns a Manager; nothing happens until Run.
 func NewManager(opts ManagerOptions) *Manager {
 	opts = opts.withDefaults()

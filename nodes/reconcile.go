@@ -9,6 +9,8 @@ import (
 	"fleet/enginectl"
 )
 
+var errRemoved = errors.New("placement removed")
+
 // sync brings node watchers and worker supervisors in line with the desired
 // fleet. A node that leaves the fleet stays connected while a worker on it
 // is retiring: its engine must be stopped before the node is let go.
