@@ -126,12 +126,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	// Each attempt looks at a bounded number of ports; the skipped ones are
 	// remembered, so the next attempt goes on from where this one stopped.
 	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort; tries++ {
-		m.mu.Lock()
-		if ws.strangerPorts == nil {
-			ws.strangerPorts = map[int]bool{}
-		}
-		ws.strangerPorts[port] = true
-		m.mu.Unlock()
+		m.skipStrangerPort(ws, port)
 		if tries == 16 {
 			break
 		}
@@ -192,12 +187,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 			// Another process took the port fleet had just found free,
 			// before the engine bound it: the host's ports are shared with
 			// more than this fleet. Skip the port, not the next 10 s.
-			m.mu.Lock()
-			if ws.strangerPorts == nil {
-				ws.strangerPorts = map[int]bool{}
-			}
-			ws.strangerPorts[port] = true
-			m.mu.Unlock()
+			m.skipStrangerPort(ws, port)
 			return &portLostError{err: err}
 		}
 		return err

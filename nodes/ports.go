@@ -68,6 +68,17 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 	return pick, nil
 }
 
+// skipStrangerPort remembers that port, picked for ws, is held by a process
+// that is not an engine of ours, so allocatePort does not pick it again.
+func (m *Manager) skipStrangerPort(ws *workerState, port int) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if ws.strangerPorts == nil {
+		ws.strangerPorts = map[int]bool{}
+	}
+	ws.strangerPorts[port] = true
+}
+
 // portSpace names the machine whose ports a node's engines bind.
 func portSpace(n fleet.Node) string {
 	if _, sim := n.SimProfile(); sim || n.Address == fleet.AddressLocal {
