@@ -1,6 +1,7 @@
 package nodes
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -54,7 +55,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		pending = nil
 	}
 	defer func() {
-		answer(fmt.Errorf("worker %s: %w", ws.name, cmpErr(context.Cause(ctx), errors.New("supervisor ended"))))
+		answer(fmt.Errorf("worker %s: %w", ws.name, cmp.Or(context.Cause(ctx), errors.New("supervisor ended"))))
 	}()
 
 	fail := func(reason string) {
@@ -291,13 +292,6 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 	}
 }
 
-func cmpErr(err, fallback error) error {
-	if err != nil {
-		return err
-	}
-	return fallback
-}
-
 func (o ManagerOptions) restartBackoff(n int) time.Duration {
 	if o.RestartBackoff != nil {
 		return o.RestartBackoff(n)
@@ -363,7 +357,7 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 	nodeDown := func() (outcome, string, bool) {
 		cur, _, _, up := m.nodeFor(ws)
 		if !up {
-			return outcomeNodeDown, cmpString(cur.Reason, string(cur.State)), true
+			return outcomeNodeDown, cmp.Or(cur.Reason, string(cur.State)), true
 		}
 		return 0, "", false
 	}
@@ -448,13 +442,6 @@ func (m *Manager) monitor(ctx context.Context, ws *workerState, node fleet.Node,
 			return outcomeCrashed, fmt.Sprintf("engine PID %d failed %d health checks in a row: %v", ws.proc.PID, healthFails, err)
 		}
 	}
-}
-
-func cmpString(a, b string) string {
-	if a != "" {
-		return a
-	}
-	return b
 }
 
 // healthy asks the engine's health endpoint through the node's transport.
