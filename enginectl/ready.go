@@ -20,6 +20,29 @@ var ErrEngineExited = errors.New("engine exited")
 // ErrNotOurs means something other than our engine holds its port.
 var ErrNotOurs = errors.New("port held by another process")
 
+// ErrPortInUse means the engine exited because it could not bind its port,
+// which the check before the launch found free: another process bound it in
+// between, or a socket holds it without listening (the local end of a
+// connection), which no check of listeners sees.
+var ErrPortInUse = errors.New("it could not bind its port")
+
+// bindFailures are what the engines print when their port cannot be bound:
+// Go (fleet sim, Ollama) and uvicorn (vLLM) "address already in use",
+// llama-server "couldn't bind HTTP server socket".
+var bindFailures = []string{"address already in use", "couldn't bind"}
+
+// bindFailed reports whether an engine's last log lines say it could not
+// bind its port.
+func bindFailed(logTail string) bool {
+	lower := strings.ToLower(logTail)
+	for _, f := range bindFailures {
+		if strings.Contains(lower, f) {
+			return true
+		}
+	}
+	return false
+}
+
 // WaitReady waits until our engine serves: its PID is alive, it or a member
 // of its process group owns the listening socket on port, /health answers
 // 200 (503 while the model loads means keep waiting) and /v1/models lists
@@ -143,6 +166,9 @@ func exitedError(ctx context.Context, r Runner, p Process) error {
 		if out, err := runScript(tctx, r, "tail", "40", p.LogPath); err == nil && len(out) > 0 {
 			tail = "; last lines of " + p.LogPath + ":\n" + strings.TrimRight(string(out), "\n")
 		}
+	}
+	if bindFailed(tail) {
+		return fmt.Errorf("engine PID %d exited before it was ready%s: %w: %w", p.PID, tail, ErrEngineExited, ErrPortInUse)
 	}
 	return fmt.Errorf("engine PID %d exited before it was ready%s: %w", p.PID, tail, ErrEngineExited)
 }

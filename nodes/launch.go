@@ -172,8 +172,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	stopWatch := m.watchDownload(rctx, ws, t, proc)
 	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
 	stopWatch()
+	timedOut := rctx.Err() != nil
 	cancel()
-	if err != nil && ctx.Err() == nil && rctx.Err() != nil {
+	if err != nil && ctx.Err() == nil && timedOut {
 		err = fmt.Errorf("%w; the ready timeout is %s (a recipe's ready_timeout: sets it, for first starts that download weights)", err, wait)
 	}
 	if err != nil {
@@ -183,10 +184,13 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
 			}
 		}
-		if errors.Is(err, enginectl.ErrNotOurs) && port != prevPort {
+		if errors.Is(err, enginectl.ErrNotOurs) && port != prevPort || errors.Is(err, enginectl.ErrPortInUse) {
 			// Another process took the port fleet had just found free,
-			// before the engine bound it: the host's ports are shared with
-			// more than this fleet. Skip the port, not the next 10 s.
+			// before the engine bound it, or holds it without listening:
+			// the host's ports are shared with more than this fleet. Skip
+			// the port, not the next 10 s. (A server answering on the
+			// worker's own previous port is refused instead: the stale
+			// server of docs/field-reports.md.)
 			m.skipStrangerPort(ws, port)
 			return &portLostError{err: err}
 		}

@@ -65,3 +65,49 @@ func strangerBeforeFreePort(t *testing.T) (net.Listener, int) {
 	t.Fatal("no two free ports in a row in 29000-32000")
 	return nil, 0
 }
+
+// A port with no listener can still be unbindable: the local end of a
+// connection holds it (the hub's own SSH connections take ports like that).
+// The check before the launch sees it free; the engine's bind fails; the
+// worker then moves to another port at once, instead of relaunching on the
+// same one for ever (152 times in 60 s in one CI run).
+func TestManagerRemotePortHeldByAConnection(t *testing.T) {
+	s := sshdtest.New(t)
+	s.Start()
+	remoteState := t.TempDir()
+	ln, first := strangerBeforeFreePort(t)
+	ln.Close()
+	peer, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer peer.Close()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.IPv4(127, 0, 0, 1), Port: first}}
+	conn, err := d.Dial("tcp", peer.Addr().String())
+	if err != nil {
+		t.Skipf("could not dial from port %d to hold it: %v", first, err)
+	}
+	defer conn.Close()
+	if probe, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(first)); err == nil {
+		probe.Close()
+		t.Skipf("this kernel lets a listener bind port %d beside a connection from it; nothing to test", first)
+	}
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.RemoteStateDir = remoteState
+		o.PortMin, o.PortMax = first, first+1
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "rig", Address: s.Address(), Identity: s.Identity()}},
+		Models:     []fleet.Model{localModel()},
+		Placements: []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}},
+	})
+	h.run()
+	w := h.waitReady("rig/qwen3-4b")
+	if w.Port == first {
+		t.Errorf("ready on port %d, which a connection holds", w.Port)
+	}
+	if !h.rec.eventLike("could not bind its port") {
+		t.Errorf("no event says the engine could not bind its port:\n%s", h.rec.dump())
+	}
+}
