@@ -251,44 +251,6 @@ func anthropicErrorBody(status int, msg string) []byte {
 	return b
 }
 
-// topLevelValue finds the value of key in the JSON object p and returns its
-// byte range; the last one counts when the key repeats.
-func topLevelValue(p []byte, key string) (start, end int, ok bool) {
-	quotedKey := quoteJSON(key)
-	i := skipSpace(p, 0)
-	if i >= len(p) || p[i] != '{' {
-		return 0, 0, false
-	}
-	i++
-	for {
-		i = skipSpace(p, i)
-		if i >= len(p) || p[i] != '"' {
-			return start, end, ok
-		}
-		keyEnd := skipString(p, i)
-		if keyEnd < 0 {
-			return 0, 0, false
-		}
-		k := p[i:keyEnd]
-		i = skipSpace(p, keyEnd)
-		if i >= len(p) || p[i] != ':' {
-			return 0, 0, false
-		}
-		i = skipSpace(p, i+1)
-		valEnd := skipValue(p, i)
-		if valEnd < 0 {
-			return 0, 0, false
-		}
-		if bytes.Equal(k, quotedKey) {
-			start, end, ok = i, valEnd, true
-		}
-		i = skipSpace(p, valEnd)
-		if i < len(p) && p[i] == ',' {
-			i++
-		}
-	}
-}
-
 // answerModelField finds the model name an answer carries: its top-level
 // "model", else that of the object an Anthropic message_start event
 // ("message") or a Responses event ("response") wraps.

@@ -21,6 +21,13 @@ import (
 // one counts, as it does for Go's decoder (which routed the request) and
 // Python's (which the engine runs).
 func modelField(p []byte) (start, end int, ok bool) {
+	start, end, ok = topLevelValue(p, "model")
+	return start, end, ok && p[start] == '"'
+}
+
+// topLevelValue finds the top-level member key of the JSON object p and
+// returns its value's byte range; the last one counts when the key repeats.
+func topLevelValue(p []byte, key string) (start, end int, ok bool) {
 	i := skipSpace(p, 0)
 	if i >= len(p) || p[i] != '{' {
 		return 0, 0, false
@@ -28,14 +35,14 @@ func modelField(p []byte) (start, end int, ok bool) {
 	i++
 	for {
 		i = skipSpace(p, i)
-		if i >= len(p) || p[i] == '}' || p[i] != '"' {
+		if i >= len(p) || p[i] != '"' {
 			return start, end, ok
 		}
 		keyEnd := skipString(p, i)
 		if keyEnd < 0 {
 			return 0, 0, false
 		}
-		key := p[i:keyEnd]
+		k := p[i:keyEnd]
 		i = skipSpace(p, keyEnd)
 		if i >= len(p) || p[i] != ':' {
 			return 0, 0, false
@@ -45,8 +52,10 @@ func modelField(p []byte) (start, end int, ok bool) {
 		if valEnd < 0 {
 			return 0, 0, false
 		}
-		if string(key) == `"model"` {
-			start, end, ok = i, valEnd, p[i] == '"'
+		// k is the key as written, quotes included; comparing inside them
+		// costs no allocation, which matters per streamed event.
+		if len(k) == len(key)+2 && string(k[1:len(k)-1]) == key {
+			start, end, ok = i, valEnd, true
 		}
 		i = skipSpace(p, valEnd)
 		if i < len(p) && p[i] == ',' {
