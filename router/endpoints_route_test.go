@@ -217,6 +217,9 @@ func TestAnthropicErrorsAndKeys(t *testing.T) {
 		{"unknown model", "/v1/messages", strings.Replace(body, "qwen3-4b", "claude-opus", 1), map[string]string{"x-api-key": "fk-good"}, 404, "not_found_error"},
 		{"not JSON", "/v1/messages/count_tokens", "{", map[string]string{"x-api-key": "fk-good"}, 400, "invalid_request_error"},
 		{"x-api-key on OpenAI", "/v1/chat/completions", body, map[string]string{"x-api-key": "fk-good"}, 200, ""},
+		// An Anthropic path the router does not route (message batches)
+		// is still answered in Anthropic's shape.
+		{"unrouted Anthropic path", "/v1/messages/batches", body, map[string]string{"x-api-key": "fk-good"}, 404, "not_found_error"},
 	} {
 		code, got := sendPath(t, srv.URL, tc.path, tc.body, tc.hdr)
 		if code != tc.status {

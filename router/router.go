@@ -332,6 +332,10 @@ func (r *Router) routes() http.Handler {
 		_, _ = w.Write([]byte(`{"status":"ok"}`))
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
+		if strings.HasPrefix(req.URL.Path, messagesPath+"/") {
+			// Anthropic's clients (message batches) read its shape only.
+			w = &apiWriter{ResponseWriter: w, api: apiAnthropic}
+		}
 		writeError(w, http.StatusNotFound, errTypeInvalidRequest, "unknown_url", "",
 			fmt.Sprintf("no endpoint %s %s; the router serves POST %s and GET /v1/models", req.Method, req.URL.Path, strings.Join(routedPaths(), ", ")), 0)
 	})
