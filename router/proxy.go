@@ -441,7 +441,10 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			}
 		}
 	}
-	r.finish(f, c, m, sent, end, status)
+	// A success cut short (the client left, or the worker failed) still
+	// spent the tokens the engine made before it ended.
+	cut := status != resp.StatusCode && resp.StatusCode < 400 && !m.firstRead.IsZero()
+	r.finish(f, c, m, sent, end, status, cut)
 	if streamErr != nil && !sse {
 		// A JSON body cut short cannot be mended: cut the connection so
 		// the client sees the failure instead of a truncated body.
@@ -455,11 +458,15 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 // per-request hook belongs. At hand: status; c.key (the client's key name),
 // f.model and f.b.cfg.Name (model, worker); m.promptCache() (prompt and
 // cached tokens as the engine reported them); for a served answer, t's
-// output tokens, TTFT and ITL.
-func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, status int) {
+// output tokens, TTFT and ITL. cut says the engine's success was cut short:
+// its tokens so far are counted against the key, though it is not served.
+func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, status int, cut bool) {
 	r.countStatus(f.model, f.b.cfg.Name, status)
 	if status >= 400 {
 		r.release(f, nil)
+		if cut {
+			r.recordUsage(f, c.key, m, end)
+		}
 		return
 	}
 	t := r.timeAnswer(f, c, m, sent, end)

@@ -2,8 +2,9 @@ package router
 
 import "time"
 
-// Usage is one answered request's tokens, as the engine reported them, for
-// the hub's per-key accounting (Options.OnUsage).
+// Usage is one answered request's tokens (or a cut-short answer's so far),
+// as the engine reported them, for the hub's per-key accounting
+// (Options.OnUsage).
 type Usage struct {
 	At time.Time
 	// Key is the API key's name; "" when the router takes no keys.

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"context"
 	"io"
 	"net/http"
 	"strconv"
@@ -189,5 +190,49 @@ func TestKeyLimitsRefill(t *testing.T) {
 	}
 	if _, ok := r.limits.state["ghost"]; ok {
 		t.Error("a key without limits got state")
+	}
+}
+
+// A stream the client leaves part way still spent the tokens the engine
+// made before it noticed: they count against the key, or a client could
+// read any number of tokens past its daily limit by hanging up before the
+// end of each answer.
+func TestUsageCountedWhenClientLeavesMidStream(t *testing.T) {
+	_, b := startBackend(t, "ultra/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, sseEvent("a")+sseEvent("b")+sseEvent("c"))
+		w.(http.Flusher).Flush()
+		<-req.Context().Done() // the router hangs up when its client does
+	})
+	used := make(chan Usage, 1)
+	r, rsrv := startRouter(t, Options{Keys: keys{"sk-a": "alice"}, OnUsage: func(u Usage) { used <- u }}, b)
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"alice": {TokensPerDay: 1_000_000}})
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rsrv.URL+"/v1/chat/completions",
+		strings.NewReader(`{"model":"qwen3-4b","stream":true,"messages":[{"role":"user","content":"hi"}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Authorization", "Bearer sk-a")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := io.ReadFull(resp.Body, make([]byte, len(sseEvent("a")))); err != nil {
+		t.Fatalf("reading the first event: %v", err)
+	}
+	resp.Body.Close() // the client leaves
+	select {
+	case u := <-used:
+		if u.Key != "alice" || u.CompletionTokens < 1 || u.CompletionTokens > 3 || u.PromptTokens <= 0 {
+			t.Errorf("usage %+v, want alice's streamed tokens (1 to 3) and the prompt estimate", u)
+		}
+	case <-ctx.Done():
+		t.Fatal("a stream the client left was never counted")
+	}
+	v := r.limits.admit("alice", time.Now())
+	if got := v.header.Get("x-ratelimit-remaining-tokens"); got == "1000000" {
+		t.Errorf("remaining tokens %s: the left stream was not spent against the key", got)
 	}
 }
