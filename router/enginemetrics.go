@@ -108,7 +108,19 @@ func (r *Router) ObserveEngineMetrics(node, worker string, engine fleet.EngineKi
 		}
 	}
 	r.engines.byWorker[worker] = engineSnapshot{at: at, fams: fams}
+	r.engines.dropStaleLocked(time.Now(), r.opts.EngineLoadMaxAge)
 	return nil
+}
+
+// dropStaleLocked forgets the workers whose reading is older than maxAge
+// (stopped or moved), at every reading as well as every scrape, so that a
+// hub nobody scrapes does not keep every worker it ever had.
+func (e *engineMetrics) dropStaleLocked(now time.Time, maxAge time.Duration) {
+	for w, s := range e.byWorker {
+		if now.Sub(s.at) > maxAge {
+			delete(e.byWorker, w)
+		}
+	}
 }
 
 // gather merges the fresh snapshots, one family per metric name. A name
@@ -116,13 +128,9 @@ func (r *Router) ObserveEngineMetrics(node, worker string, engine fleet.EngineKi
 func (e *engineMetrics) gather(maxAge time.Duration) ([]*dto.MetricFamily, error) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	now := time.Now()
+	e.dropStaleLocked(time.Now(), maxAge)
 	workers := make([]string, 0, len(e.byWorker))
-	for w, s := range e.byWorker {
-		if now.Sub(s.at) > maxAge {
-			delete(e.byWorker, w)
-			continue
-		}
+	for w := range e.byWorker {
 		workers = append(workers, w)
 	}
 	slices.Sort(workers)

@@ -195,3 +195,21 @@ func TestEngineMetricsFromRealLlamaServer(t *testing.T) {
 		t.Errorf("llamacpp:tokens_predicted_total = %v after a request", p[0].value)
 	}
 }
+
+// A worker that left is not kept in memory until someone scrapes /metrics
+// (many fleets never do): each new reading drops the stale ones.
+func TestEngineMetricsOfWorkersThatLeftAreDropped(t *testing.T) {
+	r := mustNew(t, Options{EngineLoadMaxAge: time.Minute})
+	now := time.Now()
+	if err := r.ObserveEngineMetrics("gone", "gone/qwen3-4b", "llama.cpp", []byte(llamaText), now.Add(-time.Hour)); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.ObserveEngineMetrics("ultra", "ultra/qwen3-4b", "llama.cpp", []byte(llamaText), now); err != nil {
+		t.Fatal(err)
+	}
+	r.engines.mu.Lock()
+	defer r.engines.mu.Unlock()
+	if _, kept := r.engines.byWorker["gone/qwen3-4b"]; kept || len(r.engines.byWorker) != 1 {
+		t.Errorf("kept engine metrics of %d workers, want only ultra/qwen3-4b's", len(r.engines.byWorker))
+	}
+}
