@@ -89,7 +89,7 @@ func routedPaths() []string {
 
 func apiOf(path string) wireAPI { return endpointTable[path].api }
 
-// serves says whether b may be sent path (n choices): not when its kind is
+// servesLocked says whether b may be sent path (n choices): not when its kind is
 // known not to, nor when it answered the path with "not found" before.
 func (b *backend) servesLocked(path string, n int) bool {
 	if b.notServed[path] {

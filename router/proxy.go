@@ -59,7 +59,7 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 	}{"list", data})
 }
 
-// resolve maps a requested name to a model ID. Models known only from a
+// resolveLocked maps a requested name to a model ID. Models known only from a
 // backend (no SetModels yet) resolve to themselves.
 func (r *Router) resolveLocked(name string) (string, bool) {
 	if id, ok := r.names[name]; ok {
@@ -148,14 +148,10 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	info, err := parseRequest(body)
-	if err != nil {
-		var rerr *requestError
-		errors.As(err, &rerr)
-		r.countStatus("", "", http.StatusBadRequest)
-		writeError(w, http.StatusBadRequest, errTypeInvalidRequest, rerr.code, rerr.param, rerr.msg, 0)
-		return
+	n := 0
+	if err == nil {
+		n, err = choiceCount(path, body)
 	}
-	n, err := choiceCount(path, body)
 	if err != nil {
 		var rerr *requestError
 		errors.As(err, &rerr)

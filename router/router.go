@@ -88,7 +88,9 @@ type Options struct {
 	// Cooldown is how long a failing backend rests before a health check
 	// may bring it back, and the time between checks (default 5 s).
 	Cooldown time.Duration
-	// Keys, when set, requires "Authorization: Bearer KEY" on /v1 requests.
+	// Keys, when set, requires an API key, as "Authorization: Bearer KEY"
+	// or Anthropic's "x-api-key: KEY", on every endpoint but /healthz
+	// (/metrics: see MetricsOpenLoopback); neither header reaches an engine.
 	Keys KeyVerifier
 	// Seed makes the random policies reproducible (0 = time-based).
 	Seed uint64
