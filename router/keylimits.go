@@ -60,7 +60,9 @@ func (r *Router) SetKeyLimits(limits map[string]fleet.KeyLimits) {
 }
 
 // SeedKeyTokens sets how many tokens each key spent on the UTC day of day
-// (the hub reads today's back from its store at start).
+// (the hub reads today's back from its store at start and on every limit
+// change). The store lags by the usage not yet written, so a key keeps a
+// larger count the router made that day.
 func (r *Router) SeedKeyTokens(day time.Time, used map[string]int64) {
 	kl := &r.limits
 	kl.mu.Lock()
@@ -68,6 +70,9 @@ func (r *Router) SeedKeyTokens(day time.Time, used map[string]int64) {
 	today := utcDay(day)
 	for name, n := range used {
 		if s, ok := kl.state[name]; ok {
+			if s.day == today {
+				n = max(n, s.used)
+			}
 			s.day, s.used = today, n
 		}
 	}

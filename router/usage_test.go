@@ -236,3 +236,21 @@ func TestUsageCountedWhenClientLeavesMidStream(t *testing.T) {
 		t.Errorf("remaining tokens %s: the left stream was not spent against the key", got)
 	}
 }
+
+// The hub seeds the day's tokens from its store whenever a key's limits
+// change, and the store lags the router by the usage not yet written: a
+// seed lower than what the router counted today must not forget the rest.
+func TestSeedKeyTokensKeepsWhatTheRouterCounted(t *testing.T) {
+	r := &Router{}
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"a": {TokensPerDay: 1000}})
+	now := time.Now()
+	r.limits.spend("a", 300, now)
+	r.SeedKeyTokens(now, map[string]int64{"a": 200}) // 100 still on their way to the store
+	if got := r.limits.admit("a", now).header.Get("x-ratelimit-remaining-tokens"); got != "700" {
+		t.Errorf("remaining tokens %s after a lagging seed, want 700", got)
+	}
+	r.SeedKeyTokens(now, map[string]int64{"a": 400}) // a restarted hub knows more
+	if got := r.limits.admit("a", now).header.Get("x-ratelimit-remaining-tokens"); got != "600" {
+		t.Errorf("remaining tokens %s after a seed above the count, want 600", got)
+	}
+}
