@@ -331,6 +331,9 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		out.Header.Del("Authorization")
 		out.Header.Del("X-Api-Key")
 	}
+	// The meter reads the engine's bytes as they come: an engine asked for
+	// gzip could answer in it, and escape usage counting and key limits.
+	out.Header.Del("Accept-Encoding")
 	// llama-server closes a kept-alive connection after a stream without
 	// saying so; a request sent on it at once meets EOF before any answer.
 	// An idempotency key with no value (never sent) lets the transport

@@ -848,3 +848,33 @@ func TestSetBackendsUsesTheNewDial(t *testing.T) {
 		t.Errorf("dials: first %d, second %d; want 1 and 1", first.count(b.Addr), second.count(b.Addr))
 	}
 }
+
+// A client's Accept-Encoding does not reach the engine: an engine that
+// honoured it would answer in gzip, which the meter cannot read, and the
+// answer would escape usage counting and the key's token limit.
+func TestClientAcceptEncodingNotForwarded(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	seen := make(chan string, 1)
+	_, b := startBackend(t, "ultra/qwen3-4b", 1, func(w http.ResponseWriter, req *http.Request) {
+		seen <- req.Header.Get("Accept-Encoding")
+		okJSON(w, req)
+	})
+	_, rsrv := startRouter(t, Options{}, b)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, rsrv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Accept-Encoding", "gzip, br")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d", resp.StatusCode)
+	}
+	if got := <-seen; got != "" {
+		t.Errorf("the engine was sent Accept-Encoding %q; want none, so it answers in a form the meter reads", got)
+	}
+}
