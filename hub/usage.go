@@ -156,7 +156,10 @@ func (h *Hub) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fle
 
 // loadKeyLimits gives the router every live key's limits and, so that a
 // restarted hub does not forget them, the tokens each spent today (UTC).
+// The seed replaces the router's own count, so what the router counted
+// since the last flush is written first, or it would be forgotten.
 func (h *Hub) loadKeyLimits(ctx context.Context) error {
+	h.writeUsage(ctx)
 	keys, err := h.store.APIKeys(ctx)
 	if err != nil {
 		return err

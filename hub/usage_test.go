@@ -168,3 +168,48 @@ func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
 		}
 	}
 }
+
+// Changing a key's limits reloads every key's spend from the store; what
+// the router counted in the last seconds, not yet flushed, must be in it, or
+// `fleet key limit` hands a key that spent its day some tokens back.
+func TestKeyLimitChangeKeepsUnflushedSpend(t *testing.T) {
+	ctx := t.Context()
+	dir := t.TempDir()
+	seed := newHub(t, Options{DataDir: dir})
+	key, err := seed.CreateKey(ctx, admin, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := seed.CreateKey(ctx, admin, "other"); err != nil {
+		t.Fatal(err)
+	}
+	seed.Close()
+	h := newHub(t, Options{DataDir: dir, RequireKeys: true})
+	if err := h.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 50, CompletionTokens: 50})
+	h.writeUsage(ctx)
+	// A second request, counted by the router (its day is now 1100 tokens)
+	// and waiting in the recorder for the next flush.
+	h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 100})
+	h.router.SeedKeyTokens(now, map[string]int64{"ci": 1100})
+
+	if err := h.SetKeyLimits(ctx, admin, "other", fleet.KeyLimits{RequestsPerMinute: 5}); err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(h.router.Handler())
+	defer srv.Close()
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+	req.Header.Set("Authorization", "Bearer "+key)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a key past its day's tokens after another key's limit changed: %d (remaining tokens %q); want 429",
+			resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"))
+	}
+}
