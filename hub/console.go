@@ -69,9 +69,13 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 			return "", err
 		}
 		for _, t := range a.Targets {
-			go func() {
-				res, err := s.h.Bench(context.WithoutCancel(ctx), s.u, t, cli.BenchOptions{Split: a.Split}, nil)
+			// Detached, as a restart is: it outlives the key press, not the hub.
+			s.h.detached.goDetached(ctx, func(ctx context.Context) {
+				res, err := s.h.Bench(ctx, s.u, t, cli.BenchOptions{Split: a.Split}, nil)
 				if err != nil {
+					if ctx.Err() != nil {
+						return // the hub is closing
+					}
 					s.h.onEvent(fleet.Event{Level: "error", Subject: t, Message: "bench failed: " + err.Error()})
 					return
 				}
@@ -80,7 +84,7 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 					word = "agent bench"
 				}
 				s.h.onEvent(fleet.Event{Level: "info", Subject: t, Message: word + ":\n" + res.Text()})
-			}()
+			})
 		}
 		return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil
 	}
