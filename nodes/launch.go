@@ -39,15 +39,18 @@ func (m *Manager) readyTimeout(model fleet.Model, engine fleet.EngineKind) time.
 
 // desiredCommand is what the worker should run now on its current port.
 func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) (enginectl.Spec, enginectl.Command, error) {
-	model, ok := m.model(ws.placement.Model)
+	m.mu.Lock()
+	p := ws.placement // its engine and context change with the fleet file (sync)
+	m.mu.Unlock()
+	model, ok := m.model(p.Model)
 	if !ok {
-		return enginectl.Spec{}, enginectl.Command{}, fmt.Errorf("model %s is not defined in the fleet", ws.placement.Model)
+		return enginectl.Spec{}, enginectl.Command{}, fmt.Errorf("model %s is not defined in the fleet", p.Model)
 	}
 	// A placement's own, smaller context reaches every engine's flag (-c,
 	// --max-model-len, OLLAMA_CONTEXT_LENGTH) and the worker's Context,
 	// which the router checks prompts against.
-	model.Context = ws.placement.ContextOf(model)
-	engine, err := enginectl.EngineFor(*node.Platform, model, ws.placement.Engine)
+	model.Context = p.ContextOf(model)
+	engine, err := enginectl.EngineFor(*node.Platform, model, p.Engine)
 	if err != nil {
 		return enginectl.Spec{}, enginectl.Command{}, err
 	}

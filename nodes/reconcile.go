@@ -33,7 +33,10 @@ func (m *Manager) sync(ctx context.Context) {
 		p, ok := wantWorkers[name]
 		if ok && !ws.retiring {
 			if ws.placement != p {
-				ws.placement = p
+				// Node and Model make the worker's name and never change,
+				// so its supervisor reads them without the lock; only the
+				// engine and context change, here, under m.mu.
+				ws.placement.Engine, ws.placement.Context = p.Engine, p.Context
 				signal(ws.poke)
 			}
 			continue
