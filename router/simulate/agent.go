@@ -2,11 +2,8 @@ package simulate
 
 import (
 	"fmt"
-	"math"
 	"math/rand/v2"
 	"time"
-
-	"fleet/router"
 )
 
 // AgentWorkload is coding-agent traffic: sessions of one growing
@@ -253,19 +250,5 @@ func RunSessions(s Scenario, sessions []Session, policies []string) ([]Result, e
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
-	if s.QueueTimeout <= 0 {
-		s.QueueTimeout = 30 * time.Second
-	}
-	ceiling := math.Round(cacheCeiling(plans, s.Agent.System)*1000) / 1000
-	out := make([]Result, 0, len(policies))
-	for _, name := range policies {
-		p, err := router.NewPolicy(name)
-		if err != nil {
-			return nil, err
-		}
-		r := s.runOne(p, nil, plans)
-		r.CacheHitCeiling = ceiling
-		out = append(out, r)
-	}
-	return out, nil
+	return runPolicies(s, policies, nil, plans)
 }

@@ -231,17 +231,21 @@ func Run(s Scenario, policies []string) ([]Result, error) {
 	if err := s.validate(); err != nil {
 		return nil, err
 	}
+	if s.Agent != nil {
+		return runPolicies(s, policies, nil, s.sessionPlans())
+	}
+	return runPolicies(s, policies, s.arrivals(), nil)
+}
+
+// runPolicies runs one workload, arrivals (chat) or session plans (agent),
+// once per policy on a validated scenario.
+func runPolicies(s Scenario, policies []string, arrivals []arrival, plans []sessionPlan) ([]Result, error) {
 	if s.QueueTimeout <= 0 {
 		s.QueueTimeout = 30 * time.Second
 	}
-	var arrivals []arrival
-	var plans []sessionPlan
 	ceiling := 0.0
 	if s.Agent != nil {
-		plans = s.sessionPlans()
 		ceiling = math.Round(cacheCeiling(plans, s.Agent.System)*1000) / 1000
-	} else {
-		arrivals = s.arrivals()
 	}
 	out := make([]Result, 0, len(policies))
 	for _, name := range policies {
