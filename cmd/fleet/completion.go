@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -74,12 +75,12 @@ func attachForCompletion(root *cobra.Command, dataDir *string) {
 func runningNames(ctx context.Context, dataDir string) []string {
 	ctx, cancel := context.WithTimeout(ctx, time.Second)
 	defer cancel()
-	var out jsonBuffer
+	var out bytes.Buffer
 	if code, err := hub.RunRemote(ctx, dataDir, []string{"workers", "--json"}, nil, &out, io.Discard); err != nil || code != 0 {
 		return nil
 	}
 	var ws []fleet.WorkerView
-	if json.Unmarshal(out.b, &ws) != nil {
+	if json.Unmarshal(out.Bytes(), &ws) != nil {
 		return nil
 	}
 	var names []string
@@ -92,7 +93,3 @@ func runningNames(ctx context.Context, dataDir string) []string {
 	slices.Sort(names)
 	return names
 }
-
-type jsonBuffer struct{ b []byte }
-
-func (j *jsonBuffer) Write(p []byte) (int, error) { j.b = append(j.b, p...); return len(p), nil }
