@@ -63,30 +63,36 @@ func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
 }
 
 // gate is the admission check before launch: the model's memory against
-// what the node, probed just before, has usable. A worker that fails it
-// never starts an engine.
-func (h *Hub) gate(_ context.Context, w fleet.Worker, node fleet.Node) error {
+// what the node, probed just before, has usable, less what launches on it
+// that passed their gate hold until their engines are up. A worker that
+// fails it never starts an engine.
+func (h *Hub) gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
 	m, ok := h.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	return checkMemory(w, m, node)
+	return checkMemory(w, m, node, held)
 }
 
-// checkMemory compares the model's memory with what the node has usable.
-func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node) error {
-	if m.MemoryGB <= 0 || n.Platform == nil {
+// checkMemory compares the model's memory with what the node has usable
+// once held (other launches' memory, not yet visible to a probe) is taken off.
+func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error {
+	need := nodes.MemoryNeed(m)
+	if need == 0 || n.Platform == nil {
 		return nil // no figure to check, or a node launched on before any probe
 	}
-	need := uint64(m.MemoryGB * (1 << 30))
 	usable := nodes.UsableMemory(*n.Platform)
+	how := "free memory"
+	if n.Platform.OS == "darwin" {
+		how = "three quarters of free + inactive + speculative memory"
+	} else if len(n.Platform.GPUs) > 0 {
+		how = "free GPU memory"
+	}
+	if held > 0 {
+		how += fmt.Sprintf(", less %.1f GB held for launches in progress on it", float64(held)/(1<<30))
+		usable -= min(held, usable)
+	}
 	if usable < need {
-		how := "free memory"
-		if n.Platform.OS == "darwin" {
-			how = "three quarters of free + inactive + speculative memory"
-		} else if len(n.Platform.GPUs) > 0 {
-			how = "free GPU memory"
-		}
 		return fmt.Errorf("memory: %s needs %.1f GB but %s has %.1f GB usable (%s); free memory on the node or place the model elsewhere",
 			m.ID, m.MemoryGB, w.Node, float64(usable)/(1<<30), how)
 	}

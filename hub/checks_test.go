@@ -15,6 +15,7 @@ func TestCheckMemory(t *testing.T) {
 		name    string
 		model   fleet.Model
 		node    fleet.Node
+		held    uint64 // held for other launches on the node
 		wantErr string // "" = admitted
 	}{
 		{name: "Linux GPU with room", model: model,
@@ -22,6 +23,14 @@ func TestCheckMemory(t *testing.T) {
 		{name: "Linux GPU too full: GPU memory counts, not RAM", model: model,
 			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 64 * gib, GPUs: []fleet.GPU{{MemFreeMiB: 2048}}}},
 			wantErr: "memory: qwen3-4b needs 3.0 GB but n has 2.0 GB usable (free GPU memory)"},
+		{name: "Linux GPU with room, but not beside a launch in progress", model: model, held: 2 * gib,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", GPUs: []fleet.GPU{{MemFreeMiB: 4096}}}},
+			wantErr: "n has 2.0 GB usable (free GPU memory, less 2.0 GB held for launches in progress on it)"},
+		{name: "held beyond what the node has", model: model, held: 8 * gib,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}},
+			wantErr: "n has 0.0 GB usable (free memory, less 8.0 GB held"},
+		{name: "room beside a launch in progress", model: model, held: 1 * gib,
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
 		{name: "Linux CPU node uses available RAM", model: model,
 			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
 		{name: "Mac counts three quarters of free memory", model: model,
@@ -35,7 +44,7 @@ func TestCheckMemory(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := checkMemory(worker, tt.model, tt.node)
+			err := checkMemory(worker, tt.model, tt.node, tt.held)
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Errorf("rejected: %v", err)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"fleet"
@@ -21,10 +22,64 @@ type gateError struct{ err error }
 func (e gateError) Error() string { return e.err.Error() }
 func (e gateError) Unwrap() error { return e.err }
 
+// memoryHolds is the memory of launches that passed the gate and whose
+// engines are not up yet, per node and worker. A fresh probe does not see an
+// engine that is still installing or loading its weights, so without it two
+// launches gated on one node at once would both count the same free memory.
+type memoryHolds struct {
+	mu     sync.Mutex // also held across each Gate call, so check and hold are one step
+	byNode map[string]map[string]uint64
+}
+
+// heldOn is the memory held on node by launches other than worker's.
+func (h *memoryHolds) heldOn(node, worker string) uint64 {
+	var sum uint64
+	for w, b := range h.byNode[node] {
+		if w != worker {
+			sum += b
+		}
+	}
+	return sum
+}
+
+func (h *memoryHolds) hold(node, worker string, bytes uint64) {
+	if bytes == 0 {
+		return
+	}
+	if h.byNode == nil {
+		h.byNode = map[string]map[string]uint64{}
+	}
+	if h.byNode[node] == nil {
+		h.byNode[node] = map[string]uint64{}
+	}
+	h.byNode[node][worker] = bytes
+}
+
+// release ends worker's hold on node; releasing twice is harmless.
+func (h *memoryHolds) release(node, worker string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	delete(h.byNode[node], worker)
+	if len(h.byNode[node]) == 0 {
+		delete(h.byNode, node)
+	}
+}
+
 // gate runs the before-launch admission check (memory) on the node as
-// probed now. A worker that fails it is rejected and no engine starts.
+// probed now, less what other launches on it hold. A worker that fails it is
+// rejected and no engine starts; one that passes holds its model's memory on
+// the node until the caller releases it (m.holds.release), once its engine
+// is up or its launch failed.
 func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t Transport, spec enginectl.Spec, cmd enginectl.Command) error {
-	if m.opts.Gate == nil || ws.forced {
+	if m.opts.Gate == nil {
+		return nil
+	}
+	need := MemoryNeed(spec.Model)
+	if ws.forced {
+		// Unchecked, but its engine takes the memory all the same.
+		m.holds.mu.Lock()
+		m.holds.hold(node.Name, ws.name, need)
+		m.holds.mu.Unlock()
 		return nil
 	}
 	// A fresh probe: the last one may predate the stop of this worker's
@@ -38,7 +93,12 @@ func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t 
 	w := ws.w
 	m.mu.Unlock()
 	w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots = spec.Engine, cmd.Argv, cmd.LaunchArgv, cmd.Simulated, cmd.Context, cmd.Slots
-	gerr := m.opts.Gate(ctx, w, node)
+	m.holds.mu.Lock()
+	gerr := m.opts.Gate(ctx, w, node, m.holds.heldOn(node.Name, ws.name))
+	if gerr == nil {
+		m.holds.hold(node.Name, ws.name, need)
+	}
+	m.holds.mu.Unlock()
 	if gerr == nil {
 		return nil
 	}

@@ -83,6 +83,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	if err := m.gate(ctx, ws, node, t, spec, cmd); err != nil {
 		return err
 	}
+	// Its memory stays held until the engine is up: a launch that fails on
+	// the way releases it too.
+	defer m.holds.release(node.Name, ws.name)
 	m.update(ws, func(w *fleet.Worker) {
 		w.State, w.Reason = fleet.WorkerPending, ""
 		w.Engine, w.Port, w.PID, w.PGID = spec.Engine, port, 0, 0
@@ -175,6 +178,8 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	stopWatch := m.watchDownload(rctx, ws, t, proc)
 	err = enginectl.WaitReady(rctx, t, port, proc, spec.Engine, eo...)
 	stopWatch()
+	// Up (a probe now sees its memory) or failed (and stopped below).
+	m.holds.release(node.Name, ws.name)
 	timedOut := rctx.Err() != nil
 	cancel()
 	if err != nil && ctx.Err() == nil && timedOut {

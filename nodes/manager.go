@@ -74,11 +74,14 @@ type ManagerOptions struct {
 	OnEvent func(fleet.Event)
 	// Gate is the admission check before a launch (or an install): node is
 	// the worker's node probed just now, so its free memory is what the
-	// engine would get. An error rejects the worker with the error's text
-	// and no engine starts; the gate is tried again every ProbeInterval, on
-	// `start`, and when the worker's command line changes. nil admits
-	// everyone.
-	Gate func(ctx context.Context, w fleet.Worker, node fleet.Node) error
+	// engine would get, less held: the memory (MemoryNeed) of the other
+	// launches on the node that passed the gate and whose engines are not
+	// up yet, which the probe cannot see. An error rejects the worker with
+	// the error's text and no engine starts; the gate is tried again every
+	// ProbeInterval, on `start`, and when the worker's command line changes.
+	// Calls are serialised (check and hold are one step), so Gate must not
+	// wait. nil admits everyone.
+	Gate func(ctx context.Context, w fleet.Worker, node fleet.Node, held uint64) error
 	// Admit is the admission check between probation and ready; an error
 	// rejects the worker with the error's text. nil admits everyone.
 	Admit func(ctx context.Context, w fleet.Worker) error
@@ -137,6 +140,7 @@ type Manager struct {
 	removedNodes map[string]fleet.Node
 	wake         chan struct{}
 	runCtx       context.Context
+	holds        memoryHolds
 	wg           sync.WaitGroup
 }
 

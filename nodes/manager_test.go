@@ -520,7 +520,7 @@ func TestManagerGateRejectsBeforeLaunch(t *testing.T) {
 	)
 	added := time.Now()
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node) error {
+		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, _ uint64) error {
 			mu.Lock()
 			judged = append(judged, node)
 			mu.Unlock()
@@ -570,6 +570,99 @@ func TestManagerGateRejectsBeforeLaunch(t *testing.T) {
 	}
 	if x := h.waitReady(w.Name()); !alive(x.PID) {
 		t.Errorf("forced worker is ready without a live engine: %+v", x)
+	}
+}
+
+// Two placements on one node whose memory together exceeds the node's: both
+// are gated at once, before either engine runs, so a fresh probe shows each
+// the whole free memory. The first to pass holds its memory until its engine
+// is up, so the second is rejected, and launches once the first stops.
+func TestManagerGateHoldsMemoryOfLaunchesInProgress(t *testing.T) {
+	const gib = 1 << 30
+	small, big := testModel(), testModel()
+	small.MemoryGB = 20
+	big.ID, big.MemoryGB = "qwen3-8b", 20
+	f := simFleet(small, "max") // m4max: 40 GB free, of which a Mac's engine gets 30
+	f.Models = append(f.Models, big)
+	f.Placements = append(f.Placements, fleet.Placement{Model: big.ID, Node: "max"})
+
+	var (
+		mu      sync.Mutex
+		running = map[string]bool{} // engines started, which a real probe sees once loaded
+		calls   int
+		bothIn  = make(chan struct{})
+	)
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		report := o.OnWorker
+		o.OnWorker = func(w fleet.Worker) {
+			mu.Lock()
+			running[w.Name()] = w.PID != 0
+			mu.Unlock()
+			report(w)
+		}
+		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
+			mu.Lock()
+			calls++
+			first := calls == 1
+			if calls == 2 {
+				close(bothIn)
+			}
+			mu.Unlock()
+			if first {
+				// Give the other launch the chance to be gated at the same
+				// time, as the two supervisors are started together.
+				select {
+				case <-bothIn:
+				case <-time.After(5 * time.Second):
+				}
+			}
+			mu.Lock()
+			defer mu.Unlock()
+			usable := UsableMemory(*node.Platform) - min(held, UsableMemory(*node.Platform))
+			for name, up := range running {
+				if up && name != w.Name() {
+					usable -= min(20*gib, usable)
+				}
+			}
+			if usable < 20*gib {
+				return fmt.Errorf("memory: %s needs 20.0 GB but %s has %.1f GB usable (%.1f GB held)", w.Model, node.Name, float64(usable)/gib, float64(held)/gib)
+			}
+			return nil
+		}
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(f)
+	h.run()
+	names := []string{"max/qwen3-4b", "max/qwen3-8b"}
+	settled := func(x fleet.Worker) bool { return x.State == fleet.WorkerReady || x.State == fleet.WorkerRejected }
+	a, b := h.waitWorker(names[0], "ready or rejected", settled), h.waitWorker(names[1], "ready or rejected", settled)
+	if a.State == b.State {
+		t.Fatalf("two engines of 20 GB each on a node with 30 GB usable: %s is %s and %s is %s; want one ready, one rejected\n%s",
+			a.Name(), a.State, b.Name(), b.State, h.rec.dump())
+	}
+	up, down := a, b
+	if a.State == fleet.WorkerRejected {
+		up, down = b, a
+	}
+	if !strings.Contains(down.Reason, "20.0 GB held") || down.PID != 0 {
+		t.Errorf("rejected worker: reason %q, PID %d; want a rejection that counts the other launch's 20 GB, no engine", down.Reason, down.PID)
+	}
+	h.m.holds.mu.Lock()
+	left := fmt.Sprint(h.m.holds.byNode)
+	h.m.holds.mu.Unlock()
+	if left != "map[]" {
+		t.Errorf("memory still held after %s came up: %s", up.Name(), left)
+	}
+
+	// Once the engine that came up stops, its memory is free: the rejected
+	// worker passes its next gate (its hold would still count if never released).
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	if err := h.m.StopWorker(ctx, up.Name()); err != nil {
+		t.Fatal(err)
+	}
+	if x := h.waitReady(down.Name()); !alive(x.PID) {
+		t.Errorf("%s is ready without a live engine: %+v", x.Name(), x)
 	}
 }
 

@@ -306,6 +306,15 @@ func UsableMemory(p fleet.Platform) uint64 {
 	return p.MemFreeBytes
 }
 
+// MemoryNeed is the memory an engine of m is predicted to take: the model's
+// memory_gb, 0 when it declares none.
+func MemoryNeed(m fleet.Model) uint64 {
+	if m.MemoryGB <= 0 {
+		return 0
+	}
+	return uint64(m.MemoryGB * (1 << 30))
+}
+
 func nonEmptyLines(s string) []string {
 	var out []string
 	sc := bufio.NewScanner(strings.NewReader(s))
