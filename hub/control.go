@@ -15,6 +15,8 @@ import (
 	"strconv"
 	"sync"
 	"time"
+
+	"fleet/cli"
 )
 
 // The control socket lets `fleet workers` (and every other hub command) typed
@@ -38,6 +40,12 @@ const controlHeartbeat = 2 * time.Second
 
 // SocketName is the control socket's file name inside the data dir.
 const SocketName = "hub.sock"
+
+// maxControlRequest bounds the request line: an argv, which no shell passes
+// anywhere near this long. It is the apply limit (a fleet file, the largest
+// input a command takes, comes on standard input, not in the line), so a
+// client that never sends a newline cannot grow the hub without bound.
+const maxControlRequest = cli.MaxFleetFileBytes
 
 type controlRequest struct {
 	Args []string `json:"args"`
@@ -116,7 +124,16 @@ func handleControl(ctx context.Context, conn net.Conn, exec ExecFunc, log *slog.
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	br := bufio.NewReader(conn)
-	line, err := br.ReadBytes('\n')
+	mu := &sync.Mutex{}
+	out := frameWriter{mu: mu, w: conn, kind: frameStdout, fail: cancel}
+	errw := frameWriter{mu: mu, w: conn, kind: frameStderr, fail: cancel}
+	line, err := readLine(br, maxControlRequest)
+	if errors.Is(err, errLineTooLong) {
+		log.Warn("control client sent an oversized request", "limit", maxControlRequest)
+		fmt.Fprintf(errw, "fleet: the command line sent to the hub is over %d bytes, the most it reads; nothing was run. Pass large input on standard input (as apply -f does), not as arguments\n", maxControlRequest)
+		_, _ = frameWriter{mu: mu, w: conn, kind: frameExit, fail: cancel}.Write([]byte("2"))
+		return
+	}
 	if err != nil {
 		log.Warn("control client sent no request", "err", err)
 		return
@@ -126,9 +143,6 @@ func handleControl(ctx context.Context, conn net.Conn, exec ExecFunc, log *slog.
 		log.Warn("control client sent a malformed request", "err", err)
 		return
 	}
-	mu := &sync.Mutex{}
-	out := frameWriter{mu: mu, w: conn, kind: frameStdout, fail: cancel}
-	errw := frameWriter{mu: mu, w: conn, kind: frameStderr, fail: cancel}
 	// An empty frame now and then finds out that the client left (its
 	// Ctrl-C closes the socket, which only a write notices; the client
 	// half-closed its side long ago, so a read cannot tell): a command that
@@ -155,6 +169,24 @@ func handleControl(ctx context.Context, conn net.Conn, exec ExecFunc, log *slog.
 	_, _ = frameWriter{mu: mu, w: conn, kind: frameExit, fail: cancel}.Write([]byte(strconv.Itoa(code)))
 }
 
+var errLineTooLong = errors.New("line too long")
+
+// readLine reads up to and including the next newline, or fails with
+// errLineTooLong once it has more than max bytes without one.
+func readLine(br *bufio.Reader, max int) ([]byte, error) {
+	var line []byte
+	for {
+		chunk, err := br.ReadSlice('\n')
+		if len(line)+len(chunk) > max {
+			return nil, errLineTooLong
+		}
+		line = append(line, chunk...)
+		if !errors.Is(err, bufio.ErrBufferFull) {
+			return line, err
+		}
+	}
+}
+
 // ErrNoHub means no hub answers on the data dir's control socket.
 var ErrNoHub = errors.New("no hub is running")
 
@@ -171,6 +203,9 @@ func RunRemote(ctx context.Context, dataDir string, args []string, stdin io.Read
 	stop := context.AfterFunc(ctx, func() { conn.Close() })
 	defer stop()
 	hdr, _ := json.Marshal(controlRequest{Args: args})
+	if len(hdr)+1 > maxControlRequest {
+		return 0, fmt.Errorf("the command line is %d bytes, over the %d bytes the hub reads; pass large input on standard input, not as arguments", len(hdr)+1, maxControlRequest)
+	}
 	if _, err := conn.Write(append(hdr, '\n')); err != nil {
 		return 0, fmt.Errorf("sending the command to the hub: %w", err)
 	}

@@ -374,3 +374,77 @@ func TestControlClientLeavingCancelsTheCommand(t *testing.T) {
 		t.Fatal("the command still runs 30s after its client left")
 	}
 }
+
+// TestControlRequestLineBounded: the hub reads the request line up to the
+// apply limit, so a client that sends no newline cannot grow it without
+// bound; it is told why nothing ran, and a long argv under the limit still
+// runs.
+func TestControlRequestLineBounded(t *testing.T) {
+	dir := t.TempDir()
+	got := make(chan []string, 1)
+	serveTestControl(t, dir, scriptExec(got))
+
+	t.Run("over the limit, no newline", func(t *testing.T) {
+		conn, err := net.Dial("unix", filepath.Join(dir, SocketName))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		conn.SetDeadline(time.Now().Add(60 * time.Second)) // an unbounded hub would wait for the newline forever
+		// The hub stops reading at the limit and hangs up, so this write
+		// ends with an error, as a real client's would.
+		go conn.Write([]byte(`{"args":["out","` + strings.Repeat("a", maxControlRequest+1<<20)))
+		var stderr bytes.Buffer
+		code := -1
+		br := bufio.NewReader(conn)
+		for code < 0 {
+			var h [5]byte
+			if _, err := io.ReadFull(br, h[:]); err != nil {
+				t.Fatalf("the hub hung up without an exit status (stderr %q): %v", stderr.String(), err)
+			}
+			payload := make([]byte, binary.BigEndian.Uint32(h[1:]))
+			if _, err := io.ReadFull(br, payload); err != nil {
+				t.Fatal(err)
+			}
+			switch h[0] {
+			case frameStderr:
+				stderr.Write(payload)
+			case frameExit:
+				code, _ = strconv.Atoi(string(payload))
+			default:
+				t.Fatalf("frame %q %q, want stderr and an exit status", h[0], payload)
+			}
+		}
+		want := fmt.Sprintf("over %d bytes, the most it reads; nothing was run", maxControlRequest)
+		if code != 2 || !strings.Contains(stderr.String(), want) {
+			t.Errorf("exit %d, stderr %q; want 2 and %q", code, stderr.String(), want)
+		}
+		select {
+		case args := <-got:
+			t.Errorf("the hub ran %.40q from an oversized request", args)
+		default:
+		}
+	})
+
+	t.Run("over the limit, from RunRemote", func(t *testing.T) {
+		code, err := RunRemote(t.Context(), dir, []string{"out", strings.Repeat("a", maxControlRequest)}, nil, io.Discard, io.Discard)
+		if err == nil || !strings.Contains(err.Error(), "over the 4194304 bytes the hub reads") {
+			t.Errorf("RunRemote = %d, %v; want a refusal naming the limit", code, err)
+		}
+		select {
+		case args := <-got:
+			t.Errorf("the hub ran %.40q", args)
+		default:
+		}
+	})
+
+	t.Run("long argv under the limit runs", func(t *testing.T) {
+		long := strings.Repeat("a", maxControlRequest-64)
+		var stdout bytes.Buffer
+		code, err := RunRemote(t.Context(), dir, []string{"out", long}, nil, &stdout, io.Discard)
+		if err != nil || code != 0 || stdout.String() != long {
+			t.Errorf("RunRemote = %d, %v, %d bytes of stdout; want 0 and the argument back", code, err, stdout.Len())
+		}
+		<-got
+	})
+}
