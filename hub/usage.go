@@ -287,30 +287,48 @@ const recentUsageTTL = 10 * time.Second
 type usageCache struct {
 	mu       sync.Mutex
 	at       time.Time
+	reading  bool // one console reads the store; the others show the last figures meanwhile
 	byWorker []fleet.Usage
 	byKey    []fleet.Usage
 }
 
 // recentUsage is the last 24 hours' usage by worker and, with byKey, by
-// key, for the console's usage view; a failed read shows none.
+// key, for the console's usage view; a failed read shows none. The store is
+// read outside the cache's lock, by one caller at a time: a slow read holds
+// up that console's snapshot only, not every console's.
 func (h *Hub) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
 	c := &h.usageCache
 	c.mu.Lock()
-	defer c.mu.Unlock()
-	if now := time.Now(); now.Sub(c.at) > recentUsageTTL {
+	now := time.Now()
+	read := !c.reading && now.Sub(c.at) > recentUsageTTL
+	c.reading = c.reading || read
+	c.mu.Unlock()
+	if read {
 		since := now.Add(-24 * time.Hour)
 		workers, err := h.store.Usage(ctx, since, store.UsageByWorker)
 		keys, kerr := h.store.Usage(ctx, since, store.UsageByKey)
-		if err = errors.Join(err, kerr); err != nil {
-			h.log.Warn("reading usage for the console", "err", err)
-		}
 		for i := range workers {
 			if _, m, ok := strings.Cut(workers[i].Worker, "/"); ok {
 				workers[i].Model = m
 			}
 		}
-		c.at, c.byWorker, c.byKey = now, workers, keys
+		err = errors.Join(err, kerr)
+		c.mu.Lock()
+		c.reading = false
+		switch {
+		case err != nil && ctx.Err() != nil:
+			// This console left mid-read: the figures are not wrong, only
+			// not refreshed; the next snapshot reads again.
+		default:
+			if err != nil {
+				h.log.Warn("reading usage for the console", "err", err)
+			}
+			c.at, c.byWorker, c.byKey = now, workers, keys
+		}
+		c.mu.Unlock()
 	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := slices.Clone(c.byWorker)
 	if byKey {
 		out = append(out, c.byKey...)

@@ -1,10 +1,12 @@
 package hub
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -124,6 +126,37 @@ func TestConsoleUsageByKeyOnlyForAdmins(t *testing.T) {
 			t.Errorf("%s's console usage = %+v; want the worker's row, and the key's: %v", tc.u.Role, snap.Usage, tc.wantKey)
 		}
 	}
+}
+
+// A console that leaves while it reads the usage for everyone (its context
+// ends) leaves the shared figures as they were, and consoles reading at once
+// share the figures without a race (run under -race).
+func TestConsoleUsageReadIsShared(t *testing.T) {
+	h := newHub(t, Options{})
+	h.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
+	h.writeUsage(t.Context())
+	left, leave := context.WithCancel(t.Context())
+	leave()
+	h.recentUsage(left, true)
+	if got := h.recentUsage(t.Context(), true); len(got) != 2 {
+		t.Fatalf("after a console left mid-read, the next one sees %+v; want the worker's and the key's rows", got)
+	}
+
+	var wg sync.WaitGroup
+	for range 4 {
+		wg.Go(func() {
+			for range 20 {
+				if got := h.recentUsage(t.Context(), false); len(got) != 1 || got[0].Model != "qwen3-4b" {
+					t.Errorf("a console's usage = %+v; want the worker's row", got)
+					return
+				}
+				h.usageCache.mu.Lock()
+				h.usageCache.at = time.Time{} // stale: the next caller reads the store again
+				h.usageCache.mu.Unlock()
+			}
+		})
+	}
+	wg.Wait()
 }
 
 // A key revoked and created again under its name is a new key: the old
