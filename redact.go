@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"maps"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -99,11 +100,61 @@ func RedactArgv(argv []string) []string {
 	return out
 }
 
+// secretFlagText is a secret flag and its value in a line of text (a launch
+// event's command line, an installer's output), the value quoted or not.
+var secretFlagText = regexp.MustCompile(`(^|\s)(` + strings.Join(func() []string {
+	q := make([]string, len(secretFlags))
+	for i, f := range secretFlags {
+		q[i] = regexp.QuoteMeta(f)
+	}
+	return q
+}(), "|") + `)(=|\s+)('[^']*'|"[^"]*"|\S+)`)
+
+// urlCredentials is a URL's user:password@ and its query, where downloads
+// and package indexes carry their tokens and signatures.
+var urlCredentials = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@]+@)?([^\s?#]*)(\?[^\s#]*)?`)
+
+// RedactText returns a line an engine, an installer or the hub wrote with
+// the credentials it may carry replaced by Redacted: secret flag values,
+// and URLs' user info and query strings (signed download URLs, index
+// tokens). The rest of the line, the URL's host and path included, stays.
+func RedactText(s string) string {
+	s = secretFlagText.ReplaceAllString(s, "$1$2$3"+Redacted)
+	return urlCredentials.ReplaceAllStringFunc(s, func(u string) string {
+		m := urlCredentials.FindStringSubmatch(u)
+		out := m[1]
+		if m[2] != "" {
+			out += Redacted + "@"
+		}
+		out += m[3]
+		if m[4] != "" {
+			out += "?" + Redacted
+		}
+		return out
+	})
+}
+
+// RedactEvents returns events with their messages passed through
+// RedactText; the input is not modified.
+func RedactEvents(evs []Event) []Event {
+	if evs == nil {
+		return nil
+	}
+	out := make([]Event, len(evs))
+	for i, e := range evs {
+		e.Message = RedactText(e.Message)
+		out[i] = e
+	}
+	return out
+}
+
 // RedactSnapshot returns the snapshot as a non-admin may see it: recipe env
 // values and secret flag values replaced by Redacted, in the models and in
-// each worker's command line. The input is not modified.
+// each worker's command line, and credentials in the events' messages. The
+// input is not modified.
 func RedactSnapshot(s Snapshot) Snapshot {
 	s.Models = RedactModels(s.Models)
+	s.Events = RedactEvents(s.Events)
 	if s.Workers != nil {
 		ws := make([]WorkerView, len(s.Workers))
 		for i, w := range s.Workers {

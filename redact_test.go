@@ -39,3 +39,25 @@ func TestRedactArgv(t *testing.T) {
 		}
 	}
 }
+
+func TestRedactText(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"launched PID 7: llama-server --api-key sk-1 --port 8000", "launched PID 7: llama-server --api-key " + Redacted + " --port 8000"},
+		{"vllm serve --api-key=sk-1 --hf-token  hf_2 -hft 'hf 3'", "vllm serve --api-key=" + Redacted + " --hf-token  " + Redacted + " -hft " + Redacted},
+		{"llama-server --api-key-file /etc/key --api-key", "llama-server --api-key-file /etc/key --api-key"}, // another flag; a flag without value
+		{"download: https://cas.hf.co/a/b.gguf?X-Amz-Signature=s&t=1 45%|##", "download: https://cas.hf.co/a/b.gguf?" + Redacted + " 45%|##"},
+		{"Looking in indexes: https://__token__:pw@pypi.example.com/simple, http://u@h/x?y#frag",
+			"Looking in indexes: https://" + Redacted + "@pypi.example.com/simple, http://" + Redacted + "@h/x?" + Redacted + "#frag"},
+		{"downloading https://huggingface.co/Qwen/Qwen3-4B-GGUF/resolve/main/q.gguf to /root/.cache", "downloading https://huggingface.co/Qwen/Qwen3-4B-GGUF/resolve/main/q.gguf to /root/.cache"},
+		{"ready on port 18000 (PID 42)", "ready on port 18000 (PID 42)"},
+	}
+	for _, tt := range tests {
+		if got := RedactText(tt.in); got != tt.want {
+			t.Errorf("RedactText(%q)\n = %q\nwant %q", tt.in, got, tt.want)
+		}
+	}
+	in := []Event{{ID: 1, Message: "--api-key sk-1"}}
+	if out := RedactEvents(in); out[0].Message != "--api-key "+Redacted || out[0].ID != 1 || in[0].Message != "--api-key sk-1" {
+		t.Errorf("RedactEvents(%+v) = %+v; want the message redacted in a copy", in, out)
+	}
+}

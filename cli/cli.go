@@ -213,7 +213,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 				return printModels(c.OutOrStdout(), ms)
 			},
 		}),
-		eventsCmd(h),
+		eventsCmd(h, u),
 		auditCmd(h, u),
 		actCmd(h, u, "drain", "stop sending new requests to workers (a node name means all its workers); in-flight ones finish"),
 		actCmd(h, u, "undrain", "let drained workers take requests again"),
@@ -338,7 +338,7 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	return c
 }
 
-func eventsCmd(h Hub) *cobra.Command {
+func eventsCmd(h Hub, u fleet.User) *cobra.Command {
 	var follow, asJSON bool
 	var limit int
 	var subject string
@@ -353,6 +353,10 @@ func eventsCmd(h Hub) *cobra.Command {
 				evs, err := h.Events(ctx, subject, after, limit)
 				if err != nil {
 					return err
+				}
+				if !u.Role.Allows(fleet.RoleAdmin) {
+					// Engines' and installers' lines may carry credentials.
+					evs = fleet.RedactEvents(evs)
 				}
 				for _, e := range evs {
 					if asJSON {

@@ -16,8 +16,9 @@ import (
 
 // Status is the one-screen summary of `fleet status`.
 type Status struct {
-	Version   string    `json:"version"`
-	DataDir   string    `json:"data_dir"`
+	Version string `json:"version"`
+	// DataDir is the hub's data dir, for admins only ("" for the others).
+	DataDir   string    `json:"data_dir,omitempty"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	// UptimeSeconds is how long the hub has served, 0 before it does.
 	UptimeSeconds float64 `json:"uptime_s"`
@@ -117,7 +118,10 @@ func printStatus(w io.Writer, st Status) error {
 	if !st.StartedAt.IsZero() {
 		up = "up " + time.Duration(st.UptimeSeconds*float64(time.Second)).Round(time.Second).String()
 	}
-	fmt.Fprintf(tw, "hub\tfleet %s, %s, data in %s\n", st.Version, up, st.DataDir)
+	if st.DataDir != "" {
+		up += ", data in " + st.DataDir
+	}
+	fmt.Fprintf(tw, "hub\tfleet %s, %s\n", st.Version, up)
 	router := st.Router
 	if router == "" {
 		router = "not listening yet"

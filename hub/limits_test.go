@@ -121,6 +121,58 @@ func TestSecretsRedactedForNonAdmins(t *testing.T) {
 	}
 }
 
+// What the hub tells a viewer or an operator leaves out the hub's data dir
+// (a path on the hub's machine) and, in events, what engines and installers
+// print that carries a credential: a secret flag's value on a launch line, a
+// URL's user and password, a signed URL's query. Admins see all of it.
+func TestHubPathAndEventSecretsOnlyForAdmins(t *testing.T) {
+	dir := t.TempDir()
+	h := newHub(t, Options{DataDir: dir})
+	for _, msg := range []string{
+		"launched PID 4242 on port 18000: llama-server -hf Qwen/Qwen3-4B-GGUF:Q4_K_M --api-key sk-s3cr3t-key --port 18000",
+		"download: https://cas-bridge.xethub.hf.co/xet-bridge/Qwen3-4B-Q4_K_M.gguf?X-Amz-Signature=s1gn3d&X-Amz-Credential=AKIA 45%|####      | 1.1G/2.5G",
+		"install: Looking in indexes: https://__token__:pyp1-t0ken@pypi.example.com/simple",
+	} {
+		h.onEvent(fleet.Event{Level: "info", Subject: "ultra/qwen3-4b", Message: msg})
+	}
+	secrets := []string{"sk-s3cr3t-key", "s1gn3d", "AKIA", "pyp1-t0ken"}
+	kept := []string{"--api-key", "cas-bridge.xethub.hf.co/xet-bridge/Qwen3-4B-Q4_K_M.gguf", "45%", "pypi.example.com/simple"}
+	for _, u := range []fleet.User{viewer, operator, admin} {
+		outs := map[string]string{}
+		for _, args := range [][]string{{"status"}, {"status", "--json"}, {"events"}, {"events", "--json"}} {
+			var out, stderr bytes.Buffer
+			if code := h.Exec(t.Context(), u, args, nil, &out, &stderr); code != 0 {
+				t.Fatalf("%q as %s: exit %d: %s", args, u.Role, code, stderr.String())
+			}
+			outs[strings.Join(args, " ")] = out.String()
+		}
+		snap, err := json.Marshal(h.ConsoleSource(u).Snapshot())
+		if err != nil {
+			t.Fatal(err)
+		}
+		outs["console snapshot"] = string(snap)
+		isAdmin := u.Role == fleet.RoleAdmin
+		for what, out := range outs {
+			if strings.HasPrefix(what, "status") {
+				if shows := strings.Contains(out, dir); shows != isAdmin {
+					t.Errorf("%s as %s shows the data dir %s: %v\n%s", what, u.Role, dir, shows, out)
+				}
+				continue
+			}
+			for _, secret := range secrets {
+				if shows := strings.Contains(out, secret); shows != isAdmin {
+					t.Errorf("%s as %s shows %s: %v\n%s", what, u.Role, secret, shows, out)
+				}
+			}
+			for _, k := range kept {
+				if !strings.Contains(out, k) {
+					t.Errorf("%s as %s hides %q too:\n%s", what, u.Role, k, out)
+				}
+			}
+		}
+	}
+}
+
 // Each user runs at most MaxChecksPerUser shape probes and bench sweeps at
 // once; the next is refused with a message, before any request reaches a
 // worker, while other users are not held back.

@@ -36,7 +36,10 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
 		h.mu.Lock()
 		started, addr, lan := h.started, h.httpAddr, h.lanName
 		h.mu.Unlock()
-		st.Version, st.DataDir = h.opts.Version, h.opts.DataDir
+		st.Version = h.opts.Version
+		if u.Role.Allows(fleet.RoleAdmin) {
+			st.DataDir = h.opts.DataDir // a path on the hub's machine: for those who run it
+		}
 		if st.Version == "" {
 			st.Version = "dev"
 		}
