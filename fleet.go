@@ -521,6 +521,14 @@ type Event struct {
 	Message string    `json:"message"`
 }
 
+// Bounds of an engine log read (`fleet logs -n`, checked by the command and
+// again where the node's tail runs): an engine's log grows without end (vLLM
+// logs a line per scheduler step), so no reader may ask for all of it.
+const (
+	DefaultLogLines = 200
+	MaxLogLines     = 10000
+)
+
 // AuditEntry records who did what, when, to what, and how it ended.
 type AuditEntry struct {
 	ID      int64     `json:"id"`

@@ -10,10 +10,6 @@ import (
 	"fleet"
 )
 
-// MaxLogLines is the most lines `logs -n` prints; the node's tail is
-// bounded the same way (nodes.MaxLogLines).
-const MaxLogLines = 10000
-
 // LogsHub is what `logs` needs from the hub.
 type LogsHub interface {
 	// Logs writes the last lines of a worker's engine log to w and, with
@@ -33,13 +29,13 @@ keeps printing until you interrupt it (at most 24 hours), following the new log 
 WORKER is NODE/MODEL, or a node name when the node runs one worker.`,
 		Args: exactArgs(1, "one worker (NODE/MODEL)"),
 		RunE: func(c *cobra.Command, args []string) error {
-			if lines < 1 || lines > MaxLogLines {
-				return usageError{fmt.Errorf("-n %d: give a line count from 1 to %d", lines, MaxLogLines)}
+			if lines < 1 || lines > fleet.MaxLogLines {
+				return usageError{fmt.Errorf("-n %d: give a line count from 1 to %d", lines, fleet.MaxLogLines)}
 			}
 			return h.Logs(c.Context(), u, args[0], lines, follow, c.OutOrStdout())
 		},
 	}
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing what the engine logs until interrupted")
-	c.Flags().IntVarP(&lines, "lines", "n", 200, fmt.Sprintf("how many of the last lines to print first (at most %d)", MaxLogLines))
+	c.Flags().IntVarP(&lines, "lines", "n", fleet.DefaultLogLines, fmt.Sprintf("how many of the last lines to print first (at most %d)", fleet.MaxLogLines))
 	return c
 }

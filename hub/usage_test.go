@@ -92,15 +92,7 @@ func TestKeyLimitsSurviveARestart(t *testing.T) {
 	first.Close()
 
 	h := newHub(t, Options{DataDir: dir, RequireKeys: true})
-	srv := httptest.NewServer(h.router.Handler())
-	defer srv.Close()
-	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
-	req.Header.Set("Authorization", "Bearer "+key)
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	resp := postWithKey(t, h, key, `{"model":"qwen3-4b"}`)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("x-ratelimit-remaining-tokens") != "0" {
 		t.Errorf("a key past its day's tokens after a restart: %d %v; want 429", resp.StatusCode, resp.Header)
 	}
@@ -162,15 +154,7 @@ func TestConsoleUsageReadIsShared(t *testing.T) {
 // A key revoked and created again under its name is a new key: the old
 // one's limits do not follow the name.
 func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
-	h := newHub(t, Options{RequireKeys: true, DataDir: func() string {
-		dir := t.TempDir()
-		seed := newHub(t, Options{DataDir: dir})
-		if _, err := seed.CreateKey(t.Context(), admin, "seed"); err != nil {
-			t.Fatal(err)
-		}
-		seed.Close()
-		return dir
-	}()})
+	h, _ := hubWithKeys(t, Options{RequireKeys: true}, "seed")
 	ctx := t.Context()
 	if _, err := h.CreateKey(ctx, admin, "ci"); err != nil {
 		t.Fatal(err)
@@ -185,17 +169,9 @@ func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(h.router.Handler())
-	defer srv.Close()
 	for i := range 3 {
 		// A model nobody serves answers 404 at once, after the key's limits.
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"nope"}`))
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
+		resp := postWithKey(t, h, key, `{"model":"nope"}`)
 		if resp.StatusCode == http.StatusTooManyRequests || resp.Header.Get("x-ratelimit-limit-requests") != "" {
 			t.Fatalf("request %d with the new ci key: %d %v; the revoked key's limit followed its name", i+1, resp.StatusCode, resp.Header)
 		}
@@ -207,17 +183,7 @@ func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
 // `fleet key limit` hands a key that spent its day some tokens back.
 func TestKeyLimitChangeKeepsUnflushedSpend(t *testing.T) {
 	ctx := t.Context()
-	dir := t.TempDir()
-	seed := newHub(t, Options{DataDir: dir})
-	key, err := seed.CreateKey(ctx, admin, "ci")
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := seed.CreateKey(ctx, admin, "other"); err != nil {
-		t.Fatal(err)
-	}
-	seed.Close()
-	h := newHub(t, Options{DataDir: dir, RequireKeys: true})
+	h, keys := hubWithKeys(t, Options{RequireKeys: true}, "ci", "other")
 	if err := h.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
 		t.Fatal(err)
 	}
@@ -232,17 +198,44 @@ func TestKeyLimitChangeKeepsUnflushedSpend(t *testing.T) {
 	if err := h.SetKeyLimits(ctx, admin, "other", fleet.KeyLimits{RequestsPerMinute: 5}); err != nil {
 		t.Fatal(err)
 	}
+	resp := postWithKey(t, h, keys["ci"], `{"model":"qwen3-4b"}`)
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Errorf("a key past its day's tokens after another key's limit changed: %d (remaining tokens %q); want 429",
+			resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"))
+	}
+}
+
+// hubWithKeys opens a hub with opts on a data dir whose store already has
+// the named API keys (a hub that requires keys does not start without
+// one); it returns the hub and each key's secret.
+func hubWithKeys(t *testing.T, opts Options, names ...string) (*Hub, map[string]string) {
+	t.Helper()
+	opts.DataDir = t.TempDir()
+	seed := newHub(t, Options{DataDir: opts.DataDir})
+	keys := map[string]string{}
+	for _, name := range names {
+		key, err := seed.CreateKey(t.Context(), admin, name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys[name] = key
+	}
+	seed.Close()
+	return newHub(t, opts), keys
+}
+
+// postWithKey sends one chat completion request with body to h's router
+// under the API key and returns the answer, its body closed.
+func postWithKey(t *testing.T, h *Hub, key, body string) *http.Response {
+	t.Helper()
 	srv := httptest.NewServer(h.router.Handler())
 	defer srv.Close()
-	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Authorization", "Bearer "+key)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
 	resp.Body.Close()
-	if resp.StatusCode != http.StatusTooManyRequests {
-		t.Errorf("a key past its day's tokens after another key's limit changed: %d (remaining tokens %q); want 429",
-			resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"))
-	}
+	return resp
 }

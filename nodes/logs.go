@@ -8,19 +8,14 @@ import (
 	"strconv"
 	"time"
 
+	"fleet"
 	"fleet/enginectl"
 )
 
-// Bounds of a log read: an engine's log grows without end (vLLM logs a
-// line per scheduler step), so neither the console nor `fleet logs` may ask
-// for all of it.
-const (
-	DefaultLogLines = 200
-	MaxLogLines     = 10000
-	// MaxLogFollow ends a `logs -f` nobody stopped, so a forgotten follow
-	// does not hold a session on the node forever.
-	MaxLogFollow = 24 * time.Hour
-)
+// MaxLogFollow ends a `logs -f` nobody stopped, so a forgotten follow does
+// not hold a session on the node forever. (The lines a read may ask for are
+// bounded by fleet.MaxLogLines.)
+const MaxLogFollow = 24 * time.Hour
 
 // tailScript prints the last lines of a file on the node and, with $3 = f,
 // follows it by name (-F), so the new log after a restart (node.sh moves the
@@ -61,9 +56,9 @@ func (m *Manager) StreamWorkerLog(ctx context.Context, name string, lines int, f
 // behind on the node.
 func tailLog(ctx context.Context, t Transport, path string, lines int, follow bool, w io.Writer) error {
 	if lines <= 0 {
-		lines = DefaultLogLines
+		lines = fleet.DefaultLogLines
 	}
-	lines = min(lines, MaxLogLines)
+	lines = min(lines, fleet.MaxLogLines)
 	argv := []string{"sh", "-c", tailScript, "fleet-tail", strconv.Itoa(lines), path, ""}
 	if !follow {
 		return t.Run(ctx, argv, nil, w, w)

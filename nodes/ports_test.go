@@ -14,23 +14,10 @@ import (
 // picks there may belong to an unrelated service: the worker leaves it alone
 // and launches on the next port, at once and without a failure.
 func TestManagerRemotePortHeldByAStranger(t *testing.T) {
-	s := sshdtest.New(t)
-	s.Start()
-	remoteState := t.TempDir()
 	// The stranger is this test process, which is not the recipe's engine.
 	ln, first := strangerBeforeFreePort(t)
 	defer ln.Close()
-	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.RemoteStateDir = remoteState
-		o.PortMin, o.PortMax = first, first+1
-	})
-	cleanupEngines(t, h)
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "rig", Address: s.Address(), Identity: s.Identity()}},
-		Models:     []fleet.Model{localModel()},
-		Placements: []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}},
-	})
-	h.run()
+	h := launchOnSSHNode(t, first)
 	w := h.waitReady("rig/qwen3-4b")
 	if w.Port == first || w.Restarts != 0 {
 		t.Errorf("ready on port %d (stranger on %d) after %d restarts; want another port and no failure\n%s", w.Port, first, w.Restarts, h.rec.dump())
@@ -43,6 +30,27 @@ func TestManagerRemotePortHeldByAStranger(t *testing.T) {
 	} else {
 		c.Close()
 	}
+}
+
+// launchOnSSHNode starts an sshd and a manager that may use ports first and
+// first+1 only, and places the fake engine on the SSH node "rig" there.
+func launchOnSSHNode(t *testing.T, first int) *harness {
+	t.Helper()
+	s := sshdtest.New(t)
+	s.Start()
+	remoteState := t.TempDir()
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.RemoteStateDir = remoteState
+		o.PortMin, o.PortMax = first, first+1
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "rig", Address: s.Address(), Identity: s.Identity()}},
+		Models:     []fleet.Model{localModel()},
+		Placements: []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}},
+	})
+	h.run()
+	return h
 }
 
 // strangerBeforeFreePort listens on a port whose next one is free, both
@@ -72,9 +80,6 @@ func strangerBeforeFreePort(t *testing.T) (net.Listener, int) {
 // worker then moves to another port at once, instead of relaunching on the
 // same one for ever (152 times in 60 s in one CI run).
 func TestManagerRemotePortHeldByAConnection(t *testing.T) {
-	s := sshdtest.New(t)
-	s.Start()
-	remoteState := t.TempDir()
 	ln, first := strangerBeforeFreePort(t)
 	ln.Close()
 	peer, err := net.Listen("tcp", "127.0.0.1:0")
@@ -92,17 +97,7 @@ func TestManagerRemotePortHeldByAConnection(t *testing.T) {
 		probe.Close()
 		t.Skipf("this kernel lets a listener bind port %d beside a connection from it; nothing to test", first)
 	}
-	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.RemoteStateDir = remoteState
-		o.PortMin, o.PortMax = first, first+1
-	})
-	cleanupEngines(t, h)
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "rig", Address: s.Address(), Identity: s.Identity()}},
-		Models:     []fleet.Model{localModel()},
-		Placements: []fleet.Placement{{Model: "qwen3-4b", Node: "rig"}},
-	})
-	h.run()
+	h := launchOnSSHNode(t, first)
 	w := h.waitReady("rig/qwen3-4b")
 	if w.Port == first {
 		t.Errorf("ready on port %d, which a connection holds", w.Port)
