@@ -60,7 +60,7 @@ func (w *worker) slots(configured int, now time.Time) int {
 // the scheduler plans with the router's in-flight count plus the requests
 // the engine held beyond the router's own, and caps the worker's slots at
 // the engine's slot count when that is known. An observation already stale,
-// or with negative counts, is ignored.
+// with negative counts, or of a worker outside the ready set is ignored.
 func (r *Router) ObserveEngineLoad(name string, l EngineLoad) {
 	now := time.Now()
 	if l.At.IsZero() || l.At.After(now) {
@@ -75,7 +75,13 @@ func (r *Router) ObserveEngineLoad(name string, l EngineLoad) {
 		return
 	}
 	r.mu.Lock()
-	w := r.workerLocked(name)
+	w, ok := r.workers[name]
+	if !ok || !w.ready {
+		// Not routed to: nothing to plan with it, and a scrape that ends
+		// after its worker left must not keep state for it.
+		r.mu.Unlock()
+		return
+	}
 	// The router's requests the engine could have counted: those already
 	// out when it was read. Any started since are on top of its figures.
 	own := 0

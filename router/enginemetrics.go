@@ -123,6 +123,14 @@ func (e *engineMetrics) dropStaleLocked(now time.Time, maxAge time.Duration) {
 	}
 }
 
+// forget drops a worker's kept metrics at once (they would leave once
+// stale anyway): it left the ready set.
+func (e *engineMetrics) forget(worker string) {
+	e.mu.Lock()
+	delete(e.byWorker, worker)
+	e.mu.Unlock()
+}
+
 // gather merges the fresh snapshots, one family per metric name. A name
 // two engines type differently keeps the first worker's (by name) only.
 func (e *engineMetrics) gather(maxAge time.Duration) ([]*dto.MetricFamily, error) {

@@ -2,8 +2,11 @@ package router
 
 import (
 	"errors"
+	"maps"
+	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 )
 
 // metrics are the router's Prometheus series. Labels stay bounded: models and
@@ -88,6 +91,44 @@ func (m *metrics) tokenCounters(b Backend) tokenCounters {
 		cached:     m.tokens.WithLabelValues(b.Model, b.Name, "cached"),
 		completion: m.tokens.WithLabelValues(b.Model, b.Name, "completion"),
 	}
+}
+
+// backendVecs are the series labelled by backend.
+func (m *metrics) backendVecs() []*prometheus.MetricVec {
+	return []*prometheus.MetricVec{m.requests.MetricVec, m.inFlight.MetricVec, m.ttft.MetricVec, m.itl.MetricVec, m.e2e.MetricVec, m.tokens.MetricVec}
+}
+
+// forgetBackend removes a backend's series: a worker gone from the fleet
+// does not stay on /metrics for ever, nor does a renamed one.
+func (m *metrics) forgetBackend(name string) {
+	for _, v := range m.backendVecs() {
+		v.DeletePartialMatch(prometheus.Labels{"backend": name})
+	}
+}
+
+// backendNames lists the backends that have series, but "" (a request no
+// backend was chosen for).
+func (m *metrics) backendNames() []string {
+	seen := map[string]bool{}
+	for _, v := range m.backendVecs() {
+		ch := make(chan prometheus.Metric)
+		go func() {
+			v.Collect(ch)
+			close(ch)
+		}()
+		for s := range ch {
+			var d dto.Metric
+			if s.Write(&d) != nil {
+				continue
+			}
+			for _, l := range d.GetLabel() {
+				if l.GetName() == "backend" && l.GetValue() != "" {
+					seen[l.GetValue()] = true
+				}
+			}
+		}
+	}
+	return slices.Sorted(maps.Keys(seen))
 }
 
 // initModel makes a model's queue and retry series exist at zero before

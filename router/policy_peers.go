@@ -88,6 +88,11 @@ func (p *cacheAwarePolicy) tree(name string) *PrefixIndex {
 	return t
 }
 
+// forgetWorker drops a worker's tree when the router forgets the worker
+// (sweepLocked): a restarted engine holds no cache, and a gone one never
+// comes back under its name.
+func (p *cacheAwarePolicy) forgetWorker(name string) { delete(p.trees, name) }
+
 func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
 	if len(cands) == 0 {
 		return -1

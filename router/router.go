@@ -244,7 +244,20 @@ type worker struct {
 	engine engineView
 	// prefix is which prompt prefixes its engine is thought to hold.
 	prefix *PrefixIndex
+	// ready is whether the name is in the ready set. Outside it, the state
+	// is kept only while requests are in flight, while drained, or when it
+	// was seeded before joining (an admission bench runs on probation):
+	// see sweepLocked.
+	ready  bool
+	seeded bool
+	// outside is when it left the ready set, or was seeded or drained
+	// outside it: beyond maxParked such workers, the oldest go first.
+	outside time.Time
 }
+
+// maxParked bounds the workers outside the ready set, with nothing in
+// flight, whose state is kept because they are drained or were seeded.
+const maxParked = 64
 
 // Router is the OpenAI-compatible proxy. It is safe for concurrent use.
 type Router struct {
@@ -403,6 +416,7 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 	for _, b := range r.backends {
 		old[b.cfg.Name] = b
 	}
+	r.sweepLocked(bs, time.Now())
 	next := make([]*backend, 0, len(bs))
 	for _, cfg := range bs {
 		if cfg.Slots <= 0 {
@@ -426,6 +440,10 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 		// A new or restarted engine starts with an empty prompt cache.
 		w.prefix.Clear()
 		next = append(next, r.newBackend(cfg))
+	}
+	for _, b := range next {
+		w := r.workerLocked(b.cfg.Name)
+		w.ready, w.seeded, w.outside = true, false, time.Time{}
 	}
 	r.backends = next
 	models := r.queuedModelsLocked()
@@ -502,18 +520,84 @@ func (r *Router) workerLocked(name string) *worker {
 	return w
 }
 
+// sweepLocked drops what the router keeps of workers that are not in bs (the
+// next ready set): their state, once nothing is in flight on them, and
+// their series on /metrics. A worker that comes back starts fresh, as its
+// restarted engine does. Kept outside the set: drained workers (a drain
+// holds across SetBackends) and ones seeded before they joined, at most
+// maxParked of them, the oldest dropped first.
+func (r *Router) sweepLocked(bs []Backend, now time.Time) {
+	next := make(map[string]bool, len(bs))
+	for _, b := range bs {
+		next[b.Name] = true
+	}
+	var parked []string
+	for name, w := range r.workers {
+		if w.ready && !next[name] {
+			w.ready, w.outside = false, now
+		}
+		switch {
+		case w.ready || w.inFlight > 0:
+		case w.drained || w.seeded:
+			parked = append(parked, name)
+		default:
+			r.forgetLocked(name)
+		}
+	}
+	if len(parked) > maxParked {
+		slices.SortFunc(parked, func(a, b string) int { return r.workers[a].outside.Compare(r.workers[b].outside) })
+		for _, name := range parked[:len(parked)-maxParked] {
+			r.forgetLocked(name)
+		}
+	}
+	// Series of a name with no state left (a request's status counted
+	// after its worker was forgotten) go too.
+	for _, name := range r.metrics.backendNames() {
+		if _, kept := r.workers[name]; !kept && !next[name] {
+			r.metrics.forgetBackend(name)
+		}
+	}
+}
+
+// forgetLocked drops a worker's state, its series and its engine's
+// metrics; a suspicion the router raised itself goes with it (one the hub
+// set stays until the hub clears it).
+func (r *Router) forgetLocked(name string) {
+	if w := r.workers[name]; w != nil && w.engine.expiry != nil {
+		w.engine.expiry.Stop()
+	}
+	delete(r.workers, name)
+	if s, ok := r.hedge.suspect[name]; ok && !s.until.IsZero() {
+		delete(r.hedge.suspect, name)
+	}
+	r.metrics.forgetBackend(name)
+	r.engines.forget(name)
+	if p, ok := r.policy.(workerForgetter); ok {
+		p.forgetWorker(name)
+	}
+}
+
+// workerForgetter is a policy that keeps state per worker name.
+type workerForgetter interface{ forgetWorker(name string) }
+
 // Drain stops new requests to the named backend; requests in flight finish.
 // It holds across SetBackends until Undrain.
 func (r *Router) Drain(name string) {
 	r.mu.Lock()
-	r.workerLocked(name).drained = true
+	w := r.workerLocked(name)
+	w.drained = true
+	if !w.ready {
+		w.outside = time.Now()
+	}
 	r.mu.Unlock()
 }
 
 // Undrain lets the named backend take requests again.
 func (r *Router) Undrain(name string) {
 	r.mu.Lock()
-	r.workerLocked(name).drained = false
+	if w, ok := r.workers[name]; ok {
+		w.drained = false
+	}
 	models := r.queuedModelsLocked()
 	r.mu.Unlock()
 	for _, m := range models {
@@ -595,6 +679,10 @@ func (r *Router) SeedSpeed(name string, points ...SpeedPoint) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	w := r.workerLocked(name)
+	if !w.ready {
+		// Measured before it joins (admission): kept until it does.
+		w.seeded, w.outside = true, time.Now()
+	}
 	for _, p := range points {
 		w.speed.Seed(p)
 	}
