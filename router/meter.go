@@ -24,7 +24,10 @@ type meter struct {
 	// firstToken is when the first data event carrying a token (content,
 	// reasoning, a tool call, completion text) arrived.
 	firstToken time.Time
-	usage      int
+	// event is the SSE event name of the event being read (Anthropic's and
+	// the Responses API's streams give one), kept until the first token.
+	event []byte
+	usage int
 	// cache is what the usage and timings chunks said of the prompt.
 	cache promptCache
 	// tail keeps the end of a non-streamed body, where usage sits.
@@ -104,6 +107,13 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	line = bytes.TrimRight(line, "\r")
 	payload, ok := bytes.CutPrefix(line, dataPrefix)
 	if !ok {
+		if m.firstToken.IsZero() {
+			if name, ok := bytes.CutPrefix(line, eventPrefix); ok {
+				m.event = append(m.event[:0], bytes.TrimSpace(name)...)
+			} else if len(line) == 0 {
+				m.event = m.event[:0] // the event ended
+			}
+		}
 		return
 	}
 	payload = bytes.TrimSpace(payload)
@@ -111,6 +121,11 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 		m.events++
 		if m.firstData.IsZero() {
 			m.firstData = now
+		}
+		// A first chunk too long to keep whole (a big tool call or text
+		// at once) is still the first token.
+		if m.firstToken.IsZero() && carriesTokenStart(m.event, payload) {
+			m.firstToken = now
 		}
 		m.lastData = now
 		return

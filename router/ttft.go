@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -61,6 +62,78 @@ func carriesToken(payload []byte) bool {
 		}
 	}
 	return false
+}
+
+// carriesTokenStart is carriesToken for a payload of which only the start
+// is at hand (a line longer than the meter keeps). The SSE event name says
+// it where the stream gives one; else the start is read as JSON as far as
+// it goes, so that a long first event that is not a token (a Responses
+// stream's response.created echoing long instructions) is not taken for
+// one.
+func carriesTokenStart(event, start []byte) bool {
+	if len(event) > 0 {
+		return apiTokenEvents[string(event)]
+	}
+	// frame is an open object (its current key, whether a key comes next)
+	// or array.
+	type frame struct {
+		obj, wantKey bool
+		key          string
+	}
+	var stack []frame
+	// path names the place of a value as the keys of the objects it is
+	// in, arrays left out: "choices.delta.content".
+	path := func() string {
+		var keys []string
+		for _, f := range stack {
+			if f.obj {
+				keys = append(keys, f.key)
+			}
+		}
+		return strings.Join(keys, ".")
+	}
+	d := json.NewDecoder(bytes.NewReader(start))
+	for {
+		tok, err := d.Token()
+		if err != nil {
+			// Cut here: a string that begins at a token's place and goes on
+			// past the cut is a long, non-empty token.
+			if n := len(stack); n == 0 || !stack[n-1].obj || stack[n-1].wantKey || !tokenStrings[path()] {
+				return false
+			}
+			rest := bytes.TrimLeft(start[d.InputOffset():], " \t:")
+			return len(rest) > 1 && rest[0] == '"' && rest[1] != '"'
+		}
+		n := len(stack)
+		if n > 0 && !stack[n-1].obj && tok != json.Delim(']') && path() == "choices.delta.tool_calls" {
+			return true // a tool call's first element
+		}
+		if s, ok := tok.(string); ok && n > 0 && stack[n-1].obj && stack[n-1].wantKey {
+			stack[n-1].key, stack[n-1].wantKey = s, false
+			continue
+		}
+		if n > 0 && stack[n-1].obj {
+			p := path()
+			if s, ok := tok.(string); ok && (tokenStrings[p] && s != "" || p == "type") {
+				return tokenStrings[p] || n == 1 && apiTokenEvents[s]
+			}
+			stack[n-1].wantKey = true // a value ends the pair
+		}
+		switch tok {
+		case json.Delim('{'):
+			stack = append(stack, frame{obj: true, wantKey: true})
+		case json.Delim('['):
+			stack = append(stack, frame{})
+		case json.Delim('}'), json.Delim(']'):
+			stack = stack[:n-1]
+		}
+	}
+}
+
+// tokenStrings are the places in a chat or completion chunk whose non-empty
+// string is a token.
+var tokenStrings = map[string]bool{
+	"choices.delta.content": true, "choices.delta.reasoning_content": true, "choices.delta.reasoning": true, "choices.text": true,
 }
 
 var promptMsField = []byte(`"prompt_ms":`)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 )
@@ -102,6 +103,82 @@ func TestMedian(t *testing.T) {
 	}{{nil, 0}, {[]float64{5}, 5}, {[]float64{9, 1, 5}, 5}, {[]float64{4, 1, 3, 2}, 2.5}} {
 		if got := median(tc.in); got != tc.want {
 			t.Errorf("median(%v) = %v, want %v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// TestLongFirstChunkIsTheFirstToken: a first chunk longer than the meter
+// keeps of a line (a big tool call, or a whole text at once) is still the
+// first token, from a real upstream through the router; a long first event
+// that is not a token (response.created echoing long instructions) is not.
+// The bound is a lower one, as above.
+func TestLongFirstChunkIsTheFirstToken(t *testing.T) {
+	const prefill = 300 * time.Millisecond
+	big := strings.Repeat("x", 3*maxMeterLine)
+	echo := `event: response.created` + "\n" + `data: {"response":{"instructions":"` + big + `","status":"in_progress"},"sequence_number":0,"type":"response.created"}` + "\n\n"
+	for _, tc := range []struct{ name, early, first string }{
+		{"content", "", `data: {"choices":[{"index":0,"delta":{"content":"` + big + `"}}]}` + "\n\n"},
+		{"tool call", "", `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"id":"c1","type":"function","function":{"name":"write","arguments":"{\"text\":\"` + big + `\"}"}}]}}]}` + "\n\n"},
+		{"completion text", "", `data: {"choices":[{"index":0,"text":"` + big + `"}]}` + "\n\n"},
+		{"anthropic text", "", "event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + big + `"}}` + "\n\n"},
+		{"responses delta, type last", echo, "event: response.output_text.delta\n" + `data: {"content_index":0,"delta":"` + big + `","item_id":"m1","output_index":0,"sequence_number":1,"type":"response.output_text.delta"}` + "\n\n"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fl := w.(http.Flusher)
+				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n"+tc.early)
+				fl.Flush()
+				time.Sleep(prefill)
+				_, _ = io.WriteString(w, tc.first)
+				_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			})
+			r, rs := startRouter(t, Options{}, b)
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
+			got, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if !strings.Contains(string(got), big) {
+				t.Fatalf("the long chunk did not reach the client whole (%d bytes came)", len(got))
+			}
+			st := r.Stats()[0]
+			if len(st.TTFTHistory) != 1 {
+				t.Fatalf("TTFT history %v, want one measurement: a long first chunk was not taken for the first token", st.TTFTHistory)
+			}
+			if got := time.Duration(st.TTFTms * float64(time.Millisecond)); got < prefill {
+				t.Errorf("TTFT %s, shorter than the %s before the first token: an event before it was timed", got, prefill)
+			}
+		})
+	}
+}
+
+// TestCarriesTokenStart: what the start of a long data line says, cut
+// anywhere past the first key.
+func TestCarriesTokenStart(t *testing.T) {
+	long := strings.Repeat("y", 100)
+	for _, tc := range []struct {
+		name, event, payload string
+		want                 bool
+	}{
+		{"content", "", `{"id":"c","choices":[{"index":0,"delta":{"content":"` + long, true},
+		{"content after an empty role", "", `{"choices":[{"index":0,"delta":{"role":"assistant","content":"` + long, true},
+		{"reasoning_content", "", `{"choices":[{"delta":{"reasoning_content":"` + long, true},
+		{"reasoning", "", `{"choices":[{"delta":{"reasoning":"` + long, true},
+		{"tool call", "", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"` + long, true},
+		{"completion text", "", `{"choices":[{"index":0,"text":"` + long, true},
+		{"empty content, long logprobs", "", `{"choices":[{"delta":{"content":""},"logprobs":{"content":[{"token":"` + long, false},
+		{"empty tool calls", "", `{"choices":[{"delta":{"tool_calls":[],"x":"` + long, false},
+		{"content key inside another string", "", `{"choices":[{"delta":{"role":"assistant"},"note":"\"content\":\"` + long, false},
+		{"api token type first", "", `{"type":"content_block_delta","delta":{"text":"` + long, true},
+		{"api other type first", "", `{"type":"response.created","response":{"instructions":"` + long, false},
+		{"responses echo, type last, no event line", "", `{"response":{"instructions":"` + long, false},
+		{"event names a token", "response.function_call_arguments.delta", `{"delta":"` + long, true},
+		{"event names no token", "response.created", `{"response":{"text":"` + long, false},
+		{"not JSON", "", `<html>` + long, false},
+	} {
+		if got := carriesTokenStart([]byte(tc.event), []byte(tc.payload)); got != tc.want {
+			t.Errorf("%s: carriesTokenStart = %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }
