@@ -25,6 +25,9 @@ type wireAPI int
 const (
 	apiOpenAI wireAPI = iota
 	apiAnthropic
+	// apiResponses is OpenAI's Responses API: OpenAI's errors, but its
+	// streams' own error event.
+	apiResponses
 )
 
 // support is whether an engine kind serves an endpoint.
@@ -58,7 +61,7 @@ var endpointTable = map[string]endpointSpec{
 	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/messages":              {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
 	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
-	"/v1/responses":             {engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/responses":             {api: apiResponses, engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo)},
 	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo)},
 	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
@@ -284,16 +287,32 @@ func withAnswerModel(p, quoted []byte) []byte {
 }
 
 // sseErrorEventFor is sseErrorEvent in the API's own shape: an Anthropic
-// stream gets Anthropic's error event.
-func sseErrorEventFor(w http.ResponseWriter, msg string) []byte {
-	if writerAPI(w) != apiAnthropic {
+// stream gets Anthropic's error event, a Responses stream the Responses
+// API's (type "error", numbered after the stream's last event, seq).
+func sseErrorEventFor(w http.ResponseWriter, seq int, msg string) []byte {
+	var b []byte
+	switch writerAPI(w) {
+	case apiAnthropic:
+		b = anthropicErrorBody(http.StatusBadGateway, msg)
+	case apiResponses:
+		b, _ = json.Marshal(responsesErrorEvent{Type: "error", Code: codeUpstreamFailed, Message: msg, SequenceNumber: seq + 1})
+	default:
 		return sseErrorEvent(msg)
 	}
-	b := anthropicErrorBody(http.StatusBadGateway, msg)
 	out := make([]byte, 0, len(b)+32)
 	out = append(out, "event: error\ndata: "...)
 	out = append(out, b...)
 	return append(out, "\n\n"...)
+}
+
+// responsesErrorEvent is the Responses API's stream error event
+// (ResponseErrorEvent in OpenAI's SDKs); param is always null here.
+type responsesErrorEvent struct {
+	Type           string  `json:"type"`
+	Code           string  `json:"code"`
+	Message        string  `json:"message"`
+	Param          *string `json:"param"`
+	SequenceNumber int     `json:"sequence_number"`
 }
 
 var (

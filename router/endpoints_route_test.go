@@ -313,6 +313,41 @@ func TestAnthropicMidStreamFailure(t *testing.T) {
 	}
 }
 
+// TestResponsesMidStreamFailure: a worker dying in the middle of a
+// Responses stream leaves the client the Responses API's error event,
+// numbered after the last event it got, not chat's error chunk.
+func TestResponsesMidStreamFailure(t *testing.T) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "event: response.created\ndata: {\"response\":{\"id\":\"r\",\"model\":\"qwen3-4b\",\"status\":\"in_progress\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"+
+			"event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"m\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	srv.Config.ErrorLog = nil
+	srv.Start()
+	t.Cleanup(srv.Close)
+	_, rs := startRouter(t, Options{}, Backend{Name: "rig/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineVLLM,
+		Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4})
+	code, body := sendPath(t, rs.URL, "/v1/responses", `{"model":"qwen3-4b","stream":true,"input":"hi"}`, nil)
+	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
+	if code != 200 || len(events) != 3 {
+		t.Fatalf("HTTP %d events %q", code, events)
+	}
+	payload, ok := strings.CutPrefix(events[2], "event: error\ndata: ")
+	var e struct {
+		Type           string  `json:"type"`
+		Code           *string `json:"code"`
+		Message        string  `json:"message"`
+		Param          *string `json:"param"`
+		SequenceNumber *int    `json:"sequence_number"`
+	}
+	if !ok || json.Unmarshal([]byte(payload), &e) != nil || e.Type != "error" || e.Code == nil || *e.Code != codeUpstreamFailed ||
+		!strings.Contains(e.Message, "mid-stream") || e.SequenceNumber == nil || *e.SequenceNumber != 2 || !strings.Contains(payload, `"param":null`) {
+		t.Errorf("last event %q, want the Responses API's error event with sequence_number 2", events[2])
+	}
+}
+
 // TestAnthropicRetriedThenAnsweredInShape: /v1/messages has chat's retries
 // (a worker failing with 5xx before answering is left for another), and when
 // every worker fails the answer is Anthropic-shaped.

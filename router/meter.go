@@ -25,8 +25,11 @@ type meter struct {
 	// reasoning, a tool call, completion text) arrived.
 	firstToken time.Time
 	// event is the SSE event name of the event being read (Anthropic's and
-	// the Responses API's streams give one), kept until the first token.
+	// the Responses API's streams give one).
 	event []byte
+	// seq is the last sequence_number of a Responses stream's events, -1
+	// before any: an error event the router adds comes next in order.
+	seq   int
 	usage int
 	// cache is what the usage and timings chunks said of the prompt.
 	cache promptCache
@@ -36,13 +39,18 @@ type meter struct {
 
 const maxMeterLine = 16 << 10
 
-func newMeter(sse bool) *meter { return &meter{sse: sse, usage: -1, cache: unknownPromptCache()} }
+func newMeter(sse bool) *meter {
+	return &meter{sse: sse, usage: -1, seq: -1, cache: unknownPromptCache()}
+}
 
 var (
-	dataPrefix      = []byte("data:")
-	donePayload     = []byte("[DONE]")
-	completionField = []byte(`"completion_tokens":`)
-	timingsField    = []byte(`"timings":`)
+	dataPrefix = []byte("data:")
+	// responsesEventPrefix starts the names of a Responses stream's events.
+	responsesEventPrefix = []byte("response.")
+	sequenceField        = []byte(`"sequence_number":`)
+	donePayload          = []byte("[DONE]")
+	completionField      = []byte(`"completion_tokens":`)
+	timingsField         = []byte(`"timings":`)
 )
 
 // feed meters one read. Whole lines are looked at where they lie in p; only
@@ -107,16 +115,17 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	line = bytes.TrimRight(line, "\r")
 	payload, ok := bytes.CutPrefix(line, dataPrefix)
 	if !ok {
-		if m.firstToken.IsZero() {
-			if name, ok := bytes.CutPrefix(line, eventPrefix); ok {
-				m.event = append(m.event[:0], bytes.TrimSpace(name)...)
-			} else if len(line) == 0 {
-				m.event = m.event[:0] // the event ended
-			}
+		if name, ok := bytes.CutPrefix(line, eventPrefix); ok {
+			m.event = append(m.event[:0], bytes.TrimSpace(name)...)
+		} else if len(line) == 0 {
+			m.event = m.event[:0] // the event ended
 		}
 		return
 	}
 	payload = bytes.TrimSpace(payload)
+	if bytes.HasPrefix(m.event, responsesEventPrefix) {
+		m.seq = max(intField(payload, sequenceField), m.seq+1)
+	}
 	if cut {
 		m.events++
 		if m.firstData.IsZero() {

@@ -434,7 +434,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 		r.recordFailure(b, false, streamErr)
 		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
 		if sse {
-			_, _ = w.Write(sseErrorEventFor(w, fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
+			_, _ = w.Write(sseErrorEventFor(w, m.seq, fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
 			if flusher != nil {
 				flusher.Flush()
 			}
