@@ -43,6 +43,9 @@ const (
 type endpointSpec struct {
 	api     wireAPI
 	engines map[fleet.EngineKind]support
+	// countsTokens marks the endpoints that count tokens and make none: a
+	// key's request, not its tokens (keylimits.go, usage.go).
+	countsTokens bool
 }
 
 func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
@@ -60,12 +63,12 @@ var endpointTable = map[string]endpointSpec{
 	"/v1/completions":           {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/messages":              {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
-	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
+	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown), countsTokens: true},
 	"/v1/responses":             {api: apiResponses, engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo)},
 	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo)},
-	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo)},
-	"/detokenize":               {engines: engines(supportYes, supportYes, supportNo)},
+	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo), countsTokens: true},
+	"/detokenize":               {engines: engines(supportYes, supportYes, supportNo), countsTokens: true},
 	"/pooling":                  {engines: engines(supportYes, supportNo, supportNo)},
 	"/classify":                 {engines: engines(supportYes, supportNo, supportNo)},
 	"/infill":                   {engines: engines(supportNo, supportYes, supportNo)},

@@ -413,3 +413,70 @@ func TestAnthropicUsagePerKey(t *testing.T) {
 		t.Errorf("past the key's limit: HTTP %d %s, want Anthropic's rate_limit_error", code, b)
 	}
 }
+
+// TestCountingTokensSpendsNone: /tokenize, /detokenize and
+// /v1/messages/count_tokens on a real engine count as a key's requests
+// (its requests limit, its usage) but not as its tokens: the day's token
+// limit is neither spent by them nor refuses them, as it does generation.
+func TestCountingTokensSpendsNone(t *testing.T) {
+	var mu sync.Mutex
+	var usages []Usage
+	llama := simtest.Start(t, strings.Fields("--mimic llamacpp --profile instant -- -m q.gguf -a qwen3-4b --chat-template-kwargs {\"enable_thinking\":false}")...)
+	r, srv := startRouter(t, Options{Keys: keys{"fk-ci": "ci", "fk-burst": "burst"}, OnUsage: func(u Usage) { mu.Lock(); usages = append(usages, u); mu.Unlock() }},
+		Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, Addr: llama.Listener.Addr().String(), Context: 16384, Slots: 4})
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"ci": {TokensPerDay: 60}, "burst": {RequestsPerMinute: 3}})
+	long := strings.Repeat("count these words please ", 40)
+	counting := []struct{ path, body string }{
+		{"/v1/messages/count_tokens", `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + long + `"}]}`},
+		{"/tokenize", `{"model":"qwen3-4b","content":"` + long + `"}`},
+		{"/detokenize", `{"model":"qwen3-4b","tokens":[1,2,3,4,5,6,7,8]}`},
+	}
+	send := func(key, path, body string) (*http.Response, string) {
+		t.Helper()
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp, string(b)
+	}
+	for _, c := range counting {
+		resp, b := send("fk-ci", c.path, c.body)
+		if resp.StatusCode != 200 {
+			t.Fatalf("%s: HTTP %d %s", c.path, resp.StatusCode, b)
+		}
+		mu.Lock()
+		u := usages[len(usages)-1]
+		n := len(usages)
+		mu.Unlock()
+		if n == 0 || u.Key != "ci" || u.PromptTokens != 0 || u.CachedTokens != 0 || u.CompletionTokens != 0 {
+			t.Errorf("%s: usage %+v, want a request of ci with no tokens", c.path, u)
+		}
+	}
+	if got := len(usages); got != len(counting) {
+		t.Errorf("%d usage records for %d counting requests: each is a request", got, len(counting))
+	}
+	chat := `{"model":"qwen3-4b","max_tokens":30,"messages":[{"role":"user","content":"` + long + `"}]}`
+	resp, b := send("fk-ci", "/v1/chat/completions", chat)
+	if resp.StatusCode != 200 || resp.Header.Get("x-ratelimit-remaining-tokens") != "60" {
+		t.Fatalf("ci's first generation: HTTP %d, remaining tokens %q, want 200 and all 60 (counting spent none): %s", resp.StatusCode, resp.Header.Get("x-ratelimit-remaining-tokens"), b)
+	}
+	if resp, _ := send("fk-ci", "/v1/chat/completions", chat); resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("ci's generation past its day's tokens: HTTP %d, want 429", resp.StatusCode)
+	}
+	for _, c := range counting {
+		if resp, b := send("fk-ci", c.path, c.body); resp.StatusCode != 200 {
+			t.Errorf("%s with the day's tokens spent: HTTP %d %s, want 200 (it spends none)", c.path, resp.StatusCode, b)
+		}
+	}
+	// The requests limit holds for them as for any request.
+	for i := range 4 {
+		resp, _ := send("fk-burst", "/tokenize", counting[1].body)
+		if want := map[bool]int{true: 200, false: http.StatusTooManyRequests}[i < 3]; resp.StatusCode != want {
+			t.Errorf("burst's /tokenize %d: HTTP %d, want %d", i+1, resp.StatusCode, want)
+		}
+	}
+}

@@ -104,8 +104,9 @@ type limitVerdict struct {
 	header     http.Header
 }
 
-// admit takes one request from name's allowance at now.
-func (kl *keyLimits) admit(name string, now time.Time) limitVerdict {
+// admit takes one request from name's allowance at now; tokens says the
+// request spends tokens, so a spent day refuses it.
+func (kl *keyLimits) admit(name string, now time.Time, tokens bool) limitVerdict {
 	var v limitVerdict
 	if name == "" {
 		return v
@@ -130,7 +131,7 @@ func (kl *keyLimits) admit(name string, now time.Time) limitVerdict {
 		if d := utcDay(now); d != s.day {
 			s.day, s.used = d, 0
 		}
-		if s.used >= tpd && !v.limited {
+		if s.used >= tpd && !v.limited && tokens {
 			v.limited, v.which = true, "tokens"
 			v.retryAfter = time.Unix((s.day+1)*86400, 0).Sub(now)
 		}
@@ -155,10 +156,12 @@ func resetString(d time.Duration) string {
 	return max(d, 0).Round(time.Second).String()
 }
 
-// admitKey applies name's limits to one request: it sets the rate-limit
-// headers on w and, when a limit is met, answers 429 and returns false.
-func (r *Router) admitKey(w http.ResponseWriter, name string) bool {
-	v := r.limits.admit(name, time.Now())
+// admitKey applies name's limits to one request to path: it sets the
+// rate-limit headers on w and, when a limit is met, answers 429 and returns
+// false. Counting tokens (endpointSpec.countsTokens) is refused by the
+// requests limit only.
+func (r *Router) admitKey(w http.ResponseWriter, name, path string) bool {
+	v := r.limits.admit(name, time.Now(), !endpointTable[path].countsTokens)
 	for k, vs := range v.header {
 		w.Header()[k] = vs
 	}

@@ -125,7 +125,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	key, ok := r.authorize(w, req)
-	if !ok || !r.admitKey(w, key) {
+	if !ok || !r.admitKey(w, key, path) {
 		return
 	}
 	body, err := r.readBody(w, req)
@@ -190,7 +190,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			r.answerSchedError(w, req, model, err, lastErr)
 			return
 		}
-		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived})
+		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived, path: path})
 		if !res.retry {
 			return
 		}
@@ -254,6 +254,7 @@ type call struct {
 	// key names the client's API key, "" when the router takes none.
 	key     string
 	arrived time.Time
+	path    string
 }
 
 // upstream is the chain of round trippers (transport.go) that one attempt
@@ -464,7 +465,7 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 	if status >= 400 {
 		r.release(f, nil)
 		if cut {
-			r.recordUsage(f, c.key, m, end)
+			r.recordUsage(f, c, m, end)
 		}
 		return
 	}
@@ -475,7 +476,7 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 		r.opts.OnSample(fleet.Sample{Worker: f.b.cfg.Name, At: end, Kind: "request", TTFT: t.backendTTFT, ITL: t.itl,
 			E2E: t.e2e, OutputTokens: t.tokens, TokPerSec: t.tokPerSec})
 	}
-	r.recordUsage(f, c.key, m, end)
+	r.recordUsage(f, c, m, end)
 }
 
 // observe adds a served answer's times to the worker's metrics and the

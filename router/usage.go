@@ -25,15 +25,19 @@ type Usage struct {
 
 // recordUsage counts an answered request's tokens: the metrics by model
 // and worker, the key's day for its token limit, and the hub's accounting.
-// It never blocks on the hub (OnUsage must not).
-func (r *Router) recordUsage(f *flight, key string, m *meter, end time.Time) {
-	c := m.promptCache()
-	u := Usage{At: end, Key: key, Model: f.model, Worker: f.b.cfg.Name,
-		PromptTokens: c.promptTokens, CachedTokens: max(c.cached, 0), CompletionTokens: m.outputTokens()}
-	if u.PromptTokens < 0 {
-		u.PromptTokens = f.job.PromptTokens
+// It never blocks on the hub (OnUsage must not). A request that counts
+// tokens (/tokenize, count_tokens) is a request with none: counting tokens
+// is not making them, and a key whose day is spent may still count.
+func (r *Router) recordUsage(f *flight, c *call, m *meter, end time.Time) {
+	u := Usage{At: end, Key: c.key, Model: f.model, Worker: f.b.cfg.Name}
+	if !endpointTable[c.path].countsTokens {
+		pc := m.promptCache()
+		u.PromptTokens, u.CachedTokens, u.CompletionTokens = pc.promptTokens, max(pc.cached, 0), m.outputTokens()
+		if u.PromptTokens < 0 {
+			u.PromptTokens = f.job.PromptTokens
+		}
+		u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
 	}
-	u.CachedTokens = min(u.CachedTokens, u.PromptTokens)
 	f.b.observers.tokens.prompt.Add(float64(u.PromptTokens))
 	f.b.observers.tokens.cached.Add(float64(u.CachedTokens))
 	f.b.observers.tokens.completion.Add(float64(u.CompletionTokens))

@@ -165,27 +165,27 @@ func TestKeyLimitsRefill(t *testing.T) {
 	now := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
 	r.limits.state["a"].at = now
 	for i := range 60 {
-		if v := r.limits.admit("a", now); v.limited {
+		if v := r.limits.admit("a", now, true); v.limited {
 			t.Fatalf("request %d of a full bucket refused", i+1)
 		}
 	}
-	v := r.limits.admit("a", now)
+	v := r.limits.admit("a", now, true)
 	if !v.limited || v.which != "requests" || v.retryAfter != time.Second {
 		t.Fatalf("61st request: %+v, want refused for 1 s", v)
 	}
-	if v := r.limits.admit("a", now.Add(time.Second)); v.limited {
+	if v := r.limits.admit("a", now.Add(time.Second), true); v.limited {
 		t.Errorf("a second later one request is back, but it was refused: %+v", v)
 	}
 	r.limits.spend("a", 100, now)
-	v = r.limits.admit("a", now.Add(10*time.Second))
+	v = r.limits.admit("a", now.Add(10*time.Second), true)
 	if !v.limited || v.which != "tokens" || v.retryAfter != 50*time.Second {
 		t.Errorf("after the day's tokens: %+v, want refused until midnight (50 s)", v)
 	}
-	if v := r.limits.admit("a", now.Add(61*time.Second)); v.limited {
+	if v := r.limits.admit("a", now.Add(61*time.Second), true); v.limited {
 		t.Errorf("a new UTC day, still refused: %+v", v)
 	}
 	r.SeedKeyTokens(now.Add(62*time.Second), map[string]int64{"a": 100, "ghost": 5})
-	if v := r.limits.admit("a", now.Add(62*time.Second)); !v.limited {
+	if v := r.limits.admit("a", now.Add(62*time.Second), true); !v.limited {
 		t.Errorf("seeded with the day's tokens, admitted: %+v", v)
 	}
 	if _, ok := r.limits.state["ghost"]; ok {
@@ -231,7 +231,7 @@ func TestUsageCountedWhenClientLeavesMidStream(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("a stream the client left was never counted")
 	}
-	v := r.limits.admit("alice", time.Now())
+	v := r.limits.admit("alice", time.Now(), true)
 	if got := v.header.Get("x-ratelimit-remaining-tokens"); got == "1000000" {
 		t.Errorf("remaining tokens %s: the left stream was not spent against the key", got)
 	}
@@ -246,11 +246,11 @@ func TestSeedKeyTokensKeepsWhatTheRouterCounted(t *testing.T) {
 	now := time.Now()
 	r.limits.spend("a", 300, now)
 	r.SeedKeyTokens(now, map[string]int64{"a": 200}) // 100 still on their way to the store
-	if got := r.limits.admit("a", now).header.Get("x-ratelimit-remaining-tokens"); got != "700" {
+	if got := r.limits.admit("a", now, true).header.Get("x-ratelimit-remaining-tokens"); got != "700" {
 		t.Errorf("remaining tokens %s after a lagging seed, want 700", got)
 	}
 	r.SeedKeyTokens(now, map[string]int64{"a": 400}) // a restarted hub knows more
-	if got := r.limits.admit("a", now).header.Get("x-ratelimit-remaining-tokens"); got != "600" {
+	if got := r.limits.admit("a", now, true).header.Get("x-ratelimit-remaining-tokens"); got != "600" {
 		t.Errorf("remaining tokens %s after a seed above the count, want 600", got)
 	}
 }
