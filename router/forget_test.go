@@ -161,11 +161,21 @@ func TestWorkerStateKeptWhileNeeded(t *testing.T) {
 		t.Errorf("the speed seeded before %s joined was lost: predicted TTFT %.0f ms", slow.Name, st.PredictedTTFTms)
 	}
 
-	// Gone and back: a fresh start (no history, no seed).
-	r.SetBackends([]Backend{other})
-	r.SetBackends([]Backend{other, slow})
-	if st := statsOf(r, slow.Name); st.PredictedTTFTms >= 1000 || len(st.TTFTHistory) != 0 {
-		t.Errorf("%s came back with its old state: predicted TTFT %.0f ms, %d TTFTs", slow.Name, st.PredictedTTFTms, len(st.TTFTHistory))
+	// Gone and back: a fresh start (no history, no seed), but for a drain.
+	for _, drained := range []bool{false, true} {
+		r.SeedSpeed(slow.Name, SpeedPoint{Concurrency: 1, TTFT: 4 * time.Second, ITL: time.Second})
+		if drained {
+			r.Drain(slow.Name)
+		}
+		r.SetBackends([]Backend{other})
+		r.SetBackends([]Backend{other, slow})
+		st := statsOf(r, slow.Name)
+		if st.PredictedTTFTms >= 1000 || len(st.TTFTHistory) != 0 {
+			t.Errorf("drained %v: %s came back with its old state: predicted TTFT %.0f ms, %d TTFTs", drained, slow.Name, st.PredictedTTFTms, len(st.TTFTHistory))
+		}
+		if st.Draining != drained {
+			t.Errorf("drained %v: %s came back draining %v", drained, slow.Name, st.Draining)
+		}
 	}
 }
 

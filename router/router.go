@@ -523,26 +523,32 @@ func (r *Router) workerLocked(name string) *worker {
 // sweepLocked drops what the router keeps of workers that are not in bs (the
 // next ready set): their state, once nothing is in flight on them, and
 // their series on /metrics. A worker that comes back starts fresh, as its
-// restarted engine does. Kept outside the set: drained workers (a drain
-// holds across SetBackends) and ones seeded before they joined, at most
-// maxParked of them, the oldest dropped first.
+// restarted engine does, but for its drain and a speed measured for it
+// before it joined. Kept outside the set: drained workers (a drain holds
+// across SetBackends) and ones seeded before they joined, at most maxParked
+// of them, the oldest dropped first.
 func (r *Router) sweepLocked(bs []Backend, now time.Time) {
 	next := make(map[string]bool, len(bs))
 	for _, b := range bs {
 		next[b.Name] = true
 	}
-	var parked []string
+	var parked, back []string
 	for name, w := range r.workers {
 		if w.ready && !next[name] {
 			w.ready, w.outside = false, now
 		}
 		switch {
-		case w.ready || w.inFlight > 0:
+		case w.ready || w.inFlight > 0 || w.seeded && next[name]:
+		case next[name]:
+			back = append(back, name)
 		case w.drained || w.seeded:
 			parked = append(parked, name)
 		default:
 			r.forgetLocked(name)
 		}
+	}
+	for _, name := range back {
+		r.renewLocked(name)
 	}
 	if len(parked) > maxParked {
 		slices.SortFunc(parked, func(a, b string) int { return r.workers[a].outside.Compare(r.workers[b].outside) })
@@ -557,6 +563,16 @@ func (r *Router) sweepLocked(bs []Backend, now time.Time) {
 			r.metrics.forgetBackend(name)
 		}
 	}
+}
+
+// renewLocked gives an idle worker outside the ready set a fresh state, as
+// for a new engine; its drain holds.
+func (r *Router) renewLocked(name string) *worker {
+	drained := r.workers[name].drained
+	r.forgetLocked(name)
+	w := r.workerLocked(name)
+	w.drained = drained
+	return w
 }
 
 // forgetLocked drops a worker's state, its series and its engine's
@@ -680,7 +696,11 @@ func (r *Router) SeedSpeed(name string, points ...SpeedPoint) {
 	defer r.mu.Unlock()
 	w := r.workerLocked(name)
 	if !w.ready {
-		// Measured before it joins (admission): kept until it does.
+		// Measured before it joins (admission): a new engine, whose
+		// measurement waits for it to join.
+		if !w.seeded && w.inFlight == 0 {
+			w = r.renewLocked(name)
+		}
 		w.seeded, w.outside = true, time.Now()
 	}
 	for _, p := range points {
