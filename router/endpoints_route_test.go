@@ -290,21 +290,10 @@ func TestTokenizeRoutedByModel(t *testing.T) {
 // TestAnthropicMidStreamFailure: a worker dying in the middle of an
 // Anthropic stream leaves the client Anthropic's error event, not OpenAI's.
 func TestAnthropicMidStreamFailure(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"model\":\"qwen3-4b\"}}\n\n")
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler)
-	}))
-	srv.Config.ErrorLog = nil
-	srv.Start()
-	t.Cleanup(srv.Close)
-	_, rs := startRouter(t, Options{}, Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp,
-		Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4})
-	code, body := sendPath(t, rs.URL, "/v1/messages", `{"model":"qwen3-4b","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`, nil)
-	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
-	if code != 200 || len(events) != 2 {
-		t.Fatalf("HTTP %d events %q", code, events)
+	events := cutStream(t, "/v1/messages", `{"model":"qwen3-4b","max_tokens":4,"stream":true,"messages":[{"role":"user","content":"hi"}]}`,
+		"event: message_start\ndata: {\"type\":\"message_start\",\"message\":{\"id\":\"m\",\"content\":[],\"model\":\"qwen3-4b\"}}\n\n")
+	if len(events) != 2 {
+		t.Fatalf("events %q", events)
 	}
 	payload, ok := strings.CutPrefix(events[1], "event: error\ndata: ")
 	var e anthropicError
@@ -317,22 +306,11 @@ func TestAnthropicMidStreamFailure(t *testing.T) {
 // Responses stream leaves the client the Responses API's error event,
 // numbered after the last event it got, not chat's error chunk.
 func TestResponsesMidStreamFailure(t *testing.T) {
-	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		_, _ = io.WriteString(w, "event: response.created\ndata: {\"response\":{\"id\":\"r\",\"model\":\"qwen3-4b\",\"status\":\"in_progress\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"+
+	events := cutStream(t, "/v1/responses", `{"model":"qwen3-4b","stream":true,"input":"hi"}`,
+		"event: response.created\ndata: {\"response\":{\"id\":\"r\",\"model\":\"qwen3-4b\",\"status\":\"in_progress\"},\"sequence_number\":0,\"type\":\"response.created\"}\n\n"+
 			"event: response.output_text.delta\ndata: {\"content_index\":0,\"delta\":\"Hi\",\"item_id\":\"m\",\"output_index\":0,\"sequence_number\":1,\"type\":\"response.output_text.delta\"}\n\n")
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler)
-	}))
-	srv.Config.ErrorLog = nil
-	srv.Start()
-	t.Cleanup(srv.Close)
-	_, rs := startRouter(t, Options{}, Backend{Name: "rig/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineVLLM,
-		Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4})
-	code, body := sendPath(t, rs.URL, "/v1/responses", `{"model":"qwen3-4b","stream":true,"input":"hi"}`, nil)
-	events := strings.Split(strings.TrimSpace(string(body)), "\n\n")
-	if code != 200 || len(events) != 3 {
-		t.Fatalf("HTTP %d events %q", code, events)
+	if len(events) != 3 {
+		t.Fatalf("events %q", events)
 	}
 	payload, ok := strings.CutPrefix(events[2], "event: error\ndata: ")
 	var e struct {
@@ -346,6 +324,29 @@ func TestResponsesMidStreamFailure(t *testing.T) {
 		!strings.Contains(e.Message, "mid-stream") || e.SequenceNumber == nil || *e.SequenceNumber != 2 || !strings.Contains(payload, `"param":null`) {
 		t.Errorf("last event %q, want the Responses API's error event with sequence_number 2", events[2])
 	}
+}
+
+// cutStream sends body to path through the router to a real upstream that
+// streams sent and then drops the connection, as a dying worker does, and
+// returns the events the client got (the stream must have begun: 200).
+func cutStream(t *testing.T, path, body, sent string) []string {
+	t.Helper()
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, sent)
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler)
+	}))
+	srv.Config.ErrorLog = nil
+	srv.Start()
+	t.Cleanup(srv.Close)
+	_, rs := startRouter(t, Options{}, Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp,
+		Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 4})
+	code, got := sendPath(t, rs.URL, path, body, nil)
+	if code != 200 {
+		t.Fatalf("HTTP %d %s", code, got)
+	}
+	return strings.Split(strings.TrimSpace(string(got)), "\n\n")
 }
 
 // TestAnthropicRetriedThenAnsweredInShape: /v1/messages has chat's retries
@@ -431,18 +432,7 @@ func TestCountingTokensSpendsNone(t *testing.T) {
 		{"/tokenize", `{"model":"qwen3-4b","content":"` + long + `"}`},
 		{"/detokenize", `{"model":"qwen3-4b","tokens":[1,2,3,4,5,6,7,8]}`},
 	}
-	send := func(key, path, body string) (*http.Response, string) {
-		t.Helper()
-		req, _ := http.NewRequest(http.MethodPost, srv.URL+path, strings.NewReader(body))
-		req.Header.Set("Authorization", "Bearer "+key)
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		return resp, string(b)
-	}
+	send := func(key, path, body string) (*http.Response, string) { return doKeyPath(t, srv.URL, path, key, body) }
 	for _, c := range counting {
 		resp, b := send("fk-ci", c.path, c.body)
 		if resp.StatusCode != 200 {

@@ -15,7 +15,6 @@ import (
 // token comes first. The bound is a lower one: a slow machine can only make
 // the measured time longer.
 func TestTTFTIsTimedAtTheFirstToken(t *testing.T) {
-	const prefill = 300 * time.Millisecond
 	for _, tc := range []struct{ name, first string }{
 		{"content", `{"choices":[{"index":0,"delta":{"content":"Hi"}}]}`},
 		{"reasoning", `{"choices":[{"index":0,"delta":{"reasoning":"hm"}}]}`},
@@ -24,30 +23,43 @@ func TestTTFTIsTimedAtTheFirstToken(t *testing.T) {
 		{"completion text", `{"choices":[{"index":0,"text":"Hi"}]}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				fl := w.(http.Flusher)
-				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n: ping\n\n")
-				fl.Flush()
-				time.Sleep(prefill)
-				_, _ = io.WriteString(w, "data: "+tc.first+"\n\n")
-				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":" there"}}]}`+"\n\n")
-				_, _ = io.WriteString(w, `data: {"choices":[],"usage":{"completion_tokens":2}}`+"\n\ndata: [DONE]\n\n")
-			})
-			r, rs := startRouter(t, Options{}, b)
-			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
-			defer cancel()
-			resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			st := r.Stats()[0]
-			if len(st.TTFTHistory) != 1 {
-				t.Fatalf("TTFT history %v, want one measurement", st.TTFTHistory)
-			}
-			if got := time.Duration(st.TTFTms * float64(time.Millisecond)); got < prefill {
-				t.Errorf("TTFT %s, shorter than the %s before the first token: the role chunk was timed", got, prefill)
-			}
+			checkTTFTAfterPrefill(t, ": ping\n\n", "data: "+tc.first+"\n\n"+
+				`data: {"choices":[{"index":0,"delta":{"content":" there"}}]}`+"\n\n"+
+				`data: {"choices":[],"usage":{"completion_tokens":2}}`+"\n\n")
 		})
+	}
+}
+
+// checkTTFTAfterPrefill streams from a real upstream through the router:
+// a role-only chunk and early at once, then, after a prefill, first (the
+// first token) and the end; the router must have timed the first token,
+// no earlier event. The bound is a lower one: a slow machine can only make
+// the measured time longer.
+func checkTTFTAfterPrefill(t *testing.T, early, first string) {
+	t.Helper()
+	const prefill = 300 * time.Millisecond
+	_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n"+early)
+		w.(http.Flusher).Flush()
+		time.Sleep(prefill)
+		_, _ = io.WriteString(w, first+"data: [DONE]\n\n")
+	})
+	r, rs := startRouter(t, Options{}, b)
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
+	got, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(got), first) {
+		t.Fatalf("the first token did not reach the client whole (%d bytes came)", len(got))
+	}
+	st := r.Stats()[0]
+	if len(st.TTFTHistory) != 1 {
+		t.Fatalf("TTFT history %v, want one measurement: the first token was not seen", st.TTFTHistory)
+	}
+	if got := time.Duration(st.TTFTms * float64(time.Millisecond)); got < prefill {
+		t.Errorf("TTFT %s, shorter than the %s before the first token: an event before it was timed", got, prefill)
 	}
 }
 
@@ -111,9 +123,7 @@ func TestMedian(t *testing.T) {
 // keeps of a line (a big tool call, or a whole text at once) is still the
 // first token, from a real upstream through the router; a long first event
 // that is not a token (response.created echoing long instructions) is not.
-// The bound is a lower one, as above.
 func TestLongFirstChunkIsTheFirstToken(t *testing.T) {
-	const prefill = 300 * time.Millisecond
 	big := strings.Repeat("x", 3*maxMeterLine)
 	echo := `event: response.created` + "\n" + `data: {"response":{"instructions":"` + big + `","status":"in_progress"},"sequence_number":0,"type":"response.created"}` + "\n\n"
 	for _, tc := range []struct{ name, early, first string }{
@@ -123,33 +133,7 @@ func TestLongFirstChunkIsTheFirstToken(t *testing.T) {
 		{"anthropic text", "", "event: content_block_delta\n" + `data: {"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":"` + big + `"}}` + "\n\n"},
 		{"responses delta, type last", echo, "event: response.output_text.delta\n" + `data: {"content_index":0,"delta":"` + big + `","item_id":"m1","output_index":0,"sequence_number":1,"type":"response.output_text.delta"}` + "\n\n"},
 	} {
-		t.Run(tc.name, func(t *testing.T) {
-			_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				fl := w.(http.Flusher)
-				_, _ = io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"role":"assistant","content":""}}]}`+"\n\n"+tc.early)
-				fl.Flush()
-				time.Sleep(prefill)
-				_, _ = io.WriteString(w, tc.first)
-				_, _ = io.WriteString(w, "data: [DONE]\n\n")
-			})
-			r, rs := startRouter(t, Options{}, b)
-			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
-			defer cancel()
-			resp := post(t, ctx, rs.URL, `{"model":"qwen3-4b","stream":true,"messages":[]}`)
-			got, _ := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			if !strings.Contains(string(got), big) {
-				t.Fatalf("the long chunk did not reach the client whole (%d bytes came)", len(got))
-			}
-			st := r.Stats()[0]
-			if len(st.TTFTHistory) != 1 {
-				t.Fatalf("TTFT history %v, want one measurement: a long first chunk was not taken for the first token", st.TTFTHistory)
-			}
-			if got := time.Duration(st.TTFTms * float64(time.Millisecond)); got < prefill {
-				t.Errorf("TTFT %s, shorter than the %s before the first token: an event before it was timed", got, prefill)
-			}
-		})
+		t.Run(tc.name, func(t *testing.T) { checkTTFTAfterPrefill(t, tc.early, tc.first) })
 	}
 }
 

@@ -13,11 +13,18 @@ import (
 	"fleet"
 )
 
-// doKey posts body to the router with API key key, through a real HTTP
-// client on a real socket, and returns the response with its body read.
+// doKey posts body to the router's chat completions with API key key,
+// through a real HTTP client on a real socket, and returns the response
+// with its body read.
 func doKey(t *testing.T, url, key, body string) (*http.Response, string) {
 	t.Helper()
-	req, err := http.NewRequest(http.MethodPost, url+"/v1/chat/completions", strings.NewReader(body))
+	return doKeyPath(t, url, "/v1/chat/completions", key, body)
+}
+
+// doKeyPath is doKey to path.
+func doKeyPath(t *testing.T, url, path, key, body string) (*http.Response, string) {
+	t.Helper()
+	req, err := http.NewRequest(http.MethodPost, url+path, strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
 	}
