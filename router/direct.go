@@ -28,7 +28,12 @@ func (r *Router) HoldSlot(worker string) (release func()) {
 		return func() {}
 	}
 	var once sync.Once
-	return func() { once.Do(func() { r.release(f, nil) }) }
+	return func() {
+		once.Do(func() {
+			r.release(f, nil)
+			r.forgetIfGone(worker)
+		})
+	}
 }
 
 // CountingTransport wraps rt so that every request it sends holds a slot

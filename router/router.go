@@ -565,6 +565,18 @@ func (r *Router) sweepLocked(bs []Backend, now time.Time) {
 	}
 }
 
+// forgetIfGone drops the named worker's state when it is outside the ready
+// set and its last request has ended (sweepLocked's rule), so that a worker
+// that left the fleet with requests in flight is not kept until the next
+// change of the set.
+func (r *Router) forgetIfGone(name string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if w, ok := r.workers[name]; ok && !w.ready && w.inFlight == 0 && !w.drained && !w.seeded {
+		r.forgetLocked(name)
+	}
+}
+
 // renewLocked gives an idle worker outside the ready set a fresh state, as
 // for a new engine; its drain holds.
 func (r *Router) renewLocked(name string) *worker {
