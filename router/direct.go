@@ -31,7 +31,7 @@ func (r *Router) HoldSlot(worker string) (release func()) {
 	return func() {
 		once.Do(func() {
 			r.release(f, nil)
-			r.forgetIfGone(worker)
+			r.forgetIfGone(f.b)
 		})
 	}
 }

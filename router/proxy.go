@@ -305,7 +305,7 @@ func (t *hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // copies the answer to the client: the one copy loop.
 func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, c *call) forwardResult {
 	b := f.b
-	defer r.forgetIfGone(b.cfg.Name)
+	defer r.forgetIfGone(b)
 	ctx := req.Context()
 	u := b.base
 	u.Path = req.URL.Path

@@ -211,6 +211,8 @@ type backend struct {
 	active map[*flight]struct{}
 	// checking is set while a health checker watches it (health.go).
 	checking bool
+	// gone is set once it left the ready set (forgetIfGone).
+	gone atomic.Bool
 	// notServed holds the paths it answered "not found" (endpoints.go).
 	notServed map[string]bool
 }
@@ -445,6 +447,9 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 		w := r.workerLocked(b.cfg.Name)
 		w.ready, w.seeded, w.outside = true, false, time.Time{}
 	}
+	for _, b := range old {
+		b.gone.Store(true) // under r.mu: a request ending now sees it
+	}
 	r.backends = next
 	models := r.queuedModelsLocked()
 	r.mu.Unlock()
@@ -565,15 +570,19 @@ func (r *Router) sweepLocked(bs []Backend, now time.Time) {
 	}
 }
 
-// forgetIfGone drops the named worker's state when it is outside the ready
-// set and its last request has ended (sweepLocked's rule), so that a worker
-// that left the fleet with requests in flight is not kept until the next
-// change of the set.
-func (r *Router) forgetIfGone(name string) {
+// forgetIfGone drops the state of b's worker when b has left the ready set
+// and the worker's last request has ended (sweepLocked's rule), so that a
+// worker that left the fleet with requests in flight is not kept until the
+// next change of the set. It is called as each request on b ends; a b
+// still routed to costs no lock.
+func (r *Router) forgetIfGone(b *backend) {
+	if !b.gone.Load() {
+		return
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if w, ok := r.workers[name]; ok && !w.ready && w.inFlight == 0 && !w.drained && !w.seeded {
-		r.forgetLocked(name)
+	if w, ok := r.workers[b.cfg.Name]; ok && !w.ready && w.inFlight == 0 && !w.drained && !w.seeded {
+		r.forgetLocked(b.cfg.Name)
 	}
 }
 
