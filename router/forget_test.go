@@ -167,6 +167,9 @@ func TestWorkerStateKeptWhileNeeded(t *testing.T) {
 			r.Drain(slow.Name)
 		}
 		r.SetBackends([]Backend{other})
+		if metricBackends(t, rsrv.URL)[slow.Name] {
+			t.Errorf("drained %v: /metrics keeps series of %s, which left the set", drained, slow.Name)
+		}
 		r.SetBackends([]Backend{other, slow})
 		st := statsOf(r, slow.Name)
 		if st.PredictedTTFTms >= 1000 || len(st.TTFTHistory) != 0 {

@@ -561,10 +561,12 @@ func (r *Router) sweepLocked(bs []Backend, now time.Time) {
 			r.forgetLocked(name)
 		}
 	}
-	// Series of a name with no state left (a request's status counted
-	// after its worker was forgotten) go too.
+	// The series of every name outside the set with nothing in flight go:
+	// a drained or seeded one's state stays, its series do not, nor do
+	// those of a name with no state left (a request's status counted after
+	// its worker was forgotten).
 	for _, name := range r.metrics.backendNames() {
-		if _, kept := r.workers[name]; !kept && !next[name] {
+		if w, kept := r.workers[name]; !next[name] && (!kept || w.inFlight == 0) {
 			r.metrics.forgetBackend(name)
 		}
 	}
@@ -581,7 +583,12 @@ func (r *Router) forgetIfGone(b *backend) {
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if w, ok := r.workers[b.cfg.Name]; ok && !w.ready && w.inFlight == 0 && !w.drained && !w.seeded {
+	w, ok := r.workers[b.cfg.Name]
+	switch {
+	case !ok || w.ready || w.inFlight > 0:
+	case w.drained || w.seeded:
+		r.metrics.forgetBackend(b.cfg.Name)
+	default:
 		r.forgetLocked(b.cfg.Name)
 	}
 }
