@@ -138,3 +138,40 @@ func TestSessionStickyIsStable(t *testing.T) {
 		}
 	}
 }
+
+// The load price: a worker that holds the conversation and has room keeps
+// the turn when the fastest worker, about to be full, is predicted to finish
+// it only a little sooner; with nothing held anywhere (chat) the choice is
+// fleet-no-prefix's.
+func TestFleetLoadPriceKeepsTheTurnWhereItsConversationIs(t *testing.T) {
+	chain := PrefixChain([]byte(strings.Repeat("y", 6000*bytesPerToken)))
+	job := prefixJob(6000, chain)
+	job.OutputTokens = 70
+	fast := NewSpeedModel(SpeedPrior{})
+	fast.Seed(SpeedPoint{Concurrency: 1, TTFT: 30 * time.Millisecond, ITL: 12 * time.Millisecond, PrefillTokPerSec: 5000})
+	fast.Seed(SpeedPoint{Concurrency: 8, ITL: 13500 * time.Microsecond})
+	mac := NewSpeedModel(SpeedPrior{})
+	mac.Seed(SpeedPoint{Concurrency: 1, TTFT: 40 * time.Millisecond, ITL: 11500 * time.Microsecond, PrefillTokPerSec: 1200})
+	cands := []Candidate{
+		// The fast worker holds the agent kind's system prompt, one slot left.
+		{Name: "fast", Slots: 8, InFlight: 7, Speed: fast, Cached: 4000},
+		{Name: "mac", Slots: 4, InFlight: 1, Speed: mac, Cached: 5500},
+	}
+	onFast := fast.Completion(8, Job{PromptTokens: 2000, OutputTokens: 70})
+	onMac := mac.Completion(2, Job{PromptTokens: 500, OutputTokens: 70})
+	if onFast >= onMac {
+		t.Fatalf("setup: the fast worker should be predicted first without the price (%v against %v)", onFast, onMac)
+	}
+	p, _ := NewPolicy(PolicyFleet)
+	if i := p.Choose(job, cands, newRNG(1)); i != 1 {
+		t.Errorf("fleet chose %s (%v against %v without the price), want the Mac holding the conversation with room", cands[i].Name, onFast, onMac)
+	}
+	// Chat: nothing held, no price; the fast worker's last slot wins.
+	chat := Job{PromptTokens: 500, OutputTokens: 70}
+	cands[0].Cached, cands[1].Cached = 0, 0
+	np, _ := NewPolicy(PolicyFleetNoPrefix)
+	want := np.Choose(chat, cands, newRNG(1))
+	if i := p.Choose(chat, cands, newRNG(1)); i != want || want != 0 {
+		t.Errorf("chat: fleet chose %d, fleet-no-prefix %d; want both the fast worker (0)", i, want)
+	}
+}

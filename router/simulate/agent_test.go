@@ -39,22 +39,21 @@ func runAgent(t *testing.T, name string) map[string]Result {
 }
 
 // The goals on the seed-mixed fleet's agent sessions at 70% load.
-// Three of them (p50 TTFT ≤ 0.3× fleet-no-prefix's and ≤ cache-aware's,
-// cache hit ≥ 90% of the ceiling) held at seed 42 only while the llama
-// mimic dropped a conversation whose slot another session took; with the
-// host cache as llama-server keeps it (idle slots saved and cleared) they
-// are missed narrowly or, for cache-aware's median, which jumps with
-// whether half its turns land on the 5060 Ti, widely. They are logged, as
-// TestAgentSessionsGoalsAcrossSeeds logs the goals that do not hold on
-// every seed; the rest are asserted.
+// All but one are asserted. p50 TTFT ≤ cache-aware's is logged: at seed 42
+// cache-aware's median is a 5060 Ti turn that found its whole conversation
+// and no queue (137 ms, the fixed cost plus ~500 new tokens at 5,000 tok/s),
+// because 53.7% of its turns land there while a third wait 60–80 s on the M1
+// Ultra. Matching it needs half of all turns served that way, so the Macs
+// would carry the other half at about their full capacity, which no tail
+// goal survives (README, Scheduling).
 func TestAgentSessionsTargets(t *testing.T) {
 	res := runAgent(t, "agent-sessions")
 	f := res[router.PolicyFleet]
 	np, ca := res[router.PolicyFleetNoPrefix], res[router.PolicyCacheAware]
 	t.Logf("fleet p50 TTFT %.2f× fleet-no-prefix's (goal 0.3), %.2f× cache-aware's (goal 1); cache hit %.1f%% of the ceiling (goal 90%%)",
 		f.P50TTFTms/np.P50TTFTms, f.P50TTFTms/ca.P50TTFTms, 100*f.CacheHit/f.CacheHitCeiling)
-	if f.P50TTFTms >= np.P50TTFTms {
-		t.Errorf("fleet p50 TTFT %.0f ms not below fleet-no-prefix's %.0f ms", f.P50TTFTms, np.P50TTFTms)
+	if f.P50TTFTms > 0.3*np.P50TTFTms {
+		t.Errorf("fleet p50 TTFT %.0f ms > 0.3 × fleet-no-prefix's %.0f ms", f.P50TTFTms, np.P50TTFTms)
 	}
 	if ss := res[router.PolicySessionSticky]; f.P50TTFTms > 0.7*ss.P50TTFTms {
 		t.Errorf("fleet p50 TTFT %.0f ms > 0.7 × session-sticky's %.0f ms", f.P50TTFTms, ss.P50TTFTms)
@@ -67,8 +66,8 @@ func TestAgentSessionsTargets(t *testing.T) {
 			t.Errorf("fleet p99 E2E %.0f ms worse than %s's %.0f ms", f.P99E2Ems, p, res[p].P99E2Ems)
 		}
 	}
-	if f.CacheHit < 0.85*f.CacheHitCeiling {
-		t.Errorf("fleet cache hit %.3f < 85%% of the workload's ceiling %.3f", f.CacheHit, f.CacheHitCeiling)
+	if f.CacheHit < 0.9*f.CacheHitCeiling {
+		t.Errorf("fleet cache hit %.3f < 90%% of the workload's ceiling %.3f", f.CacheHit, f.CacheHitCeiling)
 	}
 	if f.Share["ultra27/qwen3-4b"] > 0.01 {
 		t.Errorf("fleet sent %.1f%% of turns to the starved 27B", 100*f.Share["ultra27/qwen3-4b"])
