@@ -127,9 +127,21 @@ func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) in
 		if len(job.Prefix) > 0 && float64(bestMatch)/float64(len(job.Prefix)) > cacheAwareThreshold {
 			chosen = best
 		} else {
+			// get_smallest_tenant takes the first minimum of a hash map's
+			// iteration, whose order Rust randomises per process: among
+			// equal trees (the empty ones at start) any may win, not the
+			// first in our list (which made the outcome depend on the
+			// order the hub lists its workers).
+			ties := 0
 			for i, c := range cands {
-				if chosen < 0 || p.tree(c.Name).Len() < p.tree(cands[chosen].Name).Len() {
-					chosen = i
+				switch {
+				case chosen < 0 || p.tree(c.Name).Len() < p.tree(cands[chosen].Name).Len():
+					chosen, ties = i, 1
+				case p.tree(c.Name).Len() == p.tree(cands[chosen].Name).Len():
+					ties++
+					if rng.IntN(ties) == 0 {
+						chosen = i
+					}
 				}
 			}
 		}

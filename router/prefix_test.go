@@ -125,6 +125,20 @@ func TestCacheAwarePolicy(t *testing.T) {
 	}
 }
 
+// Among equal smallest trees (all empty at start) cache-aware picks any, as
+// SGLang's hash-map scan does: not always the first worker listed.
+func TestCacheAwareSmallestTreeTieIsNotListOrder(t *testing.T) {
+	cands := []Candidate{{Name: "a", Slots: 4}, {Name: "b", Slots: 4}, {Name: "c", Slots: 4}}
+	firsts := map[int]int{}
+	for seed := range uint64(30) {
+		p := newCacheAwarePolicy()
+		firsts[p.Choose(prefixJob(1000, PrefixChain([]byte("the first prompt"))), cands, rand.New(rand.NewPCG(seed, 7)))]++
+	}
+	if len(firsts) < 3 {
+		t.Errorf("the first prompt to empty trees went to %v over 30 seeds; want every worker sometimes", firsts)
+	}
+}
+
 func TestSessionStickyIsStable(t *testing.T) {
 	p, _ := NewPolicy(PolicySessionSticky)
 	cands := []Candidate{{Name: "a", Slots: 1}, {Name: "b", Slots: 1}, {Name: "c", Slots: 1}}
