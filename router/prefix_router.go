@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"math"
 	"strconv"
 )
 
@@ -108,7 +109,17 @@ const minPrefillSample = 512
 func (r *Router) observeCacheLocked(w *worker, f *flight, c promptCache) int {
 	prompt := f.job.PromptTokens
 	if c.computedN >= minPrefillSample && c.computedMs > 0 {
-		w.speed.ObservePrefill(c.computedN, c.computedMs)
+		// The speed model's tokens are the router's estimate (bytes /
+		// 4), which the scheduler multiplies by the rate; the engine's
+		// tokenizer may count two or four times as many (code, JSON, a
+		// byte-level vocabulary). Learned per engine token, a prefill
+		// would be predicted that many times too fast, and the prefix a
+		// worker holds worth that much less than the time it saves.
+		computed := float64(c.computedN)
+		if c.promptTokens > 0 {
+			computed *= float64(prompt) / float64(c.promptTokens)
+		}
+		w.speed.ObservePrefill(max(int(math.Round(computed)), 1), c.computedMs)
 	}
 	if c.cached >= 0 && c.promptTokens > 0 {
 		w.prefix.Observe(f.job.Prefix, f.predicted, c.promptTokens, c.cached)

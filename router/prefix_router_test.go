@@ -14,7 +14,7 @@ import (
 
 // cachingEngine answers chat completions and reports, as llama-server does,
 // how much of each prompt its one slot already held: the common prefix of
-// this body's messages with the last one's, at 4 bytes a token. gate, when
+// this body's messages with the last one's, at the router's 4 bytes a token. gate, when
 // set, holds every answer until it is closed.
 type cachingEngine struct {
 	mu    sync.Mutex
@@ -42,9 +42,13 @@ func (e *cachingEngine) serve(w http.ResponseWriter, req *http.Request) {
 	if gate != nil {
 		<-gate
 	}
+	// Tokens counted as the router estimates them, and 1 ms each to
+	// prefill, so that two workers that served different prompts have
+	// learned the same speed.
+	tokens, cached := (len(prompt)+bytesPerToken-1)/bytesPerToken, common/bytesPerToken
 	w.Header().Set("Content-Type", "application/json")
-	fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":%d,"completion_tokens":2,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}},"timings":{"cache_n":%d,"prompt_n":%d,"prompt_ms":%.1f}}`,
-		len(prompt)/4, len(prompt)/4+2, common/4, common/4, (len(prompt)-common)/4, float64(len(prompt)-common)/4)
+	fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":%d,"completion_tokens":2,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}},"timings":{"cache_n":%d,"prompt_n":%d,"prompt_ms":%d}}`,
+		tokens, tokens+2, cached, cached, tokens-cached, tokens-cached)
 }
 
 func (e *cachingEngine) count() int {
@@ -158,6 +162,52 @@ func TestMeterReadsPromptCache(t *testing.T) {
 			m.feed([]byte(tc.body), now)
 			if got := m.promptCache(); got != tc.want {
 				t.Errorf("got %+v, want %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+// The prefill rate learned from llama-server's timings is per engine token,
+// but the scheduler multiplies it by its own estimate of the prompt (4 bytes
+// a token). An engine whose tokenizer counts otherwise (the tests' byte-level
+// model: one token a byte) must still be predicted to take the prefill time
+// it reported for the prompt, not a quarter of it: the prefix a worker holds
+// is worth exactly that time to the fleet policy.
+func TestRouterLearnsPrefillInItsOwnTokens(t *testing.T) {
+	const msPerEngineToken = 0.25
+	for _, bytesPerEngineToken := range []int{1, 2, 4} {
+		t.Run(fmt.Sprintf("%d bytes a token", bytesPerEngineToken), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			reported := make(chan float64, 1)
+			_, b := startBackend(t, "a/qwen3-4b", 1, func(w http.ResponseWriter, req *http.Request) {
+				body, _ := io.ReadAll(req.Body)
+				var wr struct {
+					Messages json.RawMessage `json:"messages"`
+				}
+				_ = json.Unmarshal(body, &wr)
+				n := len(wr.Messages) / bytesPerEngineToken
+				ms := float64(n) * msPerEngineToken
+				reported <- ms
+				w.Header().Set("Content-Type", "application/json")
+				fmt.Fprintf(w, `{"choices":[{"index":0,"message":{"role":"assistant","content":"ok"}}],"usage":{"prompt_tokens":%d,"completion_tokens":2,"total_tokens":%d,"prompt_tokens_details":{"cached_tokens":0}},"timings":{"cache_n":0,"prompt_n":%d,"prompt_ms":%.1f}}`,
+					n, n+2, n, ms)
+			})
+			r, rsrv := startRouter(t, Options{Policy: PolicyFleet, Seed: 1}, b)
+			body := conversation("s", 3)
+			resp := post(t, ctx, rsrv.URL, body)
+			resp.Body.Close()
+			reportedMs := <-reported
+			info, err := parseRequest([]byte(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r.mu.Lock()
+			m := r.workerLocked(b.Name).speed
+			predicted := float64(info.PromptTokens) * m.prefillMs()
+			r.mu.Unlock()
+			if predicted < 0.9*reportedMs || predicted > 1.1*reportedMs {
+				t.Errorf("predicted prefill of the prompt (%d tokens by the router's estimate) %.0f ms, the engine took %.0f ms", info.PromptTokens, predicted, reportedMs)
 			}
 		})
 	}
