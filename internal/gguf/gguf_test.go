@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -206,5 +208,39 @@ func TestWriteRefusesBadInput(t *testing.T) {
 	}
 	if _, err := TinyLlama(TinyConfig{Layers: 2, Embd: 65, Heads: 4, FF: 8, Context: 8}); err == nil {
 		t.Error("a hidden size not divisible by the heads was accepted")
+	}
+}
+
+// WriteTiny writes the shape it is given: PrefillTiny, the routing test's
+// model, read back from the file.
+func TestWriteTinyShape(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "m.gguf")
+	if err := WriteTiny(path, PrefillTiny); err != nil {
+		t.Fatal(err)
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := parse(t, b)
+	for k, want := range map[string]any{
+		"llama.block_count":         uint32(PrefillTiny.Layers),
+		"llama.embedding_length":    uint32(PrefillTiny.Embd),
+		"llama.feed_forward_length": uint32(PrefillTiny.FF),
+		"llama.context_length":      uint32(PrefillTiny.Context),
+	} {
+		if p.kv[k] != want {
+			t.Errorf("%s = %v, want %v", k, p.kv[k], want)
+		}
+	}
+	if n := len(p.tensors); n != 3+9*PrefillTiny.Layers {
+		t.Errorf("%d tensors, want %d", n, 3+9*PrefillTiny.Layers)
+	}
+	// Small enough to write in a test's setup.
+	if len(b) > 16<<20 {
+		t.Errorf("%d bytes; PrefillTiny should stay under 16 MiB", len(b))
+	}
+	if err := WriteTiny(filepath.Join(t.TempDir(), "no", "such", "dir.gguf"), PrefillTiny); err == nil {
+		t.Error("writing into a missing directory succeeded")
 	}
 }

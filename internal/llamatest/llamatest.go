@@ -70,6 +70,17 @@ func Model(t testing.TB, dir string) string {
 	return p
 }
 
+// ModelOf writes the random-weight GGUF that c shapes into dir and returns
+// its path.
+func ModelOf(t testing.TB, dir string, c gguf.TinyConfig) string {
+	t.Helper()
+	p := filepath.Join(dir, fmt.Sprintf("fleet-tiny-%dx%d.gguf", c.Layers, c.Embd))
+	if err := gguf.WriteTiny(p, c); err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // Server is a llama-server this test started.
 type Server struct {
 	URL string
