@@ -130,34 +130,46 @@ type chatAnswer struct {
 		Message map[string]any `json:"message"`
 	} `json:"choices"`
 	Usage struct {
-		PromptTokens int `json:"prompt_tokens"`
-		Details      struct {
+		PromptTokens     int `json:"prompt_tokens"`
+		CompletionTokens int `json:"completion_tokens"`
+		Details          struct {
 			CachedTokens int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Timings struct {
-		CacheN  int `json:"cache_n"`
-		PromptN int `json:"prompt_n"`
+		CacheN   int     `json:"cache_n"`
+		PromptN  int     `json:"prompt_n"`
+		PromptMs float64 `json:"prompt_ms"`
 	} `json:"timings"`
 }
 
 func postChat(t *testing.T, base, body string) chatAnswer {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	a, err := postChatErr(base, body)
+	if err != nil {
+		t.Fatalf("chat: %v", err)
+	}
+	return a
+}
+
+// postChatErr is postChat for goroutines: it returns the error instead of
+// failing the test.
+func postChatErr(base, body string) (chatAnswer, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatal(err)
+		return chatAnswer{}, err
 	}
 	defer resp.Body.Close()
 	raw, _ := io.ReadAll(resp.Body)
 	var a chatAnswer
-	if resp.StatusCode != 200 || json.Unmarshal(raw, &a) != nil || len(a.Choices) != 1 {
-		t.Fatalf("chat: HTTP %d: %s", resp.StatusCode, raw)
+	if resp.StatusCode != 200 || json.Unmarshal(raw, &a) != nil || len(a.Choices) != 1 || a.Usage.PromptTokens == 0 {
+		return a, fmt.Errorf("HTTP %d: %s", resp.StatusCode, raw)
 	}
-	return a
+	return a, nil
 }
 
 // chatStreamBody is chatStream with a body of the caller's.

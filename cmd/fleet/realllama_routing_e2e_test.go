@@ -2,12 +2,9 @@ package main
 
 import (
 	"cmp"
-	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"math/rand/v2"
-	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -337,42 +334,4 @@ func llamaAgentText(rnd *rand.Rand, n int) string {
 func jsonMarshal(v any) (string, error) {
 	b, err := json.Marshal(v)
 	return string(b), err
-}
-
-// postChatErr is postChat for goroutines: it returns the error instead of
-// failing the test.
-type routingAnswer struct {
-	Choices []struct {
-		Message map[string]any `json:"message"`
-	} `json:"choices"`
-	Usage struct {
-		PromptTokens     int `json:"prompt_tokens"`
-		CompletionTokens int `json:"completion_tokens"`
-		Details          struct {
-			CachedTokens int `json:"cached_tokens"`
-		} `json:"prompt_tokens_details"`
-	} `json:"usage"`
-	Timings struct {
-		CacheN   int     `json:"cache_n"`
-		PromptN  int     `json:"prompt_n"`
-		PromptMs float64 `json:"prompt_ms"`
-	} `json:"timings"`
-}
-
-func postChatErr(base, body string) (routingAnswer, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
-	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, "POST", base+"/v1/chat/completions", strings.NewReader(body))
-	req.Header.Set("Content-Type", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return routingAnswer{}, err
-	}
-	defer resp.Body.Close()
-	raw, _ := io.ReadAll(resp.Body)
-	var a routingAnswer
-	if resp.StatusCode != 200 || json.Unmarshal(raw, &a) != nil || len(a.Choices) != 1 || a.Usage.PromptTokens == 0 {
-		return a, fmt.Errorf("HTTP %d: %s", resp.StatusCode, raw)
-	}
-	return a, nil
 }
