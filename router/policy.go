@@ -288,8 +288,9 @@ const waitMargin = 2
 // the turn when its prediction is close, and its cache stays warm. A full
 // backend needs no price: its cost already holds its queue (NextFree,
 // Behind). Measured over the agent-sessions seeds 1–10 and 42 (README,
-// Scheduling): p99 E2E and cache hit better on every seed or equal, p50 TTFT
-// on 8 of 11; chat is untouched (no affinity, no price).
+// Scheduling): p99 E2E better or equal on every seed, cache hit on all but
+// one (0.3 points lower), p50 TTFT better, equal or within 3 ms on all but
+// one (seed 7); chat is untouched (no affinity, no price).
 func loadPrice(job Job, c Candidate) time.Duration {
 	u := float64(c.InFlight+1) / float64(max(c.Slots, 1))
 	return time.Duration(loadPriceWeight * u * u * float64(c.Speed.Completion(c.Slots, job)))
