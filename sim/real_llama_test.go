@@ -138,7 +138,15 @@ func TestAnthropicAndResponsesMatchRealLlamaServer(t *testing.T) {
 		prompt                 int
 	}
 	// The tiny model's weights are random: it may end at once. A prompt
-	// whose answer runs to max_tokens shows every event.
+	// whose answer runs to max_tokens shows every event, and greedy
+	// sampling (temperature 0) makes every later request for it do so too:
+	// sampled, the same prompt's non-streamed answer sometimes ended at
+	// once, with no content block to compare.
+	anthropic := func(prompt string, maxTokens int) map[string]any {
+		m := anthropic(prompt, maxTokens)
+		m["temperature"] = 0
+		return m
+	}
 	prompt := ""
 	for _, p := range []string{"Tell me a story", "Write code", "abc def ghi", "Name three rivers", "Count to ten"} {
 		evs := namedStream(t, real.URL+"/v1/messages", anthropic(p, 4))
@@ -176,7 +184,7 @@ func TestAnthropicAndResponsesMatchRealLlamaServer(t *testing.T) {
 		su, _ := m["usage"].(map[string]any)
 		r.repeatCached, r.repeatIn = num(su["cache_read_input_tokens"]), num(su["input_tokens"])
 
-		resp := map[string]any{"model": "qwen3-4b", "input": prompt, "max_output_tokens": 4}
+		resp := map[string]any{"model": "qwen3-4b", "input": prompt, "max_output_tokens": 4, "temperature": 0}
 		http.DefaultClient.CloseIdleConnections()
 		code, whole = post(t, base+"/v1/responses", resp)
 		if code != 200 {
