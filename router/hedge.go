@@ -177,9 +177,9 @@ func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
 func (r *Router) hedgeDeadlineLocked(f *flight, stream bool) time.Duration {
 	w := r.workerLocked(f.b.cfg.Name)
 	c := max(f.startConcurrency, 1)
-	pred := w.speed.TTFT(c, f.job.PromptTokens)
+	pred := w.speed.CautiousTTFT(c, f.job.PromptTokens)
 	if !stream {
-		pred = w.speed.Completion(c, f.job)
+		pred += w.speed.Completion(c, f.job) - w.speed.TTFT(c, f.job.PromptTokens)
 	}
 	return max(hedgeFloor, hedgeFactor*pred)
 }

@@ -233,3 +233,57 @@ func TestHedgeTakesARequestBackOnce(t *testing.T) {
 		t.Errorf("the request reached %d workers, want 2 (taken back once)", got)
 	}
 }
+
+// A healthy worker whose first long prompt takes longer than short prompts
+// taught is not hedged: its prefill rate, learned from short prompts only,
+// is their fixed cost spread over few tokens. Both workers take 1.2 s to a
+// first byte for a long prompt and answer short ones at once.
+func TestFirstLongPromptIsNotHedged(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var longHits atomic.Int32
+	slowPrefill := func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if len(body) > 4000 {
+			longHits.Add(1)
+			select {
+			case <-time.After(1200 * time.Millisecond):
+			case <-req.Context().Done():
+				return
+			}
+		}
+		okJSON(w, req)
+	}
+	_, a := startBackend(t, "a/qwen3-4b", 4, slowPrefill)
+	_, b := startBackend(t, "b/qwen3-4b", 4, slowPrefill)
+	checked := make(chan string, 10)
+	r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, Cooldown: time.Minute, OnNoFirstByte: func(b string) { checked <- b }}, a, b)
+	// What short prompts teach (a bench, chat): a first token in 5 ms for
+	// 100 tokens, a fast prefill rate.
+	for _, w := range []Backend{a, b} {
+		r.SeedSpeed(w.Name, SpeedPoint{Concurrency: 1, TTFT: 5 * time.Millisecond, PromptTokens: 100, ITL: 10 * time.Millisecond, PrefillTokPerSec: 40000})
+	}
+	// A 2,500-token prompt: predicted from that rate, its deadline would be
+	// the 750 ms floor.
+	r.mu.Lock()
+	fast := r.workerLocked(a.Name).speed.TTFT(1, 2500)
+	r.mu.Unlock()
+	if 3*fast >= 1200*time.Millisecond {
+		t.Fatalf("setup: the short prompts taught a prefill too slow to show the point (%v for 2,500 tokens)", fast)
+	}
+	long := `{"model":"qwen3-4b","max_tokens":8,"messages":[{"role":"user","content":"` + strings.Repeat("l", 10000) + `"}]}`
+	resp := post(t, ctx, rsrv.URL, long)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("long prompt: status %d: %s", resp.StatusCode, body)
+	}
+	if n := longHits.Load(); n != 1 {
+		t.Errorf("the long prompt reached the workers %d times, want once (not taken back)", n)
+	}
+	select {
+	case w := <-checked:
+		t.Errorf("%s was taken for silent on its first long prompt", w)
+	default:
+	}
+}

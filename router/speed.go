@@ -45,7 +45,15 @@ type SpeedModel struct {
 	itl [speedLevels]estimate
 	// prefill is ms per prompt token.
 	prefill estimate
+	// longPrefills counts the prefill observations of at least
+	// longPrefillTokens: until there is one, the rate is mostly the fixed
+	// cost of short prompts spread over their tokens.
+	longPrefills int
 }
+
+// longPrefillTokens is the prompt length from which a prefill teaches the
+// rate long prompts see (minPrefillSample, for the engine's own timings).
+const longPrefillTokens = minPrefillSample
 
 // speedLevels bounds the concurrency levels tracked; beyond it the last
 // level's trend extrapolates.
@@ -133,6 +141,9 @@ func (m *SpeedModel) Observe(startConcurrency int, meanConcurrency float64, prom
 		if promptTokens >= 64 && b.n > 0 {
 			m.prefill.add(max(ms(ttft)-b.v, 0) / float64(promptTokens))
 			pre = m.prefillMs()
+			if promptTokens >= longPrefillTokens {
+				m.longPrefills++
+			}
 		}
 		b.add(max(ms(ttft)-float64(promptTokens)*pre, 0.01))
 	}
@@ -147,7 +158,26 @@ func (m *SpeedModel) Observe(startConcurrency int, meanConcurrency float64, prom
 func (m *SpeedModel) ObservePrefill(tokens int, ms float64) {
 	if tokens > 0 && ms > 0 {
 		m.prefill.add(ms / float64(tokens))
+		if tokens >= longPrefillTokens {
+			m.longPrefills++
+		}
 	}
+}
+
+// CautiousTTFT is TTFT for deciding that a worker is silent: a prompt of
+// longPrefillTokens or more, on a worker that has not prefilled one yet, is
+// priced at no faster than the prior's rate. Learned from short prompts
+// only (an admission bench, chat), the rate is their fixed cost spread over
+// few tokens, often ten times faster than a long prompt really goes, and a
+// healthy worker's first long prompt would miss its deadline, be taken back
+// and leave the worker suspect.
+func (m *SpeedModel) CautiousTTFT(c, promptTokens int) time.Duration {
+	t := m.TTFT(c, promptTokens)
+	if promptTokens < longPrefillTokens || m.longPrefills > 0 {
+		return t
+	}
+	base := m.levelValue(&m.base, c, ms(m.prior.TTFT))
+	return max(t, fromMs(base+float64(promptTokens)*1000/m.prior.PrefillTokPerSec))
 }
 
 func (m *SpeedModel) prefillMs() float64 {
