@@ -205,11 +205,7 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 	if !s.readBody(w, r, &req) {
 		return
 	}
-	if len(req.Messages) == 0 {
-		s.badRequest(w, "messages must be a non-empty array")
-		return
-	}
-	if !s.checkModel(w, req.Model) {
+	if !s.checkMessages(w, len(req.Messages), req.Model) {
 		return
 	}
 	if req.MaxTokens == nil && !s.llama() {
@@ -241,21 +237,13 @@ func (s *Server) handleMessages(w http.ResponseWriter, r *http.Request) {
 			choice = req.ToolChoice.Type
 		}
 	}
-	structured := s.opts.Jinja
-	if !s.llama() {
-		structured = s.opts.AutoToolChoice && s.opts.ToolCallParser != ""
-	}
 	pl := makeChatPlan(planInput{
 		seed: s.opts.Seed, content: text, lastUser: lastUser, thinking: thinking, maxTokens: maxTok,
-		tools: tools, toolChoice: choice, structured: structured,
+		tools: tools, toolChoice: choice, structured: s.structuredToolCalls(),
 		toolIDFmt: func(rng *rand.Rand) string { return "toolu_" + randomAlnum(rng, 24) },
 	})
-	place := s.placement()
-	if place == thoughtsBoth {
-		place = thoughtsField
-	}
 	j := &job{s: s, w: w, r: r, plan: pl, promptTokens: nPrompt, promptText: text, stream: req.Stream,
-		chat: true, placement: place, api: apiMessages, maxTokens: maxTok}
+		chat: true, placement: s.fieldPlacement(), api: apiMessages, maxTokens: maxTok}
 	j.run()
 }
 
@@ -265,11 +253,7 @@ func (s *Server) handleCountTokens(w http.ResponseWriter, r *http.Request) {
 	if !s.readBody(w, r, &req) {
 		return
 	}
-	if len(req.Messages) == 0 {
-		s.badRequest(w, "messages must be a non-empty array")
-		return
-	}
-	if !s.checkModel(w, req.Model) {
+	if !s.checkMessages(w, len(req.Messages), req.Model) {
 		return
 	}
 	text, _, _ := req.prompt()

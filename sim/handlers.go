@@ -120,6 +120,26 @@ func (s *Server) checkModel(w http.ResponseWriter, name string) bool {
 	return false
 }
 
+// checkMessages is the check every messages API starts with: a non-empty
+// conversation for a model the engine serves.
+func (s *Server) checkMessages(w http.ResponseWriter, n int, model string) bool {
+	if n == 0 {
+		s.badRequest(w, "messages must be a non-empty array")
+		return false
+	}
+	return s.checkModel(w, model)
+}
+
+// structuredToolCalls reports whether tool calls come back parsed (a
+// tool_calls field) rather than as text: llama-server with --jinja, vLLM with
+// --enable-auto-tool-choice and a --tool-call-parser.
+func (s *Server) structuredToolCalls() bool {
+	if s.llama() {
+		return s.opts.Jinja
+	}
+	return s.opts.AutoToolChoice && s.opts.ToolCallParser != ""
+}
+
 // maxTokens reads max_tokens / max_completion_tokens: 0 means unset.
 func (s *Server) maxTokens(w http.ResponseWriter, maxTok, maxCompl *int) (int, bool) {
 	v := maxCompl
@@ -237,6 +257,16 @@ func (s *Server) placement() reasoningPlacement {
 	return thoughtsInline
 }
 
+// fieldPlacement is placement for the APIs whose thoughts have their own
+// block (Anthropic's thinking, Responses' reasoning item): inline thoughts
+// stay inline, the others go there once.
+func (s *Server) fieldPlacement() reasoningPlacement {
+	if p := s.placement(); p != thoughtsBoth {
+		return p
+	}
+	return thoughtsField
+}
+
 func (s *Server) reasoningKey() string {
 	if s.llama() {
 		return "reasoning_content"
@@ -249,11 +279,7 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if !s.readBody(w, r, &req) {
 		return
 	}
-	if len(req.Messages) == 0 {
-		s.badRequest(w, "messages must be a non-empty array")
-		return
-	}
-	if !s.checkModel(w, req.Model) {
+	if !s.checkMessages(w, len(req.Messages), req.Model) {
 		return
 	}
 	maxTok, ok := s.maxTokens(w, req.MaxTokens, req.MaxCompletionTokens)
@@ -285,14 +311,10 @@ func (s *Server) handleChat(w http.ResponseWriter, r *http.Request) {
 	if b, ok := req.ChatTemplateKwargs["enable_thinking"].(bool); ok {
 		thinking = b
 	}
-	structured := s.opts.Jinja
-	if !s.llama() {
-		structured = s.opts.AutoToolChoice && s.opts.ToolCallParser != ""
-	}
 	llama := s.llama()
 	in := planInput{
 		seed: s.opts.Seed, content: all.String() + toolsText, lastUser: lastUser, thinking: thinking,
-		maxTokens: maxTok, tools: req.Tools, toolChoice: toolChoiceName(req.ToolChoice), structured: structured,
+		maxTokens: maxTok, tools: req.Tools, toolChoice: toolChoiceName(req.ToolChoice), structured: s.structuredToolCalls(),
 		toolIDFmt: func(rng *rand.Rand) string {
 			if llama {
 				return randomAlnum(rng, 32)

@@ -297,18 +297,10 @@ func (s *Server) handleResponses(w http.ResponseWriter, r *http.Request) {
 	if choice == "" && json.Unmarshal(req.ToolChoice, &named) == nil {
 		choice = named.Name
 	}
-	structured := s.opts.Jinja
-	if !s.llama() {
-		structured = s.opts.AutoToolChoice && s.opts.ToolCallParser != ""
-	}
 	pl := makeChatPlan(planInput{seed: s.opts.Seed, content: text, lastUser: lastUser, thinking: s.opts.ThinkingByDefault,
-		maxTokens: maxTok, tools: tools, toolChoice: choice, structured: structured,
+		maxTokens: maxTok, tools: tools, toolChoice: choice, structured: s.structuredToolCalls(),
 		toolIDFmt: func(rng *rand.Rand) string { return randomAlnum(rng, 32) }})
-	place := s.placement()
-	if place == thoughtsBoth {
-		place = thoughtsField
-	}
 	j := &job{s: s, w: w, r: r, plan: pl, promptTokens: nPrompt, promptText: text, stream: req.Stream,
-		chat: true, placement: place, api: apiResponses, maxTokens: maxTok}
+		chat: true, placement: s.fieldPlacement(), api: apiResponses, maxTokens: maxTok}
 	j.run()
 }
