@@ -278,16 +278,7 @@ func answerModelField(p []byte) (start, end int, ok bool) {
 
 // withAnswerModel is withModel for an answer: the name it carries, where
 // answerModelField finds it, set to quoted.
-func withAnswerModel(p, quoted []byte) []byte {
-	start, end, ok := answerModelField(p)
-	if !ok || bytes.Equal(p[start:end], quoted) {
-		return p
-	}
-	out := make([]byte, 0, len(p)-(end-start)+len(quoted))
-	out = append(out, p[:start]...)
-	out = append(out, quoted...)
-	return append(out, p[end:]...)
-}
+func withAnswerModel(p, quoted []byte) []byte { return withField(p, quoted, answerModelField) }
 
 // sseErrorEventFor is sseErrorEvent in the API's own shape: an Anthropic
 // stream gets Anthropic's error event, a Responses stream the Responses

@@ -133,8 +133,12 @@ func quoteJSON(name string) []byte {
 // withModel returns p with its top-level "model" string set to quoted (a
 // JSON string), or p itself when it has none or already carries it. p is
 // never modified.
-func withModel(p, quoted []byte) []byte {
-	start, end, ok := modelField(p)
+func withModel(p, quoted []byte) []byte { return withField(p, quoted, modelField) }
+
+// withField returns p with the JSON value that find locates replaced by
+// quoted, or p itself when find locates none or it already is quoted.
+func withField(p, quoted []byte, find func([]byte) (start, end int, ok bool)) []byte {
+	start, end, ok := find(p)
 	if !ok || bytes.Equal(p[start:end], quoted) {
 		return p
 	}
