@@ -179,7 +179,7 @@ func (r *Router) hedgeDeadlineLocked(f *flight, stream bool) time.Duration {
 	c := max(f.startConcurrency, 1)
 	pred := w.speed.CautiousTTFT(c, f.job.PromptTokens)
 	if !stream {
-		pred += w.speed.Completion(c, f.job) - w.speed.TTFT(c, f.job.PromptTokens)
+		pred += w.speed.decode(c, f.job)
 	}
 	return max(hedgeFloor, hedgeFactor*pred)
 }

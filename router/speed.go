@@ -172,12 +172,11 @@ func (m *SpeedModel) ObservePrefill(tokens int, ms float64) {
 // healthy worker's first long prompt would miss its deadline, be taken back
 // and leave the worker suspect.
 func (m *SpeedModel) CautiousTTFT(c, promptTokens int) time.Duration {
-	t := m.TTFT(c, promptTokens)
-	if promptTokens < longPrefillTokens || m.longPrefills > 0 {
-		return t
+	pre := m.prefillMs()
+	if promptTokens >= longPrefillTokens && m.longPrefills == 0 {
+		pre = max(pre, 1000/m.prior.PrefillTokPerSec)
 	}
-	base := m.levelValue(&m.base, c, ms(m.prior.TTFT))
-	return max(t, fromMs(base+float64(promptTokens)*1000/m.prior.PrefillTokPerSec))
+	return m.ttft(c, promptTokens, pre)
 }
 
 func (m *SpeedModel) prefillMs() float64 {
@@ -190,8 +189,13 @@ func (m *SpeedModel) prefillMs() float64 {
 // TTFT predicts the time to first token at concurrency c (the request
 // itself included) for a prompt of promptTokens.
 func (m *SpeedModel) TTFT(c, promptTokens int) time.Duration {
+	return m.ttft(c, promptTokens, m.prefillMs())
+}
+
+// ttft is TTFT at a prefill of prefillMs per prompt token.
+func (m *SpeedModel) ttft(c, promptTokens int, prefillMs float64) time.Duration {
 	base := m.levelValue(&m.base, c, ms(m.prior.TTFT))
-	return fromMs(base + float64(promptTokens)*m.prefillMs())
+	return fromMs(base + float64(promptTokens)*prefillMs)
 }
 
 // ITL predicts the per-token time at concurrency c.
@@ -201,8 +205,12 @@ func (m *SpeedModel) ITL(c int) time.Duration {
 
 // Completion predicts the time a request takes end to end at concurrency c.
 func (m *SpeedModel) Completion(c int, job Job) time.Duration {
-	out := max(job.OutputTokens-1, 0)
-	return m.TTFT(c, job.PromptTokens) + time.Duration(out)*m.ITL(c)
+	return m.TTFT(c, job.PromptTokens) + m.decode(c, job)
+}
+
+// decode predicts the time from a request's first token to its last.
+func (m *SpeedModel) decode(c int, job Job) time.Duration {
+	return time.Duration(max(job.OutputTokens-1, 0)) * m.ITL(c)
 }
 
 // Measured reports whether the model has learned or been seeded with anything.
