@@ -34,11 +34,7 @@ exec '%s' "$@"
 	r := m.Recipes[fleet.EngineLlamaCpp]
 	r.Bin = bin
 	m.Recipes[fleet.EngineLlamaCpp] = r
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
-		Models:     []fleet.Model{m},
-		Placements: []fleet.Placement{{Model: m.ID, Node: "hub"}},
-	})
+	h.m.SetDesired(localFleet(m))
 	h.run()
 	w := h.waitReady("hub/qwen3-4b")
 	if w.Progress != 0 {

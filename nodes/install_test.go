@@ -27,11 +27,7 @@ func TestManagerInstallReportsProgress(t *testing.T) {
 	// The installer prints progress as curl and pip do, then puts the engine in place.
 	r.Install = "printf 'downloading  12.5%%\\n'; printf '######## 55%%\\n'; cp '" + fakeEngine + "' '" + bin + "'; echo 'done 100%'"
 	m.Recipes[fleet.EngineLlamaCpp] = r
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
-		Models:     []fleet.Model{m},
-		Placements: []fleet.Placement{{Model: m.ID, Node: "hub"}},
-	})
+	h.m.SetDesired(localFleet(m))
 	h.run()
 	w := h.waitReady("hub/qwen3-4b")
 	if w.Progress != 0 {

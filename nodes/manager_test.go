@@ -314,6 +314,15 @@ func modelsVia(t *testing.T, m *Manager, w fleet.Worker) []string {
 	return ids
 }
 
+// localFleet places model on one node, the hub's own machine.
+func localFleet(model fleet.Model) fleet.Fleet {
+	return fleet.Fleet{
+		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
+		Models:     []fleet.Model{model},
+		Placements: []fleet.Placement{{Model: model.ID, Node: "hub"}},
+	}
+}
+
 func simFleet(model fleet.Model, nodes ...string) fleet.Fleet {
 	f := fleet.Fleet{Models: []fleet.Model{model}}
 	for _, n := range nodes {

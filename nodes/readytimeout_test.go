@@ -18,11 +18,7 @@ func TestManagerRecipeReadyTimeout(t *testing.T) {
 	r := m.Recipes[fleet.EngineLlamaCpp]
 	r.ReadyTimeout = 2 * time.Second
 	m.Recipes[fleet.EngineLlamaCpp] = r
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
-		Models:     []fleet.Model{m},
-		Placements: []fleet.Placement{{Model: m.ID, Node: "hub"}},
-	})
+	h.m.SetDesired(localFleet(m))
 	h.run()
 	w := h.waitWorker("hub/qwen3-4b", "failed by its recipe's ready timeout", func(w fleet.Worker) bool {
 		return w.State == fleet.WorkerFailed

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"fleet"
 	"fleet/internal/testbin"
 )
 
@@ -21,11 +20,7 @@ func TestManagerScrapeFakeEngine(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil)
 	cleanupEngines(t, h)
 	busy := localModel("--running", "3", "--slots", "4")
-	h.m.SetDesired(fleet.Fleet{
-		Nodes:      []fleet.Node{{Name: "hub", Address: "local"}},
-		Models:     []fleet.Model{busy},
-		Placements: []fleet.Placement{{Model: busy.ID, Node: "hub"}},
-	})
+	h.m.SetDesired(localFleet(busy))
 	h.run()
 	w := h.waitReady("hub/qwen3-4b")
 
