@@ -229,22 +229,21 @@ func (s *Source) Actions() []console.Action {
 // SetBench records a finished bench sweep of a worker, as the hub does when
 // a sweep it started completes.
 func (s *Source) SetBench(worker string, points []fleet.BenchPoint, at time.Time) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := range s.snap.Workers {
-		if s.snap.Workers[i].Name() == worker {
-			s.snap.Workers[i].Bench, s.snap.Workers[i].BenchAt = slices.Clone(points), at
-		}
-	}
+	s.updateWorker(worker, func(w *fleet.WorkerView) { w.Bench, w.BenchAt = slices.Clone(points), at })
 }
 
 // SetAgentBench records a finished agent-split sweep of a worker.
 func (s *Source) SetAgentBench(worker string, points []fleet.BenchPoint, at time.Time) {
+	s.updateWorker(worker, func(w *fleet.WorkerView) { w.AgentBench, w.AgentBenchAt = slices.Clone(points), at })
+}
+
+// updateWorker applies set to the named worker of the snapshot.
+func (s *Source) updateWorker(worker string, set func(*fleet.WorkerView)) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for i := range s.snap.Workers {
 		if s.snap.Workers[i].Name() == worker {
-			s.snap.Workers[i].AgentBench, s.snap.Workers[i].AgentBenchAt = slices.Clone(points), at
+			set(&s.snap.Workers[i])
 		}
 	}
 }
@@ -261,13 +260,7 @@ func (s *Source) AddEvent(e fleet.Event) {
 
 // SetInFlight sets a worker's in-flight count (a drain finishes at 0).
 func (s *Source) SetInFlight(worker string, n int) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for i := range s.snap.Workers {
-		if s.snap.Workers[i].Name() == worker {
-			s.snap.Workers[i].InFlight = n
-		}
-	}
+	s.updateWorker(worker, func(w *fleet.WorkerView) { w.InFlight = n })
 }
 
 // Refused records a key the user's role did not allow, as the hub audits it.
