@@ -2,10 +2,8 @@ package sim
 
 import (
 	"bufio"
-	"bytes"
 	"encoding/json"
 	"fmt"
-	"net/http"
 	"slices"
 	"strings"
 	"testing"
@@ -21,16 +19,8 @@ type namedEvent struct {
 // that each event: line matches its data's type.
 func namedStream(t *testing.T, url string, body map[string]any) []namedEvent {
 	t.Helper()
-	body["stream"] = true
-	raw, _ := json.Marshal(body)
-	resp, err := http.Post(url, "application/json", bytes.NewReader(raw))
-	if err != nil {
-		t.Fatal(err)
-	}
+	resp := postStream(t, url, body)
 	defer resp.Body.Close()
-	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		t.Fatalf("%s: status %d content-type %q", url, resp.StatusCode, resp.Header.Get("Content-Type"))
-	}
 	var out []namedEvent
 	var name string
 	sc := bufio.NewScanner(resp.Body)

@@ -61,8 +61,9 @@ func post(t *testing.T, url string, body any) (int, map[string]any) {
 	return resp.StatusCode, out
 }
 
-// stream posts a streaming request and returns every data: payload but [DONE].
-func stream(t *testing.T, url string, body map[string]any) (chunks []map[string]any, done bool) {
+// postStream posts body as a streaming request and checks that an event
+// stream answers.
+func postStream(t *testing.T, url string, body map[string]any) *http.Response {
 	t.Helper()
 	body["stream"] = true
 	raw, _ := json.Marshal(body)
@@ -70,10 +71,18 @@ func stream(t *testing.T, url string, body map[string]any) (chunks []map[string]
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/event-stream") {
-		t.Fatalf("status %d content-type %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+		resp.Body.Close()
+		t.Fatalf("%s: status %d content-type %q", url, resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
+	return resp
+}
+
+// stream posts a streaming request and returns every data: payload but [DONE].
+func stream(t *testing.T, url string, body map[string]any) (chunks []map[string]any, done bool) {
+	t.Helper()
+	resp := postStream(t, url, body)
+	defer resp.Body.Close()
 	sc := bufio.NewScanner(resp.Body)
 	sc.Buffer(nil, 1<<20)
 	for sc.Scan() {
