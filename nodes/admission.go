@@ -149,17 +149,19 @@ func (m *Manager) applyVerdict(ws *workerState) error {
 // RejectedGrace; the worker stays rejected, and parked, until asked for.
 func (m *Manager) stopRejected(ctx context.Context, ws *workerState) {
 	pid := ws.proc.PID
-	if err := m.stopEngine(ctx, ws, ""); err != nil {
-		m.event("warn", ws.name, fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
-		return
-	}
-	ws.parked = true
+	// The note goes in with the cleared PID: a reader that saw the engine
+	// gone but not why read a rejection without it (a CI-like run did).
 	note := fmt.Sprintf("%s %s rejected", rejectedStoppedNote, m.opts.RejectedGrace)
-	m.update(ws, func(w *fleet.Worker) {
+	err := m.stopEngineAnd(ctx, ws, func(w *fleet.Worker) {
 		if !strings.Contains(w.Reason, rejectedStoppedNote) {
 			w.Reason += "; " + note
 		}
 	})
+	if err != nil {
+		m.event("warn", ws.name, fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
+		return
+	}
+	ws.parked = true
 	m.event("info", ws.name, fmt.Sprintf("%s: engine PID %d stopped; `fleet start %s` launches and judges it again, `fleet admit --force %s` launches it unchecked",
 		note, pid, ws.name, ws.name))
 }

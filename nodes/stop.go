@@ -13,6 +13,16 @@ import (
 // the supervisor is being cancelled, so it gets its own bounded context.
 // A non-empty reason marks the worker stopped, with reason as its Reason.
 func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string) error {
+	return m.stopEngineAnd(ctx, ws, func(w *fleet.Worker) {
+		if reason != "" {
+			w.State, w.Reason = fleet.WorkerStopped, reason
+		}
+	})
+}
+
+// stopEngineAnd is stopEngine with what to record of the worker besides its
+// cleared PID, in the same update: no reader sees the one without the other.
+func (m *Manager) stopEngineAnd(ctx context.Context, ws *workerState, record func(*fleet.Worker)) error {
 	if ws.proc.PID > 0 {
 		_, t, _, up := m.nodeFor(ws)
 		if !up || t == nil {
@@ -26,13 +36,10 @@ func (m *Manager) stopEngine(ctx context.Context, ws *workerState, reason string
 		m.event("info", ws.name, fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
 		ws.proc = enginectl.Process{}
 	}
-	if reason != "" {
-		m.update(ws, func(w *fleet.Worker) {
-			w.State, w.Reason, w.PID, w.PGID = fleet.WorkerStopped, reason, 0, 0
-		})
-	} else {
-		m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID = 0, 0 })
-	}
+	m.update(ws, func(w *fleet.Worker) {
+		w.PID, w.PGID = 0, 0
+		record(w)
+	})
 	return nil
 }
 
