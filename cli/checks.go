@@ -137,7 +137,7 @@ bypassing the scheduler; a model name is measured through the router.
 	}
 	c.Flags().IntSliceVar(&o.Levels, "levels", []int{1, 2, 4}, "concurrency levels")
 	c.Flags().StringVar(&o.Split, "split", sweep.SplitChat, "chat (256-token answers) or agent (~4.6K-token prompts, ~70-token answers)")
-	c.Flags().IntVar(&o.Requests, "requests", 0, "requests per level (default 2×level, at least 3)")
+	c.Flags().IntVar(&o.Requests, "requests", 0, "requests per level (default 2×level, at least 3); with --turns, rounded up to whole sessions, at least one per concurrent request")
 	c.Flags().IntVar(&o.Tokens, "tokens", 0, "output tokens per request (default 256 chat, 70 agent)")
 	c.Flags().IntVar(&o.Turns, "turns", 1, "agent split: turns per session, each resending the conversation with the previous answer and a ~500-token tool result (the cache hit column shows what the engines reused)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")

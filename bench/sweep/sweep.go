@@ -77,7 +77,8 @@ type Options struct {
 	// prompt reuses it, which the levels' cache hit ratio shows.
 	Turns int
 	// RequestsPerLevel is how many requests each level runs (default
-	// 2×level, at least 3).
+	// 2×level, at least 3); with Turns above 1, rounded up to whole
+	// sessions, at least one per concurrent client.
 	RequestsPerLevel int
 	// Warmup is how many requests are sent first and discarded (default 1;
 	// negative for none).
@@ -195,7 +196,7 @@ func Sweep(ctx context.Context, target bench.Target, opts Options) (Result, erro
 		if err != nil {
 			return Result{}, err
 		}
-		seq += n
+		seq += n / opts.Turns
 		log.Info("bench level done", "target", target.Label(), "concurrency", c, "total_tok_s", lvl.TotalTokPerSec,
 			"per_request_tok_s", lvl.PerRequestTokPerS, "ttft_p50_ms", lvl.TTFT.P50, "failed", lvl.Failed)
 		r.Levels = append(r.Levels, lvl)
@@ -248,43 +249,56 @@ func withDefaults(o Options) (Options, error) {
 	return o, nil
 }
 
+// requestsAt is how many requests the level at concurrency sends: the
+// requests per level asked for (default 2×level, at least 3), and with
+// multi-turn sessions rounded up to whole sessions, at least one per client
+// (a cut session would measure a conversation no agent holds).
 func requestsAt(o Options, concurrency int) int {
+	n := max(2*concurrency, 3)
 	if o.RequestsPerLevel > 0 {
-		return max(o.RequestsPerLevel, concurrency)
+		n = max(o.RequestsPerLevel, concurrency)
 	}
-	return max(2*concurrency, 3)
+	if o.Turns > 1 {
+		sessions := max((n+o.Turns-1)/o.Turns, concurrency)
+		n = sessions * o.Turns
+	}
+	return n
 }
 
-// runLevel keeps exactly c requests in flight until n have been sent.
+// runLevel keeps exactly c sessions in flight until the level's n requests
+// (n/turns sessions) have been sent. A client takes a whole session and runs
+// its turns one after another, each resending the conversation so far.
 func runLevel(ctx context.Context, client *http.Client, target bench.Target, opts Options, c, n, seq int, tick func()) (Level, error) {
 	results := make([]request, n)
+	sessions := n / opts.Turns
 	var next int
 	var mu sync.Mutex
 	var wg sync.WaitGroup
 	start := time.Now()
 	for range c {
 		wg.Go(func() {
-			// Each client runs its sessions one turn after another.
-			var msgs []map[string]string
-			session, turn := 0, 0
 			for {
 				mu.Lock()
-				i := next
+				s := next
 				next++
 				mu.Unlock()
-				if i >= n || ctx.Err() != nil {
+				if s >= sessions {
 					return
 				}
-				if turn == 0 || turn >= opts.Turns {
-					session, turn = seq+i, 0
-					msgs = firstTurn(opts.Split, session)
-				} else {
-					msgs = append(msgs, map[string]string{"role": "user", "content": toolResult(session, turn)})
+				session := seq + s
+				msgs := firstTurn(opts.Split, session)
+				for turn := range opts.Turns {
+					if ctx.Err() != nil {
+						return
+					}
+					if turn > 0 {
+						msgs = append(msgs, map[string]string{"role": "user", "content": toolResult(session, turn)})
+					}
+					i := s*opts.Turns + turn
+					results[i] = send(ctx, client, target, opts, msgs)
+					msgs = append(msgs, map[string]string{"role": "assistant", "content": results[i].answer})
+					tick()
 				}
-				results[i] = send(ctx, client, target, opts, msgs)
-				msgs = append(msgs, map[string]string{"role": "assistant", "content": results[i].answer})
-				turn++
-				tick()
 			}
 		})
 	}

@@ -9,6 +9,7 @@ import (
 	"math"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -339,4 +340,45 @@ func TestSweepFailures(t *testing.T) {
 			t.Errorf("Text hides the failures:\n%s", res.Text())
 		}
 	})
+}
+
+// TestSweepRunsWholeSessions: with --turns, every level runs whole sessions,
+// one client per session at a time: at concurrency 1 the default three
+// requests were one session cut after its third turn, and at concurrency 2
+// the clients took turns of whatever session index came next.
+func TestSweepRunsWholeSessions(t *testing.T) {
+	engine := &sseEngine{contentEvents: 2, completionTokens: 8}
+	srv := httptest.NewServer(engine)
+	defer srv.Close()
+	res, err := Sweep(context.Background(), bench.Target{Name: "fake", BaseURL: srv.URL + "/v1", Model: "m"},
+		Options{Split: SplitAgent, Turns: 4, Levels: []int{1, 2}, Warmup: -1, OutputTokens: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Level 1: the default 3 requests round up to one session of 4 turns;
+	// level 2: 4 requests are one session, but each of the 2 clients runs
+	// one, so 8.
+	for i, want := range []int{4, 8} {
+		if l := res.Levels[i]; l.Requests != want || l.Failed != 0 {
+			t.Errorf("concurrency %d: %d requests (%d failed), want %d: whole sessions of 4 turns", l.Concurrency, l.Requests, l.Failed, want)
+		}
+	}
+	// Each session (named by its first message) must have sent turns of 1,
+	// 3, 5 and 7 messages: the first prompt, then each answer and tool result.
+	turns := map[string][]int{}
+	for _, b := range engine.bodies {
+		msgs, _ := b["messages"].([]any)
+		first, _ := msgs[0].(map[string]any)
+		content, _ := first["content"].(string)
+		turns[content] = append(turns[content], len(msgs))
+	}
+	if len(turns) != 3 {
+		t.Errorf("%d sessions, want 3 (one at concurrency 1, two at 2)", len(turns))
+	}
+	for content, lens := range turns {
+		slices.Sort(lens)
+		if !slices.Equal(lens, []int{1, 3, 5, 7}) {
+			t.Errorf("session %.40q sent turns of %v messages, want [1 3 5 7]: a whole session", content, lens)
+		}
+	}
 }
