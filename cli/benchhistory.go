@@ -14,7 +14,8 @@ import (
 
 // BenchHistoryHub is what `bench --history` needs from the hub.
 type BenchHistoryHub interface {
-	// BenchHistory lists a worker's stored sweeps, newest first.
+	// BenchHistory lists the stored sweeps of a worker, or of a model
+	// (through the router and on its workers), newest first.
 	BenchHistory(ctx context.Context, u fleet.User, worker string, limit int) ([]sweep.Result, error)
 }
 

@@ -139,9 +139,9 @@ bypassing the scheduler; a model name is measured through the router.
 	c.Flags().StringVar(&o.Split, "split", sweep.SplitChat, "chat (256-token answers) or agent (~4.6K-token prompts, ~70-token answers)")
 	c.Flags().IntVar(&o.Requests, "requests", 0, "requests per level (default 2×level, at least 3); with --turns, rounded up to whole sessions, at least one per concurrent request")
 	c.Flags().IntVar(&o.Tokens, "tokens", 0, "output tokens per request (default 256 chat, 70 agent)")
-	c.Flags().IntVar(&o.Turns, "turns", 1, "agent split: turns per session, each resending the conversation with the previous answer and a ~500-token tool result (the cache hit column shows what the engines reused)")
+	c.Flags().IntVar(&o.Turns, "turns", 1, "agent split: turns per session, each resending the conversation with the previous answer and a ~500-token tool result (the cache hit column shows what the engines reused; n/a when an engine reports no count, as vLLM without --enable-prompt-tokens-details)")
 	c.Flags().BoolVar(&asJSON, "json", false, "print the result as JSON")
-	c.Flags().BoolVar(&history, "history", false, "list the worker's past runs (chat and agent splits), newest first, instead of running one")
+	c.Flags().BoolVar(&history, "history", false, "list past runs (chat and agent splits), newest first, instead of running one: a worker's, or a model's (through the router and on each of its workers)")
 	c.Flags().IntVar(&limit, "limit", 20, "with --history: how many runs")
 	c.Annotations = map[string]string{annotationFlagAction: "history"}
 	return c

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -261,9 +262,12 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 	}
 	defer done()
 	var t bench.Target
-	worker := ""
-	if h.knownModel(target) {
+	// worker is the stored run's key: the worker measured, or the model's
+	// key for a run through the router, so `bench --history MODEL` finds it.
+	worker, viaRouter := "", false
+	if id, ok := h.modelID(target); ok {
 		t = bench.Target{Name: target + " via router", BaseURL: "http://" + h.routerAddr() + "/v1", Model: target}
+		worker, viaRouter = routerBenchKey(id), true
 	} else {
 		var w fleet.Worker
 		var err error
@@ -291,12 +295,12 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 	}); err != nil {
 		return res, err
 	}
-	if worker != "" {
-		if data, err := json.Marshal(res); err == nil {
-			if err := h.store.AddBenchRun(ctx, worker, data); err != nil {
-				h.log.Warn("could not store the bench run", "worker", worker, "err", err)
-			}
+	if data, err := json.Marshal(res); err == nil {
+		if err := h.store.AddBenchRun(ctx, worker, data); err != nil {
+			h.log.Warn("could not store the bench run", "target", worker, "err", err)
 		}
+	}
+	if !viaRouter {
 		if err := h.store.AddSamples(ctx, res.Samples(worker)); err != nil {
 			h.log.Warn("could not store bench samples", "worker", worker, "err", err)
 		}
@@ -323,33 +327,34 @@ func splitOf(res sweep.Result) string {
 // MaxBenchHistory is the most runs `bench --history` lists.
 const MaxBenchHistory = 200
 
-// BenchHistory lists a worker's stored bench sweeps, newest first (at most
-// limit, up to MaxBenchHistory). WORKER may be a node with one worker; a
-// NODE/MODEL name is taken as it is, so the runs of a worker that has left
-// the fleet can still be read.
+// BenchHistory lists stored bench sweeps, newest first (at most limit, up
+// to MaxBenchHistory), of what `bench` accepts: a worker (a node with one
+// worker stands for it; a NODE/MODEL name is taken as it is, so the runs of
+// a worker that has left the fleet can still be read), or a model (an
+// alias too): its runs through the router and its current workers' runs.
 func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
 	var out []sweep.Result
 	err := h.do(u, "bench --history", target, func() (string, error) {
-		worker := target
-		if !strings.Contains(target, "/") {
-			names, err := h.resolve([]string{target})
-			if err != nil {
-				return "", err
-			}
-			if len(names) != 1 {
-				return "", fmt.Errorf("node %s runs %d workers; name one of %s", target, len(names), strings.Join(names, ", "))
-			}
-			worker = names[0]
-		}
-		runs, err := h.store.BenchRuns(ctx, worker, min(max(limit, 1), MaxBenchHistory))
+		keys, err := h.benchKeys(target)
 		if err != nil {
 			return "", err
 		}
+		limit = min(max(limit, 1), MaxBenchHistory)
+		var runs []store.BenchRun
+		for _, k := range keys {
+			rs, err := h.store.BenchRuns(ctx, k, limit)
+			if err != nil {
+				return "", err
+			}
+			runs = append(runs, rs...)
+		}
+		slices.SortStableFunc(runs, func(a, b store.BenchRun) int { return cmp.Or(b.At.Compare(a.At), cmp.Compare(b.ID, a.ID)) })
+		runs = runs[:min(len(runs), limit)]
 		out = []sweep.Result{}
 		for _, r := range runs {
 			var res sweep.Result
 			if err := json.Unmarshal(r.Run, &res); err != nil {
-				h.log.Warn("skipping an unreadable stored bench run", "worker", worker, "id", r.ID, "err", err)
+				h.log.Warn("skipping an unreadable stored bench run", "target", r.Worker, "id", r.ID, "err", err)
 				continue
 			}
 			res.Split = splitOf(res)
@@ -359,6 +364,38 @@ func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, lim
 	})
 	return out, err
 }
+
+// benchKeys are the keys under which the runs of a bench target are
+// stored: a worker's name, or a model's runs through the router
+// (routerBenchKey) and the names of the model's workers.
+func (h *Hub) benchKeys(target string) ([]string, error) {
+	if strings.Contains(target, "/") {
+		return []string{target}, nil
+	}
+	if id, ok := h.modelID(target); ok {
+		keys := []string{routerBenchKey(id)}
+		h.mu.Lock()
+		for name, w := range h.workers {
+			if w.Model == id {
+				keys = append(keys, name)
+			}
+		}
+		h.mu.Unlock()
+		return keys, nil
+	}
+	names, err := h.resolve([]string{target})
+	if err != nil {
+		return nil, fmt.Errorf("%w; or name a model (bench --history MODEL)", err)
+	}
+	if len(names) != 1 {
+		return nil, fmt.Errorf("node %s runs %d workers; name one of %s, or their model", target, len(names), strings.Join(names, ", "))
+	}
+	return names, nil
+}
+
+// routerBenchKey is the key of a model's bench runs through the router. No
+// worker is named so: a node's name has no colon.
+func routerBenchKey(modelID string) string { return "model:" + modelID }
 
 // benchSummary is what the console charts of a bench sweep.
 type benchSummary struct {
@@ -397,14 +434,20 @@ func (h *Hub) loadBenchRuns(ctx context.Context) error {
 }
 
 func (h *Hub) knownModel(name string) bool {
+	_, ok := h.modelID(name)
+	return ok
+}
+
+// modelID is the ID of the model that name (an ID or an alias) names.
+func (h *Hub) modelID(name string) (string, bool) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	for _, m := range h.models {
 		if m.Serves(name) {
-			return true
+			return m.ID, true
 		}
 	}
-	return false
+	return "", false
 }
 
 func (h *Hub) model(id string) (fleet.Model, bool) {

@@ -90,9 +90,12 @@ func TestSimAgentTurnsReportCacheHits(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, l := range res.Levels {
-			t.Logf("turns %d, concurrency %d: prompt %d, cached %d, hit %.2f", tc.turns, l.Concurrency, l.PromptTokens, l.CachedTokens, l.CacheHit)
-			if l.Failed != 0 || l.CacheHit < tc.min || l.CacheHit > tc.max {
-				t.Errorf("turns %d, concurrency %d: cache hit %.2f (failed %d), want %.2f to %.2f", tc.turns, l.Concurrency, l.CacheHit, l.Failed, tc.min, tc.max)
+			if l.CacheHit == nil {
+				t.Fatalf("turns %d, concurrency %d: no cache hit, though llama-server reports cache_n", tc.turns, l.Concurrency)
+			}
+			t.Logf("turns %d, concurrency %d: prompt %d, cached %d, hit %.2f", tc.turns, l.Concurrency, l.PromptTokens, *l.CachedTokens, *l.CacheHit)
+			if l.Failed != 0 || *l.CacheHit < tc.min || *l.CacheHit > tc.max {
+				t.Errorf("turns %d, concurrency %d: cache hit %.2f (failed %d), want %.2f to %.2f", tc.turns, l.Concurrency, *l.CacheHit, l.Failed, tc.min, tc.max)
 			}
 		}
 		if tc.turns > 1 && !strings.Contains(res.Text(), "in sessions of 4 turns") {
@@ -101,5 +104,35 @@ func TestSimAgentTurnsReportCacheHits(t *testing.T) {
 	}
 	if _, err := Sweep(context.Background(), target, Options{Split: SplitChat, Turns: 3}); err == nil || !strings.Contains(err.Error(), "agent") {
 		t.Errorf("multi-turn chat split: %v, want an error naming the agent split", err)
+	}
+}
+
+// TestSimVLLMCacheHitNeedsPromptTokensDetails: the sim mimics vLLM, which
+// reports cached tokens only when launched with
+// --enable-prompt-tokens-details. Without it the sweep says n/a (and why)
+// rather than 0%; with it, the sessions' later turns show their reuse.
+func TestSimVLLMCacheHitNeedsPromptTokensDetails(t *testing.T) {
+	for _, tc := range []struct {
+		flag    string
+		wantHit bool
+	}{{"", false}, {"--enable-prompt-tokens-details", true}} {
+		args := []string{"--mimic", "vllm", "--profile", "instant", "--", "serve", "qwen3-4b"}
+		if tc.flag != "" {
+			args = append(args, tc.flag)
+		}
+		res, err := Sweep(context.Background(), simTarget(t, "vllm "+tc.flag, args...),
+			Options{Split: SplitAgent, Turns: 3, Levels: []int{1}, OutputTokens: 8, Warmup: -1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		l := res.Levels[0]
+		switch {
+		case l.Failed != 0:
+			t.Errorf("%q: %d of %d requests failed: %v", tc.flag, l.Failed, l.Requests, l.Errors)
+		case !tc.wantHit && (l.CacheHit != nil || !strings.Contains(res.Text(), "n/a: "+NoCacheCount)):
+			t.Errorf("vLLM without --enable-prompt-tokens-details: cache hit %v, want n/a and why:\n%s", l.CacheHit, res.Text())
+		case tc.wantHit && (l.CacheHit == nil || *l.CacheHit < 0.3):
+			t.Errorf("vLLM with --enable-prompt-tokens-details: cache hit %v, want the later turns' reuse (over 30%%):\n%s", l.CacheHit, res.Text())
+		}
 	}
 }

@@ -108,10 +108,15 @@ type Level struct {
 	OutputTokens int      `json:"output_tokens"`
 	PromptTokens int      `json:"prompt_tokens"`
 	// CachedTokens is the mean of the engines' usage cached_tokens (or
-	// llama-server's timings.cache_n); CacheHit is their sum over the
-	// prompt tokens'.
-	CachedTokens      int     `json:"cached_tokens"`
-	CacheHit          float64 `json:"cache_hit"`
+	// llama-server's timings.cache_n) over the requests whose engine
+	// reported one; CacheHit is their sum over those requests' prompt
+	// tokens. Both are nil (JSON null) when no engine reported a count, as
+	// vLLM without --enable-prompt-tokens-details: unknown is not 0%.
+	CachedTokens *int     `json:"cached_tokens"`
+	CacheHit     *float64 `json:"cache_hit"`
+	// CacheReported is how many of the level's answered requests carried
+	// a cached-token count (through the router, workers may differ).
+	CacheReported     int     `json:"cache_reported"`
 	TotalTokPerSec    float64 `json:"total_tok_s"`
 	PerRequestTokPerS float64 `json:"per_request_tok_s"`
 	TTFT              Stats   `json:"ttft"`
@@ -141,6 +146,9 @@ type request struct {
 	outputTokens int
 	promptTokens int
 	cachedTokens int
+	// cacheReported is set when the engine said how many prompt tokens it
+	// reused (a count of 0 included).
+	cacheReported bool
 	// answer is the generated content, for the next turn of a session.
 	answer  string
 	counted bool
@@ -315,6 +323,7 @@ func summarise(c int, wall time.Duration, results []request) Level {
 	lvl := Level{Concurrency: c, Requests: len(results), WallMS: ms(wall)}
 	var ttft, tpot, itl, e2e []time.Duration
 	var perReq []float64
+	var cached, cachedPrompt int
 	for _, r := range results {
 		if r.err != nil {
 			lvl.Failed++
@@ -325,7 +334,11 @@ func summarise(c int, wall time.Duration, results []request) Level {
 		}
 		lvl.OutputTokens += r.outputTokens
 		lvl.PromptTokens += r.promptTokens
-		lvl.CachedTokens += r.cachedTokens
+		if r.cacheReported {
+			lvl.CacheReported++
+			cached += r.cachedTokens
+			cachedPrompt += r.promptTokens
+		}
 		lvl.CountedEvents = lvl.CountedEvents || r.counted
 		ttft = append(ttft, r.ttft)
 		e2e = append(e2e, r.e2e)
@@ -337,12 +350,16 @@ func summarise(c int, wall time.Duration, results []request) Level {
 			perReq = append(perReq, float64(r.outputTokens)/r.e2e.Seconds())
 		}
 	}
-	if lvl.PromptTokens > 0 {
-		lvl.CacheHit = float64(lvl.CachedTokens) / float64(lvl.PromptTokens)
+	if lvl.CacheReported > 0 {
+		mean := cached / lvl.CacheReported
+		hit := 0.0
+		if cachedPrompt > 0 {
+			hit = float64(cached) / float64(cachedPrompt)
+		}
+		lvl.CachedTokens, lvl.CacheHit = &mean, &hit
 	}
 	if ok := lvl.Requests - lvl.Failed; ok > 0 {
 		lvl.PromptTokens /= ok
-		lvl.CachedTokens /= ok
 	}
 	if wall > 0 {
 		lvl.TotalTokPerSec = float64(lvl.OutputTokens) / wall.Seconds()
@@ -432,7 +449,7 @@ type streamChunk struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
 		Details          *struct {
-			CachedTokens int `json:"cached_tokens"`
+			CachedTokens *int `json:"cached_tokens"`
 		} `json:"prompt_tokens_details"`
 	} `json:"usage"`
 	Timings *struct {
@@ -470,11 +487,11 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 				usage = true
 				r.outputTokens = c.Usage.CompletionTokens
 				r.promptTokens = c.Usage.PromptTokens
-				if c.Usage.Details != nil {
-					r.cachedTokens = c.Usage.Details.CachedTokens
+				if c.Usage.Details != nil && c.Usage.Details.CachedTokens != nil {
+					r.cachedTokens, r.cacheReported = *c.Usage.Details.CachedTokens, true
 				}
 			} else if c.Timings != nil && c.Timings.CacheN != nil && r.cachedTokens == 0 {
-				r.cachedTokens = *c.Timings.CacheN
+				r.cachedTokens, r.cacheReported = *c.Timings.CacheN, true
 			}
 			for _, ch := range c.Choices {
 				answer.WriteString(ch.Delta.Content)

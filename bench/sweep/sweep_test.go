@@ -150,6 +150,9 @@ type sseEngine struct {
 	inFlight    int
 	maxInFlight int
 	failAfter   int // fail every request after this many (0: never)
+	// usageExtra is appended to the usage object, as
+	// `,"prompt_tokens_details":…` (empty: usage without it).
+	usageExtra string
 }
 
 func (e *sseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -195,7 +198,7 @@ func (e *sseEngine) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		emit(`{"choices":[{"index":0,"delta":{"content":" word"},"finish_reason":null}]}`)
 	}
 	emit(`{"choices":[{"index":0,"delta":{},"finish_reason":"length"}]}`)
-	emit(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":45,"completion_tokens":%d,"total_tokens":%d}}`, e.completionTokens, 45+e.completionTokens))
+	emit(fmt.Sprintf(`{"choices":[],"usage":{"prompt_tokens":45,"completion_tokens":%d,"total_tokens":%d%s}}`, e.completionTokens, 45+e.completionTokens, e.usageExtra))
 	left()
 	emit("[DONE]")
 }
@@ -380,5 +383,55 @@ func TestSweepRunsWholeSessions(t *testing.T) {
 		if !slices.Equal(lens, []int{1, 3, 5, 7}) {
 			t.Errorf("session %.40q sent turns of %v messages, want [1 3 5 7]: a whole session", content, lens)
 		}
+	}
+}
+
+// TestSweepCacheHitUnknownIsNotZero: an engine that reports no cached-token
+// count (vLLM without --enable-prompt-tokens-details sends
+// "prompt_tokens_details": null) has an unknown cache hit, not 0%: the text
+// says n/a and why, the JSON null; a reported 0 stays 0%.
+func TestSweepCacheHitUnknownIsNotZero(t *testing.T) {
+	tests := []struct {
+		name     string
+		extra    string
+		wantHit  string // the JSON of cache_hit
+		wantText []string
+	}{
+		{"vLLM without the details flag", `,"prompt_tokens_details":null`, "null", []string{"n/a", "--enable-prompt-tokens-details"}},
+		{"no details at all", ``, "null", []string{"n/a", "--enable-prompt-tokens-details"}},
+		{"reported zero", `,"prompt_tokens_details":{"cached_tokens":0}`, "0", []string{"| 0%"}},
+		{"reported 30 of 45", `,"prompt_tokens_details":{"cached_tokens":30}`, "0.6666666666666666", []string{"| 67%"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			engine := &sseEngine{contentEvents: 2, completionTokens: 2, usageExtra: tt.extra}
+			srv := httptest.NewServer(engine)
+			defer srv.Close()
+			res, err := Sweep(context.Background(), bench.Target{Name: "x", BaseURL: srv.URL + "/v1", Model: "m"},
+				Options{Levels: []int{1}, OutputTokens: 2, Warmup: -1})
+			if err != nil {
+				t.Fatal(err)
+			}
+			raw, err := json.Marshal(res.Levels[0])
+			if err != nil {
+				t.Fatal(err)
+			}
+			var lvl map[string]json.RawMessage
+			if err := json.Unmarshal(raw, &lvl); err != nil {
+				t.Fatal(err)
+			}
+			if got := string(lvl["cache_hit"]); got != tt.wantHit {
+				t.Errorf("cache_hit %s, want %s", got, tt.wantHit)
+			}
+			text := res.Text()
+			for _, w := range tt.wantText {
+				if !strings.Contains(text, w) {
+					t.Errorf("text lacks %q:\n%s", w, text)
+				}
+			}
+			if tt.wantHit != "null" && strings.Contains(text, "n/a") {
+				t.Errorf("a reported count printed as n/a:\n%s", text)
+			}
+		})
 	}
 }

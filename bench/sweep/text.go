@@ -80,7 +80,7 @@ func (r Result) Detail() string {
 			fmt.Sprintf("%.1f", l.TotalTokPerSec), fmt.Sprintf("%.1f", l.PerRequestTokPerS),
 			fmtMS(l.TTFT.P50) + " / " + fmtMS(l.TTFT.P90), fmtMS(l.TPOT.P50),
 			fmtMS(l.ITL.P50) + " / " + fmtMS(l.ITL.P99), fmtMS(l.E2E.P50), fmt.Sprint(l.PromptTokens),
-			fmt.Sprintf("%.0f%%", 100*l.CacheHit),
+			cacheHitText(l),
 		})
 	}
 	out := markdown(rows)
@@ -88,11 +88,34 @@ func (r Result) Detail() string {
 		for _, e := range l.Errors {
 			out += fmt.Sprintf("at concurrency %d: %s\n", l.Concurrency, e)
 		}
+		switch ok := l.Requests - l.Failed; {
+		case l.CacheHit == nil && ok > 0:
+			out += fmt.Sprintf("at concurrency %d: cache hit n/a: %s\n", l.Concurrency, NoCacheCount)
+		case l.CacheHit != nil && l.CacheReported > 0 && l.CacheReported < ok:
+			out += fmt.Sprintf("at concurrency %d: cache hit over the %d of %d requests whose engine reported its cached tokens; the others' did not (%s)\n",
+				l.Concurrency, l.CacheReported, ok, vllmCacheFlag)
+		}
 		if l.CountedEvents {
 			out += fmt.Sprintf("at concurrency %d: the server sent no usage; output tokens were counted from stream events\n", l.Concurrency)
 		}
 	}
 	return out
+}
+
+// vllmCacheFlag is what makes vLLM report its cached tokens.
+const vllmCacheFlag = "vLLM reports them only when launched with --enable-prompt-tokens-details: add it to the recipe's args"
+
+// NoCacheCount says why a cache hit is unknown, for every place that
+// prints one.
+const NoCacheCount = "the engine reported no cached-token count (" + vllmCacheFlag + ")"
+
+// cacheHitText is a level's cache hit: a percentage, or n/a when no engine
+// reported a count.
+func cacheHitText(l Level) string {
+	if l.CacheHit == nil {
+		return "n/a"
+	}
+	return fmt.Sprintf("%.0f%%", 100**l.CacheHit)
 }
 
 func tokS(v float64, l Level) string {
