@@ -91,7 +91,10 @@ func TestDemoMirrorsFirstSeed(t *testing.T) {
 		t.Errorf("demo model = %+v", m)
 	}
 	vllm, llama := m.Recipes[fleet.EngineVLLM], m.Recipes[fleet.EngineLlamaCpp]
-	if vllm.Model != "Qwen/Qwen3-4B-AWQ" || strings.Join(vllm.Args, " ") != "--tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes" {
+	if vllm.Model != "Qwen/Qwen3-4B-AWQ" || strings.Join(vllm.Args, " ") != "--tensor-parallel-size 1 --data-parallel-size 3 --enable-auto-tool-choice --tool-call-parser hermes --enable-prompt-tokens-details" {
+		// --enable-prompt-tokens-details: without it vLLM reports no
+		// cached tokens, which the router learns prefix reuse from and
+		// bench's cache hit shows.
 		t.Errorf("demo vllm recipe = %+v", vllm)
 	}
 	if llama.Model != "Qwen3-4B-Q4_K_M.gguf" || strings.Join(llama.Args, " ") != "-ngl 99 --jinja --reasoning-format none" {
