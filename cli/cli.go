@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -492,12 +493,9 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// workerColumns are the columns of `workers`, defined in package columns
-// with the console's.
-var workerColumns = []columns.Column{
-	columns.Node, columns.Model, columns.GPU, columns.Host, columns.Engine, columns.Ctx, columns.State,
-	columns.Load, columns.TokS, columns.TTFT, columns.PID, columns.Port, columns.Argv,
-}
+// workerColumns are the columns of `workers`: the set the console's worker
+// table shows too, then what only the CLI prints.
+var workerColumns = append(slices.Clip(columns.Table), columns.PID, columns.Port, columns.Argv)
 
 func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)

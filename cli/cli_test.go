@@ -218,12 +218,12 @@ func TestWorkersTableCellsAreTheConsoles(t *testing.T) {
 		t.Fatalf("workers printed %d lines, want a header and one row:\n%s", len(lines), out.String())
 	}
 	header := strings.Fields(lines[0])
-	wantHeader := []string{"NODE", "MODEL", "GPU", "HOST", "ENGINE", "CTX", "STATE", "LOAD", "TOK/S", "TTFT", "PID", "PORT", "STARTED", "WITH"}
+	wantHeader := []string{"NODE", "MODEL", "GPU", "HOST", "ENGINE", "CTX", "STATE", "LOAD", "TOK/S", "TTFT", "ITL", "PID", "PORT", "STARTED", "WITH"}
 	if strings.Join(header, " ") != strings.Join(wantHeader, " ") {
 		t.Errorf("header = %q, want %q", header, wantHeader)
 	}
 	got := strings.Fields(lines[1])
-	want := []string{"max", "qwen3-4b", "Apple", "M4", "Max", "macOS", "llama.cpp", "4k", "installing", "42%", "1/-", "42.5", "2.3s", "4242", "8001", "llama-server", "-c", "4000"}
+	want := []string{"max", "qwen3-4b", "Apple", "M4", "Max", "macOS", "llama.cpp", "4k", "installing", "42%", "1/-", "42.5", "2.3s", "-", "4242", "8001", "llama-server", "-c", "4000"}
 	if strings.Join(got, " ") != strings.Join(want, " ") {
 		t.Errorf("row = %q,\nwant  %q", got, want)
 	}

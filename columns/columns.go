@@ -43,19 +43,11 @@ var (
 	Argv   = Column{Header: "Started with", Cell: func(w fleet.WorkerView) string { return strings.Join(w.Argv, " ") }}
 )
 
-// NodeOrWorker is the console's Node column: the node's name where it runs
-// one worker, NODE/MODEL where it runs several (perNode counts the workers
-// of each node), so a row names its worker without a Model column.
-func NodeOrWorker(perNode map[string]int) Column {
-	c := Node
-	c.Cell = func(w fleet.WorkerView) string {
-		if perNode[w.Node] > 1 {
-			return w.Name()
-		}
-		return w.Node
-	}
-	return c
-}
+// Table is the worker table's shared column set, in order: the CLI's
+// `workers` and the console's worker table both show these, and then what
+// only each shows (the CLI PID, Port and Started with; the console
+// sparklines and Started with fitted to the window).
+var Table = []Column{Node, Model, GPU, Host, Engine, Ctx, State, Load, TokS, TTFT, ITL}
 
 // StateCell is the lifecycle state, with the progress of an engine's
 // install or of its weights' download. A drained worker is already "draining" in the

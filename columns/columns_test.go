@@ -47,16 +47,6 @@ func TestCells(t *testing.T) {
 	}
 }
 
-func TestNodeOrWorkerNamesTheWorkerOnASharedNode(t *testing.T) {
-	col := NodeOrWorker(map[string]int{"rig": 2, "max": 1})
-	for node, want := range map[string]string{"rig": "rig/qwen3-4b", "max": "max"} {
-		w := fleet.WorkerView{Worker: fleet.Worker{Node: node, Model: "qwen3-4b"}}
-		if got := col.Cell(w); got != want {
-			t.Errorf("Node cell of a worker on %s = %q, want %q", node, got, want)
-		}
-	}
-}
-
 func TestCLIHeaderIsTheHeaderInCapitals(t *testing.T) {
 	if got := Argv.CLIHeader(); got != "STARTED WITH" {
 		t.Errorf("Argv.CLIHeader() = %q, want STARTED WITH", got)

@@ -12,6 +12,7 @@ import (
 	"github.com/charmbracelet/x/ansi"
 
 	"fleet"
+	"fleet/columns"
 	"fleet/console"
 	"fleet/console/consoletest"
 	"fleet/themes"
@@ -357,13 +358,13 @@ func TestScrollingKeepsCursorVisible(t *testing.T) {
 		h.keys("j")
 	}
 	s := h.screen()
-	// Row 40 is gpu-010/model-0; the first rows have scrolled away.
-	mustContain(t, s, "gpu-010/model-0")
-	mustNotContain(t, s, "gpu-000/model-0")
+	// Row 40 is gpu-010's model-0; the first rows have scrolled away.
+	mustContain(t, s, "gpu-010 ")
+	mustNotContain(t, s, "gpu-000 ")
 	h.keys("G")
-	mustContain(t, h.screen(), "gpu-249/model-3")
+	mustContain(t, h.screen(), "gpu-249 ")
 	h.keys("g")
-	mustContain(t, h.screen(), "gpu-000/model-0")
+	mustContain(t, h.screen(), "gpu-000 ")
 }
 
 func TestSparkAndChart(t *testing.T) {
@@ -667,4 +668,30 @@ func TestBenchOffersTheSplit(t *testing.T) {
 	s := h.screen()
 	mustContain(t, s, "bench (at 2026-01-02 14:10:00", "agent split bench (~4.6K-token prompts, ~70-token answers) (at 2026-01-02 15:10:00",
 		"87 |", "41 |")
+}
+
+// TestWorkerTableHasTheSharedColumns: the console's worker table shows the
+// shared column set in its order, Model included, so a node running one
+// worker says which model it serves, as the CLI's `workers` does.
+func TestWorkerTableHasTheSharedColumns(t *testing.T) {
+	h := newHarness(t, consoletest.Demo(), viewer, 200, 30)
+	lines := strings.Split(h.screen(), "\n")
+	head := lineIndex(lines, "Started with")
+	if head < 0 {
+		t.Fatalf("no worker table header:\n%s", h.screen())
+	}
+	header := lines[head]
+	at := 0
+	for _, c := range columns.Table {
+		i := strings.Index(header[at:], c.Header)
+		if i < 0 {
+			t.Fatalf("the header lacks %q after %q: %q", c.Header, header[:at], header)
+		}
+		at += i + len(c.Header)
+	}
+	col := strings.Index(header, "Model")
+	row := lines[lineIndex(lines, "Apple M4 Max")]
+	if cell := strings.Fields(row[col:])[0]; cell != "qwen3-4b" {
+		t.Errorf("max's Model cell is %q, want qwen3-4b:\n%s\n%s", cell, header, row)
+	}
 }

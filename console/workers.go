@@ -109,21 +109,23 @@ func (v *workersView) marked() []string {
 	return out
 }
 
-// relayout sizes the columns to the rows shown and the window: the
-// sparklines get what is left first (they are the point of the table), then
-// "Started with".
+// relayout sizes the shared columns (columns.Table, the CLI's too) to the
+// rows shown and the window: the sparklines get what is left first (they
+// are the point of the table), then "Started with".
 func (v *workersView) relayout() {
-	perNode := map[string]int{}
-	for _, w := range v.snap.Workers {
-		perNode[w.Node]++
+	l := workerLayout{}
+	for _, c := range columns.Table {
+		wc := workerColumn{Column: c}
+		switch c.Header {
+		case columns.State.Header:
+			wc.byState = true
+		case columns.TTFT.Header:
+			wc.history, wc.floor = func(w fleet.WorkerView) []float64 { return w.TTFTHistory }, 50
+		case columns.ITL.Header:
+			wc.history, wc.floor = func(w fleet.WorkerView) []float64 { return w.ITLHistory }, 5
+		}
+		l.cols = append(l.cols, wc)
 	}
-	l := workerLayout{cols: []workerColumn{
-		{Column: columns.NodeOrWorker(perNode)}, {Column: columns.GPU}, {Column: columns.Host},
-		{Column: columns.Engine}, {Column: columns.Ctx}, {Column: columns.State, byState: true}, {Column: columns.Load},
-		{Column: columns.TokS},
-		{Column: columns.TTFT, history: func(w fleet.WorkerView) []float64 { return w.TTFTHistory }, floor: 50},
-		{Column: columns.ITL, history: func(w fleet.WorkerView) []float64 { return w.ITLHistory }, floor: 5},
-	}}
 	fixed := 1 // the mark
 	sparks := 0
 	for _, c := range l.cols {
