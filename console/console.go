@@ -10,6 +10,7 @@ import (
 	"log/slog"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
@@ -743,6 +744,12 @@ func (m *Model) confirmKey(k tea.KeyPressMsg) tea.Cmd {
 	return nil
 }
 
+// maxFilterRunes caps a view's filter, the console's only text input: it
+// is matched against every row and drawn in every frame, and without a cap
+// a pasted flood (10,000 characters took 7.7 s of a core) slowed the hub
+// for everyone. Nothing worth finding takes more.
+const maxFilterRunes = 128
+
 func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
 	v := m.views[m.view]
 	l := v.state()
@@ -759,10 +766,17 @@ func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.filterErase.Binding):
 		l.filter = ""
 	default:
-		if k.Text == "" {
+		room := maxFilterRunes - utf8.RuneCountInString(l.filter)
+		if k.Text == "" || room <= 0 {
+			// A full filter ignores what is typed at no cost: no refilter,
+			// no layout (the prompt line says it is full).
 			return nil
 		}
-		l.filter += k.Text
+		text := k.Text
+		if utf8.RuneCountInString(text) > room {
+			text = string([]rune(text)[:room])
+		}
+		l.filter += text
 	}
 	v.refilter()
 	l.cursor, l.offset = 0, 0

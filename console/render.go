@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"strings"
 	"time"
+	"unicode/utf8"
 
 	tea "charm.land/bubbletea/v2"
 	"charm.land/lipgloss/v2"
@@ -25,6 +26,17 @@ func fit(s string, w int) string {
 		return ansi.Truncate(s, w, "…")
 	}
 	return s + strings.Repeat(" ", w-sw)
+}
+
+// fitTail is fit keeping the end of s, where a prompt's cursor is.
+func fitTail(s string, w int) string {
+	if w <= 0 {
+		return ""
+	}
+	if sw := ansi.StringWidth(s); sw > w {
+		return "…" + ansi.TruncateLeft(s, sw-w+1, "")
+	}
+	return fit(s, w)
 }
 
 func fitRight(s string, w int) string {
@@ -124,7 +136,13 @@ func (m *Model) renderTitle() string {
 func (m *Model) renderStatus() string {
 	t := m.theme
 	if m.filtering {
-		return t.Accent.Render("/") + t.Text.Render(fit(m.views[m.view].state().filter+"█", m.width-1))
+		f := m.views[m.view].state().filter
+		if utf8.RuneCountInString(f) >= maxFilterRunes {
+			full := fmt.Sprintf(" (the filter is full: %d characters)", maxFilterRunes)
+			room := max(m.width-1-ansi.StringWidth(full), 0)
+			return t.Accent.Render("/") + t.Text.Render(fitTail(f, room)) + t.Muted.Render(fit(full, m.width-1-room))
+		}
+		return t.Accent.Render("/") + t.Text.Render(fitTail(f+"█", m.width-1))
 	}
 	var parts []string
 	for _, name := range sortedKeys(m.tracking) {
