@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/bench/sweep"
 )
 
 // TestEverydayCommands runs the demo hub and the fleet binary as an operator
@@ -56,13 +57,37 @@ func TestEverydayCommands(t *testing.T) {
 		t.Errorf("status: exit %d\n%s", code, out)
 	}
 
+	// The demo's vLLM worker reports the prompt tokens it reused (its
+	// recipe carries --enable-prompt-tokens-details), so a multi-turn bench
+	// shows a cache hit, not n/a; a run through the router is kept, and
+	// the model's history lists it with its workers' runs.
+	bench := exec.Command(fleetBin, "--data", data, "bench", "rig", "--split", "agent", "--turns", "2", "--levels", "1", "--requests", "2", "--tokens", "4", "--json")
+	var benchErr strings.Builder
+	bench.Stderr = &benchErr
+	raw, err := bench.Output()
+	var res sweep.Result
+	if err != nil || json.Unmarshal(raw, &res) != nil || len(res.Levels) != 1 {
+		t.Fatalf("bench rig --json: %v\n%s%s", err, raw, benchErr.String())
+	}
+	if l := res.Levels[0]; l.Requests != 2 || l.Failed != 0 || l.CacheHit == nil || *l.CacheHit <= 0 {
+		t.Errorf("bench rig, one session of 2 turns: %d requests (%d failed), cache hit %v; want 2 and the second turn's reuse", l.Requests, l.Failed, l.CacheHit)
+	}
+	if out, code := fleetCmd(t, data, "bench", "qwen3", "--levels", "1", "--requests", "1", "--tokens", "4"); code != 0 {
+		t.Fatalf("bench qwen3: exit %d\n%s", code, out)
+	}
+	if out, code := fleetCmd(t, data, "bench", "--history", "qwen3-4b"); code != 0 || !strings.Contains(out, "qwen3 via router") || !strings.Contains(out, "agent, 2 turns") {
+		t.Errorf("bench --history qwen3-4b: exit %d, want the run through the router and rig's:\n%s", code, out)
+	}
+
 	out, code = fleetCmd(t, data, "logs", "-n", "1", "max/qwen3-4b")
 	if code != 0 || strings.Count(out, "\n") != 1 || !strings.Contains(out, "sim engine ready") {
 		t.Errorf("logs -n 1: exit %d, want the engine's last line:\n%s", code, out)
 	}
 
-	// logs -f through the control socket, interrupted as Ctrl-C does.
-	followThenInterrupt(t, data, "max/qwen3-4b", filepath.Join(data, "nodes", "max", "max-qwen3-4b.log"))
+	// logs -f through the control socket, interrupted as Ctrl-C does, and
+	// as a service manager stops it.
+	followThenInterrupt(t, data, "max/qwen3-4b", filepath.Join(data, "nodes", "max", "max-qwen3-4b.log"), syscall.SIGINT)
+	followThenInterrupt(t, data, "max/qwen3-4b", filepath.Join(data, "nodes", "max", "max-qwen3-4b.log"), syscall.SIGTERM)
 
 	// bash, with the script `fleet completion bash` prints, completes a
 	// worker name from the running hub.
@@ -91,16 +116,19 @@ func TestEverydayCommands(t *testing.T) {
 func TestLogsFollowOnAnSSHNode(t *testing.T) {
 	f := startSSHFleet(t, "remote")
 	waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
-	followThenInterrupt(t, f.data, "remote/qwen3-4b", "remote-qwen3-4b.log")
+	followThenInterrupt(t, f.data, "remote/qwen3-4b", "remote-qwen3-4b.log", syscall.SIGINT)
 }
 
 // followThenInterrupt runs `fleet logs -f WORKER`, checks that it prints and
 // that one tail of the log (named by logMark in its command line) runs on
-// the node, interrupts the client as Ctrl-C does, and waits for that tail
-// to be gone.
-func followThenInterrupt(t *testing.T, data, worker, logMark string) {
+// the node, sends the client sig (SIGINT as Ctrl-C does), checks that it
+// ends silently with 128+sig as shells expect (130, 143), and waits for
+// that tail to be gone.
+func followThenInterrupt(t *testing.T, data, worker, logMark string, sig syscall.Signal) {
 	t.Helper()
 	follow := exec.Command(fleetBin, "--data", data, "logs", "-f", "-n", "1", worker)
+	var stderr strings.Builder
+	follow.Stderr = &stderr
 	stdout, err := follow.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -116,8 +144,11 @@ func followThenInterrupt(t *testing.T, data, worker, logMark string) {
 	if len(tails()) != 1 {
 		t.Fatalf("after logs -f printed %q: tails of %s on the node %q, want one", line, logMark, tails())
 	}
-	follow.Process.Signal(syscall.SIGINT)
-	follow.Wait()
+	follow.Process.Signal(sig)
+	err = follow.Wait()
+	if code := follow.ProcessState.ExitCode(); code != 128+int(sig) || stderr.Len() > 0 {
+		t.Errorf("logs -f after %v: %v, exit %d, stderr %q; want exit %d and nothing said", sig, err, code, stderr.String(), 128+int(sig))
+	}
 	interrupted := time.Now()
 	deadline := interrupted.Add(30 * time.Second)
 	for len(tails()) > 0 {

@@ -65,10 +65,52 @@ func versionLine() string {
 }
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdin, os.Stdout, os.Stderr)
 	stop()
 	os.Exit(code)
+}
+
+// interrupted is the cause of main's context when a signal ended it.
+type interrupted struct{ sig syscall.Signal }
+
+func (i interrupted) Error() string { return i.sig.String() + " received" }
+
+// signalContext is signal.NotifyContext with the signal kept as the
+// context's cause (an interrupted), so an interrupted command can exit as
+// shells expect of that signal.
+func signalContext(parent context.Context, sigs ...os.Signal) (context.Context, context.CancelFunc) {
+	ctx, cancel := context.WithCancelCause(parent)
+	ch := make(chan os.Signal, 1)
+	signal.Notify(ch, sigs...)
+	go func() {
+		select {
+		case s := <-ch:
+			if ss, ok := s.(syscall.Signal); ok {
+				cancel(interrupted{ss})
+			} else {
+				cancel(fmt.Errorf("%v received", s))
+			}
+		case <-ctx.Done():
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(ch)
+		cancel(context.Canceled)
+	}
+}
+
+// interruptedExit is the exit status of a hub command that a signal cut
+// short: 128 + the signal's number (130 for Ctrl-C's SIGINT, 143 for
+// SIGTERM), as shells report a command the signal ended, and nothing is
+// printed: an interrupt is how a follow (logs -f, events -f) ends, and
+// the hub cancels the command when its client leaves.
+func interruptedExit(ctx context.Context) (int, bool) {
+	var i interrupted
+	if !errors.As(context.Cause(ctx), &i) {
+		return 0, false
+	}
+	return 128 + int(i.sig), true
 }
 
 func defaultDataDir() string {
@@ -128,7 +170,15 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 				if err != nil {
 					return err
 				}
-				exit = hub.RunOrExit(cmd.Context(), dataDir, append([]string{cmd.Name()}, fwdArgs...), fwdIn, stdout, stderr)
+				code, err := hub.RunRemote(cmd.Context(), dataDir, append([]string{cmd.Name()}, fwdArgs...), fwdIn, stdout, stderr)
+				if err != nil {
+					if code, ok := interruptedExit(cmd.Context()); ok {
+						exit = code
+						return nil
+					}
+					return err
+				}
+				exit = code
 				return nil
 			},
 		}
