@@ -15,7 +15,7 @@ import (
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(c *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usageError{fmt.Errorf("%s takes %s; see '%s --help'", c.CommandPath(), what, c.CommandPath())}
+			return usageError{fmt.Errorf("%s takes %s, got %d arguments", c.CommandPath(), what, len(args))}
 		}
 		return nil
 	}

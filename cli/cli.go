@@ -89,14 +89,29 @@ func Run(ctx context.Context, h Hub, u fleet.User, args []string, stdin io.Reade
 	root.SetIn(stdin)
 	root.SetOut(stdout)
 	root.SetErr(stderr)
-	err := root.ExecuteContext(ctx)
+	c, err := root.ExecuteContextC(ctx)
+	return ReportError(stderr, c, err)
+}
+
+// UsageError marks err as the command typed wrong (exit status 2).
+func UsageError(err error) error { return usageError{err} }
+
+// ReportError prints err, which command c ended with, and gives the exit
+// status. A command typed wrong (a usage error, an unknown flag or an
+// argument it does not take) ends with its own usage line and where its
+// help is; an unknown command with where the list of commands is.
+func ReportError(stderr io.Writer, c *cobra.Command, err error) int {
 	if err == nil {
 		return ExitOK
 	}
 	fmt.Fprintf(stderr, "fleet: %v\n", err)
 	var ue usageError
-	if errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command") {
+	switch {
+	case c == nil || !c.HasParent() && strings.HasPrefix(err.Error(), "unknown command"):
 		fmt.Fprintln(stderr, "run 'help' for the list of commands")
+		return ExitUsage
+	case errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown"):
+		fmt.Fprintf(stderr, "usage: %s\nrun '%s --help' for its arguments and flags\n", c.UseLine(), c.CommandPath())
 		return ExitUsage
 	}
 	return ExitFail
@@ -344,10 +359,21 @@ func eventsCmd(h Hub, u fleet.User) *cobra.Command {
 	var limit int
 	var subject string
 	c := &cobra.Command{
-		Use:   "events",
-		Short: "print recent events (launches, probes, drains, failures); --follow keeps printing",
-		Args:  noArgs,
-		RunE: func(c *cobra.Command, _ []string) error {
+		Use:   "events [NODE|NODE/MODEL]",
+		Short: "print recent events (launches, probes, drains, failures), all or of one node or worker; --follow keeps printing",
+		Args: func(c *cobra.Command, args []string) error {
+			switch {
+			case len(args) > 1:
+				return usageError{fmt.Errorf("events takes at most one node or worker, got %q", args)}
+			case len(args) == 1 && subject != "" && subject != args[0]:
+				return usageError{fmt.Errorf("events %s --subject %s names two subjects; give one", args[0], subject)}
+			}
+			return nil
+		},
+		RunE: func(c *cobra.Command, args []string) error {
+			if len(args) == 1 {
+				subject = args[0]
+			}
 			ctx := c.Context()
 			var after int64
 			for {
@@ -383,7 +409,7 @@ func eventsCmd(h Hub, u fleet.User) *cobra.Command {
 	c.Flags().BoolVarP(&follow, "follow", "f", false, "keep printing new events until interrupted")
 	c.Flags().BoolVar(&asJSON, "json", false, "one JSON object per line")
 	c.Flags().IntVar(&limit, "limit", 50, "how many recent events")
-	c.Flags().StringVar(&subject, "subject", "", "only events of this node or worker")
+	c.Flags().StringVar(&subject, "subject", "", "only events of this node or worker (the same as naming it: events NODE)")
 	return c
 }
 

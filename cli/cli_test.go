@@ -29,6 +29,8 @@ type fakeHub struct {
 	limits     []string
 	usageSince time.Time
 	usageBy    string
+	// subjects are what each Events call asked for.
+	subjects []string
 }
 
 func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action, target string) error {
@@ -68,7 +70,8 @@ func (f *fakeHub) Apply(_ context.Context, _ fleet.User, name string, data []byt
 func (f *fakeHub) Export(context.Context, fleet.User) ([]byte, error) {
 	return []byte("nodes: []\n"), nil
 }
-func (f *fakeHub) Events(context.Context, string, int64, int) ([]fleet.Event, error) {
+func (f *fakeHub) Events(_ context.Context, subject string, _ int64, _ int) ([]fleet.Event, error) {
+	f.subjects = append(f.subjects, subject)
 	return nil, nil
 }
 func (f *fakeHub) Audit(context.Context, fleet.User, int) ([]fleet.AuditEntry, error) {
@@ -332,5 +335,66 @@ func TestBenchHistory(t *testing.T) {
 	}
 	if len(h.acts) != 1 || strings.Join(h.acts[0], " ") != "bench --history ultra/qwen3-4b 5" || h.authorized[0][0] != "bench --history" {
 		t.Errorf("the hub was asked %v (authorized %v); want one history read of ultra/qwen3-4b, limit 5", h.acts, h.authorized)
+	}
+}
+
+// TestEventsTakesItsSubjectAsLogsDoes: `events WORKER` names what to show
+// as `logs WORKER` does (it said "events takes no arguments"); --subject
+// still works, and the two disagreeing is a usage error.
+func TestEventsTakesItsSubjectAsLogsDoes(t *testing.T) {
+	viewer := fleet.User{Name: "v", Role: fleet.RoleViewer}
+	for _, tt := range []struct {
+		args    []string
+		code    int
+		subject string
+	}{
+		{[]string{"events", "rig/qwen3-4b"}, ExitOK, "rig/qwen3-4b"},
+		{[]string{"events", "--subject", "rig"}, ExitOK, "rig"},
+		{[]string{"events", "rig", "--subject", "rig"}, ExitOK, "rig"},
+		{[]string{"events"}, ExitOK, ""},
+		{[]string{"events", "rig", "--subject", "max"}, ExitUsage, ""},
+		{[]string{"events", "rig", "max"}, ExitUsage, ""},
+	} {
+		h := &fakeHub{}
+		var errOut bytes.Buffer
+		code := Run(context.Background(), h, viewer, tt.args, nil, io.Discard, &errOut)
+		if code != tt.code {
+			t.Errorf("%q: exit %d, want %d: %s", tt.args, code, tt.code, errOut.String())
+			continue
+		}
+		if tt.code == ExitOK && (len(h.subjects) != 1 || h.subjects[0] != tt.subject) {
+			t.Errorf("%q asked the hub for the events of %q, want %q", tt.args, h.subjects, tt.subject)
+		}
+	}
+}
+
+// TestUsageErrorsPointToTheCommandsUsage: a command typed wrong ends with
+// its own usage and how to see its help, not with the list of commands;
+// only an unknown command points there.
+func TestUsageErrorsPointToTheCommandsUsage(t *testing.T) {
+	operator := fleet.User{Name: "op", Role: fleet.RoleOperator}
+	for _, tt := range []struct {
+		args []string
+		want []string
+	}{
+		{[]string{"workers", "--jsn"}, []string{"unknown flag: --jsn", "usage: fleet workers [flags]", "run 'fleet workers --help'"}},
+		{[]string{"drain"}, []string{"usage: fleet drain NODE|NODE/MODEL|all...", "run 'fleet drain --help'"}},
+		{[]string{"bench", "ultra", "--split", "poetry"}, []string{"usage: fleet bench NODE|NODE/MODEL|MODEL [flags]", "run 'fleet bench --help'"}},
+		{[]string{"shape", "pin"}, []string{"usage: fleet shape pin WORKER", "run 'fleet shape pin --help'"}},
+		{[]string{"user", "add"}, []string{"usage: fleet user add NAME --role viewer|operator|admin < key.pub", "run 'fleet user add --help'"}},
+		{[]string{"dran"}, []string{"unknown command \"dran\"", "run 'help' for the list of commands"}},
+	} {
+		var errOut bytes.Buffer
+		if code := Run(context.Background(), &fakeHub{}, operator, tt.args, strings.NewReader(""), io.Discard, &errOut); code != ExitUsage {
+			t.Errorf("%q: exit %d, want %d", tt.args, code, ExitUsage)
+		}
+		for _, w := range tt.want {
+			if !strings.Contains(errOut.String(), w) {
+				t.Errorf("%q: stderr lacks %q:\n%s", tt.args, w, errOut.String())
+			}
+		}
+		if tt.args[0] != "dran" && strings.Contains(errOut.String(), "list of commands") {
+			t.Errorf("%q points to the list of commands, not its own usage:\n%s", tt.args, errOut.String())
+		}
 	}
 }

@@ -98,26 +98,85 @@ func (o Options) ModelID() string {
 	return o.ModelPath
 }
 
-// ParseArgs parses `fleet sim` arguments: the sim's own flags, then after
-// "--" the mimicked engine's own argv (without the binary), parsed the way
-// that engine would.
-func ParseArgs(args []string) (Options, error) {
+// simFlags are the sim's own flags, before "--".
+type simFlags struct {
+	fs                             *flag.FlagSet
+	mimic, profile, loadTime, host *string
+	servedName                     *string
+	seed                           *uint64
+	port, ctx, slots               *int
+}
+
+func newSimFlags() simFlags {
 	fs := flag.NewFlagSet("fleet sim", flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
-	mimic := fs.String("mimic", "", "engine to mimic: vllm or llamacpp (default: the profile's)")
-	profileName := fs.String("profile", "", "speed and platform profile")
-	seed := fs.Uint64("seed", 1, "seed of the generated text")
-	loadTime := fs.String("load-time", "", "model load time (default: the profile's)")
-	host := fs.String("host", "", "listen host (overrides the engine's --host)")
-	port := fs.Int("port", -1, "listen port (overrides the engine's --port)")
-	servedName := fs.String("served-name", "", "model name served (overrides -a / --served-model-name)")
-	ctxSize := fs.Int("ctx", 0, "context size (overrides -c / --max-model-len)")
-	slots := fs.Int("slots", 0, "concurrent requests (overrides -np / --max-num-seqs)")
+	return simFlags{
+		fs:         fs,
+		mimic:      fs.String("mimic", "", "engine to mimic: vllm or llamacpp (default: the profile's)"),
+		profile:    fs.String("profile", "", "speed and platform profile (required): "+strings.Join(ProfileNames(), ", ")),
+		seed:       fs.Uint64("seed", 1, "seed of the generated text"),
+		loadTime:   fs.String("load-time", "", "model load time, e.g. 2s (default: the profile's)"),
+		host:       fs.String("host", "", "listen host (overrides the engine's --host)"),
+		port:       fs.Int("port", -1, "listen port (overrides the engine's --port)"),
+		servedName: fs.String("served-name", "", "model name served (overrides -a / --served-model-name)"),
+		ctx:        fs.Int("ctx", 0, "context size (overrides -c / --max-model-len)"),
+		slots:      fs.Int("slots", 0, "concurrent requests (overrides -np / --max-num-seqs)"),
+	}
+}
+
+// usageHead and usageTail frame the flags in `fleet sim --help`.
+const usageHead = `fleet sim runs a simulated vLLM or llama-server: a real HTTP server on loopback that answers
+the engine's OpenAI-compatible API, /health, /metrics (and llama-server's /slots) as that engine
+does, at the speed of a measured machine (its profile). The hub launches it for sim: nodes and
+sim recipes; run it by hand to try a client against an engine without a GPU.
+
+usage: fleet sim --profile NAME [--mimic vllm|llamacpp] [flags] [-- ENGINE ARGS...]
+
+Flags:
+`
+
+const usageTail = `
+ENGINE ARGS are the mimicked engine's own arguments (without its binary), read as it reads them:
+  llama-server: -m/-hf MODEL, -a ALIAS, -c N, -np N, --host, --port, --jinja, --reasoning-format,
+                --cache-ram, --slot-prompt-similarity, --metrics, --slots, --kv-unified, ...
+  vLLM:         serve MODEL, --served-model-name, --max-model-len, --max-num-seqs, --host, --port,
+                --enable-auto-tool-choice --tool-call-parser P, --reasoning-parser,
+                --enable-prompt-tokens-details (usage then reports the cached tokens, as vLLM's does),
+                --no-enable-prefix-caching, ...
+Flags the engine would ignore are ignored. Example:
+  fleet sim --profile m4max-llamacpp -- -m Qwen3-4B-Q4_K_M.gguf -a qwen3-4b -c 16384 --port 8081 --jinja
+`
+
+// PrintUsage writes `fleet sim --help` to w.
+func PrintUsage(w io.Writer) {
+	fmt.Fprint(w, usageHead)
+	// Spelled with two dashes, as the rest of fleet's flags (the flag
+	// package takes either).
+	newSimFlags().fs.VisitAll(func(f *flag.Flag) {
+		kind, usage := flag.UnquoteUsage(f)
+		fmt.Fprintf(w, "  --%s %s\n      %s", f.Name, kind, usage)
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "-1" {
+			fmt.Fprintf(w, " (default %s)", f.DefValue)
+		}
+		fmt.Fprintln(w)
+	})
+	fmt.Fprint(w, usageTail)
+}
+
+// ParseArgs parses `fleet sim` arguments: the sim's own flags, then after
+// "--" the mimicked engine's own argv (without the binary), parsed the way
+// that engine would. -h or --help before "--" gives an error that is
+// flag.ErrHelp (Main then prints PrintUsage).
+func ParseArgs(args []string) (Options, error) {
+	f := newSimFlags()
+	fs := f.fs
+	mimic, profileName, seed, loadTime, host, port := f.mimic, f.profile, f.seed, f.loadTime, f.host, f.port
+	servedName, ctxSize, slots := f.servedName, f.ctx, f.slots
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return Options{}, fmt.Errorf("usage: fleet sim --profile NAME [--mimic vllm|llamacpp] [--seed N] [--load-time DUR] [--host H --port P --served-name ID --ctx N --slots N] [-- ENGINE ARGS...]")
+			return Options{}, err
 		}
-		return Options{}, fmt.Errorf("fleet sim: %w (put the engine's own arguments after \"--\")", err)
+		return Options{}, fmt.Errorf("fleet sim: %w (put the engine's own arguments after \"--\"; fleet sim --help lists the flags)", err)
 	}
 	if *profileName == "" {
 		return Options{}, fmt.Errorf("fleet sim: --profile is required: use one of %s", strings.Join(ProfileNames(), ", "))

@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -222,6 +223,10 @@ func (s *Server) ListenAndServe(ctx context.Context) error {
 // until ctx is cancelled or SIGTERM/SIGINT arrives.
 func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	opts, err := ParseArgs(args)
+	if errors.Is(err, flag.ErrHelp) {
+		PrintUsage(stdout)
+		return nil
+	}
 	if err != nil {
 		return err
 	}

@@ -64,7 +64,7 @@ func attachForCompletion(root *cobra.Command, dataDir *string) {
 	}
 	for _, c := range root.Commands() {
 		switch c.Name() {
-		case "logs", "drain", "undrain", "restart", "stop", "start", "bench", "admit", "shape":
+		case "logs", "events", "drain", "undrain", "restart", "stop", "start", "bench", "admit", "shape":
 			c.ValidArgsFunction = names
 		}
 	}

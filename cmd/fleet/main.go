@@ -132,6 +132,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 		SilenceUsage:  true,
 	}
 	root.CompletionOptions.DisableDefaultCmd = true
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return cli.UsageError(err) })
 	root.Version = version
 	root.SetVersionTemplate(versionLine() + "\n")
 	root.PersistentFlags().StringVar(&dataDir, "data", defaultDataDir(), "data dir: the SQLite database, the hub's control socket and keys")
@@ -188,14 +189,10 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 }
 
 // execute runs root and gives the exit status: *exit when it ran, else
-// by its error.
+// by its error (a command typed wrong ends with its usage, as the hub's).
 func execute(ctx context.Context, root *cobra.Command, stderr io.Writer, exit *int) int {
-	if err := root.ExecuteContext(ctx); err != nil {
-		fmt.Fprintf(stderr, "fleet: %v\n", err)
-		if strings.HasPrefix(err.Error(), "unknown") {
-			return cli.ExitUsage
-		}
-		return cli.ExitFail
+	if c, err := root.ExecuteContextC(ctx); err != nil {
+		return cli.ReportError(stderr, c, err)
 	}
 	return *exit
 }
@@ -310,7 +307,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().DurationVar(&opts.Retention, "retention", hub.DefaultRetention, "how long request samples, usage minutes and events are kept in the database (720h = 30 days; negative keeps them all); the audit log and bench runs are always kept")
 	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
 	c.Flags().DurationVar(&opts.AdmissionWait, "admission-wait", 2*time.Minute, "how long a worker on probation waits for its model's reference worker and the peers starting with it")
-	c.Flags().StringVar(&opts.Policy, "policy", "fleet", "scheduling policy: fleet (lowest predicted completion, counting the prompt prefix each worker holds), fleet-no-prefix, p2c-least-loaded, round-robin, random, session-sticky (hash of the prompt's first chunk), cache-aware (SGLang gateway's)")
+	c.Flags().StringVar(&opts.Policy, "policy", router.PolicyFleet, "scheduling policy: "+policyUsage())
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
 	c.Flags().DurationVar(&opts.BodyTimeout, "body-timeout", router.DefaultBodyTimeout, "how long a router client has to send its whole request body; slower gets 408")
@@ -354,13 +351,56 @@ func indent(s, prefix string) string {
 	return strings.Join(lines, "")
 }
 
+// policyHelp says what each of the router's policies (router.PolicyNames,
+// the list the router checks --policy against) does, for --policy's help;
+// a test keeps the two lists and the README's one.
+var policyHelp = map[string]string{
+	router.PolicyFleet:          "the default: lowest predicted completion, counting the prompt prefix each worker holds",
+	router.PolicyFleetNoPrefix:  "fleet without the prefix",
+	router.PolicyP2CLeastLoaded: "the less loaded of two random workers with a free slot",
+	router.PolicyRoundRobin:     "each worker with a free slot in turn",
+	router.PolicyRandom:         "any worker with a free slot",
+	router.PolicySessionSticky:  "rendezvous hash of the prompt's first chunk, whatever the load",
+	router.PolicyCacheAware:     "SGLang gateway's: longest cached prefix unless the load is unbalanced",
+	router.PolicyLeastLoaded:    "the worker with the fewest requests in flight per slot",
+}
+
+// policyUsage lists the policies in the router's order, each with what it
+// does.
+func policyUsage() string {
+	parts := make([]string, len(router.PolicyNames))
+	for i, name := range router.PolicyNames {
+		parts[i] = fmt.Sprintf("%s (%s)", name, policyHelp[name])
+	}
+	return strings.Join(parts, ", ")
+}
+
 func simCmd() *cobra.Command {
 	return &cobra.Command{
-		Use:                "sim --mimic vllm|llamacpp --profile NAME [-- ENGINE ARGS]",
-		Short:              "run a simulated vLLM or llama-server worker (a real HTTP server)",
+		Use:                "sim --profile NAME [--mimic vllm|llamacpp] [flags] [-- ENGINE ARGS]",
+		Short:              "run a simulated vLLM or llama-server worker (a real HTTP server); sim --help lists its flags",
 		DisableFlagParsing: true,
 		RunE: func(c *cobra.Command, args []string) error {
-			return sim.Main(c.Context(), args, c.OutOrStdout(), c.ErrOrStderr())
+			return sim.Main(c.Context(), withoutDataFlag(args), c.OutOrStdout(), c.ErrOrStderr())
 		},
 	}
+}
+
+// withoutDataFlag drops --data, the root's flag that a command parsing its
+// own flags receives too (`fleet --data DIR sim …`), from the arguments
+// before "--"; the sim has no data dir.
+func withoutDataFlag(args []string) []string {
+	var out []string
+	for i := 0; i < len(args); i++ {
+		switch a := args[i]; {
+		case a == "--":
+			return append(out, args[i:]...)
+		case a == "--data" && i+1 < len(args):
+			i++
+		case strings.HasPrefix(a, "--data="):
+		default:
+			out = append(out, a)
+		}
+	}
+	return out
 }

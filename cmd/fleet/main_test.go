@@ -4,8 +4,13 @@ import (
 	"bytes"
 	"context"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
+
+	"fleet/router"
+	"fleet/sim"
 )
 
 // Help never needs a hub: with none running on the data dir, every hub
@@ -54,5 +59,66 @@ func TestLocalArgsApplyFileDash(t *testing.T) {
 	b, _ := io.ReadAll(in)
 	if string(b) != "nodes: []\n" {
 		t.Errorf("apply -f - forwarded %q, want standard input", b)
+	}
+}
+
+// TestSimHelp: `fleet sim --help` prints the sim's real help (its flags,
+// the profiles, where the engine's arguments go) and succeeds; it printed a
+// one-line usage and failed.
+func TestSimHelp(t *testing.T) {
+	for _, help := range []string{"--help", "-h"} {
+		var out, errOut bytes.Buffer
+		code := run(context.Background(), []string{"sim", help}, strings.NewReader(""), &out, &errOut)
+		if code != 0 || errOut.Len() > 0 {
+			t.Errorf("fleet sim %s: exit %d, stderr %q; want 0 and nothing", help, code, errOut.String())
+		}
+		for _, want := range append([]string{"--profile", "--mimic", "--load-time", "--slots", "-- ENGINE ARGS", "--enable-prompt-tokens-details"}, sim.ProfileNames()...) {
+			if !strings.Contains(out.String(), want) {
+				t.Errorf("fleet sim %s lacks %q:\n%s", help, want, out.String())
+			}
+		}
+	}
+}
+
+// TestLocalFlagErrorsPointToTheCommandsUsage: the local commands (serve,
+// simulate) end a flag error with their own usage, as the hub's do.
+func TestLocalFlagErrorsPointToTheCommandsUsage(t *testing.T) {
+	var out, errOut bytes.Buffer
+	code := run(context.Background(), []string{"simulate", "--lod", "2"}, strings.NewReader(""), &out, &errOut)
+	if code != 2 || !strings.Contains(errOut.String(), "usage: fleet simulate [flags]") || !strings.Contains(errOut.String(), "run 'fleet simulate --help'") {
+		t.Errorf("fleet simulate --lod: exit %d, stderr:\n%s\nwant 2 and simulate's usage", code, errOut.String())
+	}
+}
+
+// TestPolicyListIsOne: --policy's help, `fleet simulate --policies`' help,
+// the router's refusal and the docs name the same policies, the router's
+// list (least-loaded was refused by name but mentioned nowhere else).
+func TestPolicyListIsOne(t *testing.T) {
+	var docs strings.Builder
+	for _, pattern := range []string{"../../README.md", "../../docs/*.md"} {
+		files, _ := filepath.Glob(pattern)
+		for _, f := range files {
+			b, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			docs.Write(b)
+		}
+	}
+	serveHelp := serveCmd(new(string)).Flags().Lookup("policy").Usage
+	simulateHelp := simulateCmd().Flags().Lookup("policies").Usage
+	for _, name := range router.PolicyNames {
+		if !strings.Contains(serveHelp, name+" (") {
+			t.Errorf("serve --policy's help does not describe %s: %s", name, serveHelp)
+		}
+		if !strings.Contains(simulateHelp, name) {
+			t.Errorf("simulate --policies' help does not name %s: %s", name, simulateHelp)
+		}
+		if !strings.Contains(docs.String(), "`"+name+"`") {
+			t.Errorf("the README and docs/ never name the policy `%s`", name)
+		}
+	}
+	if len(policyHelp) != len(router.PolicyNames) {
+		t.Errorf("%d policies described, the router knows %d (%v)", len(policyHelp), len(router.PolicyNames), router.PolicyNames)
 	}
 }

@@ -8,6 +8,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"fleet/router"
 	"fleet/router/simulate"
 )
 
@@ -65,7 +66,7 @@ func simulateCmd() *cobra.Command {
 	c.Flags().Float64Var(&load, "load", 0.7, "offered load as a fraction of the fleet's capacity (agent scenarios: of the turns a second it serves when every turn reuses its conversation)")
 	c.Flags().IntVar(&requests, "requests", 0, "requests to simulate (default: the scenario's)")
 	c.Flags().Uint64Var(&seed, "seed", 42, "random seed of arrivals and lengths")
-	c.Flags().StringSliceVar(&policies, "policies", []string{"fleet", "fleet-no-prefix", "p2c-least-loaded", "round-robin", "random", "session-sticky", "cache-aware"}, "policies to compare")
+	c.Flags().StringSliceVar(&policies, "policies", []string{"fleet", "fleet-no-prefix", "p2c-least-loaded", "round-robin", "random", "session-sticky", "cache-aware"}, "policies to compare, any of: "+strings.Join(router.PolicyNames, ", "))
 	c.Flags().BoolVar(&asJSON, "json", false, "print a JSON list of results")
 	return c
 }
