@@ -25,7 +25,8 @@ func logsCmd(h Hub, u fleet.User) *cobra.Command {
 		Short: "print a worker's engine log, read on its node; -f follows it (operator: logs can hold prompts)",
 		Long: `logs prints the last lines of the engine's own output (stdout and stderr, which the engine
 was launched with into a log file on its node), read through the node's connection. With -f it
-keeps printing until you interrupt it (at most 24 hours), following the new log after a restart.
+keeps printing until you interrupt it (at most 24 hours), following the new log after a restart;
+interrupted, the local fleet prints nothing more and exits 130 (Ctrl-C) or 143 (SIGTERM).
 WORKER is NODE/MODEL, or a node name when the node runs one worker.`,
 		Args: exactArgs(1, "one worker (NODE/MODEL)"),
 		RunE: func(c *cobra.Command, args []string) error {

@@ -433,11 +433,6 @@ func (h *Hub) loadBenchRuns(ctx context.Context) error {
 	return nil
 }
 
-func (h *Hub) knownModel(name string) bool {
-	_, ok := h.modelID(name)
-	return ok
-}
-
 // modelID is the ID of the model that name (an ID or an alias) names.
 func (h *Hub) modelID(name string) (string, bool) {
 	h.mu.Lock()
