@@ -105,12 +105,14 @@ func ReportError(stderr io.Writer, c *cobra.Command, err error) int {
 		return ExitOK
 	}
 	fmt.Fprintf(stderr, "fleet: %v\n", err)
+	// Flag errors arrive as usage errors (the roots' FlagErrorFunc);
+	// cobra's own argument checks say "unknown command".
 	var ue usageError
 	switch {
 	case c == nil || !c.HasParent() && strings.HasPrefix(err.Error(), "unknown command"):
 		fmt.Fprintln(stderr, "run 'help' for the list of commands")
 		return ExitUsage
-	case errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown"):
+	case errors.As(err, &ue) || strings.HasPrefix(err.Error(), "unknown command"):
 		fmt.Fprintf(stderr, "usage: %s\nrun '%s --help' for its arguments and flags\n", c.UseLine(), c.CommandPath())
 		return ExitUsage
 	}

@@ -398,3 +398,19 @@ func TestUsageErrorsPointToTheCommandsUsage(t *testing.T) {
 		}
 	}
 }
+
+// An error of the command's own that happens to start with "unknown" is a
+// failure (exit 1), not a usage error.
+func TestUnknownThemeIsAFailure(t *testing.T) {
+	var errOut bytes.Buffer
+	h := &themeHub{fakeHub: &fakeHub{}}
+	if code := Run(context.Background(), h, fleet.User{Role: fleet.RoleViewer}, []string{"theme", "purple"}, nil, io.Discard, &errOut); code != ExitFail || strings.Contains(errOut.String(), "usage:") {
+		t.Errorf("theme purple: exit %d, stderr %q; want %d and no usage", code, errOut.String(), ExitFail)
+	}
+}
+
+type themeHub struct{ *fakeHub }
+
+func (themeHub) SetTheme(context.Context, fleet.User, string) error {
+	return errors.New(`unknown theme "purple": choose one of dark, high-contrast, light`)
+}
