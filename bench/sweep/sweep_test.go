@@ -435,3 +435,22 @@ func TestSweepCacheHitUnknownIsNotZero(t *testing.T) {
 		})
 	}
 }
+
+// Through the router a level's requests may land on engines that report
+// cached tokens and on some that do not: the hit is over those that did,
+// and the text says how many.
+func TestSummarisePartlyReportedCache(t *testing.T) {
+	ms := func(n int) time.Duration { return time.Duration(n) * time.Millisecond }
+	reqs := []request{
+		{ttft: ms(10), e2e: ms(20), outputTokens: 2, promptTokens: 100, cachedTokens: 80, cacheReported: true},
+		{ttft: ms(10), e2e: ms(20), outputTokens: 2, promptTokens: 100, cachedTokens: 40, cacheReported: true},
+		{ttft: ms(10), e2e: ms(20), outputTokens: 2, promptTokens: 400},
+	}
+	l := summarise(1, ms(60), reqs)
+	if l.CacheHit == nil || *l.CacheHit != 0.6 || l.CachedTokens == nil || *l.CachedTokens != 60 || l.CacheReported != 2 {
+		t.Fatalf("cache hit %v, cached %v, reported %d; want 0.6 over the two that reported, mean 60, 2", l.CacheHit, l.CachedTokens, l.CacheReported)
+	}
+	if text := (Result{Levels: []Level{l}}).Detail(); !strings.Contains(text, "| 60%") || !strings.Contains(text, "over the 2 of 3 requests") {
+		t.Errorf("detail does not say the hit covers 2 of 3 requests:\n%s", text)
+	}
+}
