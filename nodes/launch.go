@@ -103,16 +103,32 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		if script, err := enginectl.InstallCommand(spec); err == nil {
 			m.event("info", ws.name, "install command: "+script)
 		}
-		lastPct := 0.0
-		lw := &lineEvents{emit: func(line string) {
-			m.event("info", ws.name, "install: "+line)
-			// Whole percents only: installers redraw their bars far more
-			// often than a worker change is worth persisting.
-			if pct, ok := enginectl.ProgressPercent(line); ok && math.Floor(pct) != lastPct {
-				lastPct = math.Floor(pct)
-				m.update(ws, func(w *fleet.Worker) { w.Progress = lastPct })
+		lastPct, lastTenth := 0.0, 0.0
+		// Whole percents only: installers redraw their bars far more
+		// often than a worker change is worth persisting.
+		setPct := func(line string) bool {
+			pct, ok := enginectl.ProgressPercent(line)
+			if !ok || math.Floor(pct) == lastPct {
+				return false
 			}
-		}}
+			lastPct = math.Floor(pct)
+			m.update(ws, func(w *fleet.Worker) { w.Progress = lastPct })
+			return true
+		}
+		lw := &lineEvents{
+			emit: func(line string) {
+				m.event("info", ws.name, "install: "+line)
+				setPct(line)
+			},
+			// A bar redrawn in place (curl, pip, tqdm) is an event at
+			// every tenth, as a download's is.
+			redraw: func(bar string) {
+				if setPct(bar) && math.Floor(lastPct/10) != lastTenth {
+					lastTenth = math.Floor(lastPct / 10)
+					m.event("info", ws.name, "install: "+bar)
+				}
+			},
+		}
 		err := enginectl.Install(ictx, t, spec, lw, eo...)
 		lw.Flush()
 		cancel()
@@ -225,11 +241,15 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	return nil
 }
 
-// lineEvents turns an installer's output into one event per line.
+// lineEvents turns an installer's output into one event per line. Progress
+// bars redraw in place with \r and end their line only when done (curl's
+// "\r###   45.2%"), so each redraw, the one still being written included,
+// goes to redraw (when set) as soon as it arrives.
 type lineEvents struct {
-	mu   sync.Mutex
-	buf  bytes.Buffer
-	emit func(string)
+	mu     sync.Mutex
+	buf    bytes.Buffer
+	emit   func(string)
+	redraw func(string)
 }
 
 func (l *lineEvents) Write(p []byte) (int, error) {
@@ -237,19 +257,29 @@ func (l *lineEvents) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	l.buf.Write(p)
 	for {
-		line, err := l.buf.ReadString('\n')
-		if err != nil {
-			l.buf.WriteString(line) // incomplete: keep for the next write
-			return len(p), nil
+		b := l.buf.Bytes()
+		i := bytes.IndexAny(b, "\r\n")
+		if i < 0 || (b[i] == '\r' && i+1 == len(b)) {
+			break // no break yet, or a \r whose \n may be in the next write
 		}
-		// Progress bars redraw with \r: keep the last state of the line.
-		if i := strings.LastIndexByte(strings.TrimRight(line, "\r\n"), '\r'); i >= 0 {
-			line = line[i+1:]
+		text, end := string(b[:i]), i+1
+		if b[i] == '\r' && b[i+1] == '\n' {
+			end++
 		}
-		if s := strings.TrimSpace(line); s != "" {
+		lineEnd := b[end-1] == '\n'
+		l.buf.Next(end)
+		switch s := strings.TrimSpace(text); {
+		case s == "":
+		case lineEnd:
 			l.emit(s)
+		case l.redraw != nil:
+			l.redraw(s)
 		}
 	}
+	if s := strings.TrimSpace(l.buf.String()); s != "" && l.redraw != nil {
+		l.redraw(s)
+	}
+	return len(p), nil
 }
 
 // Flush emits a last line that had no newline.
