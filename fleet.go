@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"net"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -75,6 +76,36 @@ type Platform struct {
 	MemFreeBytes  uint64 `json:"mem_free_bytes,omitempty"`
 	// Profile is set on simulated nodes: the sim profile whose platform this is.
 	Profile string `json:"profile,omitempty"`
+}
+
+// GiB is how fleet writes an amount of memory, everywhere (tables, events,
+// rejections): GiB, 2^30 bytes, with one decimal, as in "22.3 GiB". A fleet
+// file's memory_gb is in the same unit. Binary units because the figures
+// come binary: nvidia-smi reports MiB, engines their use in GiB or MiB,
+// and a "24 GB" GPU holds 24 GiB.
+func GiB(bytes uint64) string {
+	return strconv.FormatFloat(float64(bytes)/(1<<30), 'f', 1, 64) + " GiB"
+}
+
+// UsableMemory is the memory a new engine on the node can count on, which
+// admission compares a model's memory_gb with: on a Mac three quarters of
+// free memory (Metal's working-set limit keeps the rest); on NVIDIA the free
+// GPU memory summed over the GPUs; on unified-memory NVIDIA parts that
+// report no GPU memory, and on CPU machines, MemAvailable.
+func (p Platform) UsableMemory() uint64 {
+	if p.OS == "darwin" {
+		return p.MemFreeBytes / 4 * 3
+	}
+	var gpuFree uint64
+	for _, g := range p.GPUs {
+		if g.MemFreeMiB > 0 {
+			gpuFree += uint64(g.MemFreeMiB) << 20
+		}
+	}
+	if gpuFree > 0 {
+		return gpuFree
+	}
+	return p.MemFreeBytes
 }
 
 // HostLabel is the "Host" column: Linux, macOS or Windows/WSL.

@@ -543,18 +543,21 @@ func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
 
 func printNodes(w io.Writer, ns []fleet.Node) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tMEMORY FREE/TOTAL\tDRAINED")
+	// USABLE is the figure a model's memory_gb is compared with (free GPU
+	// memory on NVIDIA), in the unit a memory rejection uses.
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tUSABLE\tMEMORY FREE/TOTAL\tDRAINED")
 	for _, n := range ns {
-		host, gpu, mem := "?", "?", "?"
+		host, gpu, usable, mem := "?", "?", "?", "?"
 		if n.Platform != nil {
 			host, gpu = n.Platform.HostLabel(), n.Platform.GPULabel()
-			mem = fmt.Sprintf("%.1f/%.1f GiB", gib(n.Platform.MemFreeBytes), gib(n.Platform.MemTotalBytes))
+			usable = fleet.GiB(n.Platform.UsableMemory())
+			mem = strings.TrimSuffix(fleet.GiB(n.Platform.MemFreeBytes), " GiB") + "/" + fleet.GiB(n.Platform.MemTotalBytes)
 		}
 		state := string(n.State)
 		if n.Reason != "" {
 			state += " (" + n.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, mem, n.Drained)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, usable, mem, n.Drained)
 	}
 	return tw.Flush()
 }
@@ -571,7 +574,7 @@ func printModels(w io.Writer, ms []fleet.Model) error {
 			}
 			id, aliases, ctx, mem := "", "", "", ""
 			if first {
-				id, aliases, ctx, mem = m.ID, strings.Join(m.Aliases, ","), columns.Tokens(m.Context), fmt.Sprintf("%g GB", m.MemoryGB)
+				id, aliases, ctx, mem = m.ID, strings.Join(m.Aliases, ","), columns.Tokens(m.Context), fmt.Sprintf("%g GiB", m.MemoryGB)
 				first = false
 			}
 			weights := r.Model
@@ -583,5 +586,3 @@ func printModels(w io.Writer, ms []fleet.Model) error {
 	}
 	return tw.Flush()
 }
-
-func gib(b uint64) float64 { return float64(b) / (1 << 30) }

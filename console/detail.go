@@ -9,6 +9,7 @@ import (
 	tea "charm.land/bubbletea/v2"
 	"github.com/charmbracelet/x/ansi"
 
+	"fleet"
 	"fleet/columns"
 )
 
@@ -109,7 +110,7 @@ func (d *detailView) lines() []string {
 	}
 	mem := "-"
 	if w.MemoryBytes > 0 {
-		mem = gib(w.MemoryBytes)
+		mem = fleet.GiB(w.MemoryBytes)
 	}
 	started := "-"
 	if !w.StartedAt.IsZero() {

@@ -63,7 +63,7 @@ func (v *nodesView) render() []string {
 		if p := n.Platform; p != nil {
 			host, gpu = p.HostLabel(), p.GPULabel()
 			if p.MemTotalBytes > 0 {
-				mem = fmt.Sprintf("%s/%s", gib(p.MemFreeBytes), gib(p.MemTotalBytes))
+				mem = fmt.Sprintf("%s/%s", fleet.GiB(p.MemFreeBytes), fleet.GiB(p.MemTotalBytes))
 			}
 		}
 		note := n.Reason
@@ -82,8 +82,6 @@ func (v *nodesView) render() []string {
 		return t.Text
 	})
 }
-
-func gib(b uint64) string { return fmt.Sprintf("%.1f GiB", float64(b)/(1<<30)) }
 
 // simpleTable renders a small table (nodes) with the cursor and scrolling of l.
 func (c *common) simpleTable(l *list, headers []string, cells [][]string, style func(row, col int) lipgloss.Style) []string {
@@ -187,7 +185,7 @@ func (v *modelsView) block(md fleet.Model) []string {
 	}
 	facts := fmt.Sprintf("  ctx %s", columns.Tokens(md.Context))
 	if md.MemoryGB > 0 {
-		facts += fmt.Sprintf(" · needs %.1f GB", md.MemoryGB)
+		facts += fmt.Sprintf(" · needs %g GiB", md.MemoryGB)
 	}
 	if md.SpeedTolerance > 0 {
 		facts += fmt.Sprintf(" · speed tolerance %.2f", md.SpeedTolerance)

@@ -619,7 +619,7 @@ func (d *decoder) models(n ast.Node, f *fleet.Fleet) map[string]fleet.Model {
 			case "memory_gb":
 				v, ok := d.number(e.value, where, "memory_gb")
 				if ok && (v < 0 || v > maxMemoryGB) {
-					d.errorf(e.value, where, "memory_gb must be from 0 to %d (gigabytes the model needs)", maxMemoryGB)
+					d.errorf(e.value, where, "memory_gb must be from 0 to %d (the GiB the model needs resident, like 3.5)", maxMemoryGB)
 				}
 				m.MemoryGB = v
 			case "speed_tolerance":

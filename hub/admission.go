@@ -81,7 +81,7 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 	if need == 0 || n.Platform == nil {
 		return nil // no figure to check, or a node launched on before any probe
 	}
-	usable := nodes.UsableMemory(*n.Platform)
+	usable := n.Platform.UsableMemory()
 	how := "free memory"
 	if n.Platform.OS == "darwin" {
 		how = "three quarters of free + inactive + speculative memory"
@@ -89,12 +89,12 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 		how = "free GPU memory"
 	}
 	if held > 0 {
-		how += fmt.Sprintf(", less %.1f GB held for launches in progress on it", float64(held)/(1<<30))
+		how += fmt.Sprintf(", less %s held for launches in progress on it", fleet.GiB(held))
 		usable -= min(held, usable)
 	}
 	if usable < need {
-		return fmt.Errorf("memory: %s needs %.1f GB but %s has %.1f GB usable (%s); free memory on the node or place the model elsewhere",
-			m.ID, m.MemoryGB, w.Node, float64(usable)/(1<<30), how)
+		return fmt.Errorf("memory: %s needs %s but %s has %s usable (%s); free memory on the node or place the model elsewhere",
+			m.ID, fleet.GiB(need), w.Node, fleet.GiB(usable), how)
 	}
 	return nil
 }

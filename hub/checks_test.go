@@ -1,8 +1,12 @@
 package hub
 
 import (
+	"bytes"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
 )
@@ -22,20 +26,20 @@ func TestCheckMemory(t *testing.T) {
 			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 1 * gib, GPUs: []fleet.GPU{{MemFreeMiB: 4096}}}}},
 		{name: "Linux GPU too full: GPU memory counts, not RAM", model: model,
 			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 64 * gib, GPUs: []fleet.GPU{{MemFreeMiB: 2048}}}},
-			wantErr: "memory: qwen3-4b needs 3.0 GB but n has 2.0 GB usable (free GPU memory)"},
+			wantErr: "memory: qwen3-4b needs 3.0 GiB but n has 2.0 GiB usable (free GPU memory)"},
 		{name: "Linux GPU with room, but not beside a launch in progress", model: model, held: 2 * gib,
 			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", GPUs: []fleet.GPU{{MemFreeMiB: 4096}}}},
-			wantErr: "n has 2.0 GB usable (free GPU memory, less 2.0 GB held for launches in progress on it)"},
+			wantErr: "n has 2.0 GiB usable (free GPU memory, less 2.0 GiB held for launches in progress on it)"},
 		{name: "held beyond what the node has", model: model, held: 8 * gib,
 			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}},
-			wantErr: "n has 0.0 GB usable (free memory, less 8.0 GB held"},
+			wantErr: "n has 0.0 GiB usable (free memory, less 8.0 GiB held"},
 		{name: "room beside a launch in progress", model: model, held: 1 * gib,
 			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
 		{name: "Linux CPU node uses available RAM", model: model,
 			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
 		{name: "Mac counts three quarters of free memory", model: model,
 			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "darwin", MemFreeBytes: 3 * gib}},
-			wantErr: "has 2.2 GB usable (three quarters of free + inactive + speculative memory)"},
+			wantErr: "has 2.2 GiB usable (three quarters of free + inactive + speculative memory)"},
 		{name: "Mac with room", model: model,
 			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "darwin", MemFreeBytes: 8 * gib}}},
 		{name: "model without a memory figure is not checked", model: fleet.Model{ID: "qwen3-4b"},
@@ -92,5 +96,51 @@ func TestWorkerTargetByEngineState(t *testing.T) {
 				t.Errorf("error %v, want one saying %q", err, tt.wantErr)
 			}
 		})
+	}
+}
+
+// One unit for memory: a memory rejection and the nodes table print the
+// node's usable memory as the same number with the same unit (it was
+// "22.3 GB usable" in the rejection beside "22.3/23.5 GiB" in the table).
+func TestMemoryRejectionAndNodesTableAgree(t *testing.T) {
+	h := newHub(t, Options{})
+	ctx := t.Context()
+	// 22,835 MiB free: 22.3 GiB, 23.9 GB; the units cannot be confused.
+	p := fleet.Platform{OS: "linux", Arch: "amd64", MemTotalBytes: 64 << 30, MemFreeBytes: 40 << 30,
+		GPUs: []fleet.GPU{{Name: "NVIDIA GeForce RTX 4090", MemTotalMiB: 24564, MemFreeMiB: 22835}}}
+	// As a probe reports it.
+	h.mu.Lock()
+	node := h.nodes["rig"]
+	h.mu.Unlock()
+	node.Platform, node.ProbedAt, node.State = &p, time.Now(), fleet.NodeUp
+	h.onNode(node)
+	rejection := checkMemory(fleet.Worker{Node: "rig", Model: "big"}, fleet.Model{ID: "big", MemoryGB: 30}, node, 0)
+	if rejection == nil {
+		t.Fatal("a model of 30 GiB was admitted on 22.3 GiB")
+	}
+	m := regexp.MustCompile(`has (\S+ \S+) usable`).FindStringSubmatch(rejection.Error())
+	if m == nil {
+		t.Fatalf("rejection %q names no usable figure", rejection)
+	}
+	var out, errOut bytes.Buffer
+	if code := h.Exec(ctx, admin, []string{"nodes"}, nil, &out, &errOut); code != 0 {
+		t.Fatalf("nodes: exit %d: %s", code, errOut.String())
+	}
+	var header, row []string
+	for line := range strings.Lines(out.String()) {
+		cells := regexp.MustCompile(`\s{2,}`).Split(strings.TrimSpace(line), -1)
+		switch {
+		case header == nil:
+			header = cells
+		case cells[0] == "rig":
+			row = cells
+		}
+	}
+	col := slices.Index(header, "USABLE")
+	if col < 0 || len(row) != len(header) {
+		t.Fatalf("the nodes table has no USABLE column for rig:\n%s", out.String())
+	}
+	if row[col] != m[1] || m[1] != "22.3 GiB" {
+		t.Errorf("the rejection says %q usable, the nodes table %q; want both 22.3 GiB\n%s\n%s", m[1], row[col], rejection, out.String())
 	}
 }

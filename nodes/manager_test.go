@@ -627,7 +627,7 @@ func TestManagerGateHoldsMemoryOfLaunchesInProgress(t *testing.T) {
 			}
 			mu.Lock()
 			defer mu.Unlock()
-			usable := UsableMemory(*node.Platform) - min(held, UsableMemory(*node.Platform))
+			usable := node.Platform.UsableMemory() - min(held, node.Platform.UsableMemory())
 			for name, up := range running {
 				if up && name != w.Name() {
 					usable -= min(20*gib, usable)

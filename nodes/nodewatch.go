@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -236,7 +235,7 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 	}
 	if prev != node.State {
 		if node.State == fleet.NodeUp {
-			m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable", node.Platform.HostLabel(), node.Platform.GPULabel(), formatBytes(UsableMemory(*node.Platform))))
+			m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable", node.Platform.HostLabel(), node.Platform.GPULabel(), fleet.GiB(node.Platform.UsableMemory())))
 		} else {
 			m.event("error", node.Name, "node unreachable: "+node.Reason)
 		}
@@ -280,9 +279,4 @@ func (m *Manager) markNodeSuspect(name string) {
 	if ok && !known {
 		signal(ns.poke)
 	}
-}
-
-func formatBytes(b uint64) string {
-	const gib = 1 << 30
-	return strconv.FormatFloat(float64(b)/gib, 'f', 1, 64) + " GiB"
 }

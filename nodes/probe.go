@@ -286,28 +286,8 @@ func parseCPUInfoModel(s string) string {
 	return strings.TrimSpace(model)
 }
 
-// UsableMemory is the memory a new engine on the node can count on: on a Mac
-// three quarters of free memory (Metal's working-set limit keeps the rest);
-// on NVIDIA the free GPU memory summed over the GPUs; on unified-memory
-// NVIDIA parts that report no GPU memory, and on CPU machines, MemAvailable.
-func UsableMemory(p fleet.Platform) uint64 {
-	if p.OS == "darwin" {
-		return p.MemFreeBytes / 4 * 3
-	}
-	var gpuFree uint64
-	for _, g := range p.GPUs {
-		if g.MemFreeMiB > 0 {
-			gpuFree += uint64(g.MemFreeMiB) << 20
-		}
-	}
-	if gpuFree > 0 {
-		return gpuFree
-	}
-	return p.MemFreeBytes
-}
-
 // MemoryNeed is the memory an engine of m is predicted to take: the model's
-// memory_gb, 0 when it declares none.
+// memory_gb (in GiB, as fleet.GiB writes memory), 0 when it declares none.
 func MemoryNeed(m fleet.Model) uint64 {
 	if m.MemoryGB <= 0 {
 		return 0

@@ -97,7 +97,7 @@ func TestParseProbeFixtures(t *testing.T) {
 			if p.MemTotalBytes != tt.memTotal || p.MemFreeBytes != tt.memFree {
 				t.Errorf("memory total/free = %d/%d, want %d/%d", p.MemTotalBytes, p.MemFreeBytes, tt.memTotal, tt.memFree)
 			}
-			if got := UsableMemory(p); got != tt.usable {
+			if got := p.UsableMemory(); got != tt.usable {
 				t.Errorf("UsableMemory = %d, want %d", got, tt.usable)
 			}
 			if got := p.DefaultEngine(); got != tt.engine {
@@ -247,7 +247,7 @@ func TestProbeLocal(t *testing.T) {
 	if p.MemTotalBytes == 0 || p.MemFreeBytes == 0 || p.MemFreeBytes > p.MemTotalBytes {
 		t.Errorf("implausible memory: total %d, free %d", p.MemTotalBytes, p.MemFreeBytes)
 	}
-	if UsableMemory(p) == 0 {
+	if p.UsableMemory() == 0 {
 		t.Error("UsableMemory is zero on a running machine")
 	}
 }

@@ -48,7 +48,7 @@ placements:
 `)
 	launchHub(t, data, freePort(t), "--fleet", file)
 	w := waitWorker(t, data, "max/big", "rejected", 60*time.Second, judged)
-	if w.State != fleet.WorkerRejected || !strings.Contains(w.Reason, "memory: big needs 90.0 GB but max has 16.5 GB usable") {
+	if w.State != fleet.WorkerRejected || !strings.Contains(w.Reason, "memory: big needs 90.0 GiB but max has 16.5 GiB usable") {
 		t.Fatalf("max/big is %s (%q), want rejected with the memory figures", w.State, w.Reason)
 	}
 	if w.PID != 0 {
@@ -58,7 +58,7 @@ placements:
 		t.Errorf("engines run for a worker that failed the memory gate: PIDs %v", pids)
 	}
 	evs := eventsJSON(t, data, "max/big")
-	if !containsEvent(evs, "rejected before launch, no engine started: memory: big needs 90.0 GB") {
+	if !containsEvent(evs, "rejected before launch, no engine started: memory: big needs 90.0 GiB") {
 		t.Errorf("no event gives the figures: %+v", evs)
 	}
 	if containsEvent(evs, "launched PID") {
