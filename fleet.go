@@ -179,13 +179,72 @@ type Node struct {
 	Identity string `json:"identity,omitempty"`
 	// Endpoint is "tunnel" (default: reach engines through the node's SSH
 	// connection) or "direct" (dial the node's address).
-	Endpoint string    `json:"endpoint,omitempty"`
+	Endpoint string `json:"endpoint,omitempty"`
+	// Ports are the TCP ports the node's engines may listen on; zero is
+	// the hub's default (`serve --engine-ports`).
+	Ports    PortRange `json:"ports,omitzero"`
 	HostKey  string    `json:"host_key,omitempty"`
 	Platform *Platform `json:"platform,omitempty"`
 	ProbedAt time.Time `json:"probed_at,omitzero"`
 	State    NodeState `json:"state"`
 	Reason   string    `json:"reason,omitempty"`
 	Drained  bool      `json:"drained,omitempty"`
+}
+
+// PortRange is an inclusive range of TCP ports, written "18000-18999".
+type PortRange struct {
+	Min int `json:"min"`
+	Max int `json:"max"`
+}
+
+// DefaultEnginePorts is where engines listen unless the hub or a node says
+// otherwise: below Linux's ephemeral ports (32768-60999), which outgoing
+// connections take, and above the well-known ones.
+var DefaultEnginePorts = PortRange{Min: 18000, Max: 18999}
+
+// MinEnginePort is the lowest port an engine may be given: ports below
+// 1024 need root, and engines run as the node's SSH user.
+const MinEnginePort = 1024
+
+// ParsePortRange reads "MIN-MAX" (or one port), both from 1024 to 65535.
+// The error says what is wrong and how to write it.
+func ParsePortRange(s string) (PortRange, error) {
+	firstText, lastText, isRange := strings.Cut(strings.TrimSpace(s), "-")
+	if !isRange {
+		lastText = firstText
+	}
+	port := func(p string) (int, bool) {
+		n, err := strconv.Atoi(strings.TrimSpace(p))
+		return n, err == nil && n >= MinEnginePort && n <= 65535
+	}
+	first, okFirst := port(firstText)
+	last, okLast := port(lastText)
+	switch {
+	case !okFirst || !okLast:
+		return PortRange{}, fmt.Errorf("ports %q must be MIN-MAX, two port numbers from %d to 65535, like 18000-18999", s, MinEnginePort)
+	case first > last:
+		return PortRange{}, fmt.Errorf("ports %q: %d is above %d; write the lower port first, like %d-%d", s, first, last, last, first)
+	}
+	return PortRange{Min: first, Max: last}, nil
+}
+
+// IsZero reports an unset range.
+func (r PortRange) IsZero() bool { return r == PortRange{} }
+
+// String is "MIN-MAX", as a fleet file writes it; "" when unset.
+func (r PortRange) String() string {
+	if r.IsZero() {
+		return ""
+	}
+	return strconv.Itoa(r.Min) + "-" + strconv.Itoa(r.Max)
+}
+
+// Or is r, or def when r is unset.
+func (r PortRange) Or(def PortRange) PortRange {
+	if r.IsZero() {
+		return def
+	}
+	return r
 }
 
 // Address kinds.
@@ -625,6 +684,9 @@ type Snapshot struct {
 	// and, for admins, by API key (Key set); the console's usage view
 	// shows it.
 	Usage []Usage `json:"usage,omitempty"`
+	// EnginePorts are the hub's engine ports (serve --engine-ports), which
+	// nodes without ports: of their own use.
+	EnginePorts PortRange `json:"engine_ports,omitzero"`
 }
 
 // IsLoopbackAddr reports whether a listen address (host:port) is reachable

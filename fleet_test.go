@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"strings"
 	"testing"
 	"time"
 )
@@ -122,5 +123,36 @@ func TestClip(t *testing.T) {
 		if got := Clip(tt.in, tt.max); got != tt.want {
 			t.Errorf("Clip(%q, %d) = %q, want %q", tt.in, tt.max, got, tt.want)
 		}
+	}
+}
+
+func TestParsePortRange(t *testing.T) {
+	tests := []struct {
+		in      string
+		want    PortRange
+		wantErr string
+	}{
+		{"18000-18999", PortRange{18000, 18999}, ""},
+		{" 20000 - 20010 ", PortRange{20000, 20010}, ""},
+		{"30000", PortRange{30000, 30000}, ""},
+		{"1024-65535", PortRange{1024, 65535}, ""},
+		{"80-90", PortRange{}, "from 1024 to 65535"},
+		{"18000-70000", PortRange{}, "from 1024 to 65535"},
+		{"19000-18000", PortRange{}, "write the lower port first, like 18000-19000"},
+		{"18000:18999", PortRange{}, "like 18000-18999"},
+		{"", PortRange{}, "MIN-MAX"},
+		{"-18000", PortRange{}, "MIN-MAX"},
+	}
+	for _, tt := range tests {
+		got, err := ParsePortRange(tt.in)
+		switch {
+		case tt.wantErr == "" && (err != nil || got != tt.want):
+			t.Errorf("ParsePortRange(%q) = %v, %v; want %v", tt.in, got, err, tt.want)
+		case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+			t.Errorf("ParsePortRange(%q) error %v; want one saying %q", tt.in, err, tt.wantErr)
+		}
+	}
+	if s := (PortRange{18000, 18999}).String(); s != "18000-18999" {
+		t.Errorf("String = %q", s)
 	}
 }

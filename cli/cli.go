@@ -212,11 +212,11 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 			Short: "list nodes with their platform and state",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
-				ns := snapshot(c.Context()).Nodes
+				snap := snapshot(c.Context())
 				if asJSON {
-					return writeJSON(c.OutOrStdout(), ns)
+					return writeJSON(c.OutOrStdout(), snap.Nodes)
 				}
-				return printNodes(c.OutOrStdout(), ns)
+				return printNodes(c.OutOrStdout(), snap.Nodes, snap.EnginePorts)
 			},
 		}),
 		jsonFlag(&cobra.Command{
@@ -541,11 +541,13 @@ func printWorkers(w io.Writer, ws []fleet.WorkerView) error {
 	return tw.Flush()
 }
 
-func printNodes(w io.Writer, ns []fleet.Node) error {
+// printNodes prints the nodes table; hubPorts are the engine ports of nodes
+// that set none of their own.
+func printNodes(w io.Writer, ns []fleet.Node, hubPorts fleet.PortRange) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// USABLE is the figure a model's memory_gb is compared with (free GPU
 	// memory on NVIDIA), in the unit a memory rejection uses.
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tUSABLE\tMEMORY FREE/TOTAL\tDRAINED")
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tUSABLE\tMEMORY FREE/TOTAL\tPORTS\tDRAINED")
 	for _, n := range ns {
 		host, gpu, usable, mem := "?", "?", "?", "?"
 		if n.Platform != nil {
@@ -557,7 +559,11 @@ func printNodes(w io.Writer, ns []fleet.Node) error {
 		if n.Reason != "" {
 			state += " (" + n.Reason + ")"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, usable, mem, n.Drained)
+		ports := n.Ports.String()
+		if ports == "" {
+			ports = hubPorts.String() + " (hub's)"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, usable, mem, ports, n.Drained)
 	}
 	return tw.Flush()
 }

@@ -31,6 +31,9 @@ type Status struct {
 	// mDNS name when announced.
 	Console     string `json:"console,omitempty"`
 	ConsoleName string `json:"console_name,omitempty"`
+	// EnginePorts are the hub's engine ports, "MIN-MAX", for nodes that
+	// set no ports: of their own.
+	EnginePorts string `json:"engine_ports"`
 	// Nodes and Workers count by state; the names are of those not up or
 	// not ready, which are the ones to look at.
 	Nodes   []StateCount  `json:"nodes"`
@@ -145,6 +148,9 @@ func printStatus(w io.Writer, st Status) error {
 		fmt.Fprintf(tw, "console\t%s\n", st.Console)
 	}
 	fmt.Fprintf(tw, "nodes\t%s\n", stateLine(st.Nodes, string(fleet.NodeUp)))
+	if st.EnginePorts != "" {
+		fmt.Fprintf(tw, "engine ports\t%s (nodes without ports: of their own; serve --engine-ports)\n", st.EnginePorts)
+	}
 	fmt.Fprintf(tw, "workers\t%s\n", stateLine(st.Workers, string(fleet.WorkerReady)))
 	if len(st.Models) == 0 {
 		fmt.Fprintf(tw, "models\tnone (place one in the fleet file: fleet apply < fleet.yaml)\n")

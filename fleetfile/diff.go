@@ -95,6 +95,7 @@ func Diff(old, new fleet.Fleet) Plan {
 			{"address", o.Address, n.Address},
 			{"identity", o.Identity, n.Identity},
 			{"endpoint", orDefault(o.Endpoint, "tunnel"), orDefault(n.Endpoint, "tunnel")},
+			{"ports", orDefault(o.Ports.String(), "the hub's default"), orDefault(n.Ports.String(), "the hub's default")},
 		} {
 			if f[1] != f[2] {
 				add(Modify, WhatNode, n.Name, fmt.Sprintf("%s %s → %s", f[0], orDefault(f[1], `""`), orDefault(f[2], `""`)))

@@ -34,6 +34,7 @@ func Marshal(f fleet.Fleet) ([]byte, error) {
 		fmt.Fprintf(&b, "    address: %s\n", scalar(n.Address))
 		optional(&b, "    ", "identity", n.Identity)
 		optional(&b, "    ", "endpoint", n.Endpoint)
+		optional(&b, "    ", "ports", n.Ports.String())
 	}
 	b.WriteString("models:")
 	if len(f.Models) == 0 {

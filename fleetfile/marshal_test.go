@@ -16,7 +16,7 @@ func awkward() fleet.Fleet {
 		Nodes: []fleet.Node{
 			{Name: "true", Address: "local", Identity: "~", Endpoint: "direct"},
 			{Name: "0x1f", Address: "ops@[fd00::1]:2222", Identity: "/keys/id #1"},
-			{Name: "n.3_x-y", Address: "sim:m4max-llamacpp"},
+			{Name: "n.3_x-y", Address: "sim:m4max-llamacpp", Ports: fleet.PortRange{Min: 20000, Max: 20099}},
 		},
 		Models: []fleet.Model{
 			{ID: "Qwen/Qwen3-4B", Aliases: []string{"null", "yes", "1e3", "a:b", "- x"}, Context: 32768, MemoryGB: 2.75, SpeedTolerance: 0.6,

@@ -469,7 +469,7 @@ func (d *decoder) nodes(n ast.Node, f *fleet.Fleet) map[string]int {
 		if name := d.peek(it, "name"); name != "" {
 			where = "node " + name
 		}
-		entries, ok := d.mapping(it, where, "a node", []string{"name", "address", "identity", "endpoint"})
+		entries, ok := d.mapping(it, where, "a node", []string{"name", "address", "identity", "endpoint", "ports"})
 		if !ok && entries == nil {
 			continue
 		}
@@ -492,6 +492,14 @@ func (d *decoder) nodes(n ast.Node, f *fleet.Fleet) map[string]int {
 				node.Endpoint, _ = d.scalar(e.value, where, "endpoint")
 				if node.Endpoint != "" && node.Endpoint != "tunnel" && node.Endpoint != "direct" {
 					d.errorf(e.value, where, "endpoint %q must be tunnel (through SSH, the default) or direct", node.Endpoint)
+				}
+			case "ports":
+				if s, ok := d.scalar(e.value, where, "ports"); ok {
+					r, err := fleet.ParsePortRange(s)
+					if err != nil {
+						d.errorf(e.value, where, "%v (the TCP ports this node's engines may listen on; leave it out for the hub's default, serve --engine-ports)", err)
+					}
+					node.Ports = r
 				}
 			}
 		}

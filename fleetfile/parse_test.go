@@ -138,7 +138,7 @@ models:
 `, []string{"fleet.yaml:8: model qwen3-4b: recipe llamacpp: unknown key 'agrs' (known: model, args, bin, install, env, profile, ready_timeout)"}},
 		{"unknown top-level key", "nodes: []\nmodles: []\n", []string{"fleet.yaml:2: unknown key 'modles' (known: nodes, models, placements)"}},
 		{"unknown node key", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    adress: x\n", 1),
-			[]string{"fleet.yaml:6: node ultra: unknown key 'adress' (known: name, address, identity, endpoint)"}},
+			[]string{"fleet.yaml:6: node ultra: unknown key 'adress' (known: name, address, identity, endpoint, ports)"}},
 		{"context is text", strings.Replace(validBase, "context: 16384", "context: lots", 1),
 			[]string{"fleet.yaml:8: model qwen3-4b: context must be a number, not text"}},
 		{"context is a fraction", strings.Replace(validBase, "context: 16384", "context: 1.5", 1),
@@ -156,6 +156,12 @@ models:
 			[]string{`fleet.yaml:3: node rig: address "sim:" names no sim profile; write sim:PROFILE, like sim:m4max-llamacpp`}},
 		{"bad endpoint", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    endpoint: http\n", 1),
 			[]string{`fleet.yaml:6: node ultra: endpoint "http" must be tunnel (through SSH, the default) or direct`}},
+		{"ports below 1024", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    ports: 80-90\n", 1),
+			[]string{`fleet.yaml:6: node ultra: ports "80-90" must be MIN-MAX, two port numbers from 1024 to 65535, like 18000-18999 (the TCP ports this node's engines may listen on; leave it out for the hub's default, serve --engine-ports)`}},
+		{"ports reversed", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    ports: 19000-18000\n", 1),
+			[]string{`fleet.yaml:6: node ultra: ports "19000-18000": 19000 is above 18000; write the lower port first, like 18000-19000 (the TCP ports this node's engines may listen on; leave it out for the hub's default, serve --engine-ports)`}},
+		{"ports a list", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    ports: [18000, 18999]\n", 1),
+			[]string{`fleet.yaml:6: node ultra: ports must be text, not a list`}},
 		{"missing address", strings.Replace(validBase, "    address: ops@ultra.lan\n", "", 1),
 			[]string{"fleet.yaml:4: node ultra: missing 'address' (local, sim:PROFILE or user@host[:port])"}},
 		{"bad node name", strings.Replace(validBase, "name: rig", "name: Rig", 1),
@@ -282,6 +288,10 @@ func TestParseAccepts(t *testing.T) {
   - {name: d, address: sim:m1ultra-llamacpp, endpoint: direct}
 models: []
 `, func(f fleet.Fleet) bool { return len(f.Nodes) == 4 && f.Nodes[3].Endpoint == "direct" }},
+		{"ports", "nodes:\n  - {name: a, address: local, ports: 20000-20099}\n  - {name: b, address: local, ports: 21000}\n  - {name: c, address: local}\n",
+			func(f fleet.Fleet) bool {
+				return f.Nodes[0].Ports == fleet.PortRange{Min: 20000, Max: 20099} && f.Nodes[1].Ports == fleet.PortRange{Min: 21000, Max: 21000} && f.Nodes[2].Ports.IsZero()
+			}},
 		{"env and install", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: x.gguf\n        install: |\n          brew install llama.cpp\n        env:\n          GGML_METAL: \"1\"", 1),
 			func(f fleet.Fleet) bool {
 				r := f.Models[0].Recipes[fleet.EngineLlamaCpp]

@@ -93,6 +93,9 @@ type Options struct {
 	// RejectedGrace is how long a rejected worker's engine stays up to be
 	// looked at (0 = the node manager's default, 10 min).
 	RejectedGrace time.Duration
+	// EnginePorts are the ports engines listen on, on nodes whose fleet
+	// file entry sets no ports: (zero = fleet.DefaultEnginePorts).
+	EnginePorts fleet.PortRange
 	// Retention is how long request samples, usage minutes and events are
 	// kept in the database (0 = DefaultRetention; negative keeps them all).
 	Retention time.Duration
@@ -304,6 +307,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		Gate:            h.gate,
 		Admit:           h.admitCounted,
 		RejectedGrace:   opts.RejectedGrace,
+		PortMin:         h.enginePorts().Min,
+		PortMax:         h.enginePorts().Max,
 		OnWorker:        h.onWorker,
 		OnWorkerRemoved: h.onWorkerRemoved,
 		OnNode:          h.onNode,

@@ -160,13 +160,18 @@ func (h *Hub) servedNameLocked(w fleet.Worker) string {
 }
 
 // Snapshot is the fleet as the console shows it now.
+// enginePorts are the engine ports of nodes that set none of their own.
+func (h *Hub) enginePorts() fleet.PortRange {
+	return h.opts.EnginePorts.Or(fleet.DefaultEnginePorts)
+}
+
 func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 	stats := map[string]router.BackendStats{}
 	for _, s := range h.router.Stats() {
 		stats[s.Name] = s
 	}
 	h.mu.Lock()
-	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.models)}
+	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.models), EnginePorts: h.enginePorts()}
 	for _, n := range h.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}

@@ -51,6 +51,7 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
 		}
 		st.KeysRequired = h.opts.RequireKeys || !fleet.IsLoopbackAddr(h.opts.HTTPAddr)
 		st.Console, st.ConsoleName = h.opts.SSHAddr, lan
+		st.EnginePorts = snap.EnginePorts.String()
 
 		nodes := map[string]string{}
 		for _, n := range snap.Nodes {

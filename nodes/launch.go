@@ -55,8 +55,11 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 		return enginectl.Spec{}, enginectl.Command{}, err
 	}
 	port := ws.w.Port
-	if port == 0 {
-		port = m.opts.PortMin
+	if r := m.enginePorts(node); port < r.Min || port > r.Max {
+		// None yet, or outside the node's ports since they changed: the
+		// command differs, so a running engine is relaunched, and the
+		// launch picks a port inside them.
+		port = r.Min
 	}
 	spec := m.spec(node, model, engine, port, t)
 	cmd, err := enginectl.BuildCommand(spec)
@@ -68,7 +71,6 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 // process answers, then the admission check.
 func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
 	eo := m.engineOptions()
-	prevPort := ws.w.Port
 	port, err := m.allocatePort(ws, node)
 	if err != nil {
 		return err
@@ -140,14 +142,15 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 
 	owner, err := enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
 	// A remote node's ports cannot be test-bound from the hub, so a port
-	// fleet just picked may turn out to belong to an unrelated service.
-	// Nobody asked for that port: leave the stranger alone and take the
-	// next one, instead of failing on it forever. The worker's own previous
-	// port is different: a stranger there is refused (the stale server of
-	// docs/field-reports.md).
+	// fleet just picked may turn out to belong to an unrelated service, and
+	// the worker's own previous port may have been taken while it was
+	// stopped (another program on the node took one twice, and `start`
+	// failed into backoff for 40-50 s). Leave the stranger alone and take
+	// the next port, instead of failing on it. (A stale engine of ours on
+	// the port was stopped by CheckPort: it runs from the engine's binary.)
 	// Each attempt looks at a bounded number of ports; the skipped ones are
 	// remembered, so the next attempt goes on from where this one stopped.
-	for tries := 0; errors.Is(err, enginectl.ErrPortTaken) && port != prevPort; tries++ {
+	for tries := 0; errors.Is(err, enginectl.ErrPortTaken); tries++ {
 		m.skipStrangerPort(ws, port)
 		if tries == 16 {
 			break
@@ -208,13 +211,13 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
 			}
 		}
-		if errors.Is(err, enginectl.ErrNotOurs) && port != prevPort || errors.Is(err, enginectl.ErrPortInUse) {
+		if errors.Is(err, enginectl.ErrNotOurs) || errors.Is(err, enginectl.ErrPortInUse) {
 			// Another process took the port fleet had just found free,
 			// before the engine bound it, or holds it without listening:
 			// the host's ports are shared with more than this fleet. Skip
-			// the port, not the next 10 s. (A server answering on the
-			// worker's own previous port is refused instead: the stale
-			// server of docs/field-reports.md.)
+			// the port, not the next 10 s. (A server answering in our
+			// engine's place is never taken for it: the stale server of
+			// docs/field-reports.md.)
 			m.skipStrangerPort(ws, port)
 			return &portLostError{err: err}
 		}

@@ -39,7 +39,8 @@ type ManagerOptions struct {
 	// HealthFailures is how many health checks in a row may fail before a
 	// live engine counts as crashed (default 3).
 	HealthFailures int
-	// PortMin and PortMax bound the ports engines get (default 18000-18999).
+	// PortMin and PortMax bound the ports engines get on nodes that set no
+	// ports of their own (default fleet.DefaultEnginePorts).
 	PortMin, PortMax int
 
 	HostKeys    HostKeyStore
@@ -113,7 +114,7 @@ func (o ManagerOptions) withDefaults() ManagerOptions {
 		o.HealthFailures = 3
 	}
 	if o.PortMin <= 0 || o.PortMax < o.PortMin {
-		o.PortMin, o.PortMax = 18000, 18999
+		o.PortMin, o.PortMax = fleet.DefaultEnginePorts.Min, fleet.DefaultEnginePorts.Max
 	}
 	if o.HostKeys == nil {
 		o.HostKeys = &MemoryHostKeys{}

@@ -12,7 +12,7 @@ import (
 // allocatePort picks a port for ws and reserves it (ws.w.Port) under the
 // same lock, so two workers launching at once cannot pick the same one: its
 // previous port when still free of other workers, else the first free one in
-// the range. Nodes that share a host share one port space: local and sim
+// the node's ports (enginePorts). Nodes that share a host share one port space: local and sim
 // nodes (and SSH nodes at a loopback address) are all the hub's machine, and
 // SSH nodes at the same host are one machine. On the hub's machine the port
 // must also be free to bind.
@@ -38,8 +38,9 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 	for p := range ws.strangerPorts {
 		used[p] = true
 	}
+	ports := m.enginePorts(node)
 	free := func(p int) bool {
-		if used[p] || p < m.opts.PortMin || p > m.opts.PortMax {
+		if used[p] || p < ports.Min || p > ports.Max {
 			return false
 		}
 		if !testBind {
@@ -56,16 +57,22 @@ func (m *Manager) allocatePort(ws *workerState, node fleet.Node) (int, error) {
 	if ws.w.Port != 0 && free(ws.w.Port) {
 		pick = ws.w.Port
 	}
-	for p := m.opts.PortMin; pick == 0 && p <= m.opts.PortMax; p++ {
+	for p := ports.Min; pick == 0 && p <= ports.Max; p++ {
 		if free(p) {
 			pick = p
 		}
 	}
 	if pick == 0 {
-		return 0, fmt.Errorf("no free port in %d-%d on node %s: widen the port range or remove workers", m.opts.PortMin, m.opts.PortMax, node.Name)
+		return 0, fmt.Errorf("no free port in %s on node %s: widen its ports (ports: in the fleet file, or serve --engine-ports for every node) or remove workers", ports, node.Name)
 	}
 	ws.w.Port = pick
 	return pick, nil
+}
+
+// enginePorts are the ports node's engines may listen on: the node's own
+// (fleet file ports:), else the hub's (serve --engine-ports).
+func (m *Manager) enginePorts(node fleet.Node) fleet.PortRange {
+	return node.Ports.Or(fleet.PortRange{Min: m.opts.PortMin, Max: m.opts.PortMax})
 }
 
 // skipStrangerPort remembers that port, picked for ws, is held by a process

@@ -106,3 +106,75 @@ func TestManagerRemotePortHeldByAConnection(t *testing.T) {
 		t.Errorf("no event says the engine could not bind its port:\n%s", h.rec.dump())
 	}
 }
+
+// Another program takes a stopped worker's port while it is down: `start`
+// moves the worker to a free port at once, as a first launch does, instead
+// of failing on it into a restart backoff (40-50 s seen on a real node). The
+// node is remote, where the hub cannot test-bind a port before the launch.
+func TestManagerStartMovesOffAPortTakenWhileStopped(t *testing.T) {
+	ln, first := strangerBeforeFreePort(t)
+	ln.Close() // both first and first+1 free now
+	h := launchOnSSHNode(t, first)
+	w := h.waitReady("rig/qwen3-4b")
+	if w.Port != first {
+		t.Skipf("the worker took port %d, not the first free one %d; something else took it meanwhile", w.Port, first)
+	}
+	if err := h.m.StopWorker(t.Context(), w.Name()); err != nil {
+		t.Fatal(err)
+	}
+	h.waitWorker(w.Name(), "stopped", func(w fleet.Worker) bool { return w.State == fleet.WorkerStopped })
+	stranger, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(first))
+	if err != nil {
+		t.Fatalf("the stopped worker's port %d is still held: %v", first, err)
+	}
+	defer stranger.Close()
+	if err := h.m.StartWorker(t.Context(), w.Name()); err != nil {
+		t.Fatalf("start with the worker's port taken by a stranger: %v\n%s", err, h.rec.dump())
+	}
+	w = h.waitReady(w.Name())
+	if w.Port != first+1 {
+		t.Errorf("ready on port %d after the stranger took %d; want %d, the other free port\n%s", w.Port, first, first+1, h.rec.dump())
+	}
+	if c, err := net.Dial("tcp", stranger.Addr().String()); err != nil {
+		t.Errorf("the stranger's listener was disturbed: %v", err)
+	} else {
+		c.Close()
+	}
+}
+
+// A node's own ports (fleet file ports:) win over the hub's range, and an
+// apply that moves them relaunches the engine inside the new ones.
+func TestManagerNodePortsOverrideTheHubs(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil) // the hub's range: PortMin..PortMax
+	cleanupEngines(t, h)
+	ownPorts := func() fleet.PortRange {
+		for {
+			p := sshdtest.FreePort(t)
+			if p+2 < h.m.opts.PortMin || p > h.m.opts.PortMax {
+				return fleet.PortRange{Min: p, Max: p + 2}
+			}
+		}
+	}
+	f := localFleet(localModel())
+	f.Nodes[0].Ports = ownPorts()
+	h.m.SetDesired(f)
+	h.run()
+	w := h.waitReady("hub/qwen3-4b")
+	if r := f.Nodes[0].Ports; w.Port < r.Min || w.Port > r.Max {
+		t.Fatalf("ready on port %d; want one in the node's ports %s, not the hub's %d-%d", w.Port, r, h.m.opts.PortMin, h.m.opts.PortMax)
+	}
+	firstPID := w.PID
+
+	f.Nodes[0].Ports = ownPorts()
+	if f.Nodes[0].Ports.Min <= w.Port && w.Port <= f.Nodes[0].Ports.Max {
+		t.Skipf("the new ports %s hold the old port %d", f.Nodes[0].Ports, w.Port)
+	}
+	h.m.SetDesired(f)
+	r := f.Nodes[0].Ports
+	w = h.waitWorker("hub/qwen3-4b", "ready in the new ports", func(w fleet.Worker) bool {
+		return w.State == fleet.WorkerReady && w.Port >= r.Min && w.Port <= r.Max
+	})
+	if w.PID == firstPID || alive(firstPID) {
+		t.Errorf("the engine outside the new ports (PID %d) was not replaced: now PID %d, old alive %v", firstPID, w.PID, alive(firstPID))
+	}
+}

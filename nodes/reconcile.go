@@ -100,7 +100,7 @@ func (m *Manager) sync(ctx context.Context) {
 	for name, ns := range m.nodes {
 		want, ok := wantNodes[name]
 		if ok && want.Address == ns.node.Address && want.Identity == ns.node.Identity {
-			ns.node.Endpoint, ns.node.Drained = want.Endpoint, want.Drained
+			ns.node.Endpoint, ns.node.Drained, ns.node.Ports = want.Endpoint, want.Drained, want.Ports
 			continue
 		}
 		// Gone or re-addressed: drop the old connection.

@@ -45,7 +45,7 @@ func loadFleet(ctx context.Context, q queryer) (fleet.Fleet, error) {
 	return fleet.Fleet{Nodes: nodes, Models: models, Placements: placements}, nil
 }
 
-const nodeColumns = `name, address, identity, endpoint, host_key, platform, probed_at, state, reason, drained`
+const nodeColumns = `name, address, identity, endpoint, port_min, port_max, host_key, platform, probed_at, state, reason, drained`
 
 func scanNode(sc interface{ Scan(...any) error }) (fleet.Node, error) {
 	var (
@@ -55,7 +55,7 @@ func scanNode(sc interface{ Scan(...any) error }) (fleet.Node, error) {
 		state    string
 		drained  int
 	)
-	if err := sc.Scan(&n.Name, &n.Address, &n.Identity, &n.Endpoint, &n.HostKey, &platform, &probedAt, &state, &n.Reason, &drained); err != nil {
+	if err := sc.Scan(&n.Name, &n.Address, &n.Identity, &n.Endpoint, &n.Ports.Min, &n.Ports.Max, &n.HostKey, &platform, &probedAt, &state, &n.Reason, &drained); err != nil {
 		return fleet.Node{}, err
 	}
 	if platform.Valid {
@@ -293,19 +293,21 @@ func applyNodes(ctx context.Context, tx *sql.Tx, nodes []fleet.Node) error {
 	for i, n := range nodes {
 		// A changed address forgets the runtime columns: they described
 		// the machine at the old address.
-		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (name, position, address, identity, endpoint)
-			VALUES (?, ?, ?, ?, ?)
+		_, err := tx.ExecContext(ctx, `INSERT INTO nodes (name, position, address, identity, endpoint, port_min, port_max)
+			VALUES (?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (name) DO UPDATE SET
 				position = excluded.position,
 				identity = excluded.identity,
 				endpoint = excluded.endpoint,
+				port_min = excluded.port_min,
+				port_max = excluded.port_max,
 				host_key  = CASE WHEN address = excluded.address THEN host_key ELSE '' END,
 				platform  = CASE WHEN address = excluded.address THEN platform ELSE NULL END,
 				probed_at = CASE WHEN address = excluded.address THEN probed_at ELSE 0 END,
 				state     = CASE WHEN address = excluded.address THEN state ELSE 'unknown' END,
 				reason    = CASE WHEN address = excluded.address THEN reason ELSE '' END,
 				address   = excluded.address`,
-			n.Name, i, n.Address, n.Identity, n.Endpoint)
+			n.Name, i, n.Address, n.Identity, n.Endpoint, n.Ports.Min, n.Ports.Max)
 		if err != nil {
 			return fmt.Errorf("save node %s: %w", n.Name, err)
 		}

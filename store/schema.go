@@ -190,4 +190,10 @@ ALTER TABLE api_keys ADD COLUMN tokens_per_day INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE placements ADD COLUMN context INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE recipes ADD COLUMN ready_timeout INTEGER NOT NULL DEFAULT 0;
 `,
+	// 6: a node's engine ports (fleet file `ports:`); 0-0 is the hub's
+	// default.
+	`
+ALTER TABLE nodes ADD COLUMN port_min INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE nodes ADD COLUMN port_max INTEGER NOT NULL DEFAULT 0;
+`,
 }

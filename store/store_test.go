@@ -53,7 +53,7 @@ func fleetB() fleet.Fleet {
 	return fleet.Fleet{
 		Nodes: []fleet.Node{
 			{Name: "max", Address: "sim:m4max-llamacpp"},
-			{Name: "ultra", Address: "ops@ultra.lan:22", Endpoint: "direct"},
+			{Name: "ultra", Address: "ops@ultra.lan:22", Endpoint: "direct", Ports: fleet.PortRange{Min: 20000, Max: 20099}},
 		},
 		Models: []fleet.Model{
 			{ID: "qwen3-4b", Context: 8192, SpeedTolerance: 0.7, Reasoning: "inline", Reference: "ultra",
@@ -76,7 +76,7 @@ func fleetB() fleet.Fleet {
 func declared(f fleet.Fleet) fleet.Fleet {
 	out := fleet.Fleet{Models: f.Models, Placements: f.Placements}
 	for _, n := range f.Nodes {
-		out.Nodes = append(out.Nodes, fleet.Node{Name: n.Name, Address: n.Address, Identity: n.Identity, Endpoint: n.Endpoint})
+		out.Nodes = append(out.Nodes, fleet.Node{Name: n.Name, Address: n.Address, Identity: n.Identity, Endpoint: n.Endpoint, Ports: n.Ports})
 	}
 	return out
 }

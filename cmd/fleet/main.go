@@ -272,7 +272,7 @@ func localArgs(name string, args []string, stdin io.Reader, dataDir *string) ([]
 
 func serveCmd(dataDir *string) *cobra.Command {
 	var opts hub.Options
-	var logLevel string
+	var logLevel, enginePorts string
 	c := &cobra.Command{
 		Use:   "serve",
 		Short: "run the hub: router, node manager, control socket (and the SSH console)",
@@ -282,6 +282,11 @@ func serveCmd(dataDir *string) *cobra.Command {
 			if err := level.UnmarshalText([]byte(logLevel)); err != nil {
 				return fmt.Errorf("--log-level %q: use debug, info, warn or error", logLevel)
 			}
+			ports, err := fleet.ParsePortRange(enginePorts)
+			if err != nil {
+				return fmt.Errorf("--engine-ports: %w", err)
+			}
+			opts.EnginePorts = ports
 			if opts.RejectedGrace <= 0 || opts.AdmissionWait <= 0 {
 				return fmt.Errorf("--rejected-grace %s and --admission-wait %s must both be above zero, like 10m and 2m", opts.RejectedGrace, opts.AdmissionWait)
 			}
@@ -321,6 +326,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().IntVar(&opts.SSHMaxSessionsPerConn, "ssh-max-sessions-per-conn", 0, "SSH sessions open at once on one connection (0: default 10; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxSessionsPerUser, "ssh-max-sessions-per-user", 0, "SSH sessions open at once per console user, over all connections (0: default 10; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxConsoles, "ssh-max-consoles", 0, "interactive consoles open at once on the hub (0: default 16; negative: no limit)")
+	c.Flags().StringVar(&enginePorts, "engine-ports", fleet.DefaultEnginePorts.String(), "TCP ports engines listen on, MIN-MAX, on nodes that set no ports: of their own in the fleet file; a port another program holds is skipped at once")
 	c.Flags().StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
 	return c
 }
