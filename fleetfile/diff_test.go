@@ -36,6 +36,7 @@ placements:
   - name: ultra
     address: ops@ultra.lan:2222
     endpoint: direct
+    ports: 20000-20099
   - name: max
     address: sim:m4max-llamacpp
 models:
@@ -70,6 +71,7 @@ placements:
 		{"no change", old, old, "no changes\n"},
 		{"everything", old, updated, `~ node ultra: address ops@ultra.lan → ops@ultra.lan:2222
 ~ node ultra: endpoint tunnel → direct
+~ node ultra: ports the hub's default → 20000-20099
 + node max (sim:m4max-llamacpp)
 - node rig (ops@rig.lan)
 ~ model qwen3-4b: context 8192 → 16384
