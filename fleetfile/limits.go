@@ -5,6 +5,8 @@ import (
 	"maps"
 	"slices"
 
+	"github.com/goccy/go-yaml/ast"
+
 	"fleet"
 )
 
@@ -15,6 +17,146 @@ import (
 // "too deep". Anything deeper is refused before the YAML parser sees it:
 // 100,000 nested brackets (200 KB) took the parser 32 s and 15 GB.
 const MaxNesting = 12
+
+// MaxFieldBytes bounds one value (or key) of a fleet file. The longest a
+// fleet file needs is an install: script, a few KB; a model path or an
+// argument is far shorter.
+const MaxFieldBytes = 64 << 10
+
+// MaxExpandedBytes bounds the text of a fleet file's values once its
+// aliases are expanded, which is what the hub stores and `export` writes
+// out (and parses again). Aliases multiplied it: a 1 MB file with 40
+// aliases of a 1 MB model path stored 40 MB, and one export of it took the
+// hub to 661 MB. A large real fleet (100 models, three recipes each, their
+// install scripts) holds under half of it; at the bound, one export
+// allocates about 40 MB.
+const MaxExpandedBytes = 1 << 20
+
+// maxAliasDepth bounds how deep aliases may nest inside anchors while the
+// size is measured (an anchor holding an alias holding an alias...).
+const maxAliasDepth = 64
+
+// checkSizes measures the document as the decoder reads it, every alias
+// expanded, and stops at the first field longer than MaxFieldBytes or the
+// point where the text passes MaxExpandedBytes, reporting the line of the
+// value, or of the alias that goes over. Every node counts a byte as well
+// as its text, so aliases of empty collections cannot make the walk itself
+// long.
+func (d *decoder) checkSizes(root ast.Node) {
+	w := sizeWalk{d: d, expanding: map[string]bool{}}
+	w.walk(root, "", nil, 0)
+}
+
+type sizeWalk struct {
+	d         *decoder
+	total     int
+	done      bool
+	expanding map[string]bool // the anchors being expanded on the current path
+}
+
+// walk adds n to the total; field names the key n is the value of, and via
+// is the alias through which the walk reached n (nil outside any).
+func (w *sizeWalk) walk(n ast.Node, field string, via *ast.AliasNode, depth int) {
+	if n == nil || w.done {
+		return
+	}
+	w.total++
+	if text, ok := scalarText(n); ok {
+		if len(text) > MaxFieldBytes {
+			what := field + " is"
+			if field == "" {
+				what = "a value is"
+			}
+			w.d.errorf(n, "", "%s %d bytes long; a field holds at most %d bytes (fleetfile.MaxFieldBytes), so shorten it (a long install script can live in a file on the node)", what, len(text), MaxFieldBytes)
+			w.done = true
+			return
+		}
+		w.total += len(text)
+	}
+	if w.total > MaxExpandedBytes {
+		if via != nil {
+			w.d.errorf(via, "", "alias *%s: the file's text passes %d bytes once its aliases are expanded (each alias repeats its anchor's text, and the hub stores it expanded); use fewer aliases or shorter values", aliasName(via), MaxExpandedBytes)
+		} else {
+			w.d.errorf(n, "", "the file's text passes %d bytes; a fleet file holds at most that, so split the fleet or shorten values", MaxExpandedBytes)
+		}
+		w.done = true
+		return
+	}
+	switch v := n.(type) {
+	case *ast.AliasNode:
+		name := aliasName(v)
+		target, ok := w.d.anchors[name]
+		if !ok {
+			return // the decoder reports it
+		}
+		if w.expanding[name] || depth >= maxAliasDepth {
+			w.d.errorf(v, "", "alias *%s refers to itself, or aliases nest more than %d deep; write the value out", name, maxAliasDepth)
+			w.done = true
+			return
+		}
+		if via == nil {
+			via = v
+		}
+		w.expanding[name] = true
+		w.walk(target, field, via, depth+1)
+		delete(w.expanding, name)
+	case *ast.AnchorNode:
+		w.walk(v.Value, field, via, depth)
+	case *ast.TagNode:
+		w.walk(v.Value, field, via, depth)
+	case *ast.MappingNode:
+		for _, mv := range v.Values {
+			w.walk(mv, field, via, depth)
+		}
+	case *ast.MappingValueNode:
+		w.walk(v.Key, "a key", via, depth)
+		key := field
+		if k, ok := keyText(v.Key); ok {
+			key = k
+		}
+		w.walk(v.Value, key, via, depth)
+	case *ast.MappingKeyNode:
+		w.walk(v.Value, field, via, depth)
+	case *ast.SequenceNode:
+		for _, x := range v.Values {
+			w.walk(x, field, via, depth)
+		}
+	}
+}
+
+// scalarText is the text of a scalar node as the decoder reads it.
+func scalarText(n ast.Node) (string, bool) {
+	switch v := n.(type) {
+	case *ast.StringNode:
+		return v.Value, true
+	case *ast.LiteralNode:
+		if v.Value == nil {
+			return "", true
+		}
+		return v.Value.Value, true
+	case ast.ScalarNode:
+		if tk := n.GetToken(); tk != nil {
+			return tk.Value, true
+		}
+	}
+	return "", false
+}
+
+// keyText is a mapping key's text, when it is a short plain one.
+func keyText(n ast.Node) (string, bool) {
+	if k, ok := n.(*ast.MappingKeyNode); ok {
+		n = k.Value
+	}
+	s, ok := scalarText(n)
+	return s, ok && len(s) <= 64
+}
+
+func aliasName(a *ast.AliasNode) string {
+	if s, ok := a.Value.(ast.ScalarNode); ok {
+		return fmt.Sprint(s.GetValue())
+	}
+	return ""
+}
 
 // textError is a problem checkNesting found, at a line.
 type textError struct {

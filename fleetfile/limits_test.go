@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"regexp"
 	"runtime"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -238,5 +240,88 @@ func TestControlCharactersRefused(t *testing.T) {
 		if err == nil || !strings.HasPrefix(err.Error(), "ctl.yaml:2: the line holds the control character 0x") {
 			t.Errorf("Parse(%q) = %v; want the control character refused at line 2", in, err)
 		}
+	}
+}
+
+// aliasedModels is a fleet file of n models whose recipes all name one
+// model path of size bytes through an alias.
+func aliasedModels(n, size int) string {
+	var b strings.Builder
+	b.WriteString("nodes:\n  - name: rig\n    address: local\nmodels:\n")
+	for i := range n {
+		fmt.Fprintf(&b, "  - id: m%d\n    context: 4096\n    recipes:\n      llamacpp:\n", i)
+		if i == 0 {
+			fmt.Fprintf(&b, "        model: &big %s\n", strings.Repeat("x", size))
+		} else {
+			b.WriteString("        model: *big\n")
+		}
+	}
+	return b.String()
+}
+
+// laughs is the "billion laughs": each level lists the one before ten
+// times, so n levels expand to 10^n empty lists.
+func laughs(n int) string {
+	var b strings.Builder
+	b.WriteString("nodes: []\nmodels: []\nplacements: []\nx0: &l0 []\n")
+	for i := 1; i <= n; i++ {
+		fmt.Fprintf(&b, "x%d: &l%d [%s]\n", i, i, strings.TrimSuffix(strings.Repeat(fmt.Sprintf("*l%d, ", i-1), 10), ", "))
+	}
+	return b.String()
+}
+
+// YAML aliases multiply what a fleet file stores: a 1 MB file with 40
+// aliases of a 1 MB model path stored 40 MB, and exporting it took the hub
+// to 661 MB. A field longer than MaxFieldBytes, and a file whose text passes
+// MaxExpandedBytes once aliases are expanded, are refused at the line that
+// goes over.
+func TestAliasesAndLongFieldsAreBounded(t *testing.T) {
+	// 60 KiB fits a field; 100 aliases of it make 6 MB.
+	const fits = 60 << 10
+	tests := []struct {
+		name string
+		in   string
+		want string // a regexp of the error; "" = accepted
+	}{
+		{"a few aliases of a long path", aliasedModels(3, fits), ""},
+		{"aliases past the expanded bound", aliasedModels(100, fits),
+			fmt.Sprintf(`^fleet\.yaml:(\d+): alias \*big: the file's text passes %d bytes once its aliases are expanded`, MaxExpandedBytes)},
+		{"the issue's 1 MB path", aliasedModels(40, 1<<20),
+			fmt.Sprintf(`^fleet\.yaml:(9): model is %d bytes long; a field holds at most %d bytes`, 1<<20, MaxFieldBytes)},
+		{"a long key", "nodes: []\n" + strings.Repeat("k", MaxFieldBytes+1) + ": x\n",
+			fmt.Sprintf(`^fleet\.yaml:(2): a key is %d bytes long; a field holds at most %d bytes`, MaxFieldBytes+1, MaxFieldBytes)},
+		{"a long install script in a list", "nodes: [{name: rig, address: local}]\nmodels:\n  - id: m\n    context: 1\n    recipes:\n      llamacpp:\n        model: x\n        args: [a, " + strings.Repeat("y", MaxFieldBytes+1) + "]\n",
+			`^fleet\.yaml:(8): args is \d+ bytes long`},
+		{"laughs: aliases of aliases of empty lists", laughs(9),
+			fmt.Sprintf(`^fleet\.yaml:(\d+): alias \*l\d: the file's text passes %d bytes`, MaxExpandedBytes)},
+		{"an alias inside its own anchor", "nodes: &n [{name: a, address: local, identity: *n}]\n",
+			`^fleet\.yaml:(1): alias \*n refers to itself`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Parse("fleet.yaml", []byte(tt.in))
+			if tt.want == "" {
+				if err != nil {
+					t.Fatalf("refused: %v", err)
+				}
+				return
+			}
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			m := regexp.MustCompile(tt.want).FindStringSubmatch(err.Error())
+			if m == nil {
+				t.Fatalf("error %v; want one matching %q", err, tt.want)
+			}
+			if !strings.Contains(err.Error(), "; ") {
+				t.Errorf("error %q does not say what to do", err)
+			}
+			// The line named is the one that goes over.
+			line, _ := strconv.Atoi(m[1])
+			lines := strings.Split(tt.in, "\n")
+			if line < 1 || line > len(lines) || (tt.name == "aliases past the expanded bound" && strings.TrimSpace(lines[line-1]) != "model: *big") {
+				t.Errorf("error names line %d, %.40q", line, lines[max(0, min(line, len(lines))-1)])
+			}
+		})
 	}
 }

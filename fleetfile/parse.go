@@ -107,7 +107,12 @@ func Parse(filename string, data []byte) (fleet.Fleet, error) {
 	}
 	d := &decoder{file: filename, anchors: map[string]ast.Node{}}
 	d.collectAnchors(docs[0], 0)
-	f := d.fleet(docs[0])
+	// Sizes first: what the decoder would build must be bounded.
+	d.checkSizes(docs[0])
+	f := fleet.Fleet{}
+	if len(d.errs) == 0 {
+		f = d.fleet(docs[0])
+	}
 	if len(d.errs) > 0 {
 		slices.SortStableFunc(d.errs, func(a, b *Error) int { return a.Line - b.Line })
 		errs := make([]error, len(d.errs))
