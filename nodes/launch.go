@@ -55,11 +55,8 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 		return enginectl.Spec{}, enginectl.Command{}, err
 	}
 	port := ws.w.Port
-	if r := m.enginePorts(node); port < r.Min || port > r.Max {
-		// None yet, or outside the node's ports since they changed: the
-		// command differs, so a running engine is relaunched, and the
-		// launch picks a port inside them.
-		port = r.Min
+	if port == 0 {
+		port = m.enginePorts(node).Min
 	}
 	spec := m.spec(node, model, engine, port, t)
 	cmd, err := enginectl.BuildCommand(spec)

@@ -5,6 +5,7 @@ import (
 	"net"
 	"strconv"
 	"testing"
+	"time"
 
 	"fleet"
 	"fleet/internal/sshdtest"
@@ -142,8 +143,10 @@ func TestManagerStartMovesOffAPortTakenWhileStopped(t *testing.T) {
 	}
 }
 
-// A node's own ports (fleet file ports:) win over the hub's range, and an
-// apply that moves them relaunches the engine inside the new ones.
+// A node's own ports (fleet file ports:) win over the hub's range. An apply
+// that moves them leaves a running engine where it is (a hub restarted with
+// other ports adopts its engines the same way); its next launch goes inside
+// the new ones.
 func TestManagerNodePortsOverrideTheHubs(t *testing.T) {
 	h := newHarness(t, t.TempDir(), nil) // the hub's range: PortMin..PortMax
 	cleanupEngines(t, h)
@@ -163,18 +166,47 @@ func TestManagerNodePortsOverrideTheHubs(t *testing.T) {
 	if r := f.Nodes[0].Ports; w.Port < r.Min || w.Port > r.Max {
 		t.Fatalf("ready on port %d; want one in the node's ports %s, not the hub's %d-%d", w.Port, r, h.m.opts.PortMin, h.m.opts.PortMax)
 	}
-	firstPID := w.PID
 
 	f.Nodes[0].Ports = ownPorts()
-	if f.Nodes[0].Ports.Min <= w.Port && w.Port <= f.Nodes[0].Ports.Max {
-		t.Skipf("the new ports %s hold the old port %d", f.Nodes[0].Ports, w.Port)
+	r := f.Nodes[0].Ports
+	if r.Min <= w.Port && w.Port <= r.Max {
+		t.Skipf("the new ports %s hold the old port %d", r, w.Port)
 	}
 	h.m.SetDesired(f)
-	r := f.Nodes[0].Ports
-	w = h.waitWorker("hub/qwen3-4b", "ready in the new ports", func(w fleet.Worker) bool {
-		return w.State == fleet.WorkerReady && w.Port >= r.Min && w.Port <= r.Max
-	})
-	if w.PID == firstPID || alive(firstPID) {
-		t.Errorf("the engine outside the new ports (PID %d) was not replaced: now PID %d, old alive %v", firstPID, w.PID, alive(firstPID))
+	// The manager takes the new ports at once; the engine is not touched,
+	// over several health checks (each would relaunch a changed command).
+	h.waitNodePorts("hub", r)
+	time.Sleep(5 * h.m.opts.ReconcileInterval)
+	if now, _ := h.worker(w.Name()); now.PID != w.PID || now.State != fleet.WorkerReady {
+		t.Errorf("moving the node's ports disturbed its running engine: PID %d → %d, %s", w.PID, now.PID, now.State)
+	}
+	if err := h.m.RestartWorker(t.Context(), w.Name()); err != nil {
+		t.Fatal(err)
+	}
+	again := h.waitReady(w.Name())
+	if again.Port < r.Min || again.Port > r.Max {
+		t.Errorf("relaunched on port %d; want one in the node's new ports %s", again.Port, r)
+	}
+}
+
+// waitNodePorts waits until the manager's node has ports r.
+func (h *harness) waitNodePorts(name string, r fleet.PortRange) {
+	h.t.Helper()
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		h.m.mu.Lock()
+		ns, ok := h.m.nodes[name]
+		got := fleet.PortRange{}
+		if ok {
+			got = ns.node.Ports
+		}
+		h.m.mu.Unlock()
+		if got == r {
+			return
+		}
+		if time.Now().After(deadline) {
+			h.t.Fatalf("node %s has ports %s, want %s", name, got, r)
+		}
+		time.Sleep(20 * time.Millisecond)
 	}
 }
