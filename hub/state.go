@@ -159,12 +159,12 @@ func (h *Hub) servedNameLocked(w fleet.Worker) string {
 	return w.Model
 }
 
-// Snapshot is the fleet as the console shows it now.
 // enginePorts are the engine ports of nodes that set none of their own.
 func (h *Hub) enginePorts() fleet.PortRange {
 	return h.opts.EnginePorts.Or(fleet.DefaultEnginePorts)
 }
 
+// Snapshot is the fleet as the console shows it now.
 func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 	stats := map[string]router.BackendStats{}
 	for _, s := range h.router.Stats() {
