@@ -104,7 +104,8 @@ func ReportError(stderr io.Writer, c *cobra.Command, err error) int {
 	if err == nil {
 		return ExitOK
 	}
-	fmt.Fprintf(stderr, "fleet: %v\n", err)
+	// An error may quote a node's or an engine's words, or what was typed.
+	fmt.Fprintf(stderr, "fleet: %s\n", fleet.Sanitize(err.Error()))
 	// Flag errors arrive as usage errors (the roots' FlagErrorFunc);
 	// cobra's own argument checks say "unknown command".
 	var ue usageError

@@ -23,9 +23,9 @@ func awkward() fleet.Fleet {
 				Reasoning: "field", Reference: "0x1f",
 				Recipes: map[fleet.EngineKind]fleet.Recipe{
 					fleet.EngineVLLM: {Engine: fleet.EngineVLLM, Model: "Qwen/Qwen3-4B-AWQ",
-						Args: []string{"--x", "1", "-", "", "[a]", "{b}", "c, d", "it's", `say "hi"`, "tab\there", "é ✓", "#", "&a", "*a", "!t", "%p", "@u", "`b`", "|", ">", "?", "a: b", " lead", "trail "}},
+						Args: []string{"--x", "1", "-", "", "[a]", "{b}", "c, d", "it's", `say "hi"`, "tab  here", "é ✓", "#", "&a", "*a", "!t", "%p", "@u", "`b`", "|", ">", "?", "a: b", " lead", "trail "}},
 					fleet.EngineLlamaCpp: {Engine: fleet.EngineLlamaCpp, Model: "Qwen/Qwen3-4B-GGUF:Q4_K_M", Bin: "/opt/homebrew/bin/llama-server",
-						Install: "brew install llama.cpp\nbrew upgrade\n", Env: map[string]string{"A": "1", "B_2": "false", "NO": "", "LINE": "\u2028\x1b"}},
+						Install: "brew install llama.cpp\nbrew upgrade\n", Env: map[string]string{"A": "1", "B_2": "false", "NO": "", "LINE": "\u2028"}},
 					fleet.EngineSim: {Engine: fleet.EngineSim, ReadyTimeout: 90 * time.Minute},
 				}},
 			{ID: "gemma", Context: 1, Recipes: map[fleet.EngineKind]fleet.Recipe{fleet.EngineOllama: {Engine: fleet.EngineOllama, Model: "gemma3:4b"}}},

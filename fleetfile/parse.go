@@ -271,8 +271,17 @@ func kind(n ast.Node) string {
 }
 
 // scalar returns a scalar's text as written: a string field accepts
-// `-ngl, 99` without quotes around 99. Null is "".
+// `-ngl, 99` without quotes around 99. Null is "". Text a terminal would
+// act on is refused (checkText).
 func (d *decoder) scalar(n ast.Node, where, field string) (string, bool) {
+	s, ok := d.scalarText(n, where, field)
+	if ok && !d.checkText(n, where, field, s) {
+		return "", false
+	}
+	return s, ok
+}
+
+func (d *decoder) scalarText(n ast.Node, where, field string) (string, bool) {
 	n, ok := d.resolve(n, where)
 	if !ok {
 		return "", false

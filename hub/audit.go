@@ -17,8 +17,9 @@ const (
 )
 
 func auditEntry(u fleet.User, action, target, outcome string) fleet.AuditEntry {
-	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: action,
-		Target: fleet.Clip(target, auditTargetBytes), Outcome: fleet.Clip(outcome, auditOutcomeBytes)}
+	// Sanitized: a target is what someone typed, an outcome may quote a node.
+	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: fleet.Sanitize(action),
+		Target: fleet.Sanitize(fleet.Clip(target, auditTargetBytes)), Outcome: fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))}
 }
 
 // auditStarted is the outcome of an action's audit line while it runs (and
@@ -57,7 +58,7 @@ func (l *auditLine) end(outcome string) {
 	if l == nil {
 		return
 	}
-	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Clip(outcome, auditOutcomeBytes)); err != nil {
+	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))); err != nil {
 		l.h.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
 			"action", l.action, "target", l.target, "outcome", fleet.Clip(outcome, auditOutcomeBytes), "err", err)
 	}

@@ -22,6 +22,7 @@ import (
 )
 
 func (h *Hub) onWorker(w fleet.Worker) {
+	w = sanitizeWorker(w)
 	h.mu.Lock()
 	if old, ok := h.workers[w.Name()]; ok {
 		w.Drained = old.Drained // the drain flag is the hub's, not the manager's
@@ -46,6 +47,31 @@ func (h *Hub) onWorker(w fleet.Worker) {
 	h.syncRouter()
 }
 
+// The manager's callbacks (onWorker, onNode, onEvent) and the log reads are
+// where text from nodes and engines enters the hub: a reason quoting a
+// node's error, an engine's version, a probe's GPU names, an installer's
+// output. Each passes through fleet.Sanitize there, before the store, a
+// terminal or a JSON reader sees it.
+
+func sanitizeWorker(w fleet.Worker) fleet.Worker {
+	w.Reason, w.EngineVersion = fleet.Sanitize(w.Reason), fleet.Sanitize(w.EngineVersion)
+	return w
+}
+
+func sanitizeNode(n fleet.Node) fleet.Node {
+	n.Reason = fleet.Sanitize(n.Reason)
+	if n.Platform != nil {
+		p := *n.Platform
+		p.OS, p.Arch, p.Chip, p.Profile = fleet.Sanitize(p.OS), fleet.Sanitize(p.Arch), fleet.Sanitize(p.Chip), fleet.Sanitize(p.Profile)
+		p.GPUs = slices.Clone(p.GPUs)
+		for i := range p.GPUs {
+			p.GPUs[i].Name = fleet.Sanitize(p.GPUs[i].Name)
+		}
+		n.Platform = &p
+	}
+	return n
+}
+
 func (h *Hub) onWorkerRemoved(w fleet.Worker) {
 	h.mu.Lock()
 	delete(h.workers, w.Name())
@@ -60,6 +86,7 @@ func (h *Hub) onWorkerRemoved(w fleet.Worker) {
 }
 
 func (h *Hub) onNode(n fleet.Node) {
+	n = sanitizeNode(n)
 	h.mu.Lock()
 	if _, declared := h.nodes[n.Name]; !declared {
 		// A node that left the fleet, kept connected only to stop its engines.
@@ -80,6 +107,7 @@ func (h *Hub) onNode(n fleet.Node) {
 }
 
 func (h *Hub) onEvent(e fleet.Event) {
+	e.Subject, e.Message = fleet.Sanitize(e.Subject), fleet.Sanitize(e.Message)
 	if e.At.IsZero() {
 		e.At = time.Now()
 	}
@@ -268,7 +296,7 @@ func (h *Hub) Events(ctx context.Context, subject string, afterID int64, limit i
 func (h *Hub) WorkerLog(ctx context.Context, name string, lines int) ([]string, error) {
 	var buf bytes.Buffer
 	if err := h.mgr.WorkerLog(ctx, name, lines, &buf); err != nil {
-		return nil, fmt.Errorf("reading the log of %s: %w (%s)", name, err, strings.TrimSpace(buf.String()))
+		return nil, fmt.Errorf("reading the log of %s: %w (%s)", name, err, fleet.Sanitize(strings.TrimSpace(buf.String())))
 	}
-	return strings.Split(strings.TrimRight(buf.String(), "\n"), "\n"), nil
+	return fleet.SanitizeLines(strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")), nil
 }
