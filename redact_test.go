@@ -31,6 +31,16 @@ func TestRedactArgv(t *testing.T) {
 		{[]string{"llama-server", "--api-key=sk-1", "-hft", "hf_1", "--hf-token=hf_2"}, []string{"llama-server", "--api-key=" + Redacted, "-hft", Redacted, "--hf-token=" + Redacted}},
 		{[]string{"llama-server", "--api-key"}, []string{"llama-server", "--api-key"}},                       // no value: nothing to hide
 		{[]string{"llama-server", "--api-key-file", "/k"}, []string{"llama-server", "--api-key-file", "/k"}}, // a path, not a secret
+		// Every spelling vLLM's argparse reads as --api-key: '_' for '-', an
+		// unambiguous prefix, inline or not; and its list of keys.
+		{[]string{"vllm", "serve", "m", "--api_key", "sk-1"}, []string{"vllm", "serve", "m", "--api_key", Redacted}},
+		{[]string{"vllm", "serve", "m", "--api_key=sk-1", "--API-KEY", "sk-2"}, []string{"vllm", "serve", "m", "--api_key=" + Redacted, "--API-KEY", Redacted}},
+		{[]string{"vllm", "serve", "m", "--api-k", "sk-1", "--api_ke=sk-2", "--hf_tok", "hf_1"}, []string{"vllm", "serve", "m", "--api-k", Redacted, "--api_ke=" + Redacted, "--hf_tok", Redacted}},
+		{[]string{"vllm", "serve", "m", "--api-key", "sk-1", "sk-2", "--port", "8000"}, []string{"vllm", "serve", "m", "--api-key", Redacted, Redacted, "--port", "8000"}},
+		{[]string{"llama-server", "--api-key", "-starts-with-a-dash"}, []string{"llama-server", "--api-key", Redacted}},                                    // llama-server takes the next word whatever it is
+		{[]string{"vllm", "serve", "m", "--api", "x", "--api-server-count", "2"}, []string{"vllm", "serve", "m", "--api", "x", "--api-server-count", "2"}}, // ambiguous, and another flag
+		{[]string{"sh", "-c", "HF_TOKEN=hf_1 exec vllm", "x", "HF_TOKEN=hf_2", "CUDA_VISIBLE_DEVICES=0,1"}, []string{"sh", "-c", "HF_TOKEN=" + Redacted + " exec vllm", "x", "HF_TOKEN=" + Redacted, "CUDA_VISIBLE_DEVICES=" + Redacted}},
+		{[]string{"vllm", "serve", "https://u:pw@h/m?token=t", "--lora-modules", "name=path"}, []string{"vllm", "serve", "https://" + Redacted + "@h/m?" + Redacted, "--lora-modules", "name=path"}},
 		{nil, nil},
 	}
 	for _, tt := range tests {
@@ -50,10 +60,23 @@ func TestRedactText(t *testing.T) {
 			"Looking in indexes: https://" + Redacted + "@pypi.example.com/simple, http://" + Redacted + "@h/x?" + Redacted + "#frag"},
 		{"downloading https://huggingface.co/Qwen/Qwen3-4B-GGUF/resolve/main/q.gguf to /root/.cache", "downloading https://huggingface.co/Qwen/Qwen3-4B-GGUF/resolve/main/q.gguf to /root/.cache"},
 		{"ready on port 18000 (PID 42)", "ready on port 18000 (PID 42)"},
+		{"vllm serve m --api_key sk-1 sk-2 --port 8000", "vllm serve m --api_key " + Redacted + " " + Redacted + " --port 8000"},
+		{"vllm serve m '--api_key=s k' --api-ke=sk-3", "vllm serve m --api_key=" + Redacted + " --api-ke=" + Redacted},
+		{"--api-key=\"a b\" next", "--api-key=" + Redacted + " next"},
+		// An install script: assignments, a token flag, a bearer header, a
+		// signed URL; a flag's list ends with its line.
+		{"set -e\nexport HF_TOKEN=hf_1\nHF_HUB_ENABLE_HF_TRANSFER=1 hf download Qwen/Q --token hf_2\npip install 'vllm==0.9' torch==2.1\ncurl -H 'Authorization: Bearer t0k' https://h/x.whl?sig=s",
+			"set -e\nexport HF_TOKEN=" + Redacted + "\nHF_HUB_ENABLE_HF_TRANSFER=" + Redacted + " hf download Qwen/Q --token " + Redacted + "\npip install 'vllm==0.9' torch==2.1\ncurl -H 'Authorization: Bearer " + Redacted + "' https://h/x.whl?" + Redacted},
+		// vLLM logs its settings as a dict when it starts.
+		{"INFO non-default args: {'model': 'm', 'api_key': ['sk-1', 'sk-2'], 'hf_token': 'hf_1'}",
+			"INFO non-default args: {'model': 'm', 'api_key': " + Redacted + ", 'hf_token': " + Redacted + "}"},
+		{"don't stop: --api-key sk-1", "don't stop: --api-key " + Redacted},
 	}
 	for _, tt := range tests {
 		if got := RedactText(tt.in); got != tt.want {
 			t.Errorf("RedactText(%q)\n = %q\nwant %q", tt.in, got, tt.want)
+		} else if again := RedactText(got); again != got {
+			t.Errorf("RedactText is not idempotent: %q then %q", got, again)
 		}
 	}
 	in := []Event{{ID: 1, Message: "--api-key sk-1"}}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 
 	"github.com/goccy/go-yaml/ast"
 
@@ -558,26 +559,40 @@ func hasKey(l []byte) bool {
 }
 
 // RefuseRedacted refuses a fleet holding the placeholder an export shows
-// non-admins in place of env values and secret flag values: applying it
-// would hand the engine the placeholder instead of the secret. Export itself
-// writes such files (they are valid YAML and parse), so the check belongs to
-// apply.
+// non-admins in place of secrets (fleet.RedactModels: env values, secret
+// flag values, credentials in a recipe's weights, bin or install script):
+// applying it would hand the engine or the installer the placeholder
+// instead of the secret. Export itself writes such files (they are valid
+// YAML and parse), so the check belongs to apply.
 func RefuseRedacted(filename string, f fleet.Fleet) error {
 	for _, m := range f.Models {
 		for _, e := range slices.Sorted(maps.Keys(m.Recipes)) {
-			for i, a := range m.Recipes[e].Args {
-				if flag, inline := fleet.IsSecretFlag(a); flag != "" {
-					if inline && a == flag+"="+fleet.Redacted || !inline && i+1 < len(m.Recipes[e].Args) && m.Recipes[e].Args[i+1] == fleet.Redacted {
-						return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),
-							Msg: fmt.Sprintf("args: %s is %s, the placeholder an export shows non-admins; put the real value in its place", flag, fleet.Redacted)}
+			r := m.Recipes[e]
+			var field string
+			switch {
+			case slices.ContainsFunc(r.Args, func(a string) bool { return strings.Contains(a, fleet.Redacted) }):
+				field = "args"
+				for _, a := range r.Args {
+					if flag, _ := fleet.IsSecretFlag(a); flag != "" {
+						field = "args: " + flag
+						break
 					}
 				}
+			case strings.Contains(r.Model, fleet.Redacted):
+				field = "model"
+			case strings.Contains(r.Bin, fleet.Redacted):
+				field = "bin"
+			case strings.Contains(r.Install, fleet.Redacted):
+				field = "install"
 			}
-			for _, name := range slices.Sorted(maps.Keys(m.Recipes[e].Env)) {
-				if m.Recipes[e].Env[name] == fleet.Redacted {
-					return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),
-						Msg: fmt.Sprintf("env %s is %s, the placeholder an export shows non-admins; put the real value in its place", name, fleet.Redacted)}
+			for _, name := range slices.Sorted(maps.Keys(r.Env)) {
+				if field == "" && strings.Contains(r.Env[name], fleet.Redacted) {
+					field = "env " + name
 				}
+			}
+			if field != "" {
+				return &Error{File: filename, Where: fmt.Sprintf("model %s: recipe %s", m.ID, e),
+					Msg: fmt.Sprintf("%s holds %s, the placeholder an export shows non-admins in place of a secret; put the real value in its place (an admin's export has it)", field, fleet.Redacted)}
 			}
 		}
 	}

@@ -4,6 +4,7 @@ package hub
 // each run through the action table: authorized, audited, then done.
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -287,19 +288,33 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 	return plan.String(), nil
 }
 
-// Export prints the declared fleet as a fleet file; recipe env values are
-// redacted for everyone but admins (see fleet.RedactModels).
+// Export prints the declared fleet as a fleet file. Admins get it whole,
+// secrets included: they can set every one of them with apply anyway, and
+// an export is their backup, which must restore the fleet as it was.
+// Everyone else gets the secrets as fleet.Redacted (fleet.RedactModels),
+// and the file says so in a comment at its top, since apply refuses it
+// until each placeholder is replaced: no round trip loses a secret silently.
 func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error) {
 	err = h.do(u, "export", "", func() (string, error) {
 		f, err := h.store.LoadFleet(ctx)
 		if err != nil {
 			return "", err
 		}
-		if !u.Role.Allows(fleet.RoleAdmin) {
+		admin := u.Role.Allows(fleet.RoleAdmin)
+		if !admin {
 			f.Models = fleet.RedactModels(f.Models)
 		}
 		data, err = fleetfile.Marshal(f)
-		return "", err
+		if err != nil || admin {
+			return "", err
+		}
+		if n := bytes.Count(data, []byte(fleet.Redacted)); n > 0 {
+			note := fmt.Sprintf("# Exported for %s (%s): %d secret value(s) below are shown as %s (recipe env values,\n"+
+				"# secret flags like --api-key, credentials in URLs and install scripts). apply refuses this file\n"+
+				"# until each is replaced by the real value; an admin's export has them.\n", u.Name, u.Role, n, fleet.Redacted)
+			data = append([]byte(fleet.Sanitize(note)), data...)
+		}
+		return "", nil
 	})
 	return data, err
 }

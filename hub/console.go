@@ -104,5 +104,11 @@ func (s consoleSource) WorkerLog(ctx context.Context, worker string, lines int) 
 	if need := fleet.ActionRole("logs"); !s.u.Role.Allows(need) {
 		return nil, fmt.Errorf("the engine log needs the %s role (it can hold prompts); you are %s", need, roleName(s.u.Role))
 	}
-	return s.h.WorkerLog(ctx, worker, lines)
+	ls, err := s.h.WorkerLog(ctx, worker, lines)
+	if err == nil && !s.u.Role.Allows(fleet.RoleAdmin) {
+		for i, l := range ls {
+			ls[i] = fleet.RedactText(l)
+		}
+	}
+	return ls, err
 }

@@ -109,12 +109,12 @@ func TestSecretsRedactedForNonAdmins(t *testing.T) {
 		}
 		if u.Role != fleet.RoleAdmin {
 			_, err := h.Apply(t.Context(), admin, "exported.yaml", exported, true)
-			if err == nil || !strings.Contains(err.Error(), "is "+fleet.Redacted+", the placeholder") {
+			if err == nil || !strings.Contains(err.Error(), "holds "+fleet.Redacted+", the placeholder") {
 				t.Errorf("a redacted export applied: %v", err)
 			}
 			noEnv := strings.Replace(string(exported), "HF_TOKEN: "+fleet.Redacted, "HF_TOKEN: hf_real", 1)
 			_, err = h.Apply(t.Context(), admin, "exported.yaml", []byte(noEnv), true)
-			if err == nil || !strings.Contains(err.Error(), "args: --api-key is "+fleet.Redacted+", the placeholder") {
+			if err == nil || !strings.Contains(err.Error(), "args: --api-key holds "+fleet.Redacted+", the placeholder") {
 				t.Errorf("an export with a redacted --api-key applied: %v\n%s", err, noEnv)
 			}
 		}
