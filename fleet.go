@@ -627,6 +627,21 @@ type AuditEntry struct {
 	Action  string    `json:"action"` // "drain", "restart", "apply", "user add", …
 	Target  string    `json:"target"`
 	Outcome string    `json:"outcome"` // "ok", "denied", "failed: …"
+	// Count is set on a line that stands for repeats: how many times the
+	// user met this outcome of this action within a minute (a refusal, or
+	// a failure that changed nothing), the target and outcome being the
+	// first's; Last is when the last one was. An action's own line has 0.
+	Count int       `json:"count,omitempty"`
+	Last  time.Time `json:"last,omitzero"`
+}
+
+// OutcomeText is the outcome as the audit table shows it, with how many
+// times it happened when the line stands for repeats.
+func (a AuditEntry) OutcomeText() string {
+	if a.Count <= 1 {
+		return a.Outcome
+	}
+	return fmt.Sprintf("%s (%d times, the last at %s)", a.Outcome, a.Count, a.Last.Local().Format(time.TimeOnly))
 }
 
 // WorkerView is a worker as the console and `workers --json` show it: the

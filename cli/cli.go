@@ -434,7 +434,7 @@ func auditCmd(h Hub, u fleet.User) *cobra.Command {
 			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
 			fmt.Fprintln(tw, "WHEN\tUSER\tACTION\tTARGET\tOUTCOME")
 			for _, e := range es {
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.Local().Format(time.DateTime), e.User, e.Action, e.Target, e.Outcome)
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.Local().Format(time.DateTime), e.User, e.Action, e.Target, e.OutcomeText())
 			}
 			return tw.Flush()
 		},

@@ -36,7 +36,7 @@ func (c *common) setSnapshot(s fleet.Snapshot) {
 	for _, a := range s.Audit {
 		c.events = append(c.events, fleet.Event{
 			ID: a.ID, At: a.At, Level: "audit", Subject: a.Target,
-			Message: fmt.Sprintf("%s by %s: %s", a.Action, a.User, a.Outcome),
+			Message: fmt.Sprintf("%s by %s: %s", a.Action, a.User, a.OutcomeText()),
 		})
 	}
 	sort.SliceStable(c.events, func(a, b int) bool { return c.events[a].At.After(c.events[b].At) })

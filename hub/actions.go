@@ -19,15 +19,19 @@ import (
 
 // authorize looks the action up in the table (fleet.Actions) and refuses,
 // auditing the refusal, one that is not there or that the user's role does
-// not allow. Every entry point of the hub that a user calls goes through it.
+// not allow, and every action of a user past MaxRefusalsPerMinute. Every
+// entry point of the hub that a user calls goes through it.
 func (h *Hub) authorize(u fleet.User, action, target string) (fleet.Action, error) {
 	a, ok := fleet.LookupAction(action)
+	if err := h.throttle(u, action, target); err != nil {
+		return a, err
+	}
 	if !ok {
-		h.audit(u, action, target, "denied: not in the action table")
+		h.refuse(u, action, target, "denied: not in the action table")
 		return a, fmt.Errorf("permission denied: %q is not in the hub's action table, so nobody may do it", action)
 	}
 	if !u.Role.Allows(a.Role) {
-		h.audit(u, action, target, "denied: needs "+string(a.Role))
+		h.refuse(u, action, target, "denied: needs "+string(a.Role))
 		return a, fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, a.Role, u.Name, roleName(u.Role))
 	}
 	return a, nil
@@ -85,7 +89,7 @@ func (h *Hub) run(u fleet.User, a fleet.Action, target string, run func() (strin
 // anything: a read, or an action stopped before it reached any of its
 // targets (an unknown name).
 func (h *Hub) failed(u fleet.User, a fleet.Action, target string, err error) {
-	h.audit(u, a.Name, target, "failed: "+err.Error())
+	h.noteRepeat(u, a.Name, target, "failed: "+err.Error(), false)
 }
 
 // Act drains, undrains, restarts, stops or starts workers: one audit line

@@ -13,6 +13,7 @@ import (
 // Audit lists recent audit entries; operators and admins may read it.
 func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.AuditEntry, err error) {
 	err = h.do(u, "audit", "", func() (string, error) {
+		h.flushRefusals()
 		es, err = h.store.Audit(ctx, limit)
 		return "", err
 	})

@@ -73,9 +73,10 @@ func (l *auditLine) endErr(err error) {
 	l.end("ok")
 }
 
-// audit writes the audit line of something that changed nothing (a
-// refusal, a failure before acting); a failure to write it is logged.
-// Actions write theirs first, with begin (through do).
+// audit writes an audit line as it is (the SSH server's first admins);
+// a failure to write it is logged. Actions write theirs first, with begin
+// (through do); refusals and failures that changed nothing go through
+// refuse and noteRepeat, which count repeats on one line.
 func (h *Hub) audit(u fleet.User, action, target, outcome string) {
 	e := auditEntry(u, action, target, outcome)
 	if err := h.store.AddAudit(context.Background(), e); err != nil {

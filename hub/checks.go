@@ -257,7 +257,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.Benc
 	}
 	done, err := h.checks.start(u, "bench")
 	if err != nil {
-		h.audit(u, "bench", target, "refused: "+err.Error())
+		h.refuse(u, "bench", target, "refused: "+err.Error())
 		return sweep.Result{}, err
 	}
 	defer done()

@@ -27,6 +27,7 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 		snap = fleet.RedactSnapshot(snap)
 	}
 	if s.u.Role.Allows(fleet.ActionRole("audit")) {
+		s.h.flushRefusals()
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
 			snap.Audit = audit
 		}

@@ -98,7 +98,11 @@ type Options struct {
 	EnginePorts fleet.PortRange
 	// Retention is how long request samples, usage minutes and events are
 	// kept in the database (0 = DefaultRetention; negative keeps them all).
+	// Audit lines of repeated refusals go after it too.
 	Retention time.Duration
+	// AuditMaxRows caps the audit log's lines (0 = DefaultAuditMaxRows;
+	// negative: no cap); see Store.PruneAudit for which go first.
+	AuditMaxRows int
 }
 
 // Hub is the running fleet hub.
@@ -135,6 +139,9 @@ type Hub struct {
 	lock *os.File
 	// lanName is the console's mDNS name once announced (announce.go).
 	lanName string
+	// refused collapses repeated refusals into counted audit lines and
+	// rate-limits the users who meet too many (refusals.go).
+	refused refusals
 	// detached is the work actions start and do not wait for; Close ends it.
 	detached *background
 	// usage sums the router's token counts until they are written (usage.go).
@@ -408,6 +415,7 @@ func installSelf(dataDir string) (string, error) {
 // not take the fleet down with it.
 func (h *Hub) Close() error {
 	h.detached.close()
+	h.flushRefusals()
 	err := h.store.Close()
 	h.lock.Close() // releases the data dir to the next hub
 	return err

@@ -474,7 +474,11 @@ func TestConsoleSourceRoles(t *testing.T) {
 					t.Errorf("audit after the console's refused %s = %+v, want one denied %s line", kind, a, kind)
 				}
 			}
-			// A key the console refuses itself is audited like a refused exec.
+			// A key the console refuses itself is audited like a refused exec;
+			// in the next minute, so it is a line of its own, not a repeat of
+			// the refusals above.
+			now := time.Now().Add(refusalWindow)
+			h.refused.now = func() time.Time { return now }
 			for _, kind := range []string{console.ActionDrain, console.ActionUndrain, console.ActionRestart, console.ActionBench, console.ActionShape} {
 				mark := lastAuditID(t, h)
 				src.Refused(kind, []string{ultraWorker})

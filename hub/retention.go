@@ -21,10 +21,23 @@ func (h *Hub) retention() time.Duration {
 	return h.opts.Retention
 }
 
-// pruneHistory deletes history older than the retention at start and then
-// every interval, until ctx ends.
+// DefaultAuditMaxRows caps the audit log: an audit line is at most about
+// 1 KB (its user, target and outcome are clipped), so 50 MB at worst, and
+// years of a team's actions.
+const DefaultAuditMaxRows = 50_000
+
+func (h *Hub) auditMaxRows() int {
+	if h.opts.AuditMaxRows == 0 {
+		return DefaultAuditMaxRows
+	}
+	return h.opts.AuditMaxRows
+}
+
+// pruneHistory deletes history older than the retention, and audit lines
+// past the audit log's cap, at start and then every interval, until ctx
+// ends.
 func (h *Hub) pruneHistory(ctx context.Context, every time.Duration) {
-	if h.retention() < 0 {
+	if h.retention() < 0 && h.auditMaxRows() < 0 {
 		return
 	}
 	t := time.NewTicker(every)
@@ -40,15 +53,29 @@ func (h *Hub) pruneHistory(ctx context.Context, every time.Duration) {
 }
 
 func (h *Hub) pruneOnce(ctx context.Context, now time.Time) {
-	p, err := h.store.PruneHistory(ctx, now.Add(-h.retention()))
-	if err != nil {
-		if ctx.Err() == nil {
-			h.log.Warn("could not prune old history; it is tried again in an hour", "err", err)
+	var cut time.Time
+	if h.retention() >= 0 {
+		cut = now.Add(-h.retention())
+		p, err := h.store.PruneHistory(ctx, cut)
+		switch {
+		case err != nil:
+			if ctx.Err() == nil {
+				h.log.Warn("could not prune old history; it is tried again in an hour", "err", err)
+			}
+		case p.Samples+p.Usage+p.Events > 0:
+			h.log.Info("pruned history older than the retention", "retention", h.retention(),
+				"samples", p.Samples, "usage_minutes", p.Usage, "events", p.Events)
 		}
-		return
 	}
-	if p.Samples+p.Usage+p.Events > 0 {
-		h.log.Info("pruned history older than the retention", "retention", h.retention(),
-			"samples", p.Samples, "usage_minutes", p.Usage, "events", p.Events)
+	h.flushRefusals()
+	n, err := h.store.PruneAudit(ctx, cut, h.auditMaxRows())
+	switch {
+	case err != nil:
+		if ctx.Err() == nil {
+			h.log.Warn("could not prune the audit log; it is tried again in an hour", "err", err)
+		}
+	case n > 0:
+		h.log.Info("pruned the audit log: repeated refusals older than the retention, then the oldest lines past its cap (refusals first)",
+			"lines", n, "max_lines", h.auditMaxRows())
 	}
 }

@@ -24,7 +24,7 @@ func TestPruneByRetention(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			h := newHub(t, Options{Retention: tt.retention})
+			h := newHub(t, Options{Retention: tt.retention, AuditMaxRows: -1})
 			base, err := h.store.Events(t.Context(), "", 0, 0)
 			if err != nil {
 				t.Fatal(err)

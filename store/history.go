@@ -166,8 +166,8 @@ func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, erro
 	if a.At.IsZero() {
 		a.At = s.now()
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome) VALUES (?, ?, ?, ?, ?)`,
-		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome)
+	res, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome, count, last_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
+		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome, a.Count, unixNano(a.Last))
 	if err != nil {
 		return 0, fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
 	}
@@ -180,9 +180,16 @@ func (s *Store) SetAuditOutcome(ctx context.Context, id int64, outcome string) e
 		`UPDATE audit SET outcome = ? WHERE id = ?`, outcome, id)
 }
 
+// SetAuditCount records how many repeats audit line id stands for and when
+// the last was (see fleet.AuditEntry.Count).
+func (s *Store) SetAuditCount(ctx context.Context, id int64, count int, last time.Time) error {
+	return s.execOne(ctx, fmt.Sprintf("record the count of audit entry %d", id), "no such entry", "",
+		`UPDATE audit SET count = ?, last_at = ? WHERE id = ?`, count, unixNano(last), id)
+}
+
 // Audit returns the newest limit entries, newest last. limit <= 0 means all.
 func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, at, user, action, target, outcome FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
+	rows, err := s.db.QueryContext(ctx, `SELECT id, at, user, action, target, outcome, count, last_at FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
 	if err != nil {
 		return nil, fmt.Errorf("read audit log: %w", err)
 	}
@@ -190,13 +197,13 @@ func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error
 	entries := []fleet.AuditEntry{}
 	for rows.Next() {
 		var (
-			a  fleet.AuditEntry
-			at int64
+			a          fleet.AuditEntry
+			at, lastAt int64
 		)
-		if err := rows.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome); err != nil {
+		if err := rows.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome, &a.Count, &lastAt); err != nil {
 			return nil, fmt.Errorf("read audit log: %w", err)
 		}
-		a.At = fromUnixNano(at)
+		a.At, a.Last = fromUnixNano(at), fromUnixNano(lastAt)
 		entries = append(entries, a)
 	}
 	if err := rows.Err(); err != nil {

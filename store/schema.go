@@ -196,4 +196,13 @@ ALTER TABLE recipes ADD COLUMN ready_timeout INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN port_min INTEGER NOT NULL DEFAULT 0;
 ALTER TABLE nodes ADD COLUMN port_max INTEGER NOT NULL DEFAULT 0;
 `,
+	// 7: an audit line that stands for repeats (a user's refusals of one
+	// action within a minute) has count >= 1, how many, and last_at, when
+	// the last was; an action's own line has count 0. The partial index
+	// finds the repeat lines, which the audit's size cap prunes first.
+	`
+ALTER TABLE audit ADD COLUMN count INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE audit ADD COLUMN last_at INTEGER NOT NULL DEFAULT 0;
+CREATE INDEX audit_repeats ON audit (id) WHERE count > 0;
+`,
 }
