@@ -222,7 +222,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		}),
 		jsonFlag(&cobra.Command{
 			Use:   "models",
-			Short: "list models with their recipe per engine (env values only for admins)",
+			Short: "list models with their recipe per engine (secrets, such as env values and --api-key, only for admins)",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
 				ms := snapshot(c.Context()).Models
@@ -242,7 +242,7 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		applyCmd(h, u, stdin),
 		&cobra.Command{
 			Use:   "export",
-			Short: "print the current fleet as a fleet file that applies back to the same state (env values only for admins)",
+			Short: "print the current fleet as a fleet file that applies back to the same state (secrets only for admins: others get <redacted>, said so at the top, which apply refuses)",
 			Args:  noArgs,
 			RunE: func(c *cobra.Command, _ []string) error {
 				data, err := h.Export(c.Context(), u)
@@ -421,7 +421,7 @@ func auditCmd(h Hub, u fleet.User) *cobra.Command {
 	var limit int
 	c := &cobra.Command{
 		Use:   "audit",
-		Short: "who did what, when, to what, and how it ended",
+		Short: "who did what, when, to what, and how it ended (a user's repeated refusals of one action within a minute are one line with a count)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			es, err := h.Audit(c.Context(), u, limit)

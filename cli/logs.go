@@ -22,7 +22,7 @@ func logsCmd(h Hub, u fleet.User) *cobra.Command {
 	var lines int
 	c := &cobra.Command{
 		Use:   "logs WORKER [-f] [-n N]",
-		Short: "print a worker's engine log, read on its node; -f follows it (operator: logs can hold prompts)",
+		Short: "print a worker's engine log, read on its node; -f follows it (operator: logs can hold prompts; secrets only for admins)",
 		Long: `logs prints the last lines of the engine's own output (stdout and stderr, which the engine
 was launched with into a log file on its node), read through the node's connection. With -f it
 keeps printing until you interrupt it (at most 24 hours), following the new log after a restart;
