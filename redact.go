@@ -314,13 +314,21 @@ func RedactSnapshot(s Snapshot) Snapshot {
 		}
 		s.Nodes = ns
 	}
-	if s.Audit != nil {
-		as := make([]AuditEntry, len(s.Audit))
-		for i, a := range s.Audit {
-			a.Target, a.Outcome = RedactText(a.Target), RedactText(a.Outcome)
-			as[i] = a
-		}
-		s.Audit = as
-	}
+	s.Audit = RedactAudit(s.Audit)
 	return s
+}
+
+// RedactAudit returns audit entries with their targets and outcomes (an
+// error may quote an install script's URL) passed through RedactText; the
+// input is not modified.
+func RedactAudit(es []AuditEntry) []AuditEntry {
+	if es == nil {
+		return nil
+	}
+	out := make([]AuditEntry, len(es))
+	for i, a := range es {
+		a.Target, a.Outcome = RedactText(a.Target), RedactText(a.Outcome)
+		out[i] = a
+	}
+	return out
 }

@@ -90,8 +90,18 @@ func Run(ctx context.Context, h Hub, u fleet.User, args []string, stdin io.Reade
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	c, err := root.ExecuteContextC(ctx)
+	if err != nil && !u.Role.Allows(fleet.RoleAdmin) {
+		err = redactedError{err}
+	}
 	return ReportError(stderr, c, err)
 }
+
+// redactedError is an error as a non-admin reads it: it may quote a node's
+// error or an install script, so its text goes through fleet.RedactText.
+type redactedError struct{ err error }
+
+func (e redactedError) Error() string { return fleet.RedactText(e.err.Error()) }
+func (e redactedError) Unwrap() error { return e.err }
 
 // UsageError marks err as the command typed wrong (exit status 2).
 func UsageError(err error) error { return usageError{err} }

@@ -15,6 +15,9 @@ func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.Au
 	err = h.do(u, "audit", "", func() (string, error) {
 		h.flushRefusals()
 		es, err = h.store.Audit(ctx, limit)
+		if !u.Role.Allows(fleet.RoleAdmin) {
+			es = fleet.RedactAudit(es)
+		}
 		return "", err
 	})
 	return es, err

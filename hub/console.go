@@ -2,6 +2,7 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strings"
 
@@ -29,6 +30,9 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 	if s.u.Role.Allows(fleet.ActionRole("audit")) {
 		s.h.flushRefusals()
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
+			if !s.u.Role.Allows(fleet.RoleAdmin) {
+				audit = fleet.RedactAudit(audit)
+			}
 			snap.Audit = audit
 		}
 	}
@@ -38,8 +42,25 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 }
 
 // Do returns at once for actions that take long (the console follows their
-// progress in the snapshots); shape answers with the diff to show.
+// progress in the snapshots); shape answers with the diff to show. What it
+// returns is shown in the console as text, so it is sanitised, and redacted
+// for all but admins: an error may quote a node or an install script.
 func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error) {
+	msg, err := s.do(ctx, a)
+	clean := func(t string) string {
+		t = fleet.Sanitize(t)
+		if !s.u.Role.Allows(fleet.RoleAdmin) {
+			t = fleet.RedactText(t)
+		}
+		return t
+	}
+	if err != nil {
+		err = errors.New(clean(err.Error()))
+	}
+	return clean(msg), err
+}
+
+func (s consoleSource) do(ctx context.Context, a console.Action) (string, error) {
 	switch a.Kind {
 	case console.ActionDrain, console.ActionUndrain:
 		return s.h.Act(ctx, s.u, a.Kind, a.Targets)

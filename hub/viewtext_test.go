@@ -21,7 +21,7 @@ import (
 // viewers look; none may reach anyone but an admin.
 var plantedSecrets = []string{
 	"pyp1-s3cret", "dl-s3cret", "hf_env_s3cret", "hf_inst4ll_s3cret", "vllm-k3y-one", "vllm-k3y-two", "vllm-k3y-three",
-	"llama-k3y", "sk-launch-k3y", "sk-logged-k3y", "reason-s3cret", "node-s3cret", "b3arer-tok",
+	"llama-k3y", "sk-launch-k3y", "sk-logged-k3y", "reason-s3cret", "node-s3cret", "b3arer-tok", "audit-s3cret",
 }
 
 // plantedEscapes are what a hostile node or engine sends to retitle a
@@ -68,6 +68,8 @@ func plantNodeText(h *Hub) {
 	h.onNode(fleet.Node{Name: "ultra", Address: "sim:m1ultra-llamacpp", State: fleet.NodeUnreachable,
 		Reason:   "ssh: https://x:node-s3cret@h " + esc,
 		Platform: &fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra" + esc, GPUs: []fleet.GPU{{Name: "GPU" + esc}}}})
+	// An action's outcome quoting what a node said, as the audit keeps it.
+	h.audit(admin, "restart", "rig/qwen3-4b", "failed: install: curl https://u:audit-s3cret@dl.example.com/x "+esc)
 	for _, msg := range []string{
 		"install: Looking in indexes: https://__token__:pyp1-s3cret@pypi.example.com/simple " + esc,
 		"launched PID 4242 on port 18000: vllm serve Qwen/Qwen3-4B-AWQ --api_key sk-launch-k3y --port 18000",
