@@ -60,3 +60,62 @@ func TestLongPromptsGoOnlyWhereTheyFit(t *testing.T) {
 		t.Errorf("a request no worker holds: %d %+v; want 400 %s giving the request's and the largest worker's sizes", resp.StatusCode, body.Error, codeContextTooLong)
 	}
 }
+
+// A max_tokens of 2^63-1 (or any that, added to the prompt, passes the
+// largest int) is refused as too long, in the endpoint's own error shape,
+// and reaches no engine: the sum wrapped negative before and fitted every
+// worker, whose engine then planned an endless answer (issue 19).
+func TestHugeMaxTokensDoesNotOverflowTheContextCheck(t *testing.T) {
+	var hits atomic.Int64
+	_, b := startBackend(t, "rig/qwen3-4b", 4, func(w http.ResponseWriter, r *http.Request) { hits.Add(1); okJSON(w, r) })
+	_, srv := startRouter(t, Options{}, b)
+	for _, tc := range []struct {
+		name, path, body string
+		anthropic        bool
+	}{
+		{"chat max_tokens 2^63-1", "/v1/chat/completions",
+			`{"model":"qwen3-4b","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{"chat max_completion_tokens 2^63-2", "/v1/chat/completions",
+			`{"model":"qwen3-4b","max_completion_tokens":9223372036854775806,"messages":[{"role":"user","content":"hi"}]}`, false},
+		{"completions", "/v1/completions", `{"model":"qwen3-4b","max_tokens":9223372036854775807,"prompt":"hi"}`, false},
+		{"anthropic messages", "/v1/messages",
+			`{"model":"qwen3-4b","max_tokens":9223372036854775807,"messages":[{"role":"user","content":"hi"}]}`, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequestWithContext(t.Context(), http.MethodPost, srv.URL+tc.path, strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			raw, _ := io.ReadAll(resp.Body)
+			if resp.StatusCode != http.StatusBadRequest {
+				t.Fatalf("status %d, want 400: %s", resp.StatusCode, raw)
+			}
+			var e struct {
+				Type  string `json:"type"`
+				Error struct {
+					Type    string `json:"type"`
+					Code    string `json:"code"`
+					Message string `json:"message"`
+				} `json:"error"`
+			}
+			if err := json.Unmarshal(raw, &e); err != nil {
+				t.Fatalf("error body is not JSON: %s", raw)
+			}
+			if tc.anthropic {
+				if e.Type != "error" || e.Error.Type != "invalid_request_error" {
+					t.Errorf("not Anthropic's error shape: %s", raw)
+				}
+			} else if e.Error.Code != codeContextTooLong {
+				t.Errorf("code %q, want %s: %s", e.Error.Code, codeContextTooLong, raw)
+			}
+			if !strings.Contains(e.Error.Message, "lower max_tokens") {
+				t.Errorf("the error does not say what to do: %s", raw)
+			}
+		})
+	}
+	if n := hits.Load(); n != 0 {
+		t.Errorf("%d request(s) with an impossible max_tokens reached the engine", n)
+	}
+}

@@ -163,7 +163,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	model, known := r.resolveLocked(info.Model)
 	// Context fit is judged on what the client may ask for (max_tokens is
 	// a promise the worker must hold), the schedule on what it usually gets.
-	job := Job{PromptTokens: info.PromptTokens, NeedContext: info.PromptTokens + info.MaxTokens, Prefix: info.Prefix}
+	job := Job{PromptTokens: info.PromptTokens, NeedContext: needContext(info.PromptTokens, info.MaxTokens), Prefix: info.Prefix}
 	if known {
 		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
 	}

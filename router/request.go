@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"os"
 	"time"
@@ -108,6 +109,17 @@ func parseRequest(body []byte) (requestInfo, error) {
 		info.Prefix = PrefixChain(w.Tools, w.Instructions, w.Input)
 	}
 	return info, nil
+}
+
+// needContext is the context a request needs, prompt + max_tokens, held at
+// the largest int rather than wrapped: a max_tokens near 2^63 would wrap
+// the sum negative, fit every worker and reach an engine that plans an
+// endless answer. Both are zero or positive (parseRequest).
+func needContext(prompt, maxTokens int) int {
+	if maxTokens > math.MaxInt-prompt {
+		return math.MaxInt
+	}
+	return prompt + maxTokens
 }
 
 // DefaultBodyTimeout gives a 16 MiB body (the default limit) 0.8 MB/s, far

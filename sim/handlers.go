@@ -157,21 +157,25 @@ func (s *Server) maxTokens(w http.ResponseWriter, maxTok, maxCompl *int) (int, b
 }
 
 // checkContext answers 400 in the engine's shape when prompt plus
-// max_tokens would not fit the context one request may use.
+// max_tokens would not fit the context one request may use. The sum is
+// never formed in int: a max_tokens near 2^63 would wrap it negative and
+// let the request through to plan an endless answer.
 func (s *Server) checkContext(w http.ResponseWriter, prompt, maxTok int) bool {
 	ctx := s.opts.Ctx
-	if prompt+maxTok <= ctx && prompt < ctx {
+	if prompt < ctx && maxTok <= ctx-prompt {
 		return true
 	}
+	// Both are at most 2^63-1, so their sum fits a uint64.
+	asked := uint64(prompt) + uint64(maxTok)
 	if s.llama() {
 		s.writeError(w, http.StatusBadRequest, "exceed_context_size_error",
-			fmt.Sprintf("request (%d tokens) exceeds the available context size (%d tokens), try increasing it", prompt+maxTok, ctx),
+			fmt.Sprintf("request (%d tokens) exceeds the available context size (%d tokens), try increasing it", asked, ctx),
 			obj{{"n_prompt_tokens", prompt}, {"n_ctx", ctx}})
 		return false
 	}
 	s.writeError(w, http.StatusBadRequest, "BadRequestError",
 		fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			ctx, prompt+maxTok, prompt, maxTok), nil)
+			ctx, asked, prompt, maxTok), nil)
 	return false
 }
 

@@ -462,6 +462,15 @@ func TestErrors(t *testing.T) {
 				t.Error("vLLM error lacks param")
 			}
 		}},
+		// prompt + max_tokens overflows int: the check must not wrap
+		// round to a small sum and let the request through (issue 19).
+		{"llama max_tokens 2^63-1", llama.URL, chat("short", map[string]any{"max_tokens": math.MaxInt64}), 400, "exceed_context_size_error", nil},
+		{"vllm max_tokens 2^63-1", vllm.URL, chat("short", map[string]any{"max_tokens": math.MaxInt64}), 400, "BadRequestError", func(t *testing.T, e map[string]any) {
+			// The sum is told as it is, not wrapped to a negative number.
+			if msg := e["message"].(string); !strings.Contains(msg, "you requested 9223372036854775") || strings.Contains(msg, "-") {
+				t.Errorf("error %v", e)
+			}
+		}},
 		{"llama malformed JSON", llama.URL, `{"messages": [`, 400, "invalid_request_error", nil},
 		{"vllm malformed JSON", vllm.URL, `{"messages": [`, 400, "BadRequestError", nil},
 		{"vllm unknown model", vllm.URL, map[string]any{"model": "other", "messages": []any{map[string]any{"role": "user", "content": "x"}}}, 404, "NotFoundError", nil},
