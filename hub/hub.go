@@ -61,6 +61,10 @@ type Options struct {
 	// BodyTimeout is how long a router client has to send its request body
 	// (0 = the router's default).
 	BodyTimeout time.Duration
+	// WriteTimeout is how long a write of an answer to a router client may
+	// block before the client is cut and its engine request cancelled (0 =
+	// the router's default; negative: no limit).
+	WriteTimeout time.Duration
 	// RequireKeys makes the router demand an API key even on loopback; a
 	// non-loopback HTTPAddr always does.
 	RequireKeys bool
@@ -256,6 +260,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		QueueTimeout: opts.QueueTimeout,
 		QueueSize:    opts.QueueSize,
 		BodyTimeout:  opts.BodyTimeout,
+		WriteTimeout: opts.WriteTimeout,
 		Keys:         keys,
 		// A request got no first byte: is the worker's node still there?
 		OnNoFirstByte: h.checkWorkerNode,

@@ -210,6 +210,10 @@ func (a *apiWriter) Flush() {
 	}
 }
 
+// FlushError is Flush with the write's error, for http.ResponseController
+// (a client that stopped reading).
+func (a *apiWriter) FlushError() error { return http.NewResponseController(a.ResponseWriter).Flush() }
+
 // Unwrap lets http.ResponseController reach the connection (read deadlines).
 func (a *apiWriter) Unwrap() http.ResponseWriter { return a.ResponseWriter }
 

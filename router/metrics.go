@@ -24,6 +24,9 @@ type metrics struct {
 	queueWait  *prometheus.HistogramVec
 	tokens     *prometheus.CounterVec
 	keyLimited *prometheus.CounterVec
+	// writeTimeouts counts answers cut because their client read nothing
+	// for Options.WriteTimeout.
+	writeTimeouts *prometheus.CounterVec
 }
 
 // unknownModel is the one label value every model name the router does not
@@ -65,6 +68,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		keyLimited: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleet_router_key_limited_total", Help: "Requests refused with 429 because their API key's limit was spent, by limit (requests a minute, tokens a day).",
 		}, []string{"limit"}),
+		writeTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_client_write_timeouts_total", Help: "Answers cut, and their engine request cancelled, because the client read nothing for the write timeout (serve --write-timeout); they also count as status 499.",
+		}, []string{"model"}),
 	}
 	m.requests = register(reg, m.requests)
 	m.inFlight = register(reg, m.inFlight)
@@ -76,6 +82,7 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.queueWait = register(reg, m.queueWait)
 	m.tokens = register(reg, m.tokens)
 	m.keyLimited = register(reg, m.keyLimited)
+	m.writeTimeouts = register(reg, m.writeTimeouts)
 	for _, limit := range []string{"requests", "tokens"} {
 		m.keyLimited.WithLabelValues(limit)
 	}
@@ -138,6 +145,7 @@ func (m *metrics) initModel(id string) {
 	m.queueDepth.WithLabelValues(id)
 	m.queueWait.WithLabelValues(id)
 	m.retries.WithLabelValues(id)
+	m.writeTimeouts.WithLabelValues(id)
 }
 
 // register adopts an identical collector already in reg, so two routers (a

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strconv"
 	"sync"
@@ -390,10 +391,15 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	// The headers leave with the first bytes of the body, in the first
 	// read's flush, not in a write of their own: the hedge has waited for
 	// the worker's first byte already, so that read does not wait.
-	flusher, _ := w.(http.Flusher)
-	if !sse {
-		flusher = nil
-	}
+	rc := http.NewResponseController(w)
+	// Every write may block for WriteTimeout at most: a client that reads
+	// nothing fills the connection's buffers, and would else hold the
+	// engine's slot for as long as the engine has tokens to give. The
+	// deadline is renewed before each write, so only a client that stops
+	// reading is cut, however long the answer; a writer without deadlines
+	// (a recorder) has none.
+	stall := r.opts.WriteTimeout
+	deadlines := stall > 0
 
 	// Each read of the chain is one read of the upstream: what it brought
 	// leaves in one flush, so events that arrived together leave together
@@ -405,12 +411,20 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
+			if deadlines && rc.SetWriteDeadline(time.Now().Add(stall)) != nil {
+				deadlines = false
+			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				clientErr = werr
 				break
 			}
-			if flusher != nil {
-				flusher.Flush()
+			// Flush's error is the write's: a client that stopped reading
+			// is seen here, not only at the next write.
+			if sse {
+				if ferr := rc.Flush(); ferr != nil && !errors.Is(ferr, http.ErrNotSupported) {
+					clientErr = ferr
+					break
+				}
 			}
 		}
 		if rerr == io.EOF {
@@ -431,16 +445,27 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	switch {
 	case clientErr != nil:
 		status = 499
+		if errors.Is(clientErr, os.ErrDeadlineExceeded) {
+			// Closing the engine's answer (deferred) cancels its request
+			// and frees its slot.
+			r.metrics.writeTimeouts.WithLabelValues(f.model).Inc()
+			r.log.Info("client read nothing of its answer for the write timeout: cut, engine request cancelled",
+				"model", f.model, "backend", b.cfg.Name, "write_timeout", stall, "key", c.key)
+		}
 	case streamErr != nil:
 		status = 502
 		r.recordFailure(b, false, streamErr)
 		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
 		if sse {
 			_, _ = w.Write(sseErrorEventFor(w, m.seq, fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
-			if flusher != nil {
-				flusher.Flush()
-			}
+			_ = rc.Flush()
 		}
+	}
+	if deadlines && clientErr == nil {
+		// The server's last write (the end of a chunked body) gets a
+		// deadline too; net/http lifts it once the response is done, so
+		// the next request on the connection starts with none.
+		_ = rc.SetWriteDeadline(time.Now().Add(stall))
 	}
 	// A success cut short (the client left, or the worker failed) still
 	// spent the tokens the engine made before it ended.

@@ -126,6 +126,11 @@ func needContext(prompt, maxTokens int) int {
 // below any real link, while a client trickling a byte at a time is cut off.
 const DefaultBodyTimeout = 20 * time.Second
 
+// DefaultWriteTimeout is how long a write to a client may block before the
+// client is taken for one that stopped reading: far beyond any pause of a
+// client that reads (its buffers fill only when it reads nothing).
+const DefaultWriteTimeout = 30 * time.Second
+
 // errBodyTimeout is a request body that did not arrive within BodyTimeout.
 var errBodyTimeout = errors.New("request body read deadline exceeded")
 

@@ -55,6 +55,13 @@ type Options struct {
 	// once its handler runs (default 20 s); slower gets 408 and the
 	// connection closes, so trickled bodies cannot hold connections.
 	BodyTimeout time.Duration
+	// WriteTimeout is how long a write of an answer to its client may
+	// block (default DefaultWriteTimeout; negative: no limit). A client
+	// that reads nothing for that long, once the connection's buffers are
+	// full, is cut and its engine request cancelled, so a client that
+	// never reads cannot hold an engine slot for ever; it is counted in
+	// fleet_router_client_write_timeouts_total.
+	WriteTimeout time.Duration
 	// Registerer receives the router's metrics. Nil means a private registry.
 	// When it is also a prometheus.Gatherer, /metrics serves it.
 	Registerer prometheus.Registerer
@@ -125,6 +132,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = DefaultWriteTimeout
 	}
 	if o.QueueTimeout <= 0 {
 		o.QueueTimeout = 30 * time.Second

@@ -317,6 +317,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
 	c.Flags().DurationVar(&opts.BodyTimeout, "body-timeout", router.DefaultBodyTimeout, "how long a router client has to send its whole request body; slower gets 408")
+	c.Flags().DurationVar(&opts.WriteTimeout, "write-timeout", router.DefaultWriteTimeout, "how long a router client may read nothing of its answer (a write to it blocked) before it is cut and its engine request cancelled, freeing the slot; negative: never")
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses); /metrics too")
 	c.Flags().BoolVar(&opts.MetricsOpenLoopback, "metrics-open-loopback", false, "leave /metrics open to loopback clients (a Prometheus on this machine) when keys are required")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")

@@ -1,0 +1,155 @@
+package router
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+// counterValue sums the named counter's series on the router's /metrics
+// whose labels include want.
+func counterValue(t *testing.T, ctx context.Context, url, name string, want map[string]string) float64 {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/metrics", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := 0.0
+next:
+	for _, s := range scrapeValues(t, req)[name] {
+		for k, v := range want {
+			if s.labels[k] != v {
+				continue next
+			}
+		}
+		sum += s.value
+	}
+	return sum
+}
+
+// neverReads sends a streamed chat request on a raw connection with a small
+// receive buffer and reads nothing of the answer, like the clients of issue
+// 19 that held every llama slot. The connection is closed when the test ends.
+func neverReads(t *testing.T, addr string) {
+	t.Helper()
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	_ = conn.(*net.TCPConn).SetReadBuffer(4 << 10)
+	body := `{"model":"qwen3-4b","stream":true,"messages":[{"role":"user","content":"tell me everything"}]}`
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// A streaming client that reads nothing is cut once a write to it has
+// blocked for the write timeout: its engine request is cancelled (the slot
+// freed), it is counted on /metrics and as a 499, and the worker serves
+// others. Before, the router's write blocked for as long as the engine had
+// tokens, holding the slot.
+func TestClientThatNeverReadsIsCut(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*hangGuard)
+	defer cancel()
+	const slots = 2
+	ended := make(chan struct{}, slots+1)
+	// An engine with tokens for ever, in large events: the connection's
+	// buffers fill within milliseconds of the client's last read.
+	event := sseEvent(strings.Repeat("token ", 4<<10))
+	_, b := startBackend(t, "mac/qwen3-4b", slots, func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if !strings.Contains(string(body), `"stream":true`) {
+			okJSON(w, req)
+			return
+		}
+		defer func() { ended <- struct{}{} }()
+		w.Header().Set("Content-Type", "text/event-stream")
+		for req.Context().Err() == nil {
+			if _, err := io.WriteString(w, event); err != nil {
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+	})
+	r, rsrv := startRouter(t, Options{WriteTimeout: 300 * time.Millisecond, QueueTimeout: hangGuard}, b)
+	addr := serveReal(t, r)
+	for range slots {
+		neverReads(t, addr)
+	}
+	for i := range slots {
+		select {
+		case <-ended:
+		case <-ctx.Done():
+			t.Fatalf("%d of %d engine requests of clients that never read were cancelled; the others hold their slots", i, slots)
+		}
+	}
+	waitFor(t, func() bool { return r.InFlight(b.Name) == 0 })
+	// The slots serve others again.
+	resp := post(t, ctx, "http://"+addr, `{"model":"qwen3-4b","messages":[{"role":"user","content":"hi"}]}`)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Errorf("a request after the stalled clients were cut: status %d, want 200", resp.StatusCode)
+	}
+	if got := counterValue(t, ctx, rsrv.URL, "fleet_router_client_write_timeouts_total", map[string]string{"model": "qwen3-4b"}); got != slots {
+		t.Errorf("fleet_router_client_write_timeouts_total = %v, want %d", got, slots)
+	}
+	if got := counterValue(t, ctx, rsrv.URL, "fleet_router_requests_total", map[string]string{"backend": b.Name, "status": "499"}); got != slots {
+		t.Errorf("requests counted as 499 = %v, want %d (the cut clients)", got, slots)
+	}
+}
+
+// The write deadline an answer leaves on its connection does not cut the
+// next request on it: a keep-alive connection idle for longer than the
+// write timeout between two requests gets both answers, an error reply
+// included. (net/http lifts a handler's write deadline after each
+// response; this holds the router to it.)
+func TestWriteDeadlineDoesNotOutliveItsAnswer(t *testing.T) {
+	_, b := startBackend(t, "mac/qwen3-4b", 2, func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for _, tok := range []string{"a", "b", "c"} {
+			_, _ = io.WriteString(w, sseEvent(tok))
+			w.(http.Flusher).Flush()
+		}
+		_, _ = io.WriteString(w, "data: [DONE]\n\n")
+	})
+	const timeout = 200 * time.Millisecond
+	r, _ := startRouter(t, Options{WriteTimeout: timeout}, b)
+	conn, err := net.Dial("tcp", serveReal(t, r))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(hangGuard))
+	rd := bufio.NewReader(conn)
+	for i, tc := range []struct {
+		body   string
+		status int
+		want   string
+	}{
+		{`{"model":"qwen3-4b","stream":true}`, 200, "[DONE]"},
+		{`{"model":"qwen3-4b","stream":true}`, 200, "[DONE]"},
+		{`{"model":"no-such-model"}`, 404, "GET /v1/models"},
+		{`{"model":"qwen3-4b","stream":true}`, 200, "[DONE]"},
+	} {
+		if i > 0 {
+			time.Sleep(3 * timeout) // past the deadline the last answer left
+		}
+		fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(tc.body), tc.body)
+		resp, err := http.ReadResponse(rd, nil)
+		if err != nil {
+			t.Fatalf("request %d on the kept-alive connection: %v", i+1, err)
+		}
+		got, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || resp.StatusCode != tc.status || !strings.Contains(string(got), tc.want) {
+			t.Fatalf("request %d on the kept-alive connection: status %d, err %v, body %q; want %d with %q", i+1, resp.StatusCode, err, got, tc.status, tc.want)
+		}
+	}
+}
