@@ -61,6 +61,11 @@ type Options struct {
 	// BodyTimeout is how long a router client has to send its request body
 	// (0 = the router's default).
 	BodyTimeout time.Duration
+	// BodiesInFlightMiB and KeyBodiesInFlightMiB bound the request bodies
+	// the router holds at once, in all and per API key, in MiB (0 = the
+	// router's defaults; negative: no bound).
+	BodiesInFlightMiB    int
+	KeyBodiesInFlightMiB int
 	// WriteTimeout is how long a write of an answer to a router client may
 	// block before the client is cut and its engine request cancelled (0 =
 	// the router's default; negative: no limit).
@@ -261,7 +266,10 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		QueueSize:    opts.QueueSize,
 		BodyTimeout:  opts.BodyTimeout,
 		WriteTimeout: opts.WriteTimeout,
-		Keys:         keys,
+		// Negative stays negative (no bound), 0 the default.
+		MaxBodiesInFlight:    int64(opts.BodiesInFlightMiB) << 20,
+		MaxKeyBodiesInFlight: int64(opts.KeyBodiesInFlightMiB) << 20,
+		Keys:                 keys,
 		// A request got no first byte: is the worker's node still there?
 		OnNoFirstByte: h.checkWorkerNode,
 		OnSample: func(s fleet.Sample) {

@@ -29,6 +29,7 @@ const (
 	codeInvalidAPIKey   = "invalid_api_key"
 	codeUpstreamFailed  = "upstream_failed"
 	codeMethodNotAllows = "method_not_allowed"
+	codeBodiesInFlight  = "request_bodies_in_flight"
 )
 
 // apiError is the OpenAI error envelope's inner object. Param and Code are

@@ -27,6 +27,8 @@ type metrics struct {
 	// writeTimeouts counts answers cut because their client read nothing
 	// for Options.WriteTimeout.
 	writeTimeouts *prometheus.CounterVec
+	// bodiesRefused counts bodies refused by the bodies-in-flight bounds.
+	bodiesRefused *prometheus.CounterVec
 }
 
 // unknownModel is the one label value every model name the router does not
@@ -71,6 +73,9 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		writeTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "fleet_router_client_write_timeouts_total", Help: "Answers cut, and their engine request cancelled, because the client read nothing for the write timeout (serve --write-timeout); they also count as status 499.",
 		}, []string{"model"}),
+		bodiesRefused: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "fleet_router_bodies_refused_total", Help: "Request bodies refused by the bounds on bodies held in flight, by bound: total (503), key (429) or size (413, larger than a bound).",
+		}, []string{"bound"}),
 	}
 	m.requests = register(reg, m.requests)
 	m.inFlight = register(reg, m.inFlight)
@@ -83,6 +88,10 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 	m.tokens = register(reg, m.tokens)
 	m.keyLimited = register(reg, m.keyLimited)
 	m.writeTimeouts = register(reg, m.writeTimeouts)
+	m.bodiesRefused = register(reg, m.bodiesRefused)
+	for _, bound := range []string{"total", "key", "size"} {
+		m.bodiesRefused.WithLabelValues(bound)
+	}
 	for _, limit := range []string{"requests", "tokens"} {
 		m.keyLimited.WithLabelValues(limit)
 	}

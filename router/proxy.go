@@ -129,8 +129,13 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	if !ok || !r.admitKey(w, key, path) {
 		return
 	}
-	body, err := r.readBody(w, req)
+	hold := &bodyHold{r: r, key: key}
+	defer hold.release()
+	body, err := r.readBody(w, req, hold)
 	if err != nil {
+		if r.answerBodyRefusal(w, err) {
+			return
+		}
 		var tooBig *http.MaxBytesError
 		if errors.As(err, &tooBig) {
 			r.countStatus("", "", http.StatusRequestEntityTooLarge)

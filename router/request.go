@@ -138,12 +138,16 @@ var errBodyTimeout = errors.New("request body read deadline exceeded")
 // deadline. The deadline is lifted once the body is in: the connection's
 // later reads only watch for the client going away while the answer
 // streams, which may take minutes.
-func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, error) {
+//
+// The body is taken from the bodies-in-flight budget (bodymem.go) through
+// hold: at once when its length is known, before a byte is read, else as
+// it arrives. A refusal is a *bodyRefusal.
+func (r *Router) readBody(w http.ResponseWriter, req *http.Request, hold *bodyHold) ([]byte, error) {
 	rc := http.NewResponseController(w)
 	// Recorders and HTTP/2 streams may not support deadlines; the server's
 	// own limits are all they get.
 	deadline := rc.SetReadDeadline(time.Now().Add(r.opts.BodyTimeout)) == nil
-	body, err := readLimited(w, req, r.opts.MaxBodyBytes)
+	body, err := readLimited(w, req, r.opts.MaxBodyBytes, hold)
 	if err != nil && errors.Is(err, os.ErrDeadlineExceeded) {
 		// Hang up after the 408: left open, the server would wait for the
 		// rest of the trickle to reuse the connection.
@@ -156,12 +160,15 @@ func (r *Router) readBody(w http.ResponseWriter, req *http.Request) ([]byte, err
 	return body, err
 }
 
-func readLimited(w http.ResponseWriter, req *http.Request, limit int64) ([]byte, error) {
+func readLimited(w http.ResponseWriter, req *http.Request, limit int64, hold *bodyHold) ([]byte, error) {
 	if req.ContentLength > limit {
 		return nil, &http.MaxBytesError{Limit: limit}
 	}
 	rd := http.MaxBytesReader(w, req.Body, limit)
 	if req.ContentLength > 0 {
+		if err := hold.grow(req.ContentLength); err != nil {
+			return nil, err
+		}
 		buf := make([]byte, req.ContentLength)
 		if _, err := io.ReadFull(rd, buf); err != nil {
 			return nil, err
@@ -173,5 +180,5 @@ func readLimited(w http.ResponseWriter, req *http.Request, limit int64) ([]byte,
 		}
 		return buf, nil
 	}
-	return io.ReadAll(rd)
+	return io.ReadAll(&holdingReader{rd: rd, hold: hold})
 }

@@ -51,6 +51,15 @@ type Options struct {
 	Logger *slog.Logger
 	// MaxBodyBytes caps a request body (default 16 MiB); larger gets 413.
 	MaxBodyBytes int64
+	// MaxBodiesInFlight bounds the bytes of request bodies the router holds
+	// at once (default DefaultBodiesInFlight; negative: no bound): a body
+	// that would pass it gets 503, one larger than it 413.
+	// MaxKeyBodiesInFlight bounds one API key's (default
+	// DefaultKeyBodiesInFlight; negative: no bound): 429 beyond it, 413
+	// for a body larger than it. A body is held from its first byte until
+	// its request ends.
+	MaxBodiesInFlight    int64
+	MaxKeyBodiesInFlight int64
 	// BodyTimeout is how long a client has to send the whole request body
 	// once its handler runs (default 20 s); slower gets 408 and the
 	// connection closes, so trickled bodies cannot hold connections.
@@ -129,6 +138,12 @@ func (o Options) withDefaults() Options {
 	}
 	if o.MaxBodyBytes <= 0 {
 		o.MaxBodyBytes = 16 << 20
+	}
+	if o.MaxBodiesInFlight == 0 {
+		o.MaxBodiesInFlight = DefaultBodiesInFlight
+	}
+	if o.MaxKeyBodiesInFlight == 0 {
+		o.MaxKeyBodiesInFlight = DefaultKeyBodiesInFlight
 	}
 	if o.BodyTimeout <= 0 {
 		o.BodyTimeout = DefaultBodyTimeout
@@ -303,6 +318,8 @@ type Router struct {
 	limits keyLimits
 	// engines holds each worker's last engine metrics (enginemetrics.go).
 	engines engineMetrics
+	// bodies is the request bodies held in flight (bodymem.go).
+	bodies bodyBudget
 }
 
 // New builds a router with no models and no backends. An unknown

@@ -317,6 +317,8 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
 	c.Flags().DurationVar(&opts.BodyTimeout, "body-timeout", router.DefaultBodyTimeout, "how long a router client has to send its whole request body; slower gets 408")
+	c.Flags().IntVar(&opts.BodiesInFlightMiB, "bodies-in-flight-mib", router.DefaultBodiesInFlight>>20, "MiB of request bodies the router holds at once (each from its first byte until its request ends); a body that would pass it gets 503, a larger one 413; negative: no bound")
+	c.Flags().IntVar(&opts.KeyBodiesInFlightMiB, "key-bodies-in-flight-mib", router.DefaultKeyBodiesInFlight>>20, "MiB of request bodies the router holds at once for one API key; beyond it 429, a larger body 413; negative: no bound")
 	c.Flags().DurationVar(&opts.WriteTimeout, "write-timeout", router.DefaultWriteTimeout, "how long a router client may read nothing of its answer (a write to it blocked) before it is cut and its engine request cancelled, freeing the slot; negative: never")
 	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses); /metrics too")
 	c.Flags().BoolVar(&opts.MetricsOpenLoopback, "metrics-open-loopback", false, "leave /metrics open to loopback clients (a Prometheus on this machine) when keys are required")
