@@ -170,25 +170,48 @@ func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
 	return false
 }
 
-// hedgeDeadlineLocked is how long f's request may go without a first byte:
-// a multiple of the worker's predicted time to first token, or, for an
-// answer that is not streamed (its first byte comes with its last), to
-// the whole answer.
-func (r *Router) hedgeDeadlineLocked(f *flight, stream bool) time.Duration {
+// maxHedgeDeadline caps a deadline that the longest answer a request may
+// ask for would put beyond any use (and beyond a Duration).
+const maxHedgeDeadline = 24 * time.Hour
+
+// hedgeDeadlineLocked is how long f's request (c) may go without a first
+// byte: a multiple of the worker's predicted time to first token, or, for
+// an answer that is not streamed (its first byte comes with its last), to
+// the longest answer it may give: n choices of max_tokens each, or without
+// max_tokens of what the worker's context leaves after the prompt. The
+// router cannot tell such an answer from silence before it ends, so it
+// waits for it; a node that fell silent is still caught by the hub's
+// keepalives (SetSuspect), which take back requests not streamed too.
+func (r *Router) hedgeDeadlineLocked(f *flight, c *call) time.Duration {
 	w := r.workerLocked(f.b.cfg.Name)
-	c := max(f.startConcurrency, 1)
-	pred := w.speed.CautiousTTFT(c, f.job.PromptTokens)
-	if !stream {
-		pred += w.speed.decode(c, f.job)
+	conc := max(f.startConcurrency, 1)
+	pred := ms(w.speed.CautiousTTFT(conc, f.job.PromptTokens))
+	if !c.info.Stream {
+		pred += wholeAnswerTokens(f, c) * ms(w.speed.ITL(conc))
 	}
-	return max(hedgeFloor, hedgeFactor*pred)
+	return max(hedgeFloor, fromMs(min(hedgeFactor*pred, ms(maxHedgeDeadline))))
+}
+
+// wholeAnswerTokens is the most tokens c's answer from f's worker may
+// hold, in float64: n times max_tokens near 2^63 must not wrap.
+func wholeAnswerTokens(f *flight, c *call) float64 {
+	each := c.info.MaxTokens
+	if each <= 0 {
+		// The engine writes until its context is full (llama-server) or
+		// defaults max_tokens to what is left of it (vLLM).
+		each = f.job.OutputTokens
+		if ctx := f.b.cfg.Context; ctx > f.job.PromptTokens {
+			each = ctx - f.job.PromptTokens
+		}
+	}
+	return float64(max(c.n, 1)) * float64(each)
 }
 
 // roundTripHedged is the forward path's round trip to f's worker: it
 // returns once the first byte of the body has arrived (or the body ended),
 // or with an error when the request was taken back because that did not
 // happen in time.
-func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*http.Response, error) {
+func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.Response, error) {
 	name := f.b.cfg.Name
 	ctx, cancel := context.WithCancelCause(out.Context())
 	wait := &firstByteWait{f: f, client: out.Context(), cancel: cancel}
@@ -200,7 +223,7 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, stream bool) (*ht
 		r.hedge.waiting[name] = map[*firstByteWait]struct{}{}
 	}
 	r.hedge.waiting[name][wait] = struct{}{}
-	deadline := r.hedgeDeadlineLocked(f, stream)
+	deadline := r.hedgeDeadlineLocked(f, c)
 	_, again := r.hedge.hedged[wait.client]
 	r.mu.Unlock()
 	var timer *time.Timer

@@ -4,12 +4,17 @@ import (
 	"bufio"
 	"context"
 	"io"
+	"math"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"fleet"
+	"fleet/sim/simtest"
 )
 
 // startSilent starts a backend that accepts requests and never answers
@@ -285,5 +290,94 @@ func TestFirstLongPromptIsNotHedged(t *testing.T) {
 	case w := <-checked:
 		t.Errorf("%s was taken for silent on its first long prompt", w)
 	default:
+	}
+}
+
+// A long answer not streamed is not taken for silence: its first byte is
+// its last, so its deadline covers the whole answer it may give (n choices
+// of max_tokens), not the output short answers taught. Before, on vLLM
+// workers whose chat had taught answers of 8 tokens, a 150-token answer
+// was taken back after the 750 ms floor, sent again and its worker made
+// suspect (issue 19: rig paused after three).
+func TestLongAnswerNotStreamedIsNotHedged(t *testing.T) {
+	for _, tc := range []struct{ name, body string }{
+		{"one answer of 150 tokens", `{"model":"qwen3-4b","max_tokens":150,"messages":[{"role":"user","content":"tell me a story"}]}`},
+		{"two choices of 100 tokens", `{"model":"qwen3-4b","max_tokens":100,"n":2,"messages":[{"role":"user","content":"two stories"}]}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*hangGuard)
+			defer cancel()
+			var hits atomic.Int32
+			var bs []Backend
+			for _, node := range []string{"rig", "box"} {
+				engine, _ := simtest.Handler(t, strings.Fields("--mimic vllm --profile rtx3060-vllm -- serve Qwen/Qwen3-4B-AWQ --served-model-name qwen3-4b --chat-template-kwargs {\"enable_thinking\":false}")...)
+				srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+					hits.Add(1)
+					engine.ServeHTTP(w, req)
+				}))
+				t.Cleanup(srv.Close)
+				bs = append(bs, Backend{Name: node + "/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineVLLM, Addr: srv.Listener.Addr().String(), Context: 16384, Slots: 8})
+			}
+			var silent atomic.Int32
+			_, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, OnNoFirstByte: func(string) { silent.Add(1) }}, bs...)
+			ask := func(body string) {
+				t.Helper()
+				before := hits.Load()
+				resp := post(t, ctx, rsrv.URL, body)
+				raw, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					t.Fatalf("%s: status %d: %s", body, resp.StatusCode, raw)
+				}
+				if n := hits.Load() - before; n != 1 {
+					t.Errorf("%s reached %d workers, want 1 (it was taken back by the hedge)", body, n)
+				}
+			}
+			// Short answers teach the router that answers are 8 tokens long.
+			for range 4 {
+				ask(`{"model":"qwen3-4b","max_tokens":8,"messages":[{"role":"user","content":"hi"}]}`)
+			}
+			ask(tc.body)
+			if n := silent.Load(); n != 0 {
+				t.Errorf("the hub was asked %d times to check a worker that was only answering at length", n)
+			}
+		})
+	}
+}
+
+// The first-byte deadline of an answer not streamed covers the longest
+// answer it may give, and a max_tokens near 2^63 neither wraps it round to
+// the floor nor overflows it.
+func TestHedgeDeadlineCoversTheWholeAnswer(t *testing.T) {
+	r := mustNew(t, Options{})
+	const itl = 10 * time.Millisecond
+	r.SeedSpeed("rig/qwen3-4b", SpeedPoint{Concurrency: 1, TTFT: 100 * time.Millisecond, ITL: itl})
+	ttft := hedgeFactor * 100 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		stream    bool
+		maxTokens int
+		n         int
+		context   int
+		want      time.Duration
+	}{
+		{"streamed: the first token only", true, 1000, 1, 16384, hedgeFloor},
+		{"1000 tokens", false, 1000, 1, 16384, ttft + hedgeFactor*1000*itl},
+		{"two choices of 1000", false, 1000, 2, 16384, ttft + hedgeFactor*2000*itl},
+		{"no max_tokens: what the context leaves", false, 0, 1, 4096 + 100, ttft + hedgeFactor*4096*itl},
+		{"max_tokens 2^63-1, context unknown", false, math.MaxInt, 8, 0, maxHedgeDeadline},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := &flight{b: &backend{cfg: Backend{Name: "rig/qwen3-4b", Context: tc.context}}, job: Job{PromptTokens: 100, OutputTokens: 8}, startConcurrency: 1}
+			c := &call{info: requestInfo{Stream: tc.stream, MaxTokens: tc.maxTokens}, n: tc.n}
+			r.mu.Lock()
+			got := r.hedgeDeadlineLocked(f, c)
+			r.mu.Unlock()
+			// The prompt's prefill (100 tokens at the prior's rate) is
+			// in it too: within 10% is the same deadline.
+			if got < tc.want || float64(got) > 1.1*float64(max(tc.want, hedgeFloor)) {
+				t.Errorf("deadline %v, want about %v", got, tc.want)
+			}
+		})
 	}
 }

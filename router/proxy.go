@@ -196,7 +196,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 			r.answerSchedError(w, req, model, err, lastErr)
 			return
 		}
-		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived, path: path})
+		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived, path: path, n: n})
 		if !res.retry {
 			return
 		}
@@ -261,6 +261,8 @@ type call struct {
 	key     string
 	arrived time.Time
 	path    string
+	// n is the choices asked for (1 where the endpoint has none).
+	n int
 }
 
 // upstream is the chain of round trippers (transport.go) that one attempt
@@ -275,7 +277,7 @@ func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
 		meter  meterTransport
 		hedged hedgedTransport
 	}{}
-	p.hedged = hedgedTransport{r: r, f: f, stream: c.info.Stream}
+	p.hedged = hedgedTransport{r: r, f: f, c: c}
 	p.meter = meterTransport{next: &p.hedged, m: m}
 	var rt http.RoundTripper = &p.meter
 	if c.mode != reasoning.Off {
@@ -298,13 +300,13 @@ func (r *Router) upstream(f *flight, c *call, m *meter) http.RoundTripper {
 // hedgedTransport is the end of the chain: f's worker's connection, with
 // the first-byte hedge (hedge.go).
 type hedgedTransport struct {
-	r      *Router
-	f      *flight
-	stream bool
+	r *Router
+	f *flight
+	c *call
 }
 
 func (t *hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	return t.r.roundTripHedged(t.f, req, t.stream)
+	return t.r.roundTripHedged(t.f, req, t.c)
 }
 
 // forward sends the body to f's backend through the upstream chain and
