@@ -1,10 +1,12 @@
 package router
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sync"
+	"time"
 )
 
 // The router holds each request body in memory from its first byte until
@@ -137,13 +139,13 @@ func (h *holdingReader) Read(p []byte) (int, error) {
 // answerBodyRefusal writes a refusal of the budget, in the request's API
 // shape; it reports false for any other error.
 func (r *Router) answerBodyRefusal(w http.ResponseWriter, err error) bool {
-	e, ok := err.(*bodyRefusal)
-	if !ok {
+	var e *bodyRefusal
+	if !errors.As(err, &e) {
 		return false
 	}
-	var retry = r.opts.RetryAfter
-	if !e.retryAfter {
-		retry = 0
+	var retry time.Duration
+	if e.retryAfter {
+		retry = r.opts.RetryAfter
 	}
 	// What the client still sends is not read: hang up after the answer.
 	w.Header().Set("Connection", "close")
