@@ -10,6 +10,9 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"fleet"
+	"fleet/sim/simtest"
 )
 
 // counterValue sums the named counter's series on the router's /metrics
@@ -20,6 +23,13 @@ func counterValue(t *testing.T, ctx context.Context, url, name string, want map[
 	if err != nil {
 		t.Fatal(err)
 	}
+	return metricSum(t, req, name, want)
+}
+
+// metricSum sums the named series of req's /metrics answer whose labels
+// include want.
+func metricSum(t *testing.T, req *http.Request, name string, want map[string]string) float64 {
+	t.Helper()
 	sum := 0.0
 next:
 	for _, s := range scrapeValues(t, req)[name] {
@@ -36,7 +46,7 @@ next:
 // neverReads sends a streamed chat request on a raw connection with a small
 // receive buffer and reads nothing of the answer, like the clients of issue
 // 19 that held every llama slot. The connection is closed when the test ends.
-func neverReads(t *testing.T, addr string) {
+func neverReads(t *testing.T, addr string, maxTokens int) {
 	t.Helper()
 	conn, err := net.Dial("tcp", addr)
 	if err != nil {
@@ -44,7 +54,7 @@ func neverReads(t *testing.T, addr string) {
 	}
 	t.Cleanup(func() { conn.Close() })
 	_ = conn.(*net.TCPConn).SetReadBuffer(4 << 10)
-	body := `{"model":"qwen3-4b","stream":true,"messages":[{"role":"user","content":"tell me everything"}]}`
+	body := fmt.Sprintf(`{"model":"qwen3-4b","stream":true,"max_tokens":%d,"messages":[{"role":"user","content":"tell me everything"}]}`, maxTokens)
 	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
 		t.Fatal(err)
 	}
@@ -81,7 +91,7 @@ func TestClientThatNeverReadsIsCut(t *testing.T) {
 	r, rsrv := startRouter(t, Options{WriteTimeout: 300 * time.Millisecond, QueueTimeout: hangGuard}, b)
 	addr := serveReal(t, r)
 	for range slots {
-		neverReads(t, addr)
+		neverReads(t, addr, 0)
 	}
 	for i := range slots {
 		select {
@@ -103,6 +113,31 @@ func TestClientThatNeverReadsIsCut(t *testing.T) {
 	if got := counterValue(t, ctx, rsrv.URL, "fleet_router_requests_total", map[string]string{"backend": b.Name, "status": "499"}); got != slots {
 		t.Errorf("requests counted as 499 = %v, want %d (the cut clients)", got, slots)
 	}
+}
+
+// The same against the simulated llama-server, whose slots are what the
+// clients of issue 19 held: once they are cut, it reports none busy.
+func TestClientThatNeverReadsFreesTheEngineSlot(t *testing.T) {
+	const slots, ctx = 2, 1 << 20
+	engine := simtest.Start(t, strings.Fields(fmt.Sprintf("--mimic llamacpp --profile instant -- -m q.gguf -a qwen3-4b -np %d -c %d --metrics", slots, slots*ctx))...)
+	b := Backend{Name: "ultra/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, Addr: engine.Listener.Addr().String(), Context: ctx, Slots: slots}
+	r, _ := startRouter(t, Options{WriteTimeout: 300 * time.Millisecond}, b)
+	addr := serveReal(t, r)
+	busy := func() float64 {
+		req, err := http.NewRequestWithContext(t.Context(), http.MethodGet, engine.URL+"/metrics", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return metricSum(t, req, "llamacpp:requests_processing", nil)
+	}
+	for range slots {
+		// An answer of half a million tokens: far more than the
+		// connection's buffers hold.
+		neverReads(t, addr, 500000)
+	}
+	waitFor(t, func() bool { return busy() == slots })
+	waitFor(t, func() bool { return busy() == 0 })
+	waitFor(t, func() bool { return r.InFlight(b.Name) == 0 })
 }
 
 // The write deadline an answer leaves on its connection does not cut the
