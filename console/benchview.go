@@ -22,7 +22,7 @@ const (
 // noBenchHint is what the detail says for a worker never benched.
 const noBenchHint = "no bench yet: press b to run one (operator)"
 
-// renderBench is the detail's bench section: the README's bench table row and a
+// renderBench is the detail's bench section: the bench table of docs/measurements.md row and a
 // bar chart each of total tok/s and TTFT p50 against concurrency.
 // The agent split's latest sweep follows the chat one, each titled with its
 // split, so the two shapes of load are read together.
@@ -92,7 +92,7 @@ func (cm *common) renderSweep(name string, points []fleet.BenchPoint, at time.Ti
 	return out
 }
 
-// benchTok formats a tok/s figure as the README's bench table does: whole numbers,
+// benchTok formats a tok/s figure as the bench table of docs/measurements.md does: whole numbers,
 // with a decimal only where the figure is small enough to need one.
 func benchTok(v float64) string {
 	switch {
@@ -104,7 +104,7 @@ func benchTok(v float64) string {
 	return fmt.Sprintf("%.0f", v)
 }
 
-// benchTable is the README's bench table ("1 request tok/s | 2 concurrent
+// benchTable is the bench table of docs/measurements.md ("1 request tok/s | 2 concurrent
 // total | 4 concurrent total | per request at 4 | TTFT p50"), a header and
 // one row of values with the columns right-aligned. That wording needs
 // about 95 cells; narrower terminals get the same columns abbreviated, and

@@ -10,7 +10,7 @@ import (
 	"fleet"
 )
 
-// designExample is the README's fleet file (section "Fleet file") with two
+// designExample is the README's fleet file (section "A fleet file", also in docs/fleet-file.md) with two
 // things more to parse: a vLLM argument list over two lines and a sim recipe.
 const designExample = `nodes:
   - name: rig

@@ -146,7 +146,7 @@ func (r *Router) endpointExclusions(model, path string, n int) ([]string, *sched
 				n, model, strings.Join(kinds, ", "))}
 	}
 	return nil, &schedError{status: http.StatusNotFound, typ: errTypeInvalidRequest, code: "endpoint_not_served",
-		msg: fmt.Sprintf("no ready worker of %q serves %s: %s; use a model whose engine serves it (the router's README lists which engine serves which endpoint)",
+		msg: fmt.Sprintf("no ready worker of %q serves %s: %s; use a model whose engine serves it (docs/endpoints.md lists which engine serves which endpoint)",
 			model, path, strings.Join(kinds, ", "))}
 }
 

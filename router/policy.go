@@ -287,8 +287,8 @@ const waitMargin = 2
 // idle. With it, a worker that holds the conversation and has room keeps
 // the turn when its prediction is close, and its cache stays warm. A full
 // backend needs no price: its cost already holds its queue (NextFree,
-// Behind). Measured over the agent-sessions seeds 1–10 and 42 (README,
-// Scheduling): p99 E2E better or equal on every seed, cache hit on all but
+// Behind). Measured when it was added, over the agent-sessions seeds 1–10
+// and 42 (today's figures: docs/measurements.md): p99 E2E better or equal on every seed, cache hit on all but
 // one (0.3 points lower), p50 TTFT better, equal or within 3 ms on all but
 // one (seed 7); chat is untouched (no affinity, no price).
 func loadPrice(job Job, c Candidate) time.Duration {

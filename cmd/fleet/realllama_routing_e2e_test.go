@@ -41,7 +41,7 @@ import (
 // kind's system prompt: with a task a fifth of it, the worker holding a
 // session was predicted only 1.4 times faster at turn 1 than one holding just
 // the kind's prompt, the speed model's noise decided, and two of nine runs
-// left `fleet` at 47-49%, level with or below `fleet-no-prefix` (README).
+// left `fleet` at 47-49%, level with or below `fleet-no-prefix`.
 //
 // Asserted, within one run: over the later turns of every session (from
 // realLlamaSettled on), `fleet`'s hit ratio is at least realLlamaMargin above
@@ -53,7 +53,7 @@ import (
 // beside other packages' tests, that sent every later turn of `fleet` to
 // one worker (61.6% from turn 4 on, against round-robin's 58.8% and
 // fleet-no-prefix's 18.3%). In ten runs alone `fleet` led every other policy
-// by 18.7 to 34.1 points from turn 4 on (README).
+// by 18.7 to 34.1 points from turn 4 on (docs/measurements.md).
 func TestRealLlamaRoutingCacheHit(t *testing.T) {
 	bin := llamatest.Binary(t)
 	if testing.Short() {
@@ -113,7 +113,7 @@ const (
 	// realLlamaMargin is how far above every other policy's cache hit
 	// ratio `fleet`'s must be from turn realLlamaSettled on, in the same
 	// run: ten runs, five under -race, put it 18.7 to 34.1 points above
-	// the best of them (README).
+	// the best of them (docs/measurements.md).
 	realLlamaMargin = 0.10
 )
 

@@ -45,7 +45,7 @@ func runAgent(t *testing.T, name string) map[string]Result {
 // because 53.7% of its turns land there while a third wait 60–80 s on the M1
 // Ultra. Matching it needs half of all turns served that way, so the Macs
 // would carry the other half at about their full capacity, which no tail
-// goal survives (README, Scheduling).
+// goal survives (docs/measurements.md).
 func TestAgentSessionsTargets(t *testing.T) {
 	res := runAgent(t, "agent-sessions")
 	f := res[router.PolicyFleet]
@@ -220,7 +220,7 @@ func TestSessionPlansGrow(t *testing.T) {
 
 // The goals over seeds 1–10 (virtual time is deterministic). Those
 // that hold on every seed are asserted on every seed; the others are
-// logged per seed, with why they miss where they do (README, Scheduling):
+// logged per seed, with why they miss where they do (docs/measurements.md):
 // p50 TTFT ≤ cache-aware's misses where the fleet runs its fast worker at
 // saturation (seeds 2, 5, 7, 9), p99 E2E ≤ fleet-no-prefix's and p50 TTFT
 // ≤ 0.3× its where the load is light enough that fleet-no-prefix keeps
