@@ -3,6 +3,8 @@ package router
 import (
 	"bytes"
 	"time"
+
+	"fleet/internal/tokenchunk"
 )
 
 func isEventStream(ct string) bool {
@@ -133,7 +135,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 		}
 		// A first chunk too long to keep whole (a big tool call or text
 		// at once) is still the first token.
-		if m.firstToken.IsZero() && carriesTokenStart(m.event, payload) {
+		if m.firstToken.IsZero() && tokenchunk.CarriesStart(m.event, payload) {
 			m.firstToken = now
 		}
 		m.lastData = now
@@ -168,7 +170,7 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 	if m.firstData.IsZero() {
 		m.firstData = now
 	}
-	if m.firstToken.IsZero() && carriesToken(payload) {
+	if m.firstToken.IsZero() && tokenchunk.Carries(payload) {
 		m.firstToken = now
 	}
 	m.lastData = now

@@ -136,33 +136,3 @@ func TestLongFirstChunkIsTheFirstToken(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) { checkTTFTAfterPrefill(t, tc.early, tc.first) })
 	}
 }
-
-// TestCarriesTokenStart: what the start of a long data line says, cut
-// anywhere past the first key.
-func TestCarriesTokenStart(t *testing.T) {
-	long := strings.Repeat("y", 100)
-	for _, tc := range []struct {
-		name, event, payload string
-		want                 bool
-	}{
-		{"content", "", `{"id":"c","choices":[{"index":0,"delta":{"content":"` + long, true},
-		{"content after an empty role", "", `{"choices":[{"index":0,"delta":{"role":"assistant","content":"` + long, true},
-		{"reasoning_content", "", `{"choices":[{"delta":{"reasoning_content":"` + long, true},
-		{"reasoning", "", `{"choices":[{"delta":{"reasoning":"` + long, true},
-		{"tool call", "", `{"choices":[{"delta":{"tool_calls":[{"index":0,"function":{"arguments":"` + long, true},
-		{"completion text", "", `{"choices":[{"index":0,"text":"` + long, true},
-		{"empty content, long logprobs", "", `{"choices":[{"delta":{"content":""},"logprobs":{"content":[{"token":"` + long, false},
-		{"empty tool calls", "", `{"choices":[{"delta":{"tool_calls":[],"x":"` + long, false},
-		{"content key inside another string", "", `{"choices":[{"delta":{"role":"assistant"},"note":"\"content\":\"` + long, false},
-		{"api token type first", "", `{"type":"content_block_delta","delta":{"text":"` + long, true},
-		{"api other type first", "", `{"type":"response.created","response":{"instructions":"` + long, false},
-		{"responses echo, type last, no event line", "", `{"response":{"instructions":"` + long, false},
-		{"event names a token", "response.function_call_arguments.delta", `{"delta":"` + long, true},
-		{"event names no token", "response.created", `{"response":{"text":"` + long, false},
-		{"not JSON", "", `<html>` + long, false},
-	} {
-		if got := carriesTokenStart([]byte(tc.event), []byte(tc.payload)); got != tc.want {
-			t.Errorf("%s: carriesTokenStart = %v, want %v", tc.name, got, tc.want)
-		}
-	}
-}

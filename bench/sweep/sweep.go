@@ -7,8 +7,10 @@
 // the client from the arrival of SSE events:
 //
 //   - TTFT: from sending the request to the first event that carries a
-//     content or reasoning token (content, reasoning_content, reasoning or a
-//     tool call). A reasoning model's thinking counts: it is output.
+//     content or reasoning token (content, reasoning_content, reasoning, a
+//     tool call or completion text), by the router's rule (tokenchunk), so
+//     bench and router time it alike. A reasoning model's thinking counts:
+//     it is output.
 //   - E2E: from sending the request to the end of the stream.
 //   - TPOT: (E2E − TTFT) / (n − 1) per request, n its output tokens.
 //   - ITL: the gaps between consecutive token-carrying events, pooled over
@@ -40,21 +42,23 @@ import (
 
 	"fleet"
 	"fleet/bench"
+	"fleet/internal/tokenchunk"
 )
 
 // Splits: the shape of the benchmark's requests.
 const (
-	// SplitChat is short prompts with 256-token answers, the first seed's
-	// benchmark: per-request decode speed is what it shows.
+	// SplitChat is short prompts with 256-token answers, the first field
+	// report's benchmark: per-request decode speed is what it shows.
 	SplitChat = "chat"
 	// SplitAgent is prompts of about 4.6K tokens with about 70-token
-	// answers, the second seed's agent split: TTFT is what the user feels.
+	// answers, the second field report's agent split: TTFT is what the
+	// user feels.
 	SplitAgent = "agent"
 )
 
 // Definitions states how each metric is measured, for --help and Text.
 const Definitions = `Metrics (as vLLM's "bench serve" defines them, measured at the client):
-  TTFT     send → first event carrying a content or reasoning token
+  TTFT     send → first event carrying a token (content, reasoning or a tool call), as the router times it
   E2E      send → end of stream
   TPOT     (E2E − TTFT) / (output tokens − 1), per request
   ITL      gaps between token-carrying events, pooled over the level's requests
@@ -435,16 +439,11 @@ func send(ctx context.Context, client *http.Client, target bench.Target, opts Op
 	return readStream(resp.Body, start, time.Now)
 }
 
-// streamChunk is the part of a chunk the timing needs.
+// streamChunk is the part of a chunk the timing needs: whether it carries a
+// token is tokenchunk's rule, the router's own, so bench and router time
+// TTFT at the same event.
 type streamChunk struct {
-	Choices []struct {
-		Delta struct {
-			Content          string            `json:"content"`
-			ReasoningContent string            `json:"reasoning_content"`
-			Reasoning        string            `json:"reasoning"`
-			ToolCalls        []json.RawMessage `json:"tool_calls"`
-		} `json:"delta"`
-	} `json:"choices"`
+	tokenchunk.Chunk
 	Usage *struct {
 		PromptTokens     int `json:"prompt_tokens"`
 		CompletionTokens int `json:"completion_tokens"`
@@ -496,7 +495,7 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 			for _, ch := range c.Choices {
 				answer.WriteString(ch.Delta.Content)
 			}
-			if carriesToken(c) {
+			if c.CarriesToken() {
 				if events == 0 {
 					r.ttft = at.Sub(start)
 				} else {
@@ -524,16 +523,6 @@ func readStream(body io.Reader, start time.Time, now func() time.Time) request {
 	}
 	r.answer = answer.String()
 	return r
-}
-
-func carriesToken(c streamChunk) bool {
-	for _, ch := range c.Choices {
-		d := ch.Delta
-		if d.Content != "" || d.ReasoningContent != "" || d.Reasoning != "" || len(d.ToolCalls) > 0 {
-			return true
-		}
-	}
-	return false
 }
 
 // Samples turns the sweep into one bench sample per level, for the store

@@ -34,6 +34,7 @@ func TestReadStream(t *testing.T) {
 		vllmReas  = `data: {"choices":[{"index":0,"delta":{"reasoning":"Hmm"}}]}`
 		content   = `data: {"choices":[{"index":0,"delta":{"content":"Hi"}}]}`
 		tool      = `data: {"choices":[{"index":0,"delta":{"tool_calls":[{"index":0,"function":{"arguments":"{"}}]}}]}`
+		text      = `data: {"choices":[{"index":0,"text":"Hi"}]}`
 		usage     = `data: {"choices":[],"usage":{"prompt_tokens":9,"completion_tokens":5}}`
 		done      = `data: [DONE]`
 	)
@@ -52,6 +53,9 @@ func TestReadStream(t *testing.T) {
 		{"reasoning starts TTFT", []string{role, reasoning, content, content, usage, done}, ms(20), 2, ms(60), 5, false, ""},
 		{"vLLM reasoning field starts TTFT", []string{role, vllmReas, content, content, usage, done}, ms(20), 2, ms(60), 5, false, ""},
 		{"tool call deltas are tokens", []string{role, tool, tool, usage, done}, ms(20), 1, ms(50), 5, false, ""},
+		// The router times a worker's TTFT at a completion chunk's text;
+		// the bench must time it at the same event, not at the next one.
+		{"completion text starts TTFT, as in the router", []string{role, text, content, usage, done}, ms(20), 1, ms(50), 5, false, ""},
 		{"no usage: events counted", []string{role, content, content, content, done}, ms(20), 2, ms(50), 3, true, ""},
 		{"comments and blank lines ignored", []string{": ping", role, "", content, usage, done}, ms(20), 0, ms(40), 5, false, ""},
 		{"error event", []string{role, `data: {"error":{"message":"boom"}}`}, 0, 0, 0, 0, false, "error event in stream"},
