@@ -1,7 +1,6 @@
 package sim
 
 import (
-	"container/list"
 	"hash/fnv"
 	"sync"
 
@@ -181,30 +180,20 @@ func (c *llamaCache) view(slot int) slotView {
 }
 
 // vllmBlockSize is vLLM's default KV block size (--block-size 16).
-const vllmBlockSize = 16
+const vllmBlockSize = promptcache.BlockSize
 
-// blockCache is vLLM's automatic prefix caching: the KV cache is split in
-// 16-token blocks, each full block named by the hash of its tokens and of
-// the block before it, so a block is shared by every request whose prompt
-// has the same prefix up to it. Blocks in use by a running request stay;
-// the rest are evicted least recently used first when the KV cache, the
-// profile's KVCacheTokens, is full.
+// blockCache is vLLM's automatic prefix caching on token lists: the model
+// fleet/internal/promptcache keeps for the sim and the virtual-time
+// simulator alike (Blocks), each full block named by the hash of its tokens
+// and of the block before it. The KV cache is the profile's KVCacheTokens.
 type blockCache struct {
-	mu       sync.Mutex
-	capacity int
-	enabled  bool
-	blocks   map[uint64]*list.Element
-	lru      *list.List // of *block; front = least recently used
-}
-
-type block struct {
-	hash uint64
-	refs int
+	mu      sync.Mutex
+	enabled bool
+	pc      *promptcache.Blocks[uint64]
 }
 
 func newBlockCache(kvTokens int, enabled bool) *blockCache {
-	return &blockCache{capacity: max(kvTokens/vllmBlockSize, 1), enabled: enabled,
-		blocks: map[uint64]*list.Element{}, lru: list.New()}
+	return &blockCache{enabled: enabled, pc: promptcache.NewBlocks[uint64](kvTokens)}
 }
 
 // blockHashes chains the hashes of the full blocks of tokens.
@@ -237,22 +226,12 @@ func (b *blockCache) start(prompt []uint64) (int, []uint64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	hashes := blockHashes(prompt[:max(len(prompt)-1, 0)])
-	var pinned []uint64
-	for _, h := range hashes {
-		e, ok := b.blocks[h]
-		if !ok {
-			break
-		}
-		e.Value.(*block).refs++
-		b.lru.MoveToBack(e)
-		pinned = append(pinned, h)
-	}
-	return len(pinned) * vllmBlockSize, pinned
+	n := b.pc.Start(hashes)
+	return n * vllmBlockSize, hashes[:n]
 }
 
 // prefilled caches the prompt's full blocks as soon as they are computed,
-// pinned for the request's life, so a request with the same prefix that
-// arrives meanwhile shares them. It returns every block the request pins.
+// pinned for the request's life. It returns every block the request pins.
 func (b *blockCache) prefilled(prompt []uint64, pinned []uint64) []uint64 {
 	if !b.enabled {
 		return nil
@@ -260,58 +239,24 @@ func (b *blockCache) prefilled(prompt []uint64, pinned []uint64) []uint64 {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	hashes := blockHashes(prompt)
-	for _, h := range hashes[len(pinned):] {
-		e, ok := b.blocks[h]
-		if !ok {
-			e = b.lru.PushBack(&block{hash: h})
-			b.blocks[h] = e
-		}
-		e.Value.(*block).refs++
-		b.lru.MoveToBack(e)
-	}
-	b.evictLocked()
+	b.pc.Prefilled(hashes, len(pinned))
 	return hashes
 }
 
-// finish caches the full blocks of the answer too, unpins the request's
-// blocks and evicts beyond the capacity.
+// finish caches the full blocks of the answer too (all: prompt and answer),
+// unpins the request's blocks and evicts beyond the capacity.
 func (b *blockCache) finish(all []uint64, pinned []uint64) {
 	if !b.enabled {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	for _, h := range pinned {
-		if e, ok := b.blocks[h]; ok {
-			e.Value.(*block).refs--
-		}
-	}
-	for _, h := range blockHashes(all) {
-		if e, ok := b.blocks[h]; ok {
-			b.lru.MoveToBack(e)
-			continue
-		}
-		b.blocks[h] = b.lru.PushBack(&block{hash: h})
-	}
-	b.evictLocked()
-}
-
-// evictLocked drops unpinned blocks, least recently used first, until the
-// cache fits its capacity (pinned blocks may exceed it: vLLM would preempt).
-func (b *blockCache) evictLocked() {
-	for e := b.lru.Front(); e != nil && b.lru.Len() > b.capacity; {
-		next := e.Next()
-		if blk := e.Value.(*block); blk.refs == 0 {
-			delete(b.blocks, blk.hash)
-			b.lru.Remove(e)
-		}
-		e = next
-	}
+	b.pc.Finish(pinned, blockHashes(all))
 }
 
 // size is how many blocks the cache holds.
 func (b *blockCache) size() int {
 	b.mu.Lock()
 	defer b.mu.Unlock()
-	return b.lru.Len()
+	return b.pc.Len()
 }

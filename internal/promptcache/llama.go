@@ -1,9 +1,11 @@
-// Package promptcache is llama-server's prompt reuse (tools/server,
-// server-context.cpp and server-task.cpp at commit de3ff81), shared by the
-// real-time sim (sim/) and the virtual-time simulator (router/simulate/),
-// which hold prompts differently: token lists in one, (kind, session,
-// length) triples in the other. The model is generic over the prompt; Ops
-// says how long a prompt is and how much two share.
+// Package promptcache is the engines' prompt reuse, shared by the real-time
+// sim (sim/) and the virtual-time simulator (router/simulate/): vLLM's
+// prefix blocks (Blocks, blocks.go) and llama-server's slots and host cache
+// (Llama, below: tools/server, server-context.cpp and server-task.cpp at
+// commit de3ff81). The two callers hold prompts differently: token lists in
+// one, (kind, session, length) triples in the other. Both models are
+// generic over it: Llama's Ops say how long a prompt is and how much two
+// share, Blocks' keys name a block and every token before it.
 //
 // Every slot keeps the tokens of its last request (prompt and answer) in
 // its KV cache, and a host-RAM prompt cache (--cache-ram MiB, 8192 by

@@ -189,8 +189,8 @@ func TestVLLMBlockCacheModel(t *testing.T) {
 	if got, _ := b.start(seq{0, 1, 5000}); got != 0 {
 		t.Errorf("after filling the cache with other prompts the session still reused %d tokens", got)
 	}
-	if b.lru.Len() > b.capacity {
-		t.Errorf("cache holds %d blocks, capacity %d", b.lru.Len(), b.capacity)
+	if b.pc.Len() > b.pc.Capacity() {
+		t.Errorf("cache holds %d blocks, capacity %d", b.pc.Len(), b.pc.Capacity())
 	}
 }
 

@@ -1,10 +1,6 @@
 package simulate
 
-import (
-	"container/list"
-
-	"fleet/internal/promptcache"
-)
+import "fleet/internal/promptcache"
 
 // The engines' prompt caches in virtual time, as `fleet sim` keeps them
 // (sim/prefix.go): llama-server's slots plus host-RAM cache, and vLLM's
@@ -71,101 +67,56 @@ func (l *llamaCache) prefilled(slot int, prompt seq) { l.Prefilled(slot, prompt)
 // finish leaves the slot holding the prompt and its answer.
 func (l *llamaCache) finish(slot int, all seq) { l.Finish(slot, all, false) }
 
-// blockCache mirrors sim's vLLM automatic prefix caching: 16-token blocks
-// named by their prefix, shared by all requests, pinned while a request
-// uses them, least recently used evicted beyond the KV cache.
+// blockCache is vLLM's automatic prefix caching on seqs: the same model as
+// `fleet sim`'s (fleet/internal/promptcache's Blocks), with a block named by
+// where its tokens come from instead of their hash.
 type blockCache struct {
-	c        *caches
-	capacity int
-	blocks   map[blockKey]*list.Element
-	lru      list.List // of *simBlock
+	c  *caches
+	pc *promptcache.Blocks[blockKey]
 }
 
-const vllmBlockSize = 16
+const vllmBlockSize = promptcache.BlockSize
 
 // blockKey names a block: a block wholly inside the kind's system prefix is
 // the kind's, any other is its session's.
 type blockKey struct{ kind, session, i int }
 
-type simBlock struct {
-	key  blockKey
-	refs int
-}
-
 func newBlockCache(c *caches, kvTokens int) *blockCache {
-	b := &blockCache{c: c, capacity: max(kvTokens/vllmBlockSize, 1), blocks: map[blockKey]*list.Element{}}
-	b.lru.Init()
-	return b
+	return &blockCache{c: c, pc: promptcache.NewBlocks[blockKey](kvTokens)}
 }
 
-func (b *blockCache) key(s seq, i int) blockKey {
-	if s.kind >= 0 && (i+1)*vllmBlockSize <= b.c.system[s.kind] {
-		return blockKey{s.kind, -1, i}
+// keys names the first n blocks of s.
+func (b *blockCache) keys(s seq, n int) []blockKey {
+	out := make([]blockKey, n)
+	for i := range out {
+		if s.kind >= 0 && (i+1)*vllmBlockSize <= b.c.system[s.kind] {
+			out[i] = blockKey{s.kind, -1, i}
+		} else {
+			out[i] = blockKey{s.kind, s.session, i}
+		}
 	}
-	return blockKey{s.kind, s.session, i}
+	return out
 }
 
 // start pins the cached full blocks of prompt[:n-1] and returns the tokens
 // they hold and the pinned count.
 func (b *blockCache) start(prompt seq) (int, int) {
-	full := max(prompt.n-1, 0) / vllmBlockSize
-	i := 0
-	for ; i < full; i++ {
-		e, ok := b.blocks[b.key(prompt, i)]
-		if !ok {
-			break
-		}
-		e.Value.(*simBlock).refs++
-		b.lru.MoveToBack(e)
-	}
-	return i * vllmBlockSize, i
+	n := b.pc.Start(b.keys(prompt, max(prompt.n-1, 0)/vllmBlockSize))
+	return n * vllmBlockSize, n
 }
 
 // prefilled caches and pins the prompt's full blocks; it returns the pinned
 // count.
 func (b *blockCache) prefilled(prompt seq, pinned int) int {
-	full := prompt.n / vllmBlockSize
-	for i := pinned; i < full; i++ {
-		k := b.key(prompt, i)
-		e, ok := b.blocks[k]
-		if !ok {
-			e = b.lru.PushBack(&simBlock{key: k})
-			b.blocks[k] = e
-		}
-		e.Value.(*simBlock).refs++
-		b.lru.MoveToBack(e)
-	}
-	b.evict()
-	return max(full, pinned)
+	return b.pc.Prefilled(b.keys(prompt, prompt.n/vllmBlockSize), pinned)
 }
 
-// finish unpins the request's blocks and caches the answer's full blocks.
+// finish unpins the request's blocks and caches the full blocks of its
+// prompt and answer (all).
 func (b *blockCache) finish(prompt, all seq, pinned int) {
-	for i := range pinned {
-		if e, ok := b.blocks[b.key(prompt, i)]; ok {
-			e.Value.(*simBlock).refs--
-		}
-	}
+	var answer []blockKey
 	if all.n > 0 {
-		for i := range all.n / vllmBlockSize {
-			k := b.key(all, i)
-			if e, ok := b.blocks[k]; ok {
-				b.lru.MoveToBack(e)
-				continue
-			}
-			b.blocks[k] = b.lru.PushBack(&simBlock{key: k})
-		}
+		answer = b.keys(all, all.n/vllmBlockSize)
 	}
-	b.evict()
-}
-
-func (b *blockCache) evict() {
-	for e := b.lru.Front(); e != nil && b.lru.Len() > b.capacity; {
-		next := e.Next()
-		if blk := e.Value.(*simBlock); blk.refs == 0 {
-			delete(b.blocks, blk.key)
-			b.lru.Remove(e)
-		}
-		e = next
-	}
+	b.pc.Finish(b.keys(prompt, pinned), answer)
 }
