@@ -47,7 +47,7 @@ func loadFleet(ctx context.Context, q queryer) (fleet.Fleet, error) {
 
 const nodeColumns = `name, address, identity, endpoint, port_min, port_max, host_key, platform, probed_at, state, reason, drained`
 
-func scanNode(sc interface{ Scan(...any) error }) (fleet.Node, error) {
+func scanNode(sc rowScanner) (fleet.Node, error) {
 	var (
 		n        fleet.Node
 		platform sql.NullString
@@ -78,76 +78,49 @@ func loadNodes(ctx context.Context, q queryer, name string) ([]fleet.Node, error
 		query += ` WHERE name = ?`
 		args = append(args, name)
 	}
-	rows, err := q.QueryContext(ctx, query+` ORDER BY position, name`, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read nodes: %w", err)
-	}
-	defer rows.Close()
-	nodes := []fleet.Node{}
-	for rows.Next() {
-		n, err := scanNode(rows)
-		if err != nil {
-			return nil, fmt.Errorf("read nodes: %w", err)
-		}
-		nodes = append(nodes, n)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read nodes: %w", err)
-	}
-	return nodes, nil
+	return queryAll(ctx, q, "read nodes", scanNode, query+` ORDER BY position, name`, args...)
 }
 
 func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
-	rows, err := q.QueryContext(ctx, `SELECT id, aliases, context, memory_gb, speed_tolerance, reasoning, reference FROM models ORDER BY position, id`)
-	if err != nil {
-		return nil, fmt.Errorf("read models: %w", err)
-	}
-	defer rows.Close()
-	models := []fleet.Model{}
-	index := map[string]int{}
-	for rows.Next() {
+	models, err := queryAll(ctx, q, "read models", func(r rowScanner) (fleet.Model, error) {
 		var (
 			m       fleet.Model
 			aliases string
 		)
-		if err := rows.Scan(&m.ID, &aliases, &m.Context, &m.MemoryGB, &m.SpeedTolerance, &m.Reasoning, &m.Reference); err != nil {
-			return nil, fmt.Errorf("read models: %w", err)
+		if err := r.Scan(&m.ID, &aliases, &m.Context, &m.MemoryGB, &m.SpeedTolerance, &m.Reasoning, &m.Reference); err != nil {
+			return m, err
 		}
 		if err := json.Unmarshal([]byte(aliases), &m.Aliases); err != nil {
-			return nil, fmt.Errorf("read model %s: stored aliases are not valid JSON: %w", m.ID, err)
+			return m, fmt.Errorf("model %s: stored aliases are not valid JSON: %w", m.ID, err)
 		}
 		if len(m.Aliases) == 0 {
 			m.Aliases = nil
 		}
 		m.Recipes = map[fleet.EngineKind]fleet.Recipe{}
-		index[m.ID] = len(models)
-		models = append(models, m)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read models: %w", err)
-	}
-	rows.Close()
-
-	rrows, err := q.QueryContext(ctx, `SELECT model_id, engine, model, args, bin, install, env, profile, ready_timeout FROM recipes`)
+		return m, nil
+	}, `SELECT id, aliases, context, memory_gb, speed_tolerance, reasoning, reference FROM models ORDER BY position, id`)
 	if err != nil {
-		return nil, fmt.Errorf("read recipes: %w", err)
+		return nil, err
 	}
-	defer rrows.Close()
-	for rrows.Next() {
+	index := make(map[string]int, len(models))
+	for i, m := range models {
+		index[m.ID] = i
+	}
+	err = eachRow(ctx, q, "read recipes", func(row rowScanner) error {
 		var (
 			modelID, engine, args, env string
 			r                          fleet.Recipe
 			readyNS                    int64
 		)
-		if err := rrows.Scan(&modelID, &engine, &r.Model, &args, &r.Bin, &r.Install, &env, &r.Profile, &readyNS); err != nil {
-			return nil, fmt.Errorf("read recipes: %w", err)
+		if err := row.Scan(&modelID, &engine, &r.Model, &args, &r.Bin, &r.Install, &env, &r.Profile, &readyNS); err != nil {
+			return err
 		}
 		r.Engine, r.ReadyTimeout = fleet.EngineKind(engine), time.Duration(readyNS)
 		if err := json.Unmarshal([]byte(args), &r.Args); err != nil {
-			return nil, fmt.Errorf("read recipe %s/%s: stored args are not valid JSON: %w", modelID, engine, err)
+			return fmt.Errorf("recipe %s/%s: stored args are not valid JSON: %w", modelID, engine, err)
 		}
 		if err := json.Unmarshal([]byte(env), &r.Env); err != nil {
-			return nil, fmt.Errorf("read recipe %s/%s: stored env is not valid JSON: %w", modelID, engine, err)
+			return fmt.Errorf("recipe %s/%s: stored env is not valid JSON: %w", modelID, engine, err)
 		}
 		if len(r.Args) == 0 {
 			r.Args = nil
@@ -155,40 +128,27 @@ func loadModels(ctx context.Context, q queryer) ([]fleet.Model, error) {
 		if len(r.Env) == 0 {
 			r.Env = nil
 		}
-		i, ok := index[modelID]
-		if !ok {
-			continue // cannot happen with foreign keys on
+		if i, ok := index[modelID]; ok { // always, with foreign keys on
+			models[i].Recipes[r.Engine] = r
 		}
-		models[i].Recipes[r.Engine] = r
-	}
-	if err := rrows.Err(); err != nil {
-		return nil, fmt.Errorf("read recipes: %w", err)
+		return nil
+	}, `SELECT model_id, engine, model, args, bin, install, env, profile, ready_timeout FROM recipes`)
+	if err != nil {
+		return nil, err
 	}
 	return models, nil
 }
 
 func loadPlacements(ctx context.Context, q queryer) ([]fleet.Placement, error) {
-	rows, err := q.QueryContext(ctx, `SELECT model, node, engine, context FROM placements ORDER BY position, id`)
-	if err != nil {
-		return nil, fmt.Errorf("read placements: %w", err)
-	}
-	defer rows.Close()
-	placements := []fleet.Placement{}
-	for rows.Next() {
+	return queryAll(ctx, q, "read placements", func(r rowScanner) (fleet.Placement, error) {
 		var (
 			p      fleet.Placement
 			engine string
 		)
-		if err := rows.Scan(&p.Model, &p.Node, &engine, &p.Context); err != nil {
-			return nil, fmt.Errorf("read placements: %w", err)
-		}
+		err := r.Scan(&p.Model, &p.Node, &engine, &p.Context)
 		p.Engine = fleet.EngineKind(engine)
-		placements = append(placements, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read placements: %w", err)
-	}
-	return placements, nil
+		return p, err
+	}, `SELECT model, node, engine, context FROM placements ORDER BY position, id`)
 }
 
 // ApplyFleet replaces the declared state (nodes, models with their recipes,

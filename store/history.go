@@ -57,27 +57,19 @@ func (s *Store) Samples(ctx context.Context, worker string, since time.Time, lim
 	}
 	query += ` ORDER BY at DESC, id DESC LIMIT ?`
 	args = append(args, clampLimit(limit))
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read samples of %q: %w", worker, err)
-	}
-	defer rows.Close()
-	samples := []fleet.Sample{}
-	for rows.Next() {
+	samples, err := queryAll(ctx, s.db, fmt.Sprintf("read samples of %q", worker), func(r rowScanner) (fleet.Sample, error) {
 		var (
 			sm             fleet.Sample
 			at             int64
 			ttft, itl, e2e int64
 		)
-		if err := rows.Scan(&sm.Worker, &at, &sm.Kind, &ttft, &itl, &e2e, &sm.OutputTokens, &sm.TokPerSec, &sm.Detail); err != nil {
-			return nil, fmt.Errorf("read samples of %q: %w", worker, err)
-		}
+		err := r.Scan(&sm.Worker, &at, &sm.Kind, &ttft, &itl, &e2e, &sm.OutputTokens, &sm.TokPerSec, &sm.Detail)
 		sm.At = fromUnixNano(at)
 		sm.TTFT, sm.ITL, sm.E2E = time.Duration(ttft), time.Duration(itl), time.Duration(e2e)
-		samples = append(samples, sm)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read samples of %q: %w", worker, err)
+		return sm, err
+	}, query, args...)
+	if err != nil {
+		return nil, err
 	}
 	slices.Reverse(samples)
 	return samples, nil
@@ -126,25 +118,17 @@ func (s *Store) Events(ctx context.Context, subject string, afterID int64, limit
 	}
 	query += ` ORDER BY id DESC LIMIT ?`
 	args = append(args, clampLimit(limit))
-	rows, err := s.db.QueryContext(ctx, query, args...)
-	if err != nil {
-		return nil, fmt.Errorf("read events of %q: %w", subject, err)
-	}
-	defer rows.Close()
-	events := []fleet.Event{}
-	for rows.Next() {
+	events, err := queryAll(ctx, s.db, fmt.Sprintf("read events of %q", subject), func(r rowScanner) (fleet.Event, error) {
 		var (
 			e  fleet.Event
 			at int64
 		)
-		if err := rows.Scan(&e.ID, &at, &e.Level, &e.Subject, &e.Message); err != nil {
-			return nil, fmt.Errorf("read events of %q: %w", subject, err)
-		}
+		err := r.Scan(&e.ID, &at, &e.Level, &e.Subject, &e.Message)
 		e.At = fromUnixNano(at)
-		events = append(events, e)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read events of %q: %w", subject, err)
+		return e, err
+	}, query, args...)
+	if err != nil {
+		return nil, err
 	}
 	slices.Reverse(events)
 	return events, nil
@@ -189,25 +173,17 @@ func (s *Store) SetAuditCount(ctx context.Context, id int64, count int, last tim
 
 // Audit returns the newest limit entries, newest last. limit <= 0 means all.
 func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, at, user, action, target, outcome, count, last_at FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
-	if err != nil {
-		return nil, fmt.Errorf("read audit log: %w", err)
-	}
-	defer rows.Close()
-	entries := []fleet.AuditEntry{}
-	for rows.Next() {
+	entries, err := queryAll(ctx, s.db, "read audit log", func(r rowScanner) (fleet.AuditEntry, error) {
 		var (
 			a          fleet.AuditEntry
 			at, lastAt int64
 		)
-		if err := rows.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome, &a.Count, &lastAt); err != nil {
-			return nil, fmt.Errorf("read audit log: %w", err)
-		}
+		err := r.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome, &a.Count, &lastAt)
 		a.At, a.Last = fromUnixNano(at), fromUnixNano(lastAt)
-		entries = append(entries, a)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read audit log: %w", err)
+		return a, err
+	}, `SELECT id, at, user, action, target, outcome, count, last_at FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
+	if err != nil {
+		return nil, err
 	}
 	slices.Reverse(entries)
 	return entries, nil
@@ -299,42 +275,25 @@ func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) erro
 // (chat, agent), however many older ones are stored: what the hub charts
 // at start.
 func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, worker, run, at FROM bench_runs
+	return queryAll(ctx, s.db, "read the latest bench runs", scanBenchRun, `SELECT id, worker, run, at FROM bench_runs
 		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker, json_extract(run, '$.split')) ORDER BY worker, id`)
-	if err != nil {
-		return nil, fmt.Errorf("read the latest bench runs: %w", err)
-	}
-	return scanBenchRuns(rows, "read the latest bench runs")
 }
 
 // BenchRuns returns a worker's stored bench runs, newest first, at most
 // limit of them.
 func (s *Store) BenchRuns(ctx context.Context, worker string, limit int) ([]BenchRun, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT id, worker, run, at FROM bench_runs WHERE worker = ? ORDER BY id DESC LIMIT ?`, worker, limit)
-	if err != nil {
-		return nil, fmt.Errorf("read the bench runs of %s: %w", worker, err)
-	}
-	return scanBenchRuns(rows, "read the bench runs of "+worker)
+	return queryAll(ctx, s.db, "read the bench runs of "+worker, scanBenchRun,
+		`SELECT id, worker, run, at FROM bench_runs WHERE worker = ? ORDER BY id DESC LIMIT ?`, worker, limit)
 }
 
-func scanBenchRuns(rows *sql.Rows, what string) ([]BenchRun, error) {
-	defer rows.Close()
-	runs := []BenchRun{}
-	for rows.Next() {
-		var (
-			r   BenchRun
-			run string
-			at  int64
-		)
-		if err := rows.Scan(&r.ID, &r.Worker, &run, &at); err != nil {
-			return nil, fmt.Errorf("%s: %w", what, err)
-		}
-		r.Run = json.RawMessage(run)
-		r.At = fromUnixNano(at)
-		runs = append(runs, r)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("%s: %w", what, err)
-	}
-	return runs, nil
+func scanBenchRun(sc rowScanner) (BenchRun, error) {
+	var (
+		r   BenchRun
+		run string
+		at  int64
+	)
+	err := sc.Scan(&r.ID, &r.Worker, &run, &at)
+	r.Run = json.RawMessage(run)
+	r.At = fromUnixNano(at)
+	return r, err
 }

@@ -28,24 +28,10 @@ func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
 	for _, p := range f.Placements {
 		placed[[2]string{p.Node, p.Model}] = true
 	}
-	workers, err := func() ([]fleet.Worker, error) {
-		rows, err := tx.QueryContext(ctx, `SELECT `+workerColumns+` FROM workers WHERE pid > 0 ORDER BY node, model`)
-		if err != nil {
-			return nil, err
-		}
-		defer rows.Close()
-		var ws []fleet.Worker
-		for rows.Next() {
-			w, err := scanWorker(rows)
-			if err != nil {
-				return nil, err
-			}
-			ws = append(ws, w)
-		}
-		return ws, rows.Err()
-	}()
+	workers, err := queryAll(ctx, tx, "read the workers a removed placement leaves running", scanWorker,
+		`SELECT `+workerColumns+` FROM workers WHERE pid > 0 ORDER BY node, model`)
 	if err != nil {
-		return fmt.Errorf("read the workers a removed placement leaves running: %w", err)
+		return err
 	}
 	now := time.Now()
 	for _, w := range workers {
@@ -88,32 +74,26 @@ func putPendingStop(ctx context.Context, tx *sql.Tx, p PendingStop) error {
 // PendingStops lists the engines of removed placements the hub has yet to
 // stop, oldest first.
 func (s *Store) PendingStops(ctx context.Context) ([]PendingStop, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT worker_json, node_json, recorded_at FROM pending_stops ORDER BY recorded_at, worker`)
-	if err != nil {
-		return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
-	}
-	defer rows.Close()
-	var out []PendingStop
-	for rows.Next() {
+	out, err := queryAll(ctx, s.db, "read pending stops from "+s.path, func(r rowScanner) (PendingStop, error) {
 		var (
 			wj, nj string
 			at     int64
 			p      PendingStop
 		)
-		if err := rows.Scan(&wj, &nj, &at); err != nil {
-			return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
+		if err := r.Scan(&wj, &nj, &at); err != nil {
+			return p, err
 		}
 		if err := json.Unmarshal([]byte(wj), &p.Worker); err != nil {
-			return nil, fmt.Errorf("read pending stops from %s: stored worker is not valid JSON: %w", s.path, err)
+			return p, fmt.Errorf("stored worker is not valid JSON: %w", err)
 		}
 		if err := json.Unmarshal([]byte(nj), &p.Node); err != nil {
-			return nil, fmt.Errorf("read pending stops from %s: stored node is not valid JSON: %w", s.path, err)
+			return p, fmt.Errorf("stored node is not valid JSON: %w", err)
 		}
 		p.RecordedAt = fromUnixNano(at)
-		out = append(out, p)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read pending stops from %s: %w", s.path, err)
+		return p, nil
+	}, `SELECT worker_json, node_json, recorded_at FROM pending_stops ORDER BY recorded_at, worker`)
+	if err != nil || len(out) == 0 {
+		return nil, err
 	}
 	return out, nil
 }

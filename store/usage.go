@@ -70,23 +70,12 @@ func (s *Store) Usage(ctx context.Context, since time.Time, by UsageBy) ([]fleet
 		return nil, fmt.Errorf("usage: cannot group by %q; use key, model or worker", by)
 	}
 	// col is one of three constants above, never client text.
-	rows, err := s.db.QueryContext(ctx, `SELECT `+col+`, SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)
-		FROM usage WHERE bucket >= ? GROUP BY `+col+`
-		ORDER BY SUM(prompt_tokens) + SUM(completion_tokens) DESC, `+col,
-		since.Truncate(UsageBucket).Unix())
-	if err != nil {
-		return nil, fmt.Errorf("usage by %s: %w", by, err)
-	}
-	defer rows.Close()
-	out := []fleet.Usage{}
-	for rows.Next() {
+	return queryAll(ctx, s.db, "usage by "+string(by), func(r rowScanner) (fleet.Usage, error) {
 		var (
 			u    fleet.Usage
 			name string
 		)
-		if err := rows.Scan(&name, &u.Requests, &u.PromptTokens, &u.CachedTokens, &u.CompletionTokens); err != nil {
-			return nil, fmt.Errorf("usage by %s: %w", by, err)
-		}
+		err := r.Scan(&name, &u.Requests, &u.PromptTokens, &u.CachedTokens, &u.CompletionTokens)
 		switch by {
 		case UsageByKey:
 			u.Key = name
@@ -95,36 +84,31 @@ func (s *Store) Usage(ctx context.Context, since time.Time, by UsageBy) ([]fleet
 		case UsageByWorker:
 			u.Worker = name
 		}
-		out = append(out, u)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("usage by %s: %w", by, err)
-	}
-	return out, nil
+		return u, err
+	}, `SELECT `+col+`, SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)
+		FROM usage WHERE bucket >= ? GROUP BY `+col+`
+		ORDER BY SUM(prompt_tokens) + SUM(completion_tokens) DESC, `+col,
+		since.Truncate(UsageBucket).Unix())
 }
 
 // KeyTokensSince is each key's prompt plus completion tokens since since, so
 // a restarted hub goes on counting a day's token limit where it was.
 func (s *Store) KeyTokensSince(ctx context.Context, since time.Time) (map[string]int64, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT key, SUM(prompt_tokens) + SUM(completion_tokens) FROM usage
-		WHERE bucket >= ? AND key != '' GROUP BY key`, since.Truncate(UsageBucket).Unix())
-	if err != nil {
-		return nil, fmt.Errorf("tokens per key: %w", err)
-	}
-	defer rows.Close()
 	out := map[string]int64{}
-	for rows.Next() {
+	err := eachRow(ctx, s.db, "tokens per key", func(r rowScanner) error {
 		var (
 			k string
 			n int64
 		)
-		if err := rows.Scan(&k, &n); err != nil {
-			return nil, fmt.Errorf("tokens per key: %w", err)
+		if err := r.Scan(&k, &n); err != nil {
+			return err
 		}
 		out[k] = n
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("tokens per key: %w", err)
+		return nil
+	}, `SELECT key, SUM(prompt_tokens) + SUM(completion_tokens) FROM usage
+		WHERE bucket >= ? AND key != '' GROUP BY key`, since.Truncate(UsageBucket).Unix())
+	if err != nil {
+		return nil, err
 	}
 	return out, nil
 }

@@ -59,26 +59,10 @@ func (s *Store) AddUser(ctx context.Context, u fleet.User) error {
 
 // Users returns every user, by name.
 func (s *Store) Users(ctx context.Context) ([]fleet.User, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, role, public_key, fingerprint, theme FROM users ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("read users: %w", err)
-	}
-	defer rows.Close()
-	users := []fleet.User{}
-	for rows.Next() {
-		u, err := scanUser(rows)
-		if err != nil {
-			return nil, fmt.Errorf("read users: %w", err)
-		}
-		users = append(users, u)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read users: %w", err)
-	}
-	return users, nil
+	return queryAll(ctx, s.db, "read users", scanUser, `SELECT name, role, public_key, fingerprint, theme FROM users ORDER BY name`)
 }
 
-func scanUser(sc interface{ Scan(...any) error }) (fleet.User, error) {
+func scanUser(sc rowScanner) (fleet.User, error) {
 	var (
 		u    fleet.User
 		role string
@@ -183,54 +167,39 @@ func (s *Store) VerifyAPIKey(ctx context.Context, key string) (string, bool, err
 		return "", false, nil
 	}
 	want := hashKey(key)
-	rows, err := s.db.QueryContext(ctx, `SELECT name, hash FROM api_keys WHERE revoked = 0`)
-	if err != nil {
-		return "", false, fmt.Errorf("verify API key: %w", err)
-	}
-	defer rows.Close()
 	var match string
 	found := false
-	for rows.Next() {
+	// Every live key is compared, in constant time, whichever matches.
+	err := eachRow(ctx, s.db, "verify API key", func(r rowScanner) error {
 		var (
 			name string
 			hash []byte
 		)
-		if err := rows.Scan(&name, &hash); err != nil {
-			return "", false, fmt.Errorf("verify API key: %w", err)
+		if err := r.Scan(&name, &hash); err != nil {
+			return err
 		}
 		if subtle.ConstantTimeCompare(hash, want) == 1 {
 			match, found = name, true
 		}
-	}
-	if err := rows.Err(); err != nil {
-		return "", false, fmt.Errorf("verify API key: %w", err)
+		return nil
+	}, `SELECT name, hash FROM api_keys WHERE revoked = 0`)
+	if err != nil {
+		return "", false, err
 	}
 	return match, found, nil
 }
 
 // APIKeys lists router keys, revoked ones included, by name.
 func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT name, created, revoked, requests_per_minute, tokens_per_day FROM api_keys ORDER BY name`)
-	if err != nil {
-		return nil, fmt.Errorf("list API keys: %w", err)
-	}
-	defer rows.Close()
-	keys := []fleet.APIKey{}
-	for rows.Next() {
+	return queryAll(ctx, s.db, "list API keys", func(r rowScanner) (fleet.APIKey, error) {
 		var (
 			k                fleet.APIKey
 			created, revoked int64
 		)
-		if err := rows.Scan(&k.Name, &created, &revoked, &k.RequestsPerMinute, &k.TokensPerDay); err != nil {
-			return nil, fmt.Errorf("list API keys: %w", err)
-		}
+		err := r.Scan(&k.Name, &created, &revoked, &k.RequestsPerMinute, &k.TokensPerDay)
 		k.Created, k.Revoked = fromUnixNano(created), fromUnixNano(revoked)
-		keys = append(keys, k)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("list API keys: %w", err)
-	}
-	return keys, nil
+		return k, err
+	}, `SELECT name, created, revoked, requests_per_minute, tokens_per_day FROM api_keys ORDER BY name`)
 }
 
 // RevokeAPIKey stops a router key from working; it stays listed as revoked.

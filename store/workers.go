@@ -12,7 +12,7 @@ import (
 
 const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held`
 
-func scanWorker(sc interface{ Scan(...any) error }) (fleet.Worker, error) {
+func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	var (
 		w                          fleet.Worker
 		engine, state, argv, largv string
@@ -47,23 +47,7 @@ func scanWorker(sc interface{ Scan(...any) error }) (fleet.Worker, error) {
 
 // Workers returns every worker, ordered by node then model.
 func (s *Store) Workers(ctx context.Context) ([]fleet.Worker, error) {
-	rows, err := s.db.QueryContext(ctx, `SELECT `+workerColumns+` FROM workers ORDER BY node, model`)
-	if err != nil {
-		return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
-	}
-	defer rows.Close()
-	workers := []fleet.Worker{}
-	for rows.Next() {
-		w, err := scanWorker(rows)
-		if err != nil {
-			return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
-		}
-		workers = append(workers, w)
-	}
-	if err := rows.Err(); err != nil {
-		return nil, fmt.Errorf("read workers from %s: %w", s.path, err)
-	}
-	return workers, nil
+	return queryAll(ctx, s.db, "read workers from "+s.path, scanWorker, `SELECT `+workerColumns+` FROM workers ORDER BY node, model`)
 }
 
 // Worker returns the worker of model on node.
