@@ -356,108 +356,185 @@ func thinkingFromKwargs(flagName, v string) (bool, error) {
 	return true, nil
 }
 
+// engineArgs is what an engine's command line sets: the options, and the
+// slot count when the command line names one.
+type engineArgs struct {
+	*Options
+	explicitSlots int
+}
+
+// flagKind is how many values an engine flag takes.
+type flagKind int
+
+const (
+	switchFlag flagKind = iota // none: --jinja
+	valueFlag                  // one, inline or the next token: --port 8080, --port=8080
+	listFlag                   // every following token that is not a flag (vLLM's nargs='+')
+)
+
+// engineFlag is one flag an engine mimic reads; set gets its name (as
+// written, for errors) and its values, as many as its kind takes.
+type engineFlag struct {
+	kind flagKind
+	set  func(a *engineArgs, name string, vals []string) error
+}
+
+// engineFlags is an engine's table of the flags it reads, by every name.
+type engineFlags map[string]engineFlag
+
+// flag adds f under each of names.
+func (t engineFlags) flag(f engineFlag, names ...string) engineFlags {
+	for _, n := range names {
+		t[n] = f
+	}
+	return t
+}
+
+// value is a flag with one value.
+func value(set func(a *engineArgs, name, v string) error) engineFlag {
+	return engineFlag{valueFlag, func(a *engineArgs, name string, vals []string) error { return set(a, name, vals[0]) }}
+}
+
+// toggle is a flag without a value (a value given inline is ignored, as the
+// engines' own parsers reject or ignore it).
+func toggle(set func(a *engineArgs)) engineFlag {
+	return engineFlag{switchFlag, func(a *engineArgs, _ string, _ []string) error { set(a); return nil }}
+}
+
+// scanEngineArgs is the one loop over an engine argv, for both mimics:
+// known flags are set from table, an unknown flag skips its value when one
+// follows, and a positional goes to positional (ignored when nil).
+func scanEngineArgs(args []string, a *engineArgs, table engineFlags, positional func(a *engineArgs, tok string)) error {
+	s := &argScanner{args: args}
+	for {
+		name, inline, hasInline, ok := s.next()
+		if !ok {
+			return nil
+		}
+		f, known := table[name]
+		switch {
+		case known:
+			var vals []string
+			switch f.kind {
+			case valueFlag:
+				v, err := s.value(name, inline, hasInline)
+				if err != nil {
+					return err
+				}
+				vals = []string{v}
+			case listFlag:
+				if hasInline {
+					vals = append(vals, inline)
+				}
+				for s.i < len(s.args) && !strings.HasPrefix(s.args[s.i], "-") {
+					vals = append(vals, s.args[s.i])
+					s.i++
+				}
+			}
+			if err := f.set(a, name, vals); err != nil {
+				return err
+			}
+		case strings.HasPrefix(name, "-"):
+			s.skipUnknown(hasInline)
+		case positional != nil:
+			positional(a, name)
+		}
+	}
+}
+
+// llamaFlags are the llama-server flags the mimic reads.
+var llamaFlags = engineFlags{}.
+	flag(value(func(a *engineArgs, _, v string) error { a.ModelPath = v; return nil }), "-m", "--model", "-hf", "--hf-repo").
+	flag(value(func(a *engineArgs, _, v string) error {
+		a.ServedNames = nil
+		for _, n := range strings.Split(v, ",") {
+			if n = strings.TrimSpace(n); n != "" {
+				a.ServedNames = append(a.ServedNames, n)
+			}
+		}
+		return nil
+	}), "-a", "--alias").
+	flag(value(func(a *engineArgs, name, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 {
+			return fmt.Errorf("engine flag %s: %q is not a context size (0 = from the model)", name, v)
+		}
+		a.TotalCtx = n
+		return nil
+	}), "-c", "--ctx-size").
+	flag(value(setHost), "--host").
+	flag(value(setPort), "--port").
+	flag(value(func(a *engineArgs, name, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n == 0 || n < -1 {
+			return fmt.Errorf("engine flag %s: %q is not a slot count (-1 = auto)", name, v)
+		}
+		if n > 0 {
+			a.explicitSlots = n
+		} else {
+			// Auto: the profile's slots, with a unified KV cache.
+			a.explicitSlots, a.KVUnified = 0, true
+		}
+		return nil
+	}), "-np", "--parallel").
+	flag(toggle(func(a *engineArgs) { a.KVUnified = true }), "-kvu", "--kv-unified").
+	flag(toggle(func(a *engineArgs) { a.KVUnified = false }), "-no-kvu", "--no-kv-unified").
+	flag(toggle(func(a *engineArgs) { a.Jinja = true }), "--jinja").
+	flag(toggle(func(a *engineArgs) { a.Jinja = false }), "--no-jinja").
+	flag(value(func(a *engineArgs, _, v string) error {
+		switch v {
+		case ReasoningAuto, ReasoningNone, ReasoningDeepSeek, ReasoningDeepSeekLegacy:
+			a.ReasoningFormat = v
+			return nil
+		}
+		return fmt.Errorf("engine flag --reasoning-format: %q is not one of none, deepseek, deepseek-legacy, auto", v)
+	}), "--reasoning-format").
+	flag(value(setThinking), "--chat-template-kwargs").
+	flag(value(func(a *engineArgs, name, v string) error {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < -1 {
+			return fmt.Errorf("engine flag %s: %q is not a size in MiB (-1 = no limit, 0 = off)", name, v)
+		}
+		a.CacheRAMMiB = &n
+		return nil
+	}), "-cram", "--cache-ram").
+	flag(value(func(a *engineArgs, name, v string) error {
+		f, err := strconv.ParseFloat(v, 64)
+		if err != nil || f < 0 || f > 1 {
+			return fmt.Errorf("engine flag %s: %q is not a fraction between 0 and 1", name, v)
+		}
+		a.SlotPromptSimilarity = &f
+		return nil
+	}), "-sps", "--slot-prompt-similarity").
+	flag(toggle(func(a *engineArgs) { a.NoCacheIdleSlots = false }), "--cache-idle-slots").
+	flag(toggle(func(a *engineArgs) { a.NoCacheIdleSlots = true }), "--no-cache-idle-slots").
+	flag(toggle(func(a *engineArgs) { a.MetricsEnabled = true }), "--metrics").
+	flag(toggle(func(a *engineArgs) { a.SlotsEndpoint = true }), "--slots").
+	flag(toggle(func(a *engineArgs) { a.SlotsEndpoint = false }), "--no-slots")
+
+func setHost(a *engineArgs, _, v string) error { a.Host = v; return nil }
+
+func setPort(a *engineArgs, name, v string) (err error) {
+	a.Port, err = portNumber(name, v)
+	return err
+}
+
+func setThinking(a *engineArgs, name, v string) (err error) {
+	a.ThinkingByDefault, err = thinkingFromKwargs(name, v)
+	return err
+}
+
 func parseLlamaArgs(args []string, o *Options) (explicitSlots int, err error) {
 	o.Port = 8080
 	o.Jinja = true
 	o.ReasoningFormat = ReasoningAuto
 	o.SlotsEndpoint = true
 	o.ThinkingByDefault = true
-	s := &argScanner{args: args}
-	for {
-		name, inline, hasInline, ok := s.next()
-		if !ok {
-			break
-		}
-		var v string
-		switch name {
-		case "-m", "--model", "-hf", "--hf-repo", "-a", "--alias", "-c", "--ctx-size", "--host", "--port",
-			"-np", "--parallel", "--reasoning-format", "--chat-template-kwargs", "-cram", "--cache-ram",
-			"-sps", "--slot-prompt-similarity":
-			if v, err = s.value(name, inline, hasInline); err != nil {
-				return 0, err
-			}
-		}
-		switch name {
-		case "-m", "--model", "-hf", "--hf-repo":
-			o.ModelPath = v
-		case "-a", "--alias":
-			o.ServedNames = nil
-			for _, a := range strings.Split(v, ",") {
-				if a = strings.TrimSpace(a); a != "" {
-					o.ServedNames = append(o.ServedNames, a)
-				}
-			}
-		case "-c", "--ctx-size":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < 0 {
-				return 0, fmt.Errorf("engine flag %s: %q is not a context size (0 = from the model)", name, v)
-			}
-			o.TotalCtx = n
-		case "--host":
-			o.Host = v
-		case "--port":
-			if o.Port, err = portNumber(name, v); err != nil {
-				return 0, err
-			}
-		case "-np", "--parallel":
-			n, err := strconv.Atoi(v)
-			if err != nil || n == 0 || n < -1 {
-				return 0, fmt.Errorf("engine flag %s: %q is not a slot count (-1 = auto)", name, v)
-			}
-			if n > 0 {
-				explicitSlots = n
-			} else {
-				// Auto: the profile's slots, with a unified KV cache.
-				explicitSlots, o.KVUnified = 0, true
-			}
-		case "-kvu", "--kv-unified":
-			o.KVUnified = true
-		case "-no-kvu", "--no-kv-unified":
-			o.KVUnified = false
-		case "--jinja":
-			o.Jinja = true
-		case "--no-jinja":
-			o.Jinja = false
-		case "--reasoning-format":
-			switch v {
-			case ReasoningAuto, ReasoningNone, ReasoningDeepSeek, ReasoningDeepSeekLegacy:
-				o.ReasoningFormat = v
-			default:
-				return 0, fmt.Errorf("engine flag --reasoning-format: %q is not one of none, deepseek, deepseek-legacy, auto", v)
-			}
-		case "--chat-template-kwargs":
-			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
-				return 0, err
-			}
-		case "-cram", "--cache-ram":
-			n, err := strconv.Atoi(v)
-			if err != nil || n < -1 {
-				return 0, fmt.Errorf("engine flag %s: %q is not a size in MiB (-1 = no limit, 0 = off)", name, v)
-			}
-			o.CacheRAMMiB = &n
-		case "-sps", "--slot-prompt-similarity":
-			f, err := strconv.ParseFloat(v, 64)
-			if err != nil || f < 0 || f > 1 {
-				return 0, fmt.Errorf("engine flag %s: %q is not a fraction between 0 and 1", name, v)
-			}
-			o.SlotPromptSimilarity = &f
-		case "--cache-idle-slots":
-			o.NoCacheIdleSlots = false
-		case "--no-cache-idle-slots":
-			o.NoCacheIdleSlots = true
-		case "--metrics":
-			o.MetricsEnabled = true
-		case "--slots":
-			o.SlotsEndpoint = true
-		case "--no-slots":
-			o.SlotsEndpoint = false
-		default:
-			if strings.HasPrefix(name, "-") {
-				s.skipUnknown(hasInline)
-			}
-		}
+	a := &engineArgs{Options: o}
+	if err := scanEngineArgs(args, a, llamaFlags, nil); err != nil {
+		return 0, err
 	}
-	return explicitSlots, nil
+	return a.explicitSlots, nil
 }
 
 // parseModelLen reads vLLM's --max-model-len, which also takes 16k (×1000)
@@ -478,6 +555,35 @@ func parseModelLen(v string) (int, error) {
 	return n * mult, nil
 }
 
+// vllmFlags are the vLLM flags the mimic reads.
+var vllmFlags = engineFlags{}.
+	flag(value(func(a *engineArgs, _, v string) error { a.ModelPath = v; return nil }), "--model").
+	flag(engineFlag{listFlag, func(a *engineArgs, _ string, names []string) error {
+		if len(names) == 0 {
+			return fmt.Errorf("engine flag --served-model-name needs at least one name")
+		}
+		a.ServedNames = names
+		return nil
+	}}, "--served-model-name").
+	flag(value(func(a *engineArgs, _, v string) (err error) {
+		a.TotalCtx, err = parseModelLen(v)
+		return err
+	}), "--max-model-len").
+	flag(value(setHost), "--host").
+	flag(value(setPort), "--port").
+	flag(value(func(a *engineArgs, name, v string) (err error) {
+		a.explicitSlots, err = positiveInt(name, v)
+		return err
+	}), "--max-num-seqs").
+	flag(value(func(a *engineArgs, _, v string) error { a.ReasoningParser = v; return nil }), "--reasoning-parser").
+	flag(toggle(func(a *engineArgs) { a.AutoToolChoice = true }), "--enable-auto-tool-choice").
+	flag(value(func(a *engineArgs, _, v string) error { a.ToolCallParser = v; return nil }), "--tool-call-parser").
+	flag(toggle(func(a *engineArgs) { a.ForceIncludeUsage = true }), "--enable-force-include-usage").
+	flag(toggle(func(a *engineArgs) { a.PromptTokensDetails = true }), "--enable-prompt-tokens-details").
+	flag(toggle(func(a *engineArgs) { a.NoPrefixCaching = false }), "--enable-prefix-caching").
+	flag(toggle(func(a *engineArgs) { a.NoPrefixCaching = true }), "--no-enable-prefix-caching").
+	flag(value(setThinking), "--default-chat-template-kwargs")
+
 func parseVLLMArgs(args []string, o *Options) (explicitSlots int, err error) {
 	o.Port = 8000
 	o.ThinkingByDefault = true
@@ -485,80 +591,18 @@ func parseVLLMArgs(args []string, o *Options) (explicitSlots int, err error) {
 	if len(args) > 0 && args[0] == "serve" {
 		args = args[1:]
 	}
-	s := &argScanner{args: args}
-	for {
-		name, inline, hasInline, ok := s.next()
-		if !ok {
-			break
+	a := &engineArgs{Options: o}
+	// The model may come as vLLM's positional (vllm serve MODEL).
+	positional := func(a *engineArgs, tok string) {
+		if a.ModelPath == "" {
+			a.ModelPath = tok
 		}
-		var v string
-		switch name {
-		case "--model", "--max-model-len", "--host", "--port", "--max-num-seqs", "--reasoning-parser",
-			"--tool-call-parser", "--default-chat-template-kwargs":
-			if v, err = s.value(name, inline, hasInline); err != nil {
-				return 0, err
-			}
-		}
-		switch name {
-		case "--model":
-			o.ModelPath = v
-		case "--served-model-name":
-			// nargs='+': every following non-flag token is a name.
-			o.ServedNames = nil
-			if hasInline {
-				o.ServedNames = append(o.ServedNames, inline)
-			}
-			for s.i < len(s.args) && !strings.HasPrefix(s.args[s.i], "-") {
-				o.ServedNames = append(o.ServedNames, s.args[s.i])
-				s.i++
-			}
-			if len(o.ServedNames) == 0 {
-				return 0, fmt.Errorf("engine flag --served-model-name needs at least one name")
-			}
-		case "--max-model-len":
-			if o.TotalCtx, err = parseModelLen(v); err != nil {
-				return 0, err
-			}
-		case "--host":
-			o.Host = v
-		case "--port":
-			if o.Port, err = portNumber(name, v); err != nil {
-				return 0, err
-			}
-		case "--max-num-seqs":
-			if explicitSlots, err = positiveInt(name, v); err != nil {
-				return 0, err
-			}
-		case "--reasoning-parser":
-			o.ReasoningParser = v
-		case "--enable-auto-tool-choice":
-			o.AutoToolChoice = true
-		case "--tool-call-parser":
-			o.ToolCallParser = v
-		case "--enable-force-include-usage":
-			o.ForceIncludeUsage = true
-		case "--enable-prompt-tokens-details":
-			o.PromptTokensDetails = true
-		case "--enable-prefix-caching":
-			o.NoPrefixCaching = false
-		case "--no-enable-prefix-caching":
-			o.NoPrefixCaching = true
-		case "--default-chat-template-kwargs":
-			if o.ThinkingByDefault, err = thinkingFromKwargs(name, v); err != nil {
-				return 0, err
-			}
-		default:
-			if !strings.HasPrefix(name, "-") {
-				if o.ModelPath == "" {
-					o.ModelPath = name
-				}
-				continue
-			}
-			s.skipUnknown(hasInline)
-		}
+	}
+	if err := scanEngineArgs(args, a, vllmFlags, positional); err != nil {
+		return 0, err
 	}
 	if o.AutoToolChoice && o.ToolCallParser == "" {
 		return 0, fmt.Errorf("engine flag --enable-auto-tool-choice needs --tool-call-parser (e.g. hermes)")
 	}
-	return explicitSlots, nil
+	return a.explicitSlots, nil
 }

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -188,5 +189,65 @@ func TestProfiles(t *testing.T) {
 	rig, _ := LookupProfile("rtx3060-vllm")
 	if got := rig.Platform.GPULabel(); got != "8x RTX 3060" {
 		t.Errorf("GPU label %q", got)
+	}
+}
+
+// TestScanEngineArgs: the one loop both mimics read their engine's argv
+// with, on a table of one flag of each kind: what each token becomes.
+func TestScanEngineArgs(t *testing.T) {
+	var got []string
+	record := func(what string) func(a *engineArgs, name string, vals []string) error {
+		return func(a *engineArgs, name string, vals []string) error {
+			got = append(got, fmt.Sprintf("%s %s %q", what, name, vals))
+			return nil
+		}
+	}
+	table := engineFlags{}.
+		flag(engineFlag{valueFlag, record("value")}, "-v", "--value").
+		flag(engineFlag{switchFlag, record("switch")}, "--on").
+		flag(engineFlag{listFlag, record("list")}, "--names")
+	positional := func(a *engineArgs, tok string) { got = append(got, "positional "+tok) }
+	for _, tc := range []struct {
+		name, args string
+		positional bool
+		want       []string
+		wantErr    string
+	}{
+		{"value as the next token", "-v 3", false, []string{`value -v ["3"]`}, ""},
+		{"value inline", "--value=a=b", false, []string{`value --value ["a=b"]`}, ""},
+		{"a negative number is a value", "-v -1", false, []string{`value -v ["-1"]`}, ""},
+		{"missing value", "-v --on", false, nil, "engine flag -v needs a value"},
+		{"value at the end", "-v", false, nil, "engine flag -v needs a value"},
+		{"switch ignores an inline value", "--on=1 --on", false, []string{`switch --on []`, `switch --on []`}, ""},
+		{"list takes tokens up to the next flag", "--names a b --on", false, []string{`list --names ["a" "b"]`, `switch --on []`}, ""},
+		{"list with an inline first", "--names=a b", false, []string{`list --names ["a" "b"]`}, ""},
+		{"list stops at a negative number", "--names a -1", false, []string{`list --names ["a"]`}, ""},
+		{"empty list", "--names --on", false, []string{`list --names []`, `switch --on []`}, ""},
+		{"unknown flag skips its value", "--other x -v 1", false, []string{`value -v ["1"]`}, ""},
+		{"unknown flag before a flag skips nothing", "--other --on", false, []string{`switch --on []`}, ""},
+		{"unknown inline flag skips nothing more", "--other=x y --on", true, []string{"positional y", `switch --on []`}, ""},
+		{"positionals ignored without a taker", "m -v 1", false, []string{`value -v ["1"]`}, ""},
+		{"positionals to the taker", "m -v 1 n", true, []string{"positional m", `value -v ["1"]`, "positional n"}, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got = nil
+			var pos func(*engineArgs, string)
+			if tc.positional {
+				pos = positional
+			}
+			err := scanEngineArgs(strings.Fields(tc.args), &engineArgs{Options: &Options{}}, table, pos)
+			if tc.wantErr != "" {
+				if err == nil || err.Error() != tc.wantErr {
+					t.Fatalf("err = %v, want %q", err, tc.wantErr)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
 	}
 }
