@@ -47,7 +47,7 @@ func measureLevel(t *testing.T, profile string, concurrency, rounds int) levelRe
 	body, _ := json.Marshal(map[string]any{
 		"model": "qwen3-4b", "stream": true, "max_tokens": 256,
 		"chat_template_kwargs": map[string]any{"enable_thinking": false},
-		// About 45 prompt tokens, as in the seed's runs.
+		// About 45 prompt tokens, as in the field report's runs.
 		"messages": []any{map[string]any{"role": "user", "content": strings.Repeat("Explain how a router balances load. ", 5)}},
 	})
 	var mu sync.Mutex
@@ -103,8 +103,8 @@ func measureLevel(t *testing.T, profile string, concurrency, rounds int) levelRe
 	return r
 }
 
-// TestCalibrate measures every calibrated profile the way the seed did and
-// prints the table beside the seed's. It takes a couple of minutes of
+// TestCalibrate measures every calibrated profile the way the field report did and
+// prints the table beside the field report's. It takes a couple of minutes of
 // mostly sleeping, so it only runs with FLEET_SIM_CALIBRATE=1.
 func TestCalibrate(t *testing.T) {
 	if os.Getenv("FLEET_SIM_CALIBRATE") != "1" {

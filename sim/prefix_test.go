@@ -293,13 +293,13 @@ func TestPrefillModel(t *testing.T) {
 		tokens  int
 		want    time.Duration
 	}{
-		// The first seed's short prompts (45 tokens) keep their prefill:
+		// The first field report's short prompts (45 tokens) keep their prefill:
 		// 250 tok/s on the M1 Ultra, 590 on the M4 Max, 50 on the 27B.
 		{"m1ultra-llamacpp", 45, 180 * time.Millisecond},
 		{"m4max-llamacpp", 45, 76 * time.Millisecond},
 		{"m1ultra-27b-starved", 45, 900 * time.Millisecond},
 		{"rtx3060-vllm", 45, 11 * time.Millisecond},
-		// The second seed: about 10 s TTFT for its 4.6K-token agent prompts
+		// The second field report: about 10 s TTFT for its 4.6K-token agent prompts
 		// on a 27B at concurrency 1.
 		{"m1ultra-27b-starved", 4600, 10 * time.Second},
 	} {

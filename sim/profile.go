@@ -1,7 +1,7 @@
 // Package sim is a real HTTP server that behaves like a vLLM or a llama-server
 // worker: the same endpoints, wire shapes, metrics names, slots and queueing,
-// with decode speeds calibrated on the machines of the field reports ("the
-// seeds", docs/field-reports.md). The demo and the tests run it where no GPU
+// with decode speeds calibrated on the machines of the field reports
+// (docs/field-reports.md). The demo and the tests run it where no GPU
 // or Mac is at hand.
 package sim
 

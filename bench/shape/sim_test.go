@@ -24,10 +24,10 @@ func simWorker(t *testing.T, args ...string) string {
 }
 
 var (
-	// The seed's rig: vLLM with the Hermes tool parser and no reasoning parser.
+	// The first field report's rig: vLLM with the Hermes tool parser and no reasoning parser.
 	vllmArgs = []string{"--mimic", "vllm", "--profile", "instant", "--", "serve", "Qwen/Qwen3-4B-AWQ",
 		"--served-model-name", "qwen3-4b", "--max-model-len", "16384", "--enable-auto-tool-choice", "--tool-call-parser", "hermes"}
-	// The seed's Macs before the fix: llama-server with its default --reasoning-format.
+	// The first field report's Macs before the fix: llama-server with its default --reasoning-format.
 	llamaArgs = []string{"--mimic", "llamacpp", "--profile", "instant", "--", "-m", "Qwen3-4B-Q4_K_M.gguf",
 		"-a", "qwen3-4b", "-c", "16384", "-ngl", "99", "--jinja"}
 	// And after it.

@@ -6,7 +6,7 @@ import (
 )
 
 // chatPrompts are the chat split's prompts: short (about 45 tokens, like the
-// first seed's), open-ended so no answer ends before max_tokens on an engine
+// first field report's), open-ended so no answer ends before max_tokens on an engine
 // that ignores ignore_eos. Fixed, so every machine gets the same requests.
 var chatPrompts = []string{
 	"Explain in detail how a hash map handles collisions, compare open addressing with separate chaining, and give an example of when each one is the better choice in practice.",

@@ -32,8 +32,8 @@ func TestSimQuick(t *testing.T) {
 	}
 }
 
-// TestSimSeedTable measures the seed's Macs as the sim profiles them and
-// checks the seed's table within 15%. It takes about a minute, so it runs
+// TestSimSeedTable measures the field report's Macs as the sim profiles them and
+// checks the field report's table within 15%. It takes about a minute, so it runs
 // only with FLEET_BENCH_SEED=1.
 func TestSimSeedTable(t *testing.T) {
 	if os.Getenv("FLEET_BENCH_SEED") != "1" {

@@ -5,7 +5,7 @@ import (
 	"strings"
 )
 
-// Text prints the sweep as the first seed printed its numbers (one row of
+// Text prints the sweep as the first field report printed its numbers (one row of
 // the headline table), then every level in detail, then how each metric is
 // defined.
 func (r Result) Text() string {
@@ -25,7 +25,7 @@ func (r Result) Text() string {
 	return sb.String()
 }
 
-// Table prints the seed's headline table, one row per result: "1 request
+// Table prints the field report's headline table, one row per result: "1 request
 // tok/s | 2 concurrent total | 4 concurrent total | per request at 4 | TTFT
 // p50" (the columns follow the levels swept; TTFT p50 lists every level).
 func Table(results ...Result) string {

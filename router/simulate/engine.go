@@ -48,8 +48,8 @@ type simWorker struct {
 	promptTok, cachedTok float64
 }
 
-// benchPromptTokens is the admission bench's prompt length (the seed's
-// 45-token prompts); the hub seeds each worker's speed model from it.
+// benchPromptTokens is the admission bench's prompt length (the field report's
+// 45-token prompts); the hub primes each worker's speed model from it.
 const benchPromptTokens = 45
 
 func newSimWorker(spec *WorkerSpec, c *caches) *simWorker {

@@ -112,8 +112,8 @@ func Scenarios() []string {
 	return []string{"seed-mixed", "homogeneous", "burst", "agent-sessions", "agent-sessions-homogeneous"}
 }
 
-// The seed's curves: per-request tok/s at 1, 2 and 4 concurrent requests
-// (total / concurrency from the first seed's table) and prompt tok/s. The
+// The first field report's curves: per-request tok/s at 1, 2 and 4 concurrent requests
+// (total / concurrency from the first field report's table) and prompt tok/s. The
 // RTX 5060 Ti row has only "96 at one request"; its higher-concurrency
 // points are an assumption in line with vLLM's continuous batching.
 var (

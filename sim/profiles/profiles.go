@@ -39,7 +39,7 @@ type Profile struct {
 	GrowthBeyondCurve float64
 	// Prefill takes PrefillFixed per request plus the uncached prompt tokens
 	// at PromptTokPerSec, the rate that holds for long prompts (0: prefill
-	// is free). Short prompts mostly pay the fixed part: the first seed's
+	// is free). Short prompts mostly pay the fixed part: the first field report's
 	// 250–680 tok/s "prompt speeds" were read on 45-token prompts.
 	PrefillFixed    time.Duration
 	PromptTokPerSec float64
@@ -123,7 +123,7 @@ func rtx3060Node(name string) fleet.Platform {
 
 // Prefill sources: the published long-prompt (4K-token) prompt-processing
 // figures the profiles' PromptTokPerSec come from; the fixed part of each
-// profile is then what keeps the first seed's 45-token prefill time.
+// profile is then what keeps the first field report's 45-token prefill time.
 //
 //   - M1 Ultra (64-core GPU), llama.cpp b7825 Metal, Llama-3.2-3B Q4_K_M:
 //     pp512 2,143 tok/s; on the same machine a 1.1B model drops from pp512
@@ -134,11 +134,11 @@ func rtx3060Node(name string) fleet.Platform {
 //     (github.com/ggml-org/llama.cpp/discussions/4167, Q4_0 pp512; a figure
 //     not re-checked against a source reachable when this was written):
 //     about 1,200 tok/s.
-//   - 27B class: the second seed measured about 10 s TTFT for its agent
+//   - 27B class: the second field report measured about 10 s TTFT for its agent
 //     split (4.6K prompt tokens) at concurrency 1 with llama.cpp on an M5
 //     Pro (Qwen3.8-27B, 8-bit): about 500 tok/s once the fixed cost is
 //     counted. The M1 Ultra figures above scaled to 27B would give about
-//     200 tok/s; the profile follows the seed, which is what fleet's
+//     200 tok/s; the profile follows the report, which is what fleet's
 //     27B fleets were measured on.
 //   - RTX 3060 / 5060 Ti with vLLM: 4,000 and 5,000 tok/s as before (no
 //     fixed part: vLLM's 45-token prefill was already that rate); see
@@ -176,7 +176,7 @@ func all() []Profile {
 			},
 			Curve: []SpeedPoint{{1, 80}, {2, 102}, {4, 139}},
 			// Prefill sources above: 1,340 tok/s for long prompts; the fixed
-			// part keeps the seed's 45-token prefill at 180 ms.
+			// part keeps the field report's 45-token prefill at 180 ms.
 			PrefillFixed: 146 * time.Millisecond, PromptTokPerSec: 1340,
 			Slots: 4, KVCacheTokens: 65536, KVBytesPerToken: qwen3_4bKVBytes, LoadTime: time.Second,
 		},
@@ -188,7 +188,7 @@ func all() []Profile {
 			},
 			Curve: []SpeedPoint{{1, 87}, {2, 130}, {4, 136}},
 			// Prefill sources above: 1,200 tok/s for long prompts; 45 tokens
-			// still take the seed's 76 ms.
+			// still take the field report's 76 ms.
 			PrefillFixed: 39 * time.Millisecond, PromptTokPerSec: 1200,
 			Slots: 4, KVCacheTokens: 65536, KVBytesPerToken: qwen3_4bKVBytes, LoadTime: time.Second,
 		},
@@ -200,8 +200,8 @@ func all() []Profile {
 			},
 			Curve: []SpeedPoint{{1, 10.7}, {2, 12.8}, {4, 15}},
 			// Prefill sources above: 500 tok/s for long prompts, so a 4.6K
-			// prompt takes about 10 s as in the second seed; 45 tokens
-			// still take the first seed's 0.9 s.
+			// prompt takes about 10 s as in the second field report; 45 tokens
+			// still take the first field report's 0.9 s.
 			PrefillFixed: 810 * time.Millisecond, PromptTokPerSec: 500,
 			Slots: 4, KVCacheTokens: 32768, KVBytesPerToken: dense27bKVBytes, LoadTime: 3 * time.Second,
 		},
