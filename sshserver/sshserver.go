@@ -66,7 +66,7 @@ type Options struct {
 	// AdminKeysFile is an authorized_keys file whose keys become admins on
 	// start (users that already exist are left alone).
 	AdminKeysFile string
-	// LoopbackBootstrapKeysDir is where to find *.pub keys to admit as the
+	// LoopbackBootstrapKeysDir is where to find *.pub keys to make the
 	// first admins when the server listens on loopback and no user exists
 	// (the hub user's ~/.ssh). Empty disables it.
 	LoopbackBootstrapKeysDir string
@@ -220,7 +220,7 @@ func (s *Server) publicKeyAllowed(ctx ssh.Context, key ssh.PublicKey) bool {
 	fp := gossh.FingerprintSHA256(key)
 	_, err := s.opts.Users.UserByFingerprint(ctx, fp)
 	if err != nil {
-		s.log.Debug("ssh key not admitted", "remote", ctx.RemoteAddr().String(), "fingerprint", fp, "err", err)
+		s.log.Debug("ssh key refused: no console user has it", "remote", ctx.RemoteAddr().String(), "fingerprint", fp, "err", err)
 		return false
 	}
 	return true
@@ -500,7 +500,7 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		if len(keys) == 0 {
 			return fmt.Errorf("sshserver: admin keys file %s holds no public key: add lines like those of ~/.ssh/id_ed25519.pub", s.opts.AdminKeysFile)
 		}
-		if err := s.admit(ctx, keys, "admin keys file "+s.opts.AdminKeysFile); err != nil {
+		if err := s.addAdmins(ctx, keys, "admin keys file "+s.opts.AdminKeysFile); err != nil {
 			return err
 		}
 	}
@@ -525,13 +525,13 @@ func (s *Server) bootstrap(ctx context.Context) error {
 		keys = append(keys, ks...)
 	}
 	if len(keys) == 0 {
-		s.log.Warn("no console users and no public keys to admit: nobody can log in until `fleet user add` (or --admin-keys)",
+		s.log.Warn("no console users and no public keys to make the first admins: nobody can log in until `fleet user add` (or --admin-keys)",
 			"looked_in", s.opts.LoopbackBootstrapKeysDir)
 		return nil
 	}
-	s.log.Info("no console users yet and SSH listens on loopback: admitting this account's public keys as admins",
+	s.log.Info("no console users yet and SSH listens on loopback: making this account's public keys the first admins",
 		"dir", s.opts.LoopbackBootstrapKeysDir, "files", files)
-	return s.admit(ctx, keys, "loopback bootstrap from "+s.opts.LoopbackBootstrapKeysDir)
+	return s.addAdmins(ctx, keys, "loopback bootstrap from "+s.opts.LoopbackBootstrapKeysDir)
 }
 
 type authorizedKey struct {
@@ -566,7 +566,9 @@ func readAuthorizedKeys(path string) ([]authorizedKey, error) {
 	return out, nil
 }
 
-func (s *Server) admit(ctx context.Context, keys []authorizedKey, source string) error {
+// addAdmins makes each key a user with the admin role, unless a user has
+// it already ("admit" is only admission's verdict, docs/glossary.md).
+func (s *Server) addAdmins(ctx context.Context, keys []authorizedKey, source string) error {
 	used := map[string]int{}
 	for _, k := range keys {
 		fp := gossh.FingerprintSHA256(k.key)
@@ -583,10 +585,10 @@ func (s *Server) admit(ctx context.Context, keys []authorizedKey, source string)
 		if err := s.opts.Users.AddUser(ctx, u); err != nil {
 			entry.Outcome = "failed: " + err.Error()
 			s.opts.Audit(entry)
-			return fmt.Errorf("sshserver: admit %s from %s: %w", name, source, err)
+			return fmt.Errorf("sshserver: add admin %s from %s: %w", name, source, err)
 		}
 		s.opts.Audit(entry)
-		s.log.Info("admitted admin", "user", name, "fingerprint", fp, "from", source)
+		s.log.Info("added admin", "user", name, "fingerprint", fp, "from", source)
 	}
 	return nil
 }
