@@ -462,11 +462,57 @@ const (
 // action missing from the table asks for "") is allowed to nobody.
 func (r Role) Allows(need Role) bool { return need.rank() > 0 && r.rank() >= need.rank() }
 
+// ActionName is how the command tree spells an action and the audit trail
+// records it ("drain", "user add", "apply --dry-run"). Code names an action
+// by one of the constants below, never by a bare string, so a name is
+// spelled once: here.
+type ActionName string
+
+// The actions, in the order of the table below.
+const (
+	ActionHelp       ActionName = "help"
+	ActionWhoami     ActionName = "whoami"
+	ActionWorkers    ActionName = "workers"
+	ActionNodes      ActionName = "nodes"
+	ActionModels     ActionName = "models"
+	ActionStatus     ActionName = "status"
+	ActionEvents     ActionName = "events"
+	ActionExport     ActionName = "export"
+	ActionTheme      ActionName = "theme"
+	ActionUsage      ActionName = "usage"
+	ActionUsageByKey ActionName = "usage --by key"
+
+	ActionDrain        ActionName = "drain"
+	ActionUndrain      ActionName = "undrain"
+	ActionRestart      ActionName = "restart"
+	ActionStop         ActionName = "stop"
+	ActionStart        ActionName = "start"
+	ActionShape        ActionName = "shape"
+	ActionShapeAll     ActionName = "shape --all"
+	ActionBench        ActionName = "bench"
+	ActionBenchHistory ActionName = "bench --history"
+	ActionForceAdmit   ActionName = "admit --force"
+	ActionAudit        ActionName = "audit"
+	ActionLogs         ActionName = "logs"
+
+	ActionApply       ActionName = "apply"
+	ActionApplyDryRun ActionName = "apply --dry-run"
+	ActionShapePin    ActionName = "shape pin"
+	ActionNodeTrust   ActionName = "node trust"
+	ActionUserAdd     ActionName = "user add"
+	ActionUserRemove  ActionName = "user rm"
+	ActionUserList    ActionName = "user list"
+	ActionKeyCreate   ActionName = "key create"
+	ActionKeyRevoke   ActionName = "key revoke"
+	ActionKeyList     ActionName = "key list"
+	ActionKeyLimit    ActionName = "key limit"
+)
+
 // Action is one thing a user may ask of the hub, whichever way it arrives
 // (console key, SSH exec, the local CLI).
 type Action struct {
 	// Name is how the command tree spells it and the audit trail records it.
-	Name string
+	Name ActionName
 	// Role is the least role that may do it.
 	Role Role
 	// Audited actions change the fleet, its users or keys, or send load to
@@ -474,56 +520,63 @@ type Action struct {
 	// run when it cannot be), then says how they ended. Of the others
 	// (reads) only a refusal is audited.
 	Audited bool
+	// OnWorkers actions take the names of workers or nodes as arguments,
+	// so the shell completes them from the running hub's.
+	OnWorkers bool
+	// PerWorker actions are the hub's Act: done to each worker named (a
+	// node name or all meaning its workers), one audit line per worker.
+	PerWorker bool
 }
 
-// actions is the one table of who may do what: the hub authorizes and
-// audits by it, the command tree refuses a command missing from it, and the
-// console greys out keys by it. shape and bench send load to workers, so
-// they need an operator.
+// actions is the one table of what may be asked of the hub: the hub
+// authorizes and audits by it, the command tree refuses a command missing
+// from it and completes worker names for the ones on workers, and the
+// console's keys name it and are greyed out by it. shape and bench send
+// load to workers, so they need an operator.
 var actions = [...]Action{
-	{"help", RoleViewer, false},
-	{"whoami", RoleViewer, false},
-	{"workers", RoleViewer, false},
-	{"nodes", RoleViewer, false},
-	{"models", RoleViewer, false},
-	{"status", RoleViewer, false},
-	{"events", RoleViewer, false},
-	{"export", RoleViewer, false},
+	{Name: ActionHelp, Role: RoleViewer},
+	{Name: ActionWhoami, Role: RoleViewer},
+	{Name: ActionWorkers, Role: RoleViewer},
+	{Name: ActionNodes, Role: RoleViewer},
+	{Name: ActionModels, Role: RoleViewer},
+	{Name: ActionStatus, Role: RoleViewer},
+	{Name: ActionEvents, Role: RoleViewer, OnWorkers: true},
+	{Name: ActionExport, Role: RoleViewer},
 	// A theme is the user's own preference, not the fleet's.
-	{"theme", RoleViewer, false},
+	{Name: ActionTheme, Role: RoleViewer},
 	// Usage by model or worker is the fleet's; by key it names the keys,
 	// which only admins list.
-	{"usage", RoleViewer, false},
-	{"usage --by key", RoleAdmin, false},
+	{Name: ActionUsage, Role: RoleViewer},
+	{Name: ActionUsageByKey, Role: RoleAdmin},
 
-	{"drain", RoleOperator, true},
-	{"undrain", RoleOperator, true},
-	{"restart", RoleOperator, true},
-	{"stop", RoleOperator, true},
-	{"start", RoleOperator, true},
-	{"shape", RoleOperator, false},
-	{"shape --all", RoleOperator, false},
-	{"bench", RoleOperator, true},
+	{Name: ActionDrain, Role: RoleOperator, Audited: true, OnWorkers: true, PerWorker: true},
+	{Name: ActionUndrain, Role: RoleOperator, Audited: true, OnWorkers: true, PerWorker: true},
+	{Name: ActionRestart, Role: RoleOperator, Audited: true, OnWorkers: true, PerWorker: true},
+	{Name: ActionStop, Role: RoleOperator, Audited: true, OnWorkers: true, PerWorker: true},
+	{Name: ActionStart, Role: RoleOperator, Audited: true, OnWorkers: true, PerWorker: true},
+	{Name: ActionShape, Role: RoleOperator, OnWorkers: true},
+	{Name: ActionShapeAll, Role: RoleOperator},
+	{Name: ActionBench, Role: RoleOperator, Audited: true, OnWorkers: true},
 	// Past runs are read from the store: no load on any worker.
-	{"bench --history", RoleViewer, false},
-	{"admit --force", RoleOperator, true},
-	{"audit", RoleOperator, false},
+	{Name: ActionBenchHistory, Role: RoleViewer, OnWorkers: true},
+	{Name: ActionForceAdmit, Role: RoleOperator, Audited: true, OnWorkers: true},
+	{Name: ActionAudit, Role: RoleOperator},
 	// An engine's log can hold prompts and answers (llama-server logs them
 	// at -v, vLLM with --enable-log-requests): the API clients' data, not
 	// for everyone who may look at the fleet.
-	{"logs", RoleOperator, false},
+	{Name: ActionLogs, Role: RoleOperator, OnWorkers: true},
 
-	{"apply", RoleAdmin, true},
-	{"apply --dry-run", RoleAdmin, false},
-	{"shape pin", RoleAdmin, true},
-	{"node trust", RoleAdmin, true},
-	{"user add", RoleAdmin, true},
-	{"user rm", RoleAdmin, true},
-	{"user list", RoleAdmin, false},
-	{"key create", RoleAdmin, true},
-	{"key revoke", RoleAdmin, true},
-	{"key list", RoleAdmin, false},
-	{"key limit", RoleAdmin, true},
+	{Name: ActionApply, Role: RoleAdmin, Audited: true},
+	{Name: ActionApplyDryRun, Role: RoleAdmin},
+	{Name: ActionShapePin, Role: RoleAdmin, Audited: true, OnWorkers: true},
+	{Name: ActionNodeTrust, Role: RoleAdmin, Audited: true, OnWorkers: true},
+	{Name: ActionUserAdd, Role: RoleAdmin, Audited: true},
+	{Name: ActionUserRemove, Role: RoleAdmin, Audited: true},
+	{Name: ActionUserList, Role: RoleAdmin},
+	{Name: ActionKeyCreate, Role: RoleAdmin, Audited: true},
+	{Name: ActionKeyRevoke, Role: RoleAdmin, Audited: true},
+	{Name: ActionKeyList, Role: RoleAdmin},
+	{Name: ActionKeyLimit, Role: RoleAdmin, Audited: true},
 }
 
 // Actions returns the action table (a copy).
@@ -531,7 +584,7 @@ func Actions() []Action { return slices.Clone(actions[:]) }
 
 // LookupAction finds an action by name; ok is false for one not in the
 // table, which nobody may do.
-func LookupAction(name string) (a Action, ok bool) {
+func LookupAction(name ActionName) (a Action, ok bool) {
 	for _, a := range actions {
 		if a.Name == name {
 			return a, true
@@ -542,7 +595,7 @@ func LookupAction(name string) (a Action, ok bool) {
 
 // ActionRole is the role an action needs; "" (which Allows grants nobody)
 // for an action missing from the table.
-func ActionRole(name string) Role {
+func ActionRole(name ActionName) Role {
 	a, _ := LookupAction(name)
 	return a.Role
 }

@@ -13,7 +13,7 @@ import (
 
 // commandFor is a command line that asks for each action of the table; the
 // test below fails when the table gains an action no command asks for.
-var commandFor = map[string][]string{
+var commandFor = map[fleet.ActionName][]string{
 	"help":            {"help"},
 	"whoami":          {"whoami"},
 	"workers":         {"workers"},
@@ -65,11 +65,11 @@ func TestEveryActionByEveryRole(t *testing.T) {
 			continue
 		}
 		for _, u := range users {
-			t.Run(a.Name+"/"+u.Name, func(t *testing.T) {
+			t.Run(string(a.Name)+"/"+u.Name, func(t *testing.T) {
 				h := &fakeHub{}
 				var out, errOut bytes.Buffer
 				code := Run(context.Background(), h, u, args, strings.NewReader("nodes: []\n"), &out, &errOut)
-				if len(h.authorized) == 0 || h.authorized[0][0] != a.Name {
+				if len(h.authorized) == 0 || h.authorized[0][0] != string(a.Name) {
 					t.Fatalf("%v asked the hub about %v first, want %q", args, h.authorized, a.Name)
 				}
 				if u.Role.Allows(a.Role) {
@@ -128,7 +128,7 @@ func TestTreeKeepsTheGuard(t *testing.T) {
 	walk(root)
 }
 
-func fleetHas(action string) bool {
+func fleetHas(action fleet.ActionName) bool {
 	_, ok := fleet.LookupAction(action)
 	return ok
 }

@@ -168,7 +168,7 @@ memory gate before launch, or stopped after ten minutes rejected) it is launched
 		},
 	}
 	c.Flags().BoolVar(&force, "force", false, "required: override the failed check")
-	c.Annotations = map[string]string{annotationAction: "admit --force"}
+	c.Annotations = map[string]string{annotationAction: string(fleet.ActionForceAdmit)}
 	return c
 }
 

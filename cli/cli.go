@@ -30,10 +30,11 @@ import (
 type Hub interface {
 	// Authorize refuses, and audits the refusal of, an action (a name in
 	// fleet.Actions) that u may not do.
-	Authorize(ctx context.Context, u fleet.User, action, target string) error
+	Authorize(ctx context.Context, u fleet.User, action fleet.ActionName, target string) error
 	Snapshot(ctx context.Context) fleet.Snapshot
-	// Act drains, undrains or restarts the named workers or nodes.
-	Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error)
+	// Act does a per-worker action (fleet.Action.PerWorker: drain,
+	// undrain, restart, stop, start) to the named workers or nodes.
+	Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targets []string) (string, error)
 	Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (string, error)
 	Export(ctx context.Context, u fleet.User) ([]byte, error)
 	Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error)
@@ -165,20 +166,21 @@ const (
 
 // actionOf is the name in the action table of command c run with args, and
 // the target its audit line names.
-func actionOf(c *cobra.Command, args []string) (action, target string) {
-	action = c.Annotations[annotationAction]
+func actionOf(c *cobra.Command, args []string) (action fleet.ActionName, target string) {
+	action = fleet.ActionName(c.Annotations[annotationAction])
 	if action == "" {
-		action = c.CommandPath()
+		path := c.CommandPath()
 		if c.HasParent() {
-			action = strings.TrimPrefix(action, c.Root().Name()+" ")
+			path = strings.TrimPrefix(path, c.Root().Name()+" ")
 		}
+		action = fleet.ActionName(path)
 	}
 	if f := c.Annotations[annotationFlagAction]; f != "" && c.Flags().Changed(f) {
-		action += " --" + f
+		action += fleet.ActionName(" --" + f)
 	}
 	if name, value, ok := strings.Cut(c.Annotations[annotationFlagValueAction], "="); ok {
 		if f := c.Flags().Lookup(name); f != nil && f.Value.String() == value {
-			action += " --" + name + " " + value
+			action += fleet.ActionName(" --" + name + " " + value)
 		}
 	}
 	target = strings.Join(args, " ")
@@ -186,6 +188,22 @@ func actionOf(c *cobra.Command, args []string) (action, target string) {
 		target = strings.TrimSpace(f.Value.String() + " " + target)
 	}
 	return action, target
+}
+
+// Walk calls f with each runnable command under root whose action, as the
+// root's authorization names it when no flag is given, is in the action
+// table, and with that action: how what the table says of an action (that
+// it takes worker names, say) reaches its command.
+func Walk(root *cobra.Command, f func(c *cobra.Command, a fleet.Action)) {
+	for _, c := range root.Commands() {
+		if c.Runnable() {
+			name, _ := actionOf(c, nil)
+			if a, ok := fleet.LookupAction(name); ok {
+				f(c, a)
+			}
+		}
+		Walk(c, f)
+	}
 }
 
 // Attach adds the hub commands to root, so the local binary can offer the
@@ -244,11 +262,11 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		}),
 		eventsCmd(h, u),
 		auditCmd(h, u),
-		actCmd(h, u, "drain", "stop sending new requests to workers (a node name means all its workers); in-flight ones finish"),
-		actCmd(h, u, "undrain", "let drained workers take requests again"),
-		actCmd(h, u, "restart", "drain, stop and relaunch workers; prints the new command line"),
-		actCmd(h, u, "stop", "drain and stop workers' engines; they stay stopped, across hub restarts, until 'start'"),
-		actCmd(h, u, "start", "launch stopped workers again and wait until they are ready"),
+		actCmd(h, u, fleet.ActionDrain, "stop sending new requests to workers (a node name means all its workers); in-flight ones finish"),
+		actCmd(h, u, fleet.ActionUndrain, "let drained workers take requests again"),
+		actCmd(h, u, fleet.ActionRestart, "drain, stop and relaunch workers; prints the new command line"),
+		actCmd(h, u, fleet.ActionStop, "drain and stop workers' engines; they stay stopped, across hub restarts, until 'start'"),
+		actCmd(h, u, fleet.ActionStart, "launch stopped workers again and wait until they are ready"),
 		applyCmd(h, u, stdin),
 		&cobra.Command{
 			Use:   "export",
@@ -310,9 +328,10 @@ func noArgs(c *cobra.Command, args []string) error {
 	return nil
 }
 
-func actCmd(h Hub, u fleet.User, kind, short string) *cobra.Command {
+// actCmd is the command of a per-worker action (fleet.Action.PerWorker).
+func actCmd(h Hub, u fleet.User, kind fleet.ActionName, short string) *cobra.Command {
 	return &cobra.Command{
-		Use:   kind + " NODE|NODE/MODEL|all...",
+		Use:   string(kind) + " NODE|NODE/MODEL|all...",
 		Short: short,
 		Args: func(c *cobra.Command, args []string) error {
 			if len(args) == 0 {

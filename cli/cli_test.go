@@ -33,8 +33,8 @@ type fakeHub struct {
 	subjects []string
 }
 
-func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action, target string) error {
-	f.authorized = append(f.authorized, [2]string{action, target})
+func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
+	f.authorized = append(f.authorized, [2]string{string(action), target})
 	a, ok := fleet.LookupAction(action)
 	if !ok {
 		return fmt.Errorf("permission denied: %q is not in the hub's action table", action)
@@ -56,12 +56,12 @@ func (f *fakeHub) Snapshot(context.Context) fleet.Snapshot {
 		Host:   "macOS", GPU: "Apple M1 Ultra", TTFTms: 187.4, PredictedTTFTms: 20,
 	}}}
 }
-func (f *fakeHub) Act(_ context.Context, u fleet.User, kind string, targets []string) (string, error) {
+func (f *fakeHub) Act(_ context.Context, u fleet.User, kind fleet.ActionName, targets []string) (string, error) {
 	if !u.Role.Allows(fleet.RoleOperator) {
 		return "", errDenied
 	}
-	f.acts = append(f.acts, append([]string{kind}, targets...))
-	return kind + " ok", nil
+	f.acts = append(f.acts, append([]string{string(kind)}, targets...))
+	return string(kind) + " ok", nil
 }
 func (f *fakeHub) Apply(_ context.Context, _ fleet.User, name string, data []byte, dryRun bool) (string, error) {
 	f.applied = name + ":" + string(data)

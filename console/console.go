@@ -19,20 +19,13 @@ import (
 	"fleet/themes"
 )
 
-// Action kinds the console sends to its Source.
-const (
-	ActionDrain   = "drain"
-	ActionUndrain = "undrain"
-	ActionRestart = "restart"
-	ActionShape   = "shape"
-	ActionBench   = "bench"
-)
-
-// Action is something an operator asked for. Targets are worker names
-// (NODE/MODEL). The Source enforces roles and writes the audit line; the
-// console only refuses early so a viewer learns why without a round trip.
+// Action is something an operator asked for: Kind is the action of the
+// hub's table (fleet.Actions) that the key's binding names. Targets are
+// worker names (NODE/MODEL). The Source enforces roles and writes the audit
+// line; the console only refuses early so a viewer learns why without a
+// round trip.
 type Action struct {
-	Kind    string
+	Kind    fleet.ActionName
 	Targets []string
 	// Split is a bench's: "chat" or "agent" (the bench package's splits).
 	Split string
@@ -53,7 +46,7 @@ type Source interface {
 	// Refused tells the hub the user pressed a key for an action their role
 	// does not allow (fleet.ActionRole), so it is audited like a refused
 	// exec; the console shows why and does nothing.
-	Refused(kind string, targets []string)
+	Refused(kind fleet.ActionName, targets []string)
 }
 
 // Options configure one console.
@@ -126,7 +119,7 @@ type pendingAction struct {
 // tracker follows a drain, restart or bench until the snapshot shows it
 // finished.
 type tracker struct {
-	kind  string
+	kind  fleet.ActionName
 	since time.Time
 	// benchAt is the worker's BenchAt when the bench was asked for: the hub
 	// answers at once and the sweep lands later, so a new BenchAt is the
@@ -318,12 +311,12 @@ func (m *Model) track() {
 			continue
 		}
 		switch t.kind {
-		case ActionDrain:
+		case fleet.ActionDrain:
 			if w.InFlight == 0 && (w.State != fleet.WorkerReady || w.Drained) {
 				delete(m.tracking, name)
 				m.setFlash(flashOK, fmt.Sprintf("%s drained: no requests in flight, it takes no new ones (u undrains)", name))
 			}
-		case ActionRestart:
+		case fleet.ActionRestart:
 			switch {
 			case w.State == fleet.WorkerReady && w.StartedAt.After(t.since):
 				delete(m.tracking, name)
@@ -332,7 +325,7 @@ func (m *Model) track() {
 				delete(m.tracking, name)
 				m.setFlash(flashErr, fmt.Sprintf("%s restart ended %s: %s", name, w.State, w.Reason))
 			}
-		case ActionBench:
+		case fleet.ActionBench:
 			points, at := benchOf(w, t.split)
 			if len(points) > 0 && !at.Equal(t.benchAt) {
 				delete(m.tracking, name)
@@ -443,7 +436,7 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		return nil
 	}
 	switch a.Kind {
-	case ActionBench:
+	case fleet.ActionBench:
 		// The hub starts the sweep and answers at once; the figures land in
 		// the snapshot when it is done, and the detail's chart follows.
 		for _, t := range a.Targets {
@@ -458,10 +451,10 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 			m.showText(fmt.Sprintf("bench %s", strings.Join(a.Targets, ", ")), reply)
 		}
 		m.track()
-	case ActionShape:
+	case fleet.ActionShape:
 		m.showText(fmt.Sprintf("%s %s", a.Kind, strings.Join(a.Targets, " vs ")), msg.text)
 		m.setFlash(flashOK, fmt.Sprintf("%s done (esc closes)", a.Kind))
-	case ActionDrain, ActionRestart:
+	case fleet.ActionDrain, fleet.ActionRestart:
 		now := m.opts.Now()
 		for _, t := range a.Targets {
 			m.tracking[t] = tracker{kind: a.Kind, since: now}
@@ -555,107 +548,161 @@ func (m *Model) key(k tea.KeyPressMsg) tea.Cmd {
 	return m.mainKey(k)
 }
 
+// mainKey runs the handler the pressed key's binding carries (keys.go):
+// the keymap is the one place a key of the views is defined, handler and
+// all. A key no binding claims only keeps the cursors on a row.
 func (m *Model) mainKey(k tea.KeyPressMsg) tea.Cmd {
-	keys := m.keys
-	v := m.views[m.view]
-	l := v.state()
-	switch {
-	case key.Matches(k, keys.Quit.Binding):
-		m.quitting = true
-		return tea.Quit
-	case key.Matches(k, keys.Help.Binding):
-		m.overlay, m.help.offset = overlayHelp, 0
-	case key.Matches(k, keys.NextView.Binding):
-		m.view = (m.view + 1) % viewCount
-	case key.Matches(k, keys.PrevView.Binding):
-		m.view = (m.view + viewCount - 1) % viewCount
-	case key.Matches(k, keys.Up.Binding):
-		l.cursor--
-	case key.Matches(k, keys.Down.Binding):
-		l.cursor++
-	case key.Matches(k, keys.PageUp.Binding):
-		l.cursor -= m.pageRows()
-	case key.Matches(k, keys.PageDown.Binding):
-		l.cursor += m.pageRows()
-	case key.Matches(k, keys.Home.Binding):
-		l.cursor = 0
-	case key.Matches(k, keys.End.Binding):
-		l.cursor = v.rows() - 1
-	case key.Matches(k, keys.Filter.Binding):
-		m.filtering = true
-	case key.Matches(k, keys.Esc.Binding):
-		switch {
-		case l.filter != "":
-			l.filter = ""
-			v.refilter()
-		case len(m.workers.marks) > 0:
-			clear(m.workers.marks)
-			m.setFlash(flashInfo, "marks cleared")
+	for _, b := range m.keys.main() {
+		if b.run != nil && key.Matches(k, b.Binding) {
+			return b.run(m, *b)
 		}
-	case key.Matches(k, keys.Enter.Binding):
-		switch m.view {
-		case viewEvents:
-			if e, ok := m.evts.cursorEvent(); ok {
-				m.showText(fmt.Sprintf("%s %s %s", e.At.Format("2006-01-02 15:04:05"), e.Level, e.Subject), e.Message)
-			}
-		case viewWorkers:
-			if w, ok := m.workers.cursorWorker(); ok {
-				m.overlay = overlayDetail
-				m.detail.open(w.Name())
-				return m.fetchLog(true)
-			}
-		}
-		return nil
-	case key.Matches(k, keys.Mark.Binding):
-		if m.view == viewWorkers {
-			m.workers.toggleMark()
-		}
-	case key.Matches(k, keys.Drain.Binding, keys.Restart.Binding):
-		b := keys.Drain
-		if key.Matches(k, keys.Restart.Binding) {
-			b = keys.Restart
-		}
-		if !m.needs(b, m.targets()) {
-			return nil
-		}
-		return m.ask(b.action)
-	case key.Matches(k, keys.Undrain.Binding, keys.Bench.Binding):
-		b := keys.Undrain
-		if key.Matches(k, keys.Bench.Binding) {
-			b = keys.Bench
-		}
-		if !m.needs(b, m.targets()) {
-			return nil
-		}
-		t := m.targets()
-		if len(t) == 0 {
-			m.setFlash(flashWarn, fmt.Sprintf("no worker to %s here", b.action))
-			return nil
-		}
-		if b.action == ActionBench {
-			m.confirm = &pendingAction{action: Action{Kind: ActionBench, Targets: t}, split: true,
-				prompt: fmt.Sprintf("Bench %s at 1, 2 and 4 concurrent requests: which split?\nchat: short prompts, 256-token answers\nagent: ~4.6K-token prompts, ~70-token answers", describe(t))}
-			m.overlay = overlayConfirm
-			return nil
-		}
-		return m.do(Action{Kind: b.action, Targets: t})
-	case key.Matches(k, keys.Shape.Binding):
-		t := m.workers.marked()
-		if !m.needs(keys.Shape, t) {
-			return nil
-		}
-		if len(t) != 2 {
-			m.setFlash(flashWarn, fmt.Sprintf("shape compares two workers: mark exactly two with space (%d marked)", len(t)))
-			return nil
-		}
-		return m.do(Action{Kind: ActionShape, Targets: t})
 	}
 	m.clampAll()
 	return nil
 }
 
+// The handlers of the keymap's bindings, in help order. Those that change
+// what a view shows keep its cursor on a row (clamped); those that open a
+// panel or hand the key to the hub return at once.
+
+func (m *Model) quitKey(binding) tea.Cmd {
+	m.quitting = true
+	return tea.Quit
+}
+
+func (m *Model) helpKey(binding) tea.Cmd {
+	m.overlay, m.help.offset = overlayHelp, 0
+	return m.clamped()
+}
+
+func (m *Model) nextViewKey(binding) tea.Cmd {
+	m.view = (m.view + 1) % viewCount
+	return m.clamped()
+}
+
+func (m *Model) prevViewKey(binding) tea.Cmd {
+	m.view = (m.view + viewCount - 1) % viewCount
+	return m.clamped()
+}
+
+// cursorKey is the handler of a key that moves the current view's cursor;
+// rows is the number of rows of that view and page a screenful.
+func cursorKey(move func(l *list, rows, page int)) func(*Model, binding) tea.Cmd {
+	return func(m *Model, _ binding) tea.Cmd {
+		v := m.views[m.view]
+		move(v.state(), v.rows(), m.pageRows())
+		return m.clamped()
+	}
+}
+
+func (m *Model) filterStartKey(binding) tea.Cmd {
+	m.filtering = true
+	return m.clamped()
+}
+
+// escKey clears the filter, else the marks.
+func (m *Model) escKey(binding) tea.Cmd {
+	v := m.views[m.view]
+	l := v.state()
+	switch {
+	case l.filter != "":
+		l.filter = ""
+		v.refilter()
+	case len(m.workers.marks) > 0:
+		clear(m.workers.marks)
+		m.setFlash(flashInfo, "marks cleared")
+	}
+	return m.clamped()
+}
+
+// enterKey opens the worker under the cursor, or the event under it whole.
+func (m *Model) enterKey(binding) tea.Cmd {
+	switch m.view {
+	case viewEvents:
+		if e, ok := m.evts.cursorEvent(); ok {
+			m.showText(fmt.Sprintf("%s %s %s", e.At.Format("2006-01-02 15:04:05"), e.Level, e.Subject), e.Message)
+		}
+	case viewWorkers:
+		if w, ok := m.workers.cursorWorker(); ok {
+			m.overlay = overlayDetail
+			m.detail.open(w.Name())
+			return m.fetchLog(true)
+		}
+	}
+	return nil
+}
+
+func (m *Model) markKey(binding) tea.Cmd {
+	if m.view == viewWorkers {
+		m.workers.toggleMark()
+	}
+	return m.clamped()
+}
+
+// askKey is the handler of drain and restart: they ask first (ask).
+func (m *Model) askKey(b binding) tea.Cmd {
+	if !m.needs(b, m.targets()) {
+		return nil
+	}
+	return m.ask(b.action)
+}
+
+// actKey is the handler of an action done at once on the targets.
+func (m *Model) actKey(b binding) tea.Cmd {
+	t, ok := m.actTargets(b)
+	if !ok {
+		return nil
+	}
+	return m.do(Action{Kind: b.action, Targets: t})
+}
+
+// benchKey asks which split to bench the targets with.
+func (m *Model) benchKey(b binding) tea.Cmd {
+	t, ok := m.actTargets(b)
+	if !ok {
+		return nil
+	}
+	m.confirm = &pendingAction{action: Action{Kind: b.action, Targets: t}, split: true,
+		prompt: fmt.Sprintf("Bench %s at 1, 2 and 4 concurrent requests: which split?\nchat: short prompts, 256-token answers\nagent: ~4.6K-token prompts, ~70-token answers", describe(t))}
+	m.overlay = overlayConfirm
+	return nil
+}
+
+// actTargets are the targets of b's action, once the role allows it and
+// there is at least one; ok is false (and the flash says why) otherwise.
+func (m *Model) actTargets(b binding) (t []string, ok bool) {
+	if !m.needs(b, m.targets()) {
+		return nil, false
+	}
+	t = m.targets()
+	if len(t) == 0 {
+		m.setFlash(flashWarn, fmt.Sprintf("no worker to %s here", b.action))
+		return nil, false
+	}
+	return t, true
+}
+
+// shapeKey compares the two marked workers.
+func (m *Model) shapeKey(b binding) tea.Cmd {
+	t := m.workers.marked()
+	if !m.needs(b, t) {
+		return nil
+	}
+	if len(t) != 2 {
+		m.setFlash(flashWarn, fmt.Sprintf("shape compares two workers: mark exactly two with space (%d marked)", len(t)))
+		return nil
+	}
+	return m.do(Action{Kind: b.action, Targets: t})
+}
+
+// clamped keeps every view's cursor on a row after a key changed it.
+func (m *Model) clamped() tea.Cmd {
+	m.clampAll()
+	return nil
+}
+
 // ask opens the confirmation for a drain or restart, naming what will happen.
-func (m *Model) ask(kind string) tea.Cmd {
+func (m *Model) ask(kind fleet.ActionName) tea.Cmd {
 	t := m.targets()
 	if len(t) == 0 {
 		m.setFlash(flashWarn, fmt.Sprintf("no worker to %s here", kind))
@@ -665,13 +712,13 @@ func (m *Model) ask(kind string) tea.Cmd {
 	timeout := m.opts.DrainTimeout
 	var prompt string
 	switch kind {
-	case ActionDrain:
+	case fleet.ActionDrain:
 		prompt = fmt.Sprintf("Drain %s?\nIt stops taking new requests now; nothing is in flight.", describe(t))
 		if n > 0 {
 			prompt = fmt.Sprintf("Drain %s?\nIt stops taking new requests now. %s finish first;\nafter %s any still running are cancelled.",
 				describe(t), inFlightPhrase(n), shortDuration(timeout))
 		}
-	case ActionRestart:
+	case fleet.ActionRestart:
 		prompt = fmt.Sprintf("Restart %s?\nIt drains (%s, timeout %s), stops,\nthen launches again with the same recipe.",
 			describe(t), inFlightCount(n), shortDuration(timeout))
 	}
@@ -739,7 +786,7 @@ func (m *Model) confirmKey(k tea.KeyPressMsg) tea.Cmd {
 	case key.Matches(k, m.keys.confirmNo.Binding):
 		kind := m.confirm.action.Kind
 		m.closeConfirm()
-		m.setFlash(flashInfo, kind+" cancelled")
+		m.setFlash(flashInfo, string(kind)+" cancelled")
 	}
 	return nil
 }

@@ -224,7 +224,7 @@ func TestViewerDangerousKeysSayWhy(t *testing.T) {
 				t.Fatalf("a viewer's %q reached the hub: %+v", tt.key, a)
 			}
 			// The refusal is reported, for the hub to audit it like a refused exec.
-			if r := src.RefusedActions(); len(r) != 1 || !strings.HasPrefix(tt.want, r[0].Kind+" ") {
+			if r := src.RefusedActions(); len(r) != 1 || !strings.HasPrefix(tt.want, string(r[0].Kind)+" ") {
 				t.Fatalf("refusals reported after a viewer's %q = %+v, want one", tt.key, r)
 			}
 		})
@@ -269,7 +269,7 @@ func TestOperatorDrainConfirmsAndShowsProgress(t *testing.T) {
 	}
 	h.keys("y")
 	acts := src.Actions()
-	if len(acts) != 1 || acts[0].Kind != console.ActionDrain || len(acts[0].Targets) != 1 || acts[0].Targets[0] != "ultra/qwen3-4b" {
+	if len(acts) != 1 || acts[0].Kind != fleet.ActionDrain || len(acts[0].Targets) != 1 || acts[0].Targets[0] != "ultra/qwen3-4b" {
 		t.Fatalf("actions = %+v, want one drain of ultra/qwen3-4b", acts)
 	}
 	h.refresh()
@@ -311,7 +311,7 @@ func TestMarksShapeAndUndrain(t *testing.T) {
 	h.keys("space", "u")
 	acts := src.Actions()
 	last := acts[len(acts)-1]
-	if last.Kind != console.ActionUndrain || strings.Join(last.Targets, ",") != "rig/qwen3-4b,ultra/qwen3-4b,max/qwen3-4b" {
+	if last.Kind != fleet.ActionUndrain || strings.Join(last.Targets, ",") != "rig/qwen3-4b,ultra/qwen3-4b,max/qwen3-4b" {
 		t.Fatalf("last action = %+v, want undrain of the three marked workers", last)
 	}
 }

@@ -2,15 +2,17 @@ package console
 
 import (
 	"charm.land/bubbles/v2/key"
+	tea "charm.land/bubbletea/v2"
 
 	"fleet"
 )
 
 // binding is one key of the console: the keys that press it and its help
-// line (key.Binding), its word on the hint line, and, for a key that acts on
-// workers, the hub action whose role (fleet.ActionRole) it needs. The help
-// screen, the hint lines and the detail's passthrough are all generated from
-// the keymap, so a key is added in one place.
+// line (key.Binding), its word on the hint line, what it does (run, as
+// k9s's KeyAction carries its action) and, for a key that acts on workers,
+// the hub action it asks for, whose role (fleet.ActionRole) it needs. The
+// help screen, the hint lines, the detail's passthrough and the key handler
+// are all generated from the keymap, so a key is added in one place.
 type binding struct {
 	key.Binding
 	// hintKey and hint are its entry on the main hint line ("" leaves it off).
@@ -18,7 +20,10 @@ type binding struct {
 	// detailHint is its entry on the detail's hint line; "" leaves it off.
 	detailHint string
 	// action is the hub action the key asks for; "" for keys that only move.
-	action string
+	action fleet.ActionName
+	// run handles the key in the views (and in the detail, when passed);
+	// nil for the keys of a mode with its own handler (filter, confirm).
+	run func(m *Model, b binding) tea.Cmd
 	// detail passes the key through to the main handler from the worker
 	// detail, where it acts on the worker shown.
 	detail bool
@@ -63,33 +68,34 @@ type keyMap struct {
 }
 
 // newKeyMap is the one place a key is defined: its keys, its help, its
-// hint words, its action and whether the detail passes it through.
+// hint words, its action, its handler and whether the detail passes it
+// through.
 func newKeyMap() *keyMap {
 	return &keyMap{
 		Up: bind([]string{"up", "k"}, "↑ ↓ / k j", "move the cursor; scroll the detail or a text panel").
-			hinted("↑↓", "move").inDetail("scroll"),
-		Down:     bind([]string{"down", "j"}, "", ""),
-		PageUp:   bind([]string{"pgup"}, "pgup pgdown", "move a page"),
-		PageDown: bind([]string{"pgdown"}, "", ""),
-		Home:     bind([]string{"home", "g"}, "g G / home end", "first / last row"),
-		End:      bind([]string{"end", "G"}, "", ""),
+			hinted("↑↓", "move").inDetail("scroll").on(cursorKey(func(l *list, _, _ int) { l.cursor-- })),
+		Down:     bind([]string{"down", "j"}, "", "").on(cursorKey(func(l *list, _, _ int) { l.cursor++ })),
+		PageUp:   bind([]string{"pgup"}, "pgup pgdown", "move a page").on(cursorKey(func(l *list, _, page int) { l.cursor -= page })),
+		PageDown: bind([]string{"pgdown"}, "", "").on(cursorKey(func(l *list, _, page int) { l.cursor += page })),
+		Home:     bind([]string{"home", "g"}, "g G / home end", "first / last row").on(cursorKey(func(l *list, _, _ int) { l.cursor = 0 })),
+		End:      bind([]string{"end", "G"}, "", "").on(cursorKey(func(l *list, rows, _ int) { l.cursor = rows - 1 })),
 		Enter: bind([]string{"enter"}, "enter", "worker detail: full command line, PID, port, memory, bench chart, history, log, events;").
-			hinted("enter", "detail").continued("in the events view, the whole event (a bench's table)"),
-		Filter: bind([]string{"/"}, "/", "filter the view as you type (enter keeps it, esc clears it)").hinted("/", "filter"),
-		Mark:   bind([]string{"space"}, "space", "mark a worker; d, u, r and b act on the marked workers").hinted("space", "mark"),
-		Esc:    bind([]string{"esc"}, "esc", "clear the filter, then the marks; close a panel"),
+			hinted("enter", "detail").continued("in the events view, the whole event (a bench's table)").on((*Model).enterKey),
+		Filter: bind([]string{"/"}, "/", "filter the view as you type (enter keeps it, esc clears it)").hinted("/", "filter").on((*Model).filterStartKey),
+		Mark:   bind([]string{"space"}, "space", "mark a worker; d, u, r and b act on the marked workers").hinted("space", "mark").on((*Model).markKey),
+		Esc:    bind([]string{"esc"}, "esc", "clear the filter, then the marks; close a panel").on((*Model).escKey),
 
-		Drain:   act("d", "drain: no new requests, in-flight ones finish (asks first)", ActionDrain).passed(),
-		Undrain: act("u", "undrain: take requests again", ActionUndrain).passed(),
-		Restart: act("r", "restart: drain, stop, launch again (asks first)", ActionRestart).passed(),
+		Drain:   act("d", "drain: no new requests, in-flight ones finish (asks first)", fleet.ActionDrain, (*Model).askKey).passed(),
+		Undrain: act("u", "undrain: take requests again", fleet.ActionUndrain, (*Model).actKey).passed(),
+		Restart: act("r", "restart: drain, stop, launch again (asks first)", fleet.ActionRestart, (*Model).askKey).passed(),
 		// shape compares the two marked workers, so the detail of one has none.
-		Shape: act("s", "shape: compare the responses of the two marked workers", ActionShape),
-		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests (asks: chat or agent split)", ActionBench).passed(),
+		Shape: act("s", "shape: compare the responses of the two marked workers", fleet.ActionShape, (*Model).shapeKey),
+		Bench: act("b", "bench: measure the worker at 1, 2 and 4 concurrent requests (asks: chat or agent split)", fleet.ActionBench, (*Model).benchKey).passed(),
 
-		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events → usage").hinted("tab", "view"),
-		PrevView: bind([]string{"shift+tab"}, "", ""),
-		Help:     bind([]string{"?"}, "?", "this help").hinted("?", "help").inDetail("help").passed(),
-		Quit:     bind([]string{"q"}, "q / ctrl+c", "quit (q closes a panel first)").hinted("q", "quit"),
+		NextView: bind([]string{"tab"}, "tab / shift+tab", "next / previous view: workers → nodes → models → events → usage").hinted("tab", "view").on((*Model).nextViewKey),
+		PrevView: bind([]string{"shift+tab"}, "", "").on((*Model).prevViewKey),
+		Help:     bind([]string{"?"}, "?", "this help").hinted("?", "help").inDetail("help").passed().on((*Model).helpKey),
+		Quit:     bind([]string{"q"}, "q / ctrl+c", "quit (q closes a panel first)").hinted("q", "quit").on((*Model).quitKey),
 		// interrupt quits from anywhere, a panel or the filter prompt
 		// included; the help shows it with Quit.
 		interrupt: bind([]string{"ctrl+c"}, "", ""),
@@ -106,17 +112,18 @@ func newKeyMap() *keyMap {
 	}
 }
 
-// act is a key that asks the hub for action: its hint word is the action's
-// name, and its role is the action's.
-func act(k, help, action string) binding {
-	b := bind([]string{k}, k, help).hinted(k, action)
+// act is a key that asks the hub for action, handled by run: its hint word
+// is the action's name, and its role is the action's.
+func act(k, help string, action fleet.ActionName, run func(*Model, binding) tea.Cmd) binding {
+	b := bind([]string{k}, k, help).hinted(k, string(action)).on(run)
 	b.action = action
 	return b
 }
 
-func (b binding) hinted(k, what string) binding { b.hintKey, b.hint = k, what; return b }
-func (b binding) inDetail(what string) binding  { b.detailHint = what; return b }
-func (b binding) continued(more string) binding { b.more = more; return b }
+func (b binding) on(run func(*Model, binding) tea.Cmd) binding { b.run = run; return b }
+func (b binding) hinted(k, what string) binding                { b.hintKey, b.hint = k, what; return b }
+func (b binding) inDetail(what string) binding                 { b.detailHint = what; return b }
+func (b binding) continued(more string) binding                { b.more = more; return b }
 
 // passed makes the detail hand the key to the main handler, to act on the
 // worker shown, and shows it on the detail's hint line.

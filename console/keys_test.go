@@ -15,7 +15,7 @@ import (
 // oneWorker is the least Source: one ready worker, and a record of what
 // reached the hub.
 type oneWorker struct {
-	did, refused []string
+	did, refused []fleet.ActionName
 }
 
 func (s *oneWorker) Snapshot() fleet.Snapshot {
@@ -26,7 +26,7 @@ func (s *oneWorker) Do(_ context.Context, a Action) (string, error) {
 	return "", nil
 }
 func (s *oneWorker) WorkerLog(context.Context, string, int) ([]string, error) { return nil, nil }
-func (s *oneWorker) Refused(kind string, _ []string)                          { s.refused = append(s.refused, kind) }
+func (s *oneWorker) Refused(kind fleet.ActionName, _ []string)                { s.refused = append(s.refused, kind) }
 
 func pressKey(k string) tea.KeyPressMsg {
 	switch k {
@@ -78,7 +78,7 @@ func TestDetailPassesThroughTheMarkedKeys(t *testing.T) {
 		if b.action == "" {
 			continue
 		}
-		t.Run(b.action, func(t *testing.T) {
+		t.Run(string(b.action), func(t *testing.T) {
 			src := &oneWorker{}
 			m := newModel(src, Options{User: fleet.User{Name: "vic", Role: fleet.RoleViewer}, Theme: themes.Dark()})
 			m.Update(snapshotMsg{snap: src.Snapshot()})

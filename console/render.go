@@ -150,13 +150,13 @@ func (m *Model) renderStatus() string {
 		w, _ := m.workerByName(name)
 		elapsed := m.opts.Now().Sub(tr.since).Round(time.Second)
 		switch tr.kind {
-		case ActionDrain:
+		case fleet.ActionDrain:
 			parts = append(parts, t.Warn.Render(fmt.Sprintf("draining %s: %d in flight (%s of %s)",
 				name, w.InFlight, elapsed, shortDuration(m.opts.DrainTimeout))))
-		case ActionRestart:
+		case fleet.ActionRestart:
 			parts = append(parts, t.Warn.Render(fmt.Sprintf("restarting %s: %s, %d in flight (%s)",
 				name, w.State, w.InFlight, elapsed)))
-		case ActionBench:
+		case fleet.ActionBench:
 			parts = append(parts, t.Info.Render(fmt.Sprintf("benching %s: %s so far (its chart lands in the detail)",
 				name, elapsed)))
 		}

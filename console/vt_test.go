@@ -179,7 +179,7 @@ func TestTerminalViewerAndOperator(t *testing.T) {
 	o.waitText("Drain ultra/qwen3-4b?", "3 requests in flight")
 	o.typeText("y")
 	o.waitText("draining ultra/qwen3-4b: 3 in flight")
-	if a := src.Actions(); len(a) != 1 || a[0].Kind != console.ActionDrain {
+	if a := src.Actions(); len(a) != 1 || a[0].Kind != fleet.ActionDrain {
 		t.Fatalf("actions = %+v, want one drain", a)
 	}
 	// The viewer's table sees the drain through its own refresh.
@@ -306,7 +306,7 @@ func TestTerminalBenchLandsInOpenDetail(t *testing.T) {
 	tm.waitText("which split?", "c chat split")
 	tm.typeText("c")
 	tm.waitText("bench started on rig/qwen3-4b", "rig/qwen3-4b", "no bench yet")
-	if a := src.Actions(); len(a) != 1 || a[0].Kind != console.ActionBench || strings.Join(a[0].Targets, ",") != "rig/qwen3-4b" || a[0].Split != console.SplitChat {
+	if a := src.Actions(); len(a) != 1 || a[0].Kind != fleet.ActionBench || strings.Join(a[0].Targets, ",") != "rig/qwen3-4b" || a[0].Split != console.SplitChat {
 		t.Fatalf("actions = %+v, want one chat bench of rig/qwen3-4b", a)
 	}
 	src.SetBench("rig/qwen3-4b", []fleet.BenchPoint{

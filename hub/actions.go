@@ -21,7 +21,7 @@ import (
 // auditing the refusal, one that is not there or that the user's role does
 // not allow, and every action of a user past MaxRefusalsPerMinute. Every
 // entry point of the hub that a user calls goes through it.
-func (h *Hub) authorize(u fleet.User, action, target string) (fleet.Action, error) {
+func (h *Hub) authorize(u fleet.User, action fleet.ActionName, target string) (fleet.Action, error) {
 	a, ok := fleet.LookupAction(action)
 	if err := h.throttle(u, action, target); err != nil {
 		return a, err
@@ -46,7 +46,7 @@ func roleName(r fleet.Role) string {
 
 // Authorize is authorize for the command tree, which checks each command
 // before it runs it.
-func (h *Hub) Authorize(_ context.Context, u fleet.User, action, target string) error {
+func (h *Hub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
 	_, err := h.authorize(u, action, target)
 	return err
 }
@@ -55,7 +55,7 @@ func (h *Hub) Authorize(_ context.Context, u fleet.User, action, target string) 
 // first when it is an audited one (and nothing done when that line cannot
 // be written), then run, then its outcome recorded: "ok", "ok (note)" with
 // the note run returns, or the error.
-func (h *Hub) do(u fleet.User, action, target string, run func() (note string, err error)) error {
+func (h *Hub) do(u fleet.User, action fleet.ActionName, target string, run func() (note string, err error)) error {
 	a, err := h.authorize(u, action, target)
 	if err != nil {
 		return err
@@ -92,14 +92,14 @@ func (h *Hub) failed(u fleet.User, a fleet.Action, target string, err error) {
 	h.noteRepeat(u, a.Name, target, "failed: "+err.Error(), false)
 }
 
-// Act drains, undrains, restarts, stops or starts workers: one audit line
-// per worker.
-func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []string) (string, error) {
+// Act does a per-worker action of the table (fleet.Action.PerWorker:
+// drain, undrain, restart, stop, start) to workers: one audit line per
+// worker.
+func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targets []string) (string, error) {
 	target := strings.Join(targets, " ")
-	switch kind {
-	case "drain", "undrain", "restart", "stop", "start":
-	default:
-		return "", fmt.Errorf("unknown action %q: use drain, undrain, restart, stop or start", kind)
+	op, ok := h.workerOp(kind)
+	if !ok {
+		return "", fmt.Errorf("unknown action %q: use %s", kind, perWorkerNames())
 	}
 	a, err := h.authorize(u, kind, target)
 	if err != nil {
@@ -110,20 +110,13 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 		h.failed(u, a, target, err)
 		return "", err
 	}
-	if kind == "stop" || kind == "start" {
+	if op == nil {
 		return h.stopStart(ctx, u, a, names)
 	}
 	var msgs []string
 	for _, name := range names {
-		err := h.run(u, a, name, func() (msg string, err error) {
-			switch kind {
-			case "drain":
-				msg, err = h.drain(name)
-			case "undrain":
-				msg, err = h.undrain(name)
-			case "restart":
-				msg, err = h.restart(ctx, name)
-			}
+		err := h.run(u, a, name, func() (string, error) {
+			msg, err := op(ctx, name)
 			if err == nil {
 				msgs = append(msgs, msg)
 			}
@@ -134,6 +127,41 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind string, targets []stri
 		}
 	}
 	return strings.Join(msgs, "\n"), nil
+}
+
+// workerOp is what a per-worker action of the table does to one worker;
+// ok is false for an action that is not one. stop and start have a nil op:
+// they run on all their workers at once (stopStart).
+func (h *Hub) workerOp(kind fleet.ActionName) (op func(ctx context.Context, name string) (string, error), ok bool) {
+	if a, _ := fleet.LookupAction(kind); !a.PerWorker {
+		return nil, false
+	}
+	switch kind {
+	case fleet.ActionDrain:
+		return func(_ context.Context, name string) (string, error) { return h.drain(name) }, true
+	case fleet.ActionUndrain:
+		return func(_ context.Context, name string) (string, error) { return h.undrain(name) }, true
+	case fleet.ActionRestart:
+		return h.restart, true
+	case fleet.ActionStop, fleet.ActionStart:
+		return nil, true
+	}
+	return nil, false
+}
+
+// perWorkerNames lists the per-worker actions of the table for an error:
+// "drain, undrain, restart, stop or start".
+func perWorkerNames() string {
+	var names []string
+	for _, a := range fleet.Actions() {
+		if a.PerWorker {
+			names = append(names, string(a.Name))
+		}
+	}
+	if len(names) < 2 {
+		return strings.Join(names, "")
+	}
+	return strings.Join(names[:len(names)-1], ", ") + " or " + names[len(names)-1]
 }
 
 func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
@@ -217,9 +245,9 @@ func (h *Hub) restart(ctx context.Context, name string) (string, error) {
 
 // Apply makes the declared fleet match a fleet file.
 func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (plan string, err error) {
-	action := "apply"
+	action := fleet.ActionApply
 	if dryRun {
-		action = "apply --dry-run"
+		action = fleet.ActionApplyDryRun
 	}
 	err = h.do(u, action, filename, func() (string, error) {
 		plan, err = h.apply(ctx, filename, data, dryRun)
@@ -299,7 +327,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 // and the file says so in a comment at its top, since apply refuses it
 // until each placeholder is replaced: no round trip loses a secret silently.
 func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error) {
-	err = h.do(u, "export", "", func() (string, error) {
+	err = h.do(u, fleet.ActionExport, "", func() (string, error) {
 		f, err := h.store.LoadFleet(ctx)
 		if err != nil {
 			return "", err
@@ -325,7 +353,7 @@ func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error)
 
 // ForceAdmit overrides a failed admission check (operator; audited).
 func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error) {
-	a, err := h.authorize(u, "admit --force", worker)
+	a, err := h.authorize(u, fleet.ActionForceAdmit, worker)
 	if err != nil {
 		return "", err
 	}
@@ -353,7 +381,7 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 // key the node presents now (admin; audited). It is how an operator accepts
 // a reinstalled machine after the hub refused its changed key.
 func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string, error) {
-	err := h.do(u, "node trust", node, func() (string, error) {
+	err := h.do(u, fleet.ActionNodeTrust, node, func() (string, error) {
 		n, err := h.store.Node(ctx, node)
 		if err != nil {
 			return "", err

@@ -16,7 +16,7 @@ func TestActionTableByRole(t *testing.T) {
 	for _, a := range fleet.Actions() {
 		for _, name := range []string{viewer.Name, operator.Name, admin.Name, nobody.Name, stranger.Name} {
 			u := actors[name]
-			t.Run(a.Name+"/"+name, func(t *testing.T) {
+			t.Run(string(a.Name)+"/"+name, func(t *testing.T) {
 				mark := lastAuditID(t, h)
 				ran := false
 				err := h.do(u, a.Name, "ultra", func() (string, error) { ran = true; return "", nil })
@@ -26,7 +26,7 @@ func TestActionTableByRole(t *testing.T) {
 					if err == nil || ran || !strings.Contains(err.Error(), "needs the "+string(a.Role)+" role") {
 						t.Fatalf("%s by %s (%q): ran=%v, err=%v; want refused, naming the %s role", a.Name, u.Name, u.Role, ran, err, a.Role)
 					}
-					if len(audited) != 1 || audited[0].Action != a.Name || audited[0].User != u.Name || audited[0].Outcome != "denied: needs "+string(a.Role) {
+					if len(audited) != 1 || audited[0].Action != string(a.Name) || audited[0].User != u.Name || audited[0].Outcome != "denied: needs "+string(a.Role) {
 						t.Errorf("audit after the refusal = %+v, want one \"denied: needs %s\" line", audited, a.Role)
 					}
 					return
@@ -35,7 +35,7 @@ func TestActionTableByRole(t *testing.T) {
 					t.Fatalf("%s by %s (%q): ran=%v, err=%v; want it run", a.Name, u.Name, u.Role, ran, err)
 				}
 				switch {
-				case a.Audited && (len(audited) != 1 || audited[0].Action != a.Name || audited[0].Outcome != "ok"):
+				case a.Audited && (len(audited) != 1 || audited[0].Action != string(a.Name) || audited[0].Outcome != "ok"):
 					t.Errorf("audit after %s = %+v, want one ok line", a.Name, audited)
 				case !a.Audited && len(audited) != 0:
 					t.Errorf("%s is a read, yet it wrote %+v", a.Name, audited)
@@ -71,7 +71,7 @@ func TestDoAuditsHowActionsEnd(t *testing.T) {
 	h, _ := seededHub(t)
 	boom := errors.New("boom")
 	tests := []struct {
-		action string
+		action fleet.ActionName
 		note   string
 		err    error
 		want   string // the outcome of the one line, "" = no line

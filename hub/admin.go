@@ -12,7 +12,7 @@ import (
 
 // Audit lists recent audit entries; operators and admins may read it.
 func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.AuditEntry, err error) {
-	err = h.do(u, "audit", "", func() (string, error) {
+	err = h.do(u, fleet.ActionAudit, "", func() (string, error) {
 		h.flushRefusals()
 		es, err = h.store.Audit(ctx, limit)
 		if !u.Role.Allows(fleet.RoleAdmin) {
@@ -25,7 +25,7 @@ func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.Au
 
 // AddUser adds a console user (admin only).
 func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
-	a, err := h.authorize(u, "user add", nu.Name)
+	a, err := h.authorize(u, fleet.ActionUserAdd, nu.Name)
 	if err != nil {
 		return err
 	}
@@ -36,14 +36,14 @@ func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
 
 // RemoveUser removes a console user (admin only).
 func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, "user rm", name, func() (string, error) {
+	return h.do(u, fleet.ActionUserRemove, name, func() (string, error) {
 		return "", h.store.RemoveUser(ctx, name)
 	})
 }
 
 // Users lists console users (admin only).
 func (h *Hub) Users(ctx context.Context, u fleet.User) (us []fleet.User, err error) {
-	err = h.do(u, "user list", "", func() (string, error) {
+	err = h.do(u, fleet.ActionUserList, "", func() (string, error) {
 		us, err = h.store.Users(ctx)
 		return "", err
 	})
@@ -52,7 +52,7 @@ func (h *Hub) Users(ctx context.Context, u fleet.User) (us []fleet.User, err err
 
 // CreateKey creates a router API key and returns it; only its hash is kept.
 func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key string, err error) {
-	err = h.do(u, "key create", name, func() (string, error) {
+	err = h.do(u, fleet.ActionKeyCreate, name, func() (string, error) {
 		key, err = h.store.CreateAPIKey(ctx, name)
 		if err != nil {
 			return "", err
@@ -65,7 +65,7 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key str
 
 // Keys lists router API keys (names and dates, never the keys).
 func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err error) {
-	err = h.do(u, "key list", "", func() (string, error) {
+	err = h.do(u, fleet.ActionKeyList, "", func() (string, error) {
 		keys, err = h.store.APIKeys(ctx)
 		return "", err
 	})
@@ -74,7 +74,7 @@ func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err 
 
 // RevokeKey revokes a router API key at once.
 func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, "key revoke", name, func() (string, error) {
+	return h.do(u, fleet.ActionKeyRevoke, name, func() (string, error) {
 		if err := h.store.RevokeAPIKey(ctx, name); err != nil {
 			return "", err
 		}
@@ -84,7 +84,7 @@ func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
 
 // SetTheme stores a user's own console theme ("" = from the terminal's background).
 func (h *Hub) SetTheme(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, "theme", name, func() (string, error) {
+	return h.do(u, fleet.ActionTheme, name, func() (string, error) {
 		if name != "" {
 			if _, err := themes.Named(name); err != nil {
 				return "", err

@@ -16,9 +16,9 @@ const (
 	auditOutcomeBytes = 512
 )
 
-func auditEntry(u fleet.User, action, target, outcome string) fleet.AuditEntry {
+func auditEntry(u fleet.User, action fleet.ActionName, target, outcome string) fleet.AuditEntry {
 	// Sanitized: a target is what someone typed, an outcome may quote a node.
-	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: fleet.Sanitize(action),
+	return fleet.AuditEntry{At: time.Now(), User: fleet.Clip(u.Name, auditUserBytes), Action: fleet.Sanitize(string(action)),
 		Target: fleet.Sanitize(fleet.Clip(target, auditTargetBytes)), Outcome: fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))}
 }
 
@@ -30,7 +30,7 @@ const auditStarted = "started"
 type auditLine struct {
 	h      *Hub
 	id     int64
-	action string
+	action fleet.ActionName
 	target string
 }
 
@@ -77,9 +77,15 @@ func (l *auditLine) endErr(err error) {
 // a failure to write it is logged. Actions write theirs first, with begin
 // (through do); refusals and failures that changed nothing go through
 // refuse and noteRepeat, which count repeats on one line.
-func (h *Hub) audit(u fleet.User, action, target, outcome string) {
+func (h *Hub) audit(u fleet.User, action fleet.ActionName, target, outcome string) {
 	e := auditEntry(u, action, target, outcome)
 	if err := h.store.AddAudit(context.Background(), e); err != nil {
 		h.log.Error("could not write the audit line", "user", e.User, "action", action, "target", e.Target, "err", err)
 	}
+}
+
+// auditSSH writes a line the SSH server audits itself (a login refused, the
+// first admin added); its action may be outside the table.
+func (h *Hub) auditSSH(e fleet.AuditEntry) {
+	h.audit(fleet.User{Name: e.User}, fleet.ActionName(e.Action), e.Target, e.Outcome)
 }

@@ -92,11 +92,11 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 
 // Shape sends two workers the same shape requests and diffs their response shapes.
 func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
-	act, err := h.authorize(u, "shape", a+" "+b)
+	act, err := h.authorize(u, fleet.ActionShape, a+" "+b)
 	if err != nil {
 		return r, err
 	}
-	done, err := h.checks.start(u, "shape")
+	done, err := h.checks.start(u, string(act.Name))
 	if err != nil {
 		return r, err
 	}
@@ -134,11 +134,11 @@ func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
 
 // ShapeAll checks every ready worker of a model against its reference shape.
 func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []shape.Report, err error) {
-	act, err := h.authorize(u, "shape --all", model)
+	act, err := h.authorize(u, fleet.ActionShapeAll, model)
 	if err != nil {
 		return nil, err
 	}
-	done, err := h.checks.start(u, "shape --all")
+	done, err := h.checks.start(u, string(act.Name))
 	if err != nil {
 		return nil, err
 	}
@@ -184,11 +184,11 @@ func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error
 // PinShape makes a worker's current shape its model's reference. An admin's
 // attempt is audited whether or not it got as far as the worker.
 func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (msg string, err error) {
-	act, err := h.authorize(u, "shape pin", worker)
+	act, err := h.authorize(u, fleet.ActionShapePin, worker)
 	if err != nil {
 		return "", err
 	}
-	done, err := h.checks.start(u, "shape pin")
+	done, err := h.checks.start(u, string(act.Name))
 	if err != nil {
 		return "", err
 	}
@@ -251,13 +251,13 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
 func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.BenchOptions, progress io.Writer) (sweep.Result, error) {
-	a, err := h.authorize(u, "bench", target)
+	a, err := h.authorize(u, fleet.ActionBench, target)
 	if err != nil {
 		return sweep.Result{}, err
 	}
-	done, err := h.checks.start(u, "bench")
+	done, err := h.checks.start(u, string(a.Name))
 	if err != nil {
-		h.refuse(u, "bench", target, "refused: "+err.Error())
+		h.refuse(u, a.Name, target, "refused: "+err.Error())
 		return sweep.Result{}, err
 	}
 	defer done()
@@ -334,7 +334,7 @@ const MaxBenchHistory = 200
 // alias too): its runs through the router and its current workers' runs.
 func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
 	var out []sweep.Result
-	err := h.do(u, "bench --history", target, func() (string, error) {
+	err := h.do(u, fleet.ActionBenchHistory, target, func() (string, error) {
 		keys, err := h.benchKeys(target)
 		if err != nil {
 			return "", err

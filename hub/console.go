@@ -27,7 +27,7 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 	if !s.u.Role.Allows(fleet.RoleAdmin) {
 		snap = fleet.RedactSnapshot(snap)
 	}
-	if s.u.Role.Allows(fleet.ActionRole("audit")) {
+	if s.u.Role.Allows(fleet.ActionRole(fleet.ActionAudit)) {
 		s.h.flushRefusals()
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
 			if !s.u.Role.Allows(fleet.RoleAdmin) {
@@ -37,7 +37,7 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 		}
 	}
 	// Key names only for those who may list them.
-	snap.Usage = s.h.recentUsage(ctx, s.u.Role.Allows(fleet.ActionRole("usage --by key")))
+	snap.Usage = s.h.recentUsage(ctx, s.u.Role.Allows(fleet.ActionRole(fleet.ActionUsageByKey)))
 	return snap
 }
 
@@ -62,20 +62,20 @@ func (s consoleSource) Do(ctx context.Context, a console.Action) (string, error)
 
 func (s consoleSource) do(ctx context.Context, a console.Action) (string, error) {
 	switch a.Kind {
-	case console.ActionDrain, console.ActionUndrain:
+	case fleet.ActionDrain, fleet.ActionUndrain:
 		return s.h.Act(ctx, s.u, a.Kind, a.Targets)
-	case console.ActionRestart:
-		if _, err := s.h.authorize(s.u, "restart", strings.Join(a.Targets, " ")); err != nil {
+	case fleet.ActionRestart:
+		if _, err := s.h.authorize(s.u, fleet.ActionRestart, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		s.h.detached.goDetached(ctx, func(ctx context.Context) {
-			if _, err := s.h.Act(ctx, s.u, "restart", a.Targets); err != nil && ctx.Err() == nil {
+			if _, err := s.h.Act(ctx, s.u, fleet.ActionRestart, a.Targets); err != nil && ctx.Err() == nil {
 				s.h.onEvent(fleet.Event{Level: "error", Subject: strings.Join(a.Targets, " "), Message: "restart failed: " + err.Error()})
 			}
 		})
 		return fmt.Sprintf("restarting %s: drain, stop, launch (see its state and events)", strings.Join(a.Targets, ", ")), nil
-	case console.ActionShape:
-		if _, err := s.h.authorize(s.u, "shape", strings.Join(a.Targets, " ")); err != nil {
+	case fleet.ActionShape:
+		if _, err := s.h.authorize(s.u, fleet.ActionShape, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		if len(a.Targets) != 2 {
@@ -86,8 +86,8 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 			return "", err
 		}
 		return r.Text(120, true), nil
-	case console.ActionBench:
-		if _, err := s.h.authorize(s.u, "bench", strings.Join(a.Targets, " ")); err != nil {
+	case fleet.ActionBench:
+		if _, err := s.h.authorize(s.u, fleet.ActionBench, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		for _, t := range a.Targets {
@@ -115,7 +115,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 
 // Refused audits a console key the user's role does not allow, as the
 // hub's refusal of the same command over SSH exec is audited.
-func (s consoleSource) Refused(kind string, targets []string) {
+func (s consoleSource) Refused(kind fleet.ActionName, targets []string) {
 	_, _ = s.h.authorize(s.u, kind, strings.Join(targets, " "))
 }
 
@@ -123,7 +123,7 @@ func (s consoleSource) Refused(kind string, targets []string) {
 // engine's log can hold prompts. Not audited: the detail asks every few
 // seconds, and a viewer opening a worker is not trying to read its log.
 func (s consoleSource) WorkerLog(ctx context.Context, worker string, lines int) ([]string, error) {
-	if need := fleet.ActionRole("logs"); !s.u.Role.Allows(need) {
+	if need := fleet.ActionRole(fleet.ActionLogs); !s.u.Role.Allows(need) {
 		return nil, fmt.Errorf("the engine log needs the %s role (it can hold prompts); you are %s", need, roleName(s.u.Role))
 	}
 	ls, err := s.h.WorkerLog(ctx, worker, lines)

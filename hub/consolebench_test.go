@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"fleet"
 	"fleet/console"
 )
 
@@ -49,7 +50,7 @@ func TestConsoleBenchEndsWithTheHub(t *testing.T) {
 	h.httpAddr = strings.TrimPrefix(srv.URL, "http://")
 	h.mu.Unlock()
 
-	msg, err := h.ConsoleSource(operator).Do(t.Context(), console.Action{Kind: console.ActionBench, Targets: []string{model}})
+	msg, err := h.ConsoleSource(operator).Do(t.Context(), console.Action{Kind: fleet.ActionBench, Targets: []string{model}})
 	if err != nil {
 		t.Fatalf("console bench of %s: %v", model, err)
 	}

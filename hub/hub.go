@@ -460,7 +460,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			Addr:                     h.opts.SSHAddr,
 			HostKeyPath:              filepath.Join(h.opts.DataDir, "ssh_host_ed25519_key"),
 			Users:                    h.store,
-			Audit:                    func(e fleet.AuditEntry) { h.audit(fleet.User{Name: e.User}, e.Action, e.Target, e.Outcome) },
+			Audit:                    h.auditSSH,
 			Source:                   h.ConsoleSource,
 			Exec:                     h.Exec,
 			MaxConnsPerIPPerMinute:   h.opts.SSHMaxConnsPerIPPerMinute,

@@ -464,13 +464,13 @@ func TestConsoleSourceRoles(t *testing.T) {
 				return // the allowed paths are TestRolesEnforcedAndAudited's; restart here would outlive the test
 			}
 			before := state(t, h)
-			for _, kind := range []string{console.ActionDrain, console.ActionRestart, console.ActionBench, console.ActionShape} {
+			for _, kind := range []fleet.ActionName{fleet.ActionDrain, fleet.ActionRestart, fleet.ActionBench, fleet.ActionShape} {
 				mark := lastAuditID(t, h)
 				_, err := src.Do(t.Context(), console.Action{Kind: kind, Targets: []string{ultraWorker}})
 				if err == nil || !strings.Contains(err.Error(), "permission denied") || !strings.Contains(err.Error(), "operator") {
 					t.Errorf("console %s by %s (%q): err = %v, want permission denied naming the operator role", kind, u.Name, u.Role, err)
 				}
-				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != kind || !strings.HasPrefix(a[0].Outcome, "denied") {
+				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != string(kind) || !strings.HasPrefix(a[0].Outcome, "denied") {
 					t.Errorf("audit after the console's refused %s = %+v, want one denied %s line", kind, a, kind)
 				}
 			}
@@ -479,10 +479,10 @@ func TestConsoleSourceRoles(t *testing.T) {
 			// the refusals above.
 			now := time.Now().Add(refusalWindow)
 			h.refused.now = func() time.Time { return now }
-			for _, kind := range []string{console.ActionDrain, console.ActionUndrain, console.ActionRestart, console.ActionBench, console.ActionShape} {
+			for _, kind := range []fleet.ActionName{fleet.ActionDrain, fleet.ActionUndrain, fleet.ActionRestart, fleet.ActionBench, fleet.ActionShape} {
 				mark := lastAuditID(t, h)
 				src.Refused(kind, []string{ultraWorker})
-				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != kind || a[0].User != u.Name || a[0].Target != ultraWorker || !strings.HasPrefix(a[0].Outcome, "denied: needs operator") {
+				if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != string(kind) || a[0].User != u.Name || a[0].Target != ultraWorker || !strings.HasPrefix(a[0].Outcome, "denied: needs operator") {
 					t.Errorf("audit after the console refused %s = %+v, want one \"denied: needs operator\" line by %s", kind, a, u.Name)
 				}
 			}

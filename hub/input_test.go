@@ -143,7 +143,7 @@ func TestApplyLosesNothing(t *testing.T) {
 func TestActUnknownNames(t *testing.T) {
 	tests := []struct {
 		name    string
-		kind    string
+		kind    fleet.ActionName
 		targets []string
 		wantErr string // "" = succeeds
 		// drained is which workers carry the drain flag afterwards.

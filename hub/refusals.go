@@ -83,13 +83,13 @@ func (r *refusals) throttled(user string) time.Time {
 
 // refuse audits a refusal of u's action: the first of a window writes a
 // line, its repeats count on it, and each counts towards u's rate limit.
-func (h *Hub) refuse(u fleet.User, action, target, outcome string) {
+func (h *Hub) refuse(u fleet.User, action fleet.ActionName, target, outcome string) {
 	h.noteRepeat(u, action, target, outcome, true)
 }
 
 // noteRepeat audits something u met that changed nothing (a refusal, a
 // failure before acting) as a line that repeats within the window count on.
-func (h *Hub) noteRepeat(u fleet.User, action, target, outcome string, refusal bool) {
+func (h *Hub) noteRepeat(u fleet.User, action fleet.ActionName, target, outcome string, refusal bool) {
 	r := &h.refused
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -169,7 +169,7 @@ func (h *Hub) flushRefusalsLocked() {
 
 // throttle refuses every command of a user past MaxRefusalsPerMinute
 // until their window ends, counting it as one more refusal.
-func (h *Hub) throttle(u fleet.User, action, target string) error {
+func (h *Hub) throttle(u fleet.User, action fleet.ActionName, target string) error {
 	until := h.refused.throttled(u.Name)
 	if until.IsZero() {
 		return nil

@@ -30,7 +30,7 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if a.Name == "stop" {
+			if a.Name == fleet.ActionStop {
 				msgs[i], errs[i] = h.stopWorker(ctx, name)
 			} else {
 				msgs[i], errs[i] = h.startWorker(ctx, name)

@@ -129,9 +129,9 @@ func (h *Hub) writeUsage(ctx context.Context) {
 // Usage totals the usage counted since since, by key, model or worker.
 // By key needs an admin, as key names do.
 func (h *Hub) Usage(ctx context.Context, u fleet.User, since time.Time, by string) (us []fleet.Usage, err error) {
-	action := "usage"
+	action := fleet.ActionUsage
 	if by == string(store.UsageByKey) {
-		action = "usage --by key"
+		action = fleet.ActionUsageByKey
 	}
 	err = h.do(u, action, by, func() (string, error) {
 		// What the router counted in the last seconds is not lost to a
@@ -146,7 +146,7 @@ func (h *Hub) Usage(ctx context.Context, u fleet.User, since time.Time, by strin
 // SetKeyLimits sets an API key's limits (0: none), at once on the router.
 func (h *Hub) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error {
 	target := fmt.Sprintf("%s (%d requests/min, %d tokens/day)", name, l.RequestsPerMinute, l.TokensPerDay)
-	return h.do(u, "key limit", target, func() (string, error) {
+	return h.do(u, fleet.ActionKeyLimit, target, func() (string, error) {
 		if err := h.store.SetAPIKeyLimits(ctx, name, l); err != nil {
 			return "", err
 		}

@@ -83,7 +83,7 @@ func plantNodeText(h *Hub) {
 // viewerCommands are the command lines run for each action a viewer may
 // do, --json forms included. An action the table gives viewers without an
 // entry here fails the test, so a new viewer command is checked too.
-var viewerCommands = map[string][][]string{
+var viewerCommands = map[fleet.ActionName][][]string{
 	"help":            {{"help"}, {"workers", "--help"}},
 	"whoami":          {{"whoami"}, {"whoami", "--json"}},
 	"workers":         {{"workers"}, {"workers", "--json"}},

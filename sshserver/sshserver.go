@@ -581,7 +581,7 @@ func (s *Server) addAdmins(ctx context.Context, keys []authorizedKey, source str
 			name = fmt.Sprintf("%s-%d", name, used[name])
 		}
 		u := fleet.User{Name: name, Role: fleet.RoleAdmin, PublicKey: k.line, Fingerprint: fp}
-		entry := fleet.AuditEntry{At: time.Now(), User: "fleet", Action: "user add", Target: name + " (admin)", Outcome: "ok"}
+		entry := fleet.AuditEntry{At: time.Now(), User: "fleet", Action: string(fleet.ActionUserAdd), Target: name + " (admin)", Outcome: "ok"}
 		if err := s.opts.Users.AddUser(ctx, u); err != nil {
 			entry.Outcome = "failed: " + err.Error()
 			s.opts.Audit(entry)

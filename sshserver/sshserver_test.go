@@ -622,7 +622,7 @@ func TestConsoleOverSSHRolesAndDrain(t *testing.T) {
 	o.emu.SendText("y")
 	o.waitText("draining ultra/qwen3-4b: 3 in flight")
 	acts := ts.src.Actions()
-	if len(acts) != 1 || acts[0].Kind != console.ActionDrain || acts[0].Targets[0] != "ultra/qwen3-4b" {
+	if len(acts) != 1 || acts[0].Kind != fleet.ActionDrain || acts[0].Targets[0] != "ultra/qwen3-4b" {
 		t.Fatalf("hub got %+v, want only olga's drain of ultra", acts)
 	}
 	// The second session sees the state change.

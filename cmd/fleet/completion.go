@@ -55,19 +55,18 @@ func isCompletion(args []string) bool {
 
 // attachForCompletion puts the hub's real command tree under root, so its
 // subcommands and flags complete (the forwarders parse no flags), and lets
-// the commands that take workers or nodes complete their names from the
-// hub running on the data dir, when one runs.
+// the commands whose action takes workers or nodes (fleet.Action.OnWorkers)
+// complete their names from the hub running on the data dir, when one runs.
 func attachForCompletion(root *cobra.Command, dataDir *string) {
 	cli.Attach(root, nil, fleet.User{}, nil)
 	names := func(c *cobra.Command, args []string, _ string) ([]string, cobra.ShellCompDirective) {
 		return runningNames(c.Context(), *dataDir), cobra.ShellCompDirectiveNoFileComp
 	}
-	for _, c := range root.Commands() {
-		switch c.Name() {
-		case "logs", "events", "drain", "undrain", "restart", "stop", "start", "bench", "admit", "shape":
+	cli.Walk(root, func(c *cobra.Command, a fleet.Action) {
+		if a.OnWorkers {
 			c.ValidArgsFunction = names
 		}
-	}
+	})
 }
 
 // runningNames are the workers and nodes of the hub on dataDir; none when

@@ -192,19 +192,19 @@ func (s *Source) Do(_ context.Context, a console.Action) (string, error) {
 			continue
 		}
 		switch a.Kind {
-		case console.ActionDrain:
+		case fleet.ActionDrain:
 			w.State, w.Drained = fleet.WorkerDraining, true
-		case console.ActionUndrain:
+		case fleet.ActionUndrain:
 			w.State, w.Drained = fleet.WorkerReady, false
 		}
 	}
 	switch a.Kind {
-	case console.ActionBench:
+	case fleet.ActionBench:
 		if s.Reply == "" {
 			return fmt.Sprintf("bench started on %s; the table lands in its events", strings.Join(a.Targets, ", ")), nil
 		}
 		return s.Reply, nil
-	case console.ActionShape:
+	case fleet.ActionShape:
 		return s.Reply, nil
 	}
 	return fmt.Sprintf("%s %s: ok", a.Kind, strings.Join(a.Targets, ", ")), nil
@@ -264,7 +264,7 @@ func (s *Source) SetInFlight(worker string, n int) {
 }
 
 // Refused records a key the user's role did not allow, as the hub audits it.
-func (s *Source) Refused(kind string, targets []string) {
+func (s *Source) Refused(kind fleet.ActionName, targets []string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.refused = append(s.refused, console.Action{Kind: kind, Targets: slices.Clone(targets)})
