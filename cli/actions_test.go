@@ -132,3 +132,86 @@ func fleetHas(action fleet.ActionName) bool {
 	_, ok := fleet.LookupAction(action)
 	return ok
 }
+
+// commandActions are the actions c can run as: its own, and the ones a flag
+// its annotations name makes of it ("apply" with --dry-run).
+func commandActions(t *testing.T, c *cobra.Command) []fleet.ActionName {
+	t.Helper()
+	base, _ := actionOf(c, nil)
+	out := []fleet.ActionName{base}
+	if f := c.Annotations[annotationFlagAction]; f != "" {
+		out = append(out, base+fleet.ActionName(" --"+f))
+	}
+	if name, value, ok := strings.Cut(c.Annotations[annotationFlagValueAction], "="); ok {
+		out = append(out, base+fleet.ActionName(" --"+name+" "+value))
+	}
+	return out
+}
+
+// TestEveryActionHasItsCommand: each action of the table is what some
+// command of the tree runs as, and a per-worker one (fleet.Action.PerWorker)
+// is a command that hands its arguments to the hub's Act under that name.
+// An action added to the table and not to the tree fails here; one added to
+// the tree and not the table fails TestTreeKeepsTheGuard.
+func TestEveryActionHasItsCommand(t *testing.T) {
+	root := newRoot(&fakeHub{}, fleet.User{}, nil)
+	root.InitDefaultHelpCmd()
+	commands := map[fleet.ActionName]*cobra.Command{}
+	var walk func(c *cobra.Command)
+	walk = func(c *cobra.Command) {
+		for _, sc := range c.Commands() {
+			if sc.Runnable() {
+				for _, a := range commandActions(t, sc) {
+					if prev, ok := commands[a]; ok {
+						t.Errorf("%s and %s both run as %q", prev.CommandPath(), sc.CommandPath(), a)
+					}
+					commands[a] = sc
+				}
+			}
+			walk(sc)
+		}
+	}
+	walk(root)
+	admin := fleet.User{Name: "ad", Role: fleet.RoleAdmin}
+	for _, a := range fleet.Actions() {
+		c, ok := commands[a.Name]
+		if !ok {
+			t.Errorf("action %q is in the table but no command runs as it", a.Name)
+			continue
+		}
+		if !a.PerWorker {
+			continue
+		}
+		h := &fakeHub{}
+		var out, errOut bytes.Buffer
+		path := strings.Fields(strings.TrimPrefix(c.CommandPath(), "fleet "))
+		if code := Run(context.Background(), h, admin, append(path, "ultra"), nil, &out, &errOut); code != ExitOK {
+			t.Errorf("%v ultra: exit %d, %s", path, code, errOut.String())
+		}
+		if len(h.acts) != 1 || h.acts[0][0] != string(a.Name) || h.acts[0][1] != "ultra" {
+			t.Errorf("%v ultra asked the hub to act %v, want %s on ultra", path, h.acts, a.Name)
+		}
+	}
+}
+
+// TestWalkGivesEachCommandItsAction: Walk, which completion derives worker
+// names from, hands each runnable command the table's entry of the action
+// it runs as with no flag given.
+func TestWalkGivesEachCommandItsAction(t *testing.T) {
+	root := newRoot(&fakeHub{}, fleet.User{}, nil)
+	seen := map[fleet.ActionName]bool{}
+	Walk(root, func(c *cobra.Command, a fleet.Action) {
+		if base, _ := actionOf(c, nil); base != a.Name {
+			t.Errorf("Walk gave %s the action %q; it runs as %q", c.CommandPath(), a.Name, base)
+		}
+		seen[a.Name] = true
+	})
+	for _, want := range []fleet.ActionName{fleet.ActionDrain, fleet.ActionForceAdmit, fleet.ActionUserAdd, fleet.ActionShapePin, fleet.ActionApply} {
+		if !seen[want] {
+			t.Errorf("Walk never gave %q; saw %v", want, seen)
+		}
+	}
+	if seen[fleet.ActionApplyDryRun] || seen[fleet.ActionUsageByKey] {
+		t.Errorf("Walk gave a flag's action as a command's own: %v", seen)
+	}
+}

@@ -120,6 +120,18 @@ func act(k, help string, action fleet.ActionName, run func(*Model, binding) tea.
 	return b
 }
 
+// Actions are the hub actions the console's keys ask for, in help order:
+// what a Source's Do must answer.
+func Actions() []fleet.ActionName {
+	var out []fleet.ActionName
+	for _, b := range newKeyMap().main() {
+		if b.action != "" {
+			out = append(out, b.action)
+		}
+	}
+	return out
+}
+
 func (b binding) on(run func(*Model, binding) tea.Cmd) binding { b.run = run; return b }
 func (b binding) hinted(k, what string) binding                { b.hintKey, b.hint = k, what; return b }
 func (b binding) inDetail(what string) binding                 { b.detailHint = what; return b }

@@ -97,3 +97,31 @@ func TestDetailPassesThroughTheMarkedKeys(t *testing.T) {
 		})
 	}
 }
+
+// TestKeymapNamesTheTablesActions: every key of the views carries its
+// handler, and every key that asks the hub for something names an action
+// of the hub's table (fleet.Actions), so its role, its refusal's audit line
+// and the hub's dispatch all come from there. A key given an action the
+// table lacks, or added without a handler, fails here.
+func TestKeymapNamesTheTablesActions(t *testing.T) {
+	km := newKeyMap()
+	for _, b := range km.main() {
+		if b.run == nil {
+			t.Errorf("key %q (%s) has no handler: pressing it would do nothing", b.Keys(), b.Help().Desc)
+		}
+		if b.action == "" {
+			continue
+		}
+		a, ok := fleet.LookupAction(b.action)
+		if !ok {
+			t.Errorf("key %q asks for %q, which is not in the action table: nobody could use it", b.Keys(), b.action)
+			continue
+		}
+		if need, _ := b.role(); need != a.Role || b.hint != string(a.Name) {
+			t.Errorf("key %q: role %q, hint %q; the table says %q needs %q", b.Keys(), need, b.hint, a.Name, a.Role)
+		}
+	}
+	if got, want := len(Actions()), 5; got != want {
+		t.Errorf("Actions() = %v, want the %d of d, u, r, s and b", Actions(), want)
+	}
+}

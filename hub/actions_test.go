@@ -6,6 +6,7 @@ import (
 	"testing"
 
 	"fleet"
+	"fleet/console"
 )
 
 // TestActionTableByRole: every action of the table, asked for by every
@@ -94,6 +95,31 @@ func TestDoAuditsHowActionsEnd(t *testing.T) {
 			t.Errorf("%s: wrote %+v, want no line", tt.action, a)
 		case tt.want != "" && (len(a) != 1 || a[0].Outcome != tt.want):
 			t.Errorf("%s: wrote %+v, want one line with outcome %q", tt.action, a, tt.want)
+		}
+	}
+}
+
+// TestEveryActionRunsSomewhere: each per-worker action of the table has
+// what it does to a worker in Act (and nothing else gets there), and each
+// action the console's keys ask for is one the console's Source answers: a
+// viewer's press is refused by role and audited, never "unknown action".
+// An action added to the table or the keymap and not here fails.
+func TestEveryActionRunsSomewhere(t *testing.T) {
+	h, _ := seededHub(t)
+	for _, a := range fleet.Actions() {
+		if _, ok := h.workerOp(a.Name); ok != a.PerWorker {
+			t.Errorf("%s: Act runs it = %v, the table says per worker = %v", a.Name, ok, a.PerWorker)
+		}
+	}
+	src := h.ConsoleSource(viewer)
+	for _, kind := range console.Actions() {
+		mark := lastAuditID(t, h)
+		_, err := src.Do(t.Context(), console.Action{Kind: kind, Targets: []string{ultraWorker}})
+		if err == nil || !strings.Contains(err.Error(), "permission denied") {
+			t.Errorf("console %s by a viewer: err = %v, want permission denied", kind, err)
+		}
+		if a := auditSince(t, h, mark); len(a) != 1 || a[0].Action != string(kind) {
+			t.Errorf("console %s by a viewer audited %+v, want one line for %s", kind, a, kind)
 		}
 	}
 }
