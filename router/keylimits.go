@@ -13,10 +13,14 @@ import (
 
 // keyLimits enforces each API key's optional limits: requests per minute as
 // a token bucket (a full minute's worth may come at once, then one per
-// 60/N s), and tokens per UTC day, refused once the day's tokens are spent
-// (a request's tokens are known only after it, so the last one may cross
-// the limit). State is kept only for keys that have a limit, which come
-// from the key table: a client cannot grow it.
+// 60/N s), and tokens per UTC day. A request's tokens are known only after
+// it, so each one reserves what it may spend when it is admitted (reserve)
+// and gives the reservation back when it ends, however it ends (settle),
+// while its real tokens are spent: a request is refused once the day's
+// tokens spent and reserved reach the limit, so parallel requests cannot
+// cross it by more than one request's reservation. State is kept only for
+// keys that have a limit, which come from the key table: a client cannot
+// grow it.
 type keyLimits struct {
 	mu    sync.Mutex
 	state map[string]*keyState
@@ -30,6 +34,38 @@ type keyState struct {
 	// day is the UTC day (days since 1970) used counts the tokens of.
 	day  int64
 	used int64
+	// reserved is what the key's requests in flight may still spend.
+	reserved int64
+}
+
+// reservation is what one request holds of its key's day until it ends.
+type reservation struct {
+	s *keyState
+	n int64
+}
+
+// noOutputBound is what a request reserves for its answer when it sets no
+// max_tokens and no worker of its model says how large its context is (a
+// worker's context bounds what an engine can make).
+const noOutputBound = 4096
+
+// reserveFor is what a request may spend: its prompt (the estimate) and its
+// max_tokens; without max_tokens, what the engine may make at most, the
+// largest context among the model's workers less the prompt (noOutputBound
+// when no context is known). The answer never passes the largest context
+// either way, which also keeps a max_tokens of 2^63-1 from overflowing.
+func reserveFor(promptTokens, maxTokens, largestContext int) int64 {
+	out := int64(maxTokens)
+	switch {
+	case largestContext > 0:
+		room := int64(max(largestContext-promptTokens, 0))
+		if out == 0 || out > room {
+			out = room
+		}
+	case out == 0:
+		out = noOutputBound
+	}
+	return int64(promptTokens) + min(out, math.MaxInt64-int64(promptTokens))
 }
 
 func utcDay(t time.Time) int64 { return t.Unix() / 86400 }
@@ -101,21 +137,56 @@ type limitVerdict struct {
 	limited    bool
 	which      string // "requests" or "tokens"
 	retryAfter time.Duration
-	header     http.Header
+	// inFlight says the tokens refused are not spent but reserved by the
+	// key's requests in flight: they come back as those end.
+	inFlight bool
+	header   http.Header
 }
 
-// admit takes one request from name's allowance at now; tokens says the
-// request spends tokens, so a spent day refuses it.
-func (kl *keyLimits) admit(name string, now time.Time, tokens bool) limitVerdict {
+// judgeTokensLocked judges a request of s against the day's tokens at now
+// (refusing it, when tokens says it spends some, once what is spent and
+// reserved reaches the limit) and sets the token headers.
+func (s *keyState) judgeTokensLocked(v *limitVerdict, now time.Time, tokens bool) {
+	tpd := s.TokensPerDay
+	if d := utcDay(now); d != s.day {
+		s.day, s.used = d, 0
+	}
+	reset := time.Unix((s.day+1)*86400, 0).Sub(now)
+	if s.used+s.reserved >= tpd && !v.limited && tokens {
+		v.limited, v.which, v.retryAfter = true, "tokens", reset
+		v.inFlight = s.used < tpd
+	}
+	v.header.Set("x-ratelimit-limit-tokens", strconv.FormatInt(tpd, 10))
+	v.header.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(max(tpd-s.used-s.reserved, 0), 10))
+	v.header.Set("x-ratelimit-reset-tokens", resetString(reset))
+}
+
+// settle gives a request's reservation back; what it really spent was
+// counted by spend.
+func (kl *keyLimits) settle(rv reservation) {
+	if rv.s == nil {
+		return
+	}
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	rv.s.reserved -= rv.n
+}
+
+// admit takes one request from name's allowance at now. spends says the
+// request spends tokens, so it is judged against the day's tokens and, when
+// admitted, reserves n of them until it ends (settle); a reservation of more
+// than the whole day holds the whole day.
+func (kl *keyLimits) admit(name string, now time.Time, spends bool, n int64) (limitVerdict, reservation) {
 	var v limitVerdict
+	var rv reservation
 	if name == "" {
-		return v
+		return v, rv
 	}
 	kl.mu.Lock()
 	defer kl.mu.Unlock()
 	s, ok := kl.state[name]
 	if !ok {
-		return v
+		return v, rv
 	}
 	v.header = http.Header{}
 	if rpm := s.RequestsPerMinute; rpm > 0 {
@@ -127,17 +198,12 @@ func (kl *keyLimits) admit(name string, now time.Time, tokens bool) limitVerdict
 			v.retryAfter = time.Duration((1 - s.bucket) / perSec * float64(time.Second))
 		}
 	}
-	if tpd := s.TokensPerDay; tpd > 0 {
-		if d := utcDay(now); d != s.day {
-			s.day, s.used = d, 0
+	if s.TokensPerDay > 0 {
+		s.judgeTokensLocked(&v, now, spends)
+		if !v.limited && spends {
+			rv = reservation{s: s, n: min(max(n, 0), s.TokensPerDay)}
+			s.reserved += rv.n
 		}
-		if s.used >= tpd && !v.limited && tokens {
-			v.limited, v.which = true, "tokens"
-			v.retryAfter = time.Unix((s.day+1)*86400, 0).Sub(now)
-		}
-		v.header.Set("x-ratelimit-limit-tokens", strconv.FormatInt(tpd, 10))
-		v.header.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(max(tpd-s.used, 0), 10))
-		v.header.Set("x-ratelimit-reset-tokens", resetString(time.Unix((s.day+1)*86400, 0).Sub(now)))
 	}
 	if rpm := s.RequestsPerMinute; rpm > 0 {
 		if !v.limited {
@@ -147,7 +213,7 @@ func (kl *keyLimits) admit(name string, now time.Time, tokens bool) limitVerdict
 		v.header.Set("x-ratelimit-remaining-requests", strconv.Itoa(int(math.Floor(max(s.bucket, 0)))))
 		v.header.Set("x-ratelimit-reset-requests", resetString(time.Duration((float64(rpm)-s.bucket)/(float64(rpm)/60)*float64(time.Second))))
 	}
-	return v
+	return v, rv
 }
 
 // resetString spells a wait as OpenAI's x-ratelimit-reset-* headers do
@@ -156,24 +222,32 @@ func resetString(d time.Duration) string {
 	return max(d, 0).Round(time.Second).String()
 }
 
-// admitKey applies name's limits to one request to path: it sets the
-// rate-limit headers on w and, when a limit is met, answers 429 and returns
-// false. Counting tokens (endpointSpec.countsTokens) is refused by the
-// requests limit only.
-func (r *Router) admitKey(w http.ResponseWriter, name, path string) bool {
-	v := r.limits.admit(name, time.Now(), !endpointTable[path].countsTokens)
+// admitKey applies name's limits to one request to path for model (its
+// metric label): it sets the rate-limit headers on w and, when a limit is
+// met, answers 429 and returns false. A request that spends tokens holds
+// reserve of them until it ends: the caller settles the reservation.
+// Counting tokens (endpointSpec.countsTokens) is refused by the requests
+// limit only.
+func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reserve int64) (reservation, bool) {
+	v, rv := r.limits.admit(name, time.Now(), !endpointTable[path].countsTokens, reserve)
 	for k, vs := range v.header {
 		w.Header()[k] = vs
 	}
 	if !v.limited {
-		return true
+		return rv, true
 	}
 	r.metrics.keyLimited.WithLabelValues(v.which).Inc()
-	r.countStatus("", "", http.StatusTooManyRequests)
+	r.countStatus(model, "", http.StatusTooManyRequests)
 	msg := fmt.Sprintf("this API key's limit of %s requests a minute is spent; retry in %s", w.Header().Get("x-ratelimit-limit-requests"), resetString(v.retryAfter))
-	if v.which == "tokens" {
+	switch {
+	case v.which == "tokens" && v.inFlight:
+		// The day is not spent: its rest is held by this key's requests
+		// in flight, which give back what they do not use as they end.
+		v.retryAfter = r.opts.RetryAfter
+		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is reserved by its requests in flight (each holds its prompt and max_tokens until it ends); retry in a few seconds, or send a lower max_tokens", w.Header().Get("x-ratelimit-limit-tokens"))
+	case v.which == "tokens":
 		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is spent; it renews in %s, or ask an admin to raise it (`fleet key limit`)", w.Header().Get("x-ratelimit-limit-tokens"), resetString(v.retryAfter))
 	}
 	writeError(w, http.StatusTooManyRequests, errTypeRateLimit, codeKeyRateLimit, "", msg, max(v.retryAfter, time.Second))
-	return false
+	return rv, false
 }

@@ -19,6 +19,10 @@ type Outlook struct {
 	// placed but not started yet (pending), installing, starting, or on
 	// probation.
 	Coming int
+	// ComingContext is the largest context among the coming workers, 0
+	// when none says it: a request too long for the ready set waits for a
+	// coming worker that holds it.
+	ComingContext int
 	// Down counts the other workers by state (failed, rejected, stopped):
 	// none of them serves until someone acts.
 	Down map[fleet.WorkerState]int

@@ -126,7 +126,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	key, ok := r.authorize(w, req)
-	if !ok || !r.admitKey(w, key, path) {
+	if !ok {
 		return
 	}
 	hold := &bodyHold{r: r, key: key}
@@ -174,11 +174,20 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
 	}
 	mode := r.normalisationLocked(model, req.URL.Path)
+	reserve := reserveFor(info.PromptTokens, info.MaxTokens, r.largestContextLocked(model))
 	r.mu.Unlock()
 	if !known {
 		r.countStatus(unknownModel, "", http.StatusNotFound)
 		writeError(w, http.StatusNotFound, errTypeInvalidRequest, codeModelNotFound, "model",
 			fmt.Sprintf("the model %q does not exist here; GET /v1/models lists the models this fleet serves", info.Model), 0)
+		return
+	}
+	// The key's limits are judged once the model is known, so a refusal is
+	// counted under it; the tokens reserved are held until the request
+	// ends, however it ends.
+	held, ok := r.admitKey(w, key, path, model, reserve)
+	defer r.limits.settle(held)
+	if !ok {
 		return
 	}
 	// Workers whose engine does not serve the path (or n choices) are left

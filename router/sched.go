@@ -116,6 +116,19 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
 }
 
+// largestContextLocked is the largest context among model's workers that
+// are in the ready set (drained and cooling ones included) or coming (the
+// model's Outlook); 0 when none says its context.
+func (r *Router) largestContextLocked(model string) int {
+	largest := r.outlooks[model].ComingContext
+	for _, b := range r.backends {
+		if b.cfg.Model == model {
+			largest = max(largest, b.cfg.Context)
+		}
+	}
+	return largest
+}
+
 // nextFreeLocked predicts when a slot frees for job on a full backend that
 // holds load requests in slots slots.
 func (r *Router) nextFreeLocked(b *backend, w *worker, job Job, load, slots int, now time.Time) time.Duration {

@@ -2,11 +2,15 @@ package router
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -172,27 +176,27 @@ func TestKeyLimitsRefill(t *testing.T) {
 	now := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
 	r.limits.state["a"].at = now
 	for i := range 60 {
-		if v := r.limits.admit("a", now, true); v.limited {
+		if v := admitOne(&r.limits, "a", now); v.limited {
 			t.Fatalf("request %d of a full bucket refused", i+1)
 		}
 	}
-	v := r.limits.admit("a", now, true)
+	v := admitOne(&r.limits, "a", now)
 	if !v.limited || v.which != "requests" || v.retryAfter != time.Second {
 		t.Fatalf("61st request: %+v, want refused for 1 s", v)
 	}
-	if v := r.limits.admit("a", now.Add(time.Second), true); v.limited {
+	if v := admitOne(&r.limits, "a", now.Add(time.Second)); v.limited {
 		t.Errorf("a second later one request is back, but it was refused: %+v", v)
 	}
 	r.limits.spend("a", 100, now)
-	v = r.limits.admit("a", now.Add(10*time.Second), true)
+	v = admitOne(&r.limits, "a", now.Add(10*time.Second))
 	if !v.limited || v.which != "tokens" || v.retryAfter != 50*time.Second {
 		t.Errorf("after the day's tokens: %+v, want refused until midnight (50 s)", v)
 	}
-	if v := r.limits.admit("a", now.Add(61*time.Second), true); v.limited {
+	if v := admitOne(&r.limits, "a", now.Add(61*time.Second)); v.limited {
 		t.Errorf("a new UTC day, still refused: %+v", v)
 	}
 	r.SeedKeyTokens(now.Add(62*time.Second), map[string]int64{"a": 100, "ghost": 5})
-	if v := r.limits.admit("a", now.Add(62*time.Second), true); !v.limited {
+	if v := admitOne(&r.limits, "a", now.Add(62*time.Second)); !v.limited {
 		t.Errorf("seeded with the day's tokens, admitted: %+v", v)
 	}
 	if _, ok := r.limits.state["ghost"]; ok {
@@ -238,7 +242,7 @@ func TestUsageCountedWhenClientLeavesMidStream(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("a stream the client left was never counted")
 	}
-	v := r.limits.admit("alice", time.Now(), true)
+	v := admitOne(&r.limits, "alice", time.Now())
 	if got := v.header.Get("x-ratelimit-remaining-tokens"); got == "1000000" {
 		t.Errorf("remaining tokens %s: the left stream was not spent against the key", got)
 	}
@@ -253,11 +257,197 @@ func TestSeedKeyTokensKeepsWhatTheRouterCounted(t *testing.T) {
 	now := time.Now()
 	r.limits.spend("a", 300, now)
 	r.SeedKeyTokens(now, map[string]int64{"a": 200}) // 100 still on their way to the store
-	if got := r.limits.admit("a", now, true).header.Get("x-ratelimit-remaining-tokens"); got != "700" {
+	if got := admitOne(&r.limits, "a", now).header.Get("x-ratelimit-remaining-tokens"); got != "700" {
 		t.Errorf("remaining tokens %s after a lagging seed, want 700", got)
 	}
 	r.SeedKeyTokens(now, map[string]int64{"a": 400}) // a restarted hub knows more
-	if got := r.limits.admit("a", now, true).header.Get("x-ratelimit-remaining-tokens"); got != "600" {
+	if got := admitOne(&r.limits, "a", now).header.Get("x-ratelimit-remaining-tokens"); got != "600" {
 		t.Errorf("remaining tokens %s after a seed above the count, want 600", got)
+	}
+}
+
+// admitOne is one request of name at now that spends tokens, ended at once:
+// its reservation is given back.
+func admitOne(kl *keyLimits, name string, now time.Time) limitVerdict {
+	v, rv := kl.admit(name, now, true, 0)
+	kl.settle(rv)
+	return v
+}
+
+// An engine that makes every token a request allows: its usage reports
+// max_tokens of completion. It holds each request until release closes,
+// and tells arrived of each; "fail" in the body gets a 500.
+func allowanceEngine(arrived chan<- struct{}, release <-chan struct{}) http.HandlerFunc {
+	return func(w http.ResponseWriter, req *http.Request) {
+		var body struct {
+			MaxTokens int `json:"max_tokens"`
+		}
+		raw, _ := io.ReadAll(req.Body)
+		_ = json.Unmarshal(raw, &body)
+		arrived <- struct{}{}
+		if strings.Contains(string(raw), "fail") {
+			http.Error(w, "engine failed", http.StatusInternalServerError)
+			return
+		}
+		select {
+		case <-release:
+		case <-req.Context().Done():
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprintf(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"}}],"usage":{"prompt_tokens":5,"completion_tokens":%d,"total_tokens":%d}}`,
+			body.MaxTokens, body.MaxTokens+5)
+	}
+}
+
+// Ten parallel requests of 1,000 tokens each on a key with 2,000 tokens a
+// day: each reserves its max_tokens when admitted, so the burst crosses the
+// day's limit by one request at most (before, all ten were admitted against
+// an unspent day and 10,070 tokens were served). The refused ones are told
+// the rest is reserved by requests in flight, not that the day is spent.
+func TestParallelRequestsCannotCrossTheTokenLimit(t *testing.T) {
+	arrived, release := make(chan struct{}, 64), make(chan struct{})
+	_, b := startBackend(t, "ultra/qwen3-4b", 16, allowanceEngine(arrived, release))
+	var spent atomic.Int64
+	r, rsrv := startRouter(t, Options{Keys: keys{"sk-a": "alice"}, OnUsage: func(u Usage) {
+		spent.Add(int64(u.PromptTokens + u.CompletionTokens))
+	}}, b)
+	const limit, maxTokens, burst = 2000, 1000, 10
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"alice": {TokensPerDay: limit}})
+	body := fmt.Sprintf(`{"model":"qwen3-4b","max_tokens":%d,"messages":[{"role":"user","content":"hi"}]}`, maxTokens)
+
+	type answer struct {
+		status int
+		body   string
+	}
+	answers := make(chan answer, burst)
+	for range burst {
+		go func() {
+			resp, raw := doKey(t, rsrv.URL, "sk-a", body)
+			answers <- answer{resp.StatusCode, raw}
+		}()
+	}
+	// Every request either reached the engine (held there) or was refused.
+	var got []answer
+	reached := 0
+	guard := time.After(hangGuard)
+	for reached+len(got) < burst {
+		select {
+		case <-arrived:
+			reached++
+		case a := <-answers:
+			got = append(got, a)
+		case <-guard:
+			t.Fatalf("%d requests reached the engine and %d were answered of %d", reached, len(got), burst)
+		}
+	}
+	close(release)
+	for len(got) < burst {
+		got = append(got, <-answers)
+	}
+	served := 0
+	for _, a := range got {
+		switch {
+		case a.status == http.StatusOK:
+			served++
+		case a.status == http.StatusTooManyRequests:
+			if !strings.Contains(a.body, "reserved by its requests in flight") {
+				t.Errorf("a burst's refusal says %s; want that the rest is reserved by requests in flight", a.body)
+			}
+		default:
+			t.Errorf("status %d: %s", a.status, a.body)
+		}
+	}
+	oneRequest := int64(maxTokens + 5)
+	if n := spent.Load(); n > limit+oneRequest || served == 0 {
+		t.Errorf("%d parallel requests on %d tokens a day: %d served, %d tokens spent; want at most the limit plus one request (%d)",
+			burst, limit, served, n, limit+oneRequest)
+	}
+}
+
+// A reservation is given back however its request ends: a client that
+// hangs up while its request is at the engine, or an engine that fails,
+// frees the tokens it held for the key's next request.
+func TestTokenReservationSettledOnFailureAndDisconnect(t *testing.T) {
+	arrived, release := make(chan struct{}, 8), make(chan struct{})
+	_, b := startBackend(t, "ultra/qwen3-4b", 4, allowanceEngine(arrived, release))
+	r, rsrv := startRouter(t, Options{Keys: keys{"sk-a": "alice"}, MaxRetries: -1}, b)
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"alice": {TokensPerDay: 1000}})
+	long := `{"model":"qwen3-4b","max_tokens":1400,"messages":[{"role":"user","content":"hi"}]}`
+
+	ctx, cancel := context.WithCancel(t.Context())
+	left := make(chan error, 1)
+	go func() {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, rsrv.URL+"/v1/chat/completions", strings.NewReader(long))
+		req.Header.Set("Authorization", "Bearer sk-a")
+		resp, err := http.DefaultClient.Do(req)
+		if err == nil {
+			resp.Body.Close()
+		}
+		left <- err
+	}()
+	select {
+	case <-arrived:
+	case <-time.After(hangGuard):
+		t.Fatal("the first request never reached the engine")
+	}
+	// While it is held, it reserves the whole day: no room for another. (A
+	// request admitted would wait at the engine: the client gives up.)
+	second, err := http.NewRequest(http.MethodPost, rsrv.URL+"/v1/chat/completions", strings.NewReader(long))
+	if err != nil {
+		t.Fatal(err)
+	}
+	second.Header.Set("Authorization", "Bearer sk-a")
+	resp, err := (&http.Client{Timeout: hangGuard}).Do(second)
+	if err != nil {
+		t.Fatalf("a second request while the first holds the day was admitted and held at the engine (%v); want 429", err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusTooManyRequests {
+		t.Fatalf("a second request while the first holds the day: %d, want 429", resp.StatusCode)
+	}
+	cancel()
+	<-left
+	// The engine failing gives its reservation back too.
+	if resp, body := doKey(t, rsrv.URL, "sk-a", `{"model":"qwen3-4b","max_tokens":1400,"messages":[{"role":"user","content":"fail"}]}`); resp.StatusCode != http.StatusBadGateway {
+		t.Fatalf("a request the engine fails: %d %s, want 502", resp.StatusCode, body)
+	}
+	<-arrived
+	close(release)
+	// The hung-up request's reservation is given back as its handler ends,
+	// which may be a moment after the client saw its connection close.
+	deadline := time.Now().Add(hangGuard)
+	for {
+		resp, body := doKey(t, rsrv.URL, "sk-a", long)
+		if resp.StatusCode == http.StatusOK {
+			break
+		}
+		if resp.StatusCode != http.StatusTooManyRequests || time.Now().After(deadline) {
+			t.Fatalf("after the first request was left and the second failed: %d %s, want 200", resp.StatusCode, body)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// What a request reserves of its key's day: its prompt and max_tokens, never
+// more than the largest context can make, a fixed bound when neither says,
+// and no overflow for a max_tokens of 2^63-1.
+func TestReserveFor(t *testing.T) {
+	for _, c := range []struct {
+		name                    string
+		prompt, maxTokens, ctxt int
+		want                    int64
+	}{
+		{"max_tokens within the context", 100, 500, 4096, 600},
+		{"max_tokens past the context", 100, 10000, 4096, 4096},
+		{"no max_tokens: what the context leaves", 100, 0, 4096, 4096},
+		{"a prompt past the context", 5000, 0, 4096, 5000},
+		{"no max_tokens, no context known", 100, 0, 0, 100 + noOutputBound},
+		{"max_tokens, no context known", 100, 700, 0, 800},
+		{"max_tokens of 2^63-1", 100, math.MaxInt, 0, math.MaxInt64},
+	} {
+		if got := reserveFor(c.prompt, c.maxTokens, c.ctxt); got != c.want {
+			t.Errorf("%s: reserveFor(%d, %d, %d) = %d, want %d", c.name, c.prompt, c.maxTokens, c.ctxt, got, c.want)
+		}
 	}
 }
