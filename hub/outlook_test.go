@@ -43,3 +43,31 @@ func TestOutlookCountsPlacedWorkers(t *testing.T) {
 		t.Errorf("a model with no placement has an outlook: %+v", got["d"])
 	}
 }
+
+// TestOutlookSaysTheComingContext: the router learns the largest context of
+// a model's coming workers (a placement's own, else the model's), so that a
+// prompt too long for the ready ones waits for one that holds it; ready
+// and stopped workers do not count.
+func TestOutlookSaysTheComingContext(t *testing.T) {
+	h := &Hub{
+		models: []fleet.Model{{ID: "a", Context: 16384}, {ID: "b", Context: 8192}},
+		placements: []fleet.Placement{
+			{Model: "a", Node: "n1", Context: 4096}, {Model: "a", Node: "n2"}, {Model: "a", Node: "n3", Context: 2048},
+			{Model: "b", Node: "n1", Context: 4096}, {Model: "b", Node: "n2"},
+		},
+		workers: map[string]fleet.Worker{
+			"n1/a": {Node: "n1", Model: "a", State: fleet.WorkerReady},
+			"n2/a": {Node: "n2", Model: "a", State: fleet.WorkerStarting},
+			"n3/a": {Node: "n3", Model: "a", State: fleet.WorkerInstalling},
+			"n1/b": {Node: "n1", Model: "b", State: fleet.WorkerProbation},
+			"n2/b": {Node: "n2", Model: "b", State: fleet.WorkerStopped, Held: true},
+		},
+	}
+	got := h.outlookLocked()
+	if a := got["a"]; a.ComingContext != 16384 {
+		t.Errorf("model a: coming context %d, want 16384 (n2 starting with the model's context)", a.ComingContext)
+	}
+	if b := got["b"]; b.ComingContext != 4096 {
+		t.Errorf("model b: coming context %d, want 4096 (n1 on probation; n2 is held stopped)", b.ComingContext)
+	}
+}

@@ -153,6 +153,9 @@ func (h *Hub) syncRouter() {
 // restart (not held by 'fleet stop') is coming back.
 func (h *Hub) outlookLocked() map[string]router.Outlook {
 	states := map[string][]fleet.WorkerState{}
+	// The largest context of a model's coming workers, so that a request
+	// too long for its ready workers waits for one that holds it.
+	comingContext := map[string]int{}
 	for _, p := range h.placements {
 		state := fleet.WorkerPending
 		if w, ok := h.workers[p.Node+"/"+p.Model]; ok {
@@ -162,10 +165,17 @@ func (h *Hub) outlookLocked() map[string]router.Outlook {
 			}
 		}
 		states[p.Model] = append(states[p.Model], state)
+		if router.Coming(state) {
+			if i := slices.IndexFunc(h.models, func(m fleet.Model) bool { return m.ID == p.Model }); i >= 0 {
+				comingContext[p.Model] = max(comingContext[p.Model], p.ContextOf(h.models[i]))
+			}
+		}
 	}
 	out := make(map[string]router.Outlook, len(states))
 	for m, ss := range states {
-		out[m] = router.OutlookOf(ss)
+		o := router.OutlookOf(ss)
+		o.ComingContext = comingContext[m]
+		out[m] = o
 	}
 	return out
 }

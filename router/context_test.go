@@ -1,12 +1,14 @@
 package router
 
 import (
+	"context"
 	"encoding/json"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // TestLongPromptsGoOnlyWhereTheyFit: two workers of one model, one placed
@@ -117,5 +119,95 @@ func TestHugeMaxTokensDoesNotOverflowTheContextCheck(t *testing.T) {
 	}
 	if n := hits.Load(); n != 0 {
 		t.Errorf("%d request(s) with an impossible max_tokens reached the engine", n)
+	}
+}
+
+// statusOf posts body and sends the answer's status on got.
+func statusOf(t *testing.T, ctx context.Context, url, body string, got chan<- int) {
+	resp := post(t, ctx, url, body)
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	got <- resp.StatusCode
+}
+
+// A prompt too long for the ready workers while the large ones are only
+// drained waits in the queue, as for a busy worker, and is served when one
+// is undrained: a 400 context_length_exceeded there read as permanent, and
+// agent clients truncated or gave up over a drain (issue 21.4). Shorter
+// requests behind it are served meanwhile; one that no worker, drained or
+// not, could hold is refused at once, with the largest context of all.
+func TestLongPromptWaitsForADrainedWorker(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var bigHits, smallHits atomic.Int64
+	count := func(n *atomic.Int64) http.HandlerFunc {
+		return func(w http.ResponseWriter, r *http.Request) { n.Add(1); okJSON(w, r) }
+	}
+	_, big := startBackend(t, "rig/qwen3-4b", 4, count(&bigHits))
+	_, small := startBackend(t, "max/qwen3-4b", 4, count(&smallHits))
+	big.Context, small.Context = 16384, 4096
+	r, srv := startRouter(t, Options{QueueTimeout: time.Hour}, big, small)
+	r.Drain("rig/qwen3-4b")
+
+	// ~6,000 tokens of prompt at the router's 4 bytes a token.
+	long := `{"model":"qwen3-4b","max_tokens":100,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4800) + `"}]}`
+	got := make(chan int, 1)
+	go statusOf(t, ctx, srv.URL, long, got)
+	waitFor(t, func() bool {
+		select {
+		case status := <-got:
+			t.Fatalf("a prompt only the drained worker holds got %d at once; want it to wait in the queue", status)
+		default:
+		}
+		return r.queueLen("qwen3-4b") == 1
+	})
+	short := make(chan int, 1)
+	go statusOf(t, ctx, srv.URL, `{"model":"qwen3-4b","max_tokens":100,"messages":[{"role":"user","content":"hi"}]}`, short)
+	if status := <-short; status != http.StatusOK || smallHits.Load() != 1 {
+		t.Fatalf("a short request behind the waiting long one: %d, %d on the small worker; want 200 there", status, smallHits.Load())
+	}
+	resp := post(t, ctx, srv.URL, `{"model":"qwen3-4b","max_tokens":20000,"messages":[{"role":"user","content":"hi"}]}`)
+	if e := decodeError(t, resp); resp.StatusCode != http.StatusBadRequest || e.Error.Code == nil || *e.Error.Code != codeContextTooLong ||
+		!strings.Contains(e.Error.Message, "the largest context is 16384") {
+		t.Errorf("a request no worker could ever hold: %d %+v; want 400 %s naming the drained worker's 16384", resp.StatusCode, e.Error, codeContextTooLong)
+	}
+	r.Undrain("rig/qwen3-4b")
+	if status := <-got; status != http.StatusOK || bigHits.Load() != 1 {
+		t.Fatalf("the long prompt after the large worker was undrained: %d, %d on it; want 200 there", status, bigHits.Load())
+	}
+}
+
+// The same for workers that are still starting: a long prompt waits for a
+// coming worker whose placement holds it, and is refused at once when the
+// coming workers are as small as the ready ones.
+func TestLongPromptWaitsForAComingWorkerThatHoldsIt(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	_, big := startBackend(t, "rig/qwen3-4b", 4, okJSON)
+	_, small := startBackend(t, "max/qwen3-4b", 4, okJSON)
+	big.Context, small.Context = 16384, 4096
+	r, srv := startRouter(t, Options{QueueTimeout: time.Hour}, small)
+	long := `{"model":"qwen3-4b","max_tokens":100,"messages":[{"role":"user","content":"` + strings.Repeat("word ", 4800) + `"}]}`
+
+	r.SetOutlook(map[string]Outlook{"qwen3-4b": {Coming: 1, ComingContext: 4096}})
+	resp := post(t, ctx, srv.URL, long)
+	if e := decodeError(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(e.Error.Message, "the largest context is 4096") {
+		t.Errorf("a long prompt with only small workers, ready and coming: %d %+v; want 400 at once", resp.StatusCode, e.Error)
+	}
+
+	r.SetOutlook(map[string]Outlook{"qwen3-4b": {Coming: 1, ComingContext: 16384}})
+	got := make(chan int, 1)
+	go statusOf(t, ctx, srv.URL, long, got)
+	waitFor(t, func() bool {
+		select {
+		case status := <-got:
+			t.Fatalf("a prompt only the starting worker holds got %d at once; want it to wait in the queue", status)
+		default:
+		}
+		return r.queueLen("qwen3-4b") == 1
+	})
+	r.SetBackendsAndOutlook([]Backend{big, small}, map[string]Outlook{"qwen3-4b": {}})
+	if status := <-got; status != http.StatusOK {
+		t.Fatalf("the long prompt once the large worker was ready: %d, want 200", status)
 	}
 }

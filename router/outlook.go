@@ -31,13 +31,17 @@ type Outlook struct {
 // comingStates are the worker states that lead to ready on their own.
 var comingStates = []fleet.WorkerState{fleet.WorkerPending, fleet.WorkerInstalling, fleet.WorkerStarting, fleet.WorkerProbation}
 
+// Coming says whether a worker in state s becomes ready without anyone
+// acting.
+func Coming(s fleet.WorkerState) bool { return slices.Contains(comingStates, s) }
+
 // OutlookOf counts states into an Outlook; ready and draining workers are the
 // ready set's business and are not counted.
 func OutlookOf(states []fleet.WorkerState) Outlook {
 	var o Outlook
 	for _, s := range states {
 		switch {
-		case slices.Contains(comingStates, s):
+		case Coming(s):
 			o.Coming++
 		case s == fleet.WorkerReady || s == fleet.WorkerDraining:
 		default:

@@ -30,7 +30,9 @@ type Seats[T any] interface {
 	Job(w T) Job
 	// Candidates lists the backends job may go to now. ErrHold keeps
 	// every waiter waiting (no worker ready yet, but one is coming);
-	// another error ends this waiter's wait with it (Fail).
+	// ErrKeep keeps this waiter waiting in its place while the ones behind
+	// it are offered the backends; another error ends this waiter's wait
+	// with it (Fail).
 	Candidates(w T, job Job) ([]Candidate, error)
 	// Take sends w to cands[i] of the last Candidates call.
 	Take(w T, job Job, i int)
@@ -41,6 +43,12 @@ type Seats[T any] interface {
 // ErrHold is Seats.Candidates' answer when no backend can take any waiter
 // yet but one is coming: the queue keeps waiting, in order.
 var ErrHold = errors.New("no worker ready yet; the queue waits")
+
+// ErrKeep is Seats.Candidates' answer when no backend can take this waiter
+// yet but one that could is coming (a drained or starting worker with the
+// context it needs): it keeps its place, and the waiters behind it, which
+// other backends may take, are still offered them.
+var ErrKeep = errors.New("no worker for this request yet; it waits in its place")
 
 // Len is the number of waiting requests.
 func (q *Queue[T]) Len() int { return len(q.waiting) }
@@ -98,6 +106,10 @@ func (q *Queue[T]) Dispatch(p Policy, rng *rand.Rand, s Seats[T]) {
 		if errors.Is(err, ErrHold) {
 			kept = append(kept, q.waiting[k:]...)
 			break
+		}
+		if errors.Is(err, ErrKeep) {
+			kept = append(kept, w)
+			continue
 		}
 		if err != nil {
 			s.Fail(w, err)

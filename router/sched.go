@@ -48,6 +48,9 @@ type schedError struct {
 	retryAfter bool
 	// wait marks no worker ready yet but one coming: the request queues.
 	wait bool
+	// alone marks a wait of this request only (for a worker that holds its
+	// context): the requests behind it are still served meanwhile.
+	alone bool
 }
 
 func (e *schedError) Error() string { return e.msg }
@@ -63,21 +66,28 @@ func (w *worker) advanceArea(now time.Time) {
 
 // candidatesLocked lists the backends a job may go to. It also reports why
 // there are none: no ready backend for the model, or none with the context.
+// A job too long for every serving worker waits for a drained or coming one
+// that holds it; only when no worker that is or can become ready holds it
+// is it refused for its length.
 func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
-	serving, fitting, drained, largest := 0, 0, 0, 0
+	serving, fitting, drained, drainedFitting, largest := 0, 0, 0, 0, 0
 	cands, backs := buf[:0], bs[:0]
 	for _, b := range r.backends {
 		if b.cfg.Model != model {
 			continue
 		}
 		w := r.workerLocked(b.cfg.Name)
+		fits := b.cfg.Context <= 0 || job.NeedContext <= b.cfg.Context
 		if w.drained {
 			drained++
+			if fits {
+				drainedFitting++
+			}
 			continue
 		}
 		serving++
 		largest = max(largest, b.cfg.Context)
-		if b.cfg.Context > 0 && job.NeedContext > b.cfg.Context {
+		if !fits {
 			continue
 		}
 		fitting++
@@ -99,18 +109,30 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 	if len(cands) > 0 {
 		return cands, backs, nil
 	}
+	o := r.outlooks[model]
+	comingFitting := 0
+	if o.ComingContext <= 0 || job.NeedContext <= o.ComingContext {
+		// A coming worker's context is its placement's; one that does
+		// not say may hold the job.
+		comingFitting = o.Coming
+	}
 	switch {
+	case serving == 0 && drained == 0 && o.Coming == 0:
+		return nil, nil, r.noWorkerLocked(model)
+	case fitting == 0 && drainedFitting == 0 && comingFitting == 0:
+		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
+			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no worker of %q that is ready or can become ready holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
+				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, r.largestContextLocked(model))}
 	case serving == 0:
 		// Workers on their way, or draining ones an undrain or a restart
-		// brings back, are worth waiting for; with none, say so at once.
-		if coming := r.outlooks[model].Coming; coming > 0 || drained > 0 {
-			return nil, nil, waitForWorker(model, coming, drained)
-		}
-		return nil, nil, r.noWorkerLocked(model)
+		// brings back, are worth waiting for.
+		return nil, nil, waitForWorker(model, o.Coming, drained)
 	case fitting == 0:
-		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
-			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no ready worker of %q holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
-				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, largest)}
+		// Only a drained or coming worker holds it: the job waits for
+		// one, as for a busy worker, while shorter ones are served.
+		return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true, wait: true, alone: true,
+			msg: fmt.Sprintf("the request needs about %d tokens and no ready worker of %q holds that many (the largest ready context is %d); it waits for a worker that does (%s)",
+				job.NeedContext, model, largest, comingText(comingFitting, drainedFitting))}
 	}
 	return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
@@ -282,6 +304,9 @@ func (s *routerSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
 	cands, backs, serr := s.r.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
 	s.backs = backs
 	if serr != nil {
+		if serr.wait && serr.alone {
+			return nil, ErrKeep // waits for a worker the others do not need
+		}
 		if serr.wait {
 			return nil, ErrHold // still coming: the queue keeps waiting
 		}
