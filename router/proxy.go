@@ -74,7 +74,8 @@ func (r *Router) resolveLocked(name string) (string, bool) {
 	return "", false
 }
 
-// authorize checks the API key when the router has a KeyVerifier.
+// authorize checks the API key when the router has a KeyVerifier. A refusal
+// is counted under the model the request names (refusedModel).
 func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bool) {
 	if r.opts.Keys == nil {
 		return "", true
@@ -86,6 +87,7 @@ func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bo
 		key = req.Header.Get("X-Api-Key")
 	}
 	if key == "" {
+		r.countStatus(r.refusedModel(w, req), "", http.StatusUnauthorized)
 		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
 			"no API key: send \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" (an admin creates one with `fleet key create NAME`)", 0)
 		return "", false
@@ -93,15 +95,71 @@ func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bo
 	name, valid, err := r.opts.Keys.VerifyAPIKey(req.Context(), key)
 	if err != nil {
 		r.log.Error("api key check failed", "err", err)
+		r.countStatus(r.refusedModel(w, req), "", http.StatusInternalServerError)
 		writeError(w, http.StatusInternalServerError, errTypeServer, "", "", "the router could not check the API key; retry, and tell the operator if it persists", 0)
 		return "", false
 	}
 	if !valid {
+		r.countStatus(r.refusedModel(w, req), "", http.StatusUnauthorized)
 		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
 			"the API key is not valid (revoked or mistyped); ask an admin for a key (`fleet key create NAME`)", 0)
 		return "", false
 	}
 	return name, true
+}
+
+// refusedPeekBytes bounds what is read of a refused request's body to find
+// the model it names: a client without a key gets no more of the router's
+// memory or time than that.
+const refusedPeekBytes = 64 << 10
+
+// refusedModel is the metric label of a request refused before its body was
+// read: the model it names, when the fleet serves it and the name is in the
+// body's first refusedPeekBytes (read within the body deadline), else
+// unknownModel, so refusals cannot grow the series.
+func (r *Router) refusedModel(w http.ResponseWriter, req *http.Request) string {
+	if req.Method != http.MethodPost || req.Body == nil {
+		return unknownModel
+	}
+	rc := http.NewResponseController(w)
+	if rc.SetReadDeadline(time.Now().Add(r.opts.BodyTimeout)) == nil {
+		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+	}
+	name := namedModel(io.LimitReader(req.Body, refusedPeekBytes))
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if id, ok := r.resolveLocked(name); ok && name != "" {
+		return id
+	}
+	return unknownModel
+}
+
+// namedModel is the top-level "model" string of the JSON object body
+// starts with, "" when it names none before it ends. It skips the other
+// fields without keeping them.
+func namedModel(body io.Reader) string {
+	dec := json.NewDecoder(body)
+	if t, err := dec.Token(); err != nil || t != json.Delim('{') {
+		return ""
+	}
+	for dec.More() {
+		k, err := dec.Token()
+		if err != nil {
+			return ""
+		}
+		if k == "model" {
+			var m string
+			if dec.Decode(&m) != nil {
+				return ""
+			}
+			return m
+		}
+		var skip json.RawMessage
+		if dec.Decode(&skip) != nil {
+			return ""
+		}
+	}
+	return ""
 }
 
 func cutPrefixFold(s, prefix string) (string, bool) {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"net/http"
 	"strconv"
@@ -449,5 +450,43 @@ func TestReserveFor(t *testing.T) {
 		if got := reserveFor(c.prompt, c.maxTokens, c.ctxt); got != c.want {
 			t.Errorf("%s: reserveFor(%d, %d, %d) = %d, want %d", c.name, c.prompt, c.maxTokens, c.ctxt, got, c.want)
 		}
+	}
+}
+
+// Refusals are counted under the model the request named, so that a
+// dashboard's 429s and 401s by model name one: a key's limit (counted with
+// model="" before) and a missing or wrong key (not counted at all before).
+// A name the fleet does not serve is counted as unknownModel, whatever it
+// is, and so is a request whose body names none.
+func TestRefusalsCountedByModel(t *testing.T) {
+	_, b := startBackend(t, "ultra/qwen3-4b", 4, okJSON)
+	r, rsrv := startRouter(t, Options{Keys: keys{"sk-a": "alice", "sk-c": "carol"}}, b)
+	r.SetKeyLimits(map[string]fleet.KeyLimits{"alice": {RequestsPerMinute: 1}})
+	for _, c := range []struct {
+		key, body string
+		want      int
+	}{
+		{"", `{"model":"qwen3","messages":[]}`, http.StatusUnauthorized},
+		{"sk-wrong", `{"messages":[{"role":"user","content":"hi"}],"stream":false,"model":"qwen3-4b"}`, http.StatusUnauthorized},
+		{"sk-wrong", `{"model":"made-up-1"}`, http.StatusUnauthorized},
+		{"sk-wrong", `not json`, http.StatusUnauthorized},
+		{"sk-a", `{"model":"qwen3-4b"}`, http.StatusOK},
+		{"sk-a", `{"model":"qwen3"}`, http.StatusTooManyRequests},
+	} {
+		if resp, body := doKey(t, rsrv.URL, c.key, c.body); resp.StatusCode != c.want {
+			t.Fatalf("key %q body %s: %d %s, want %d", c.key, c.body, resp.StatusCode, body, c.want)
+		}
+	}
+	req, _ := http.NewRequest(http.MethodGet, rsrv.URL+"/metrics", nil)
+	req.Header.Set("Authorization", "Bearer sk-c")
+	got := map[string]float64{}
+	for _, s := range scrapeValues(t, req)["fleet_router_requests_total"] {
+		if st := s.labels["status"]; st != "200" {
+			got[s.labels["model"]+" "+st] += s.value
+		}
+	}
+	want := map[string]float64{"qwen3-4b 401": 2, unknownModel + " 401": 2, "qwen3-4b 429": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("refusals by model and status = %v, want %v", got, want)
 	}
 }
