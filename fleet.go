@@ -629,6 +629,11 @@ type APIKey struct {
 	Created time.Time `json:"created"`
 	Revoked time.Time `json:"revoked,omitzero"`
 	KeyLimits
+	// LastUsed is the start of the last minute the key had a request
+	// answered, zero when the usage kept (see --retention) has none.
+	LastUsed time.Time `json:"last_used,omitzero"`
+	// RequestsToday counts its requests answered since 00:00 UTC.
+	RequestsToday int64 `json:"requests_today"`
 }
 
 // KeyLimits are a router key's optional limits; 0 is no limit. Tokens are

@@ -195,7 +195,7 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 	var asJSON bool
 	list := &cobra.Command{
 		Use:   "list",
-		Short: "list API keys by name (the keys themselves are never stored)",
+		Short: "list API keys by name (the keys themselves are never stored), with when each was last used (to the minute, within the usage kept: --retention) and its requests today (UTC)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
 			keys, err := h.Keys(c.Context(), u)
@@ -206,14 +206,17 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 				return writeJSON(c.OutOrStdout(), keys)
 			}
 			tw := tabwriter.NewWriter(c.OutOrStdout(), 0, 4, 2, ' ', 0)
-			fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED\tRPM\tTOKENS/DAY")
+			fmt.Fprintln(tw, "NAME\tCREATED\tREVOKED\tLAST USED\tREQUESTS TODAY\tRPM\tTOKENS/DAY")
 			for _, k := range keys {
-				revoked := "-"
+				revoked, lastUsed := "-", "-"
 				if !k.Revoked.IsZero() {
 					revoked = k.Revoked.Local().Format(time.DateTime)
 				}
-				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked,
-					limitText(int64(k.RequestsPerMinute)), limitText(k.TokensPerDay))
+				if !k.LastUsed.IsZero() {
+					lastUsed = k.LastUsed.Local().Format("2006-01-02 15:04")
+				}
+				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked,
+					lastUsed, k.RequestsToday, limitText(int64(k.RequestsPerMinute)), limitText(k.TokensPerDay))
 			}
 			return tw.Flush()
 		},

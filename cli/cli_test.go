@@ -31,6 +31,7 @@ type fakeHub struct {
 	usageBy    string
 	// subjects are what each Events call asked for.
 	subjects []string
+	keys     []fleet.APIKey // what Keys lists
 }
 
 func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
@@ -93,7 +94,7 @@ func (f *fakeHub) Bench(context.Context, fleet.User, string, BenchOptions, io.Wr
 func (f *fakeHub) ForceAdmit(context.Context, fleet.User, string) (string, error) { return "", nil }
 func (f *fakeHub) TrustNode(context.Context, fleet.User, string) (string, error)  { return "", nil }
 func (f *fakeHub) CreateKey(context.Context, fleet.User, string) (string, error)  { return "fk-x", nil }
-func (f *fakeHub) Keys(context.Context, fleet.User) ([]fleet.APIKey, error)       { return nil, nil }
+func (f *fakeHub) Keys(context.Context, fleet.User) ([]fleet.APIKey, error)       { return f.keys, nil }
 func (f *fakeHub) RevokeKey(context.Context, fleet.User, string) error            { return nil }
 func (f *fakeHub) SetKeyLimits(_ context.Context, _ fleet.User, name string, l fleet.KeyLimits) error {
 	f.limits = append(f.limits, fmt.Sprintf("%s %d %d", name, l.RequestsPerMinute, l.TokensPerDay))

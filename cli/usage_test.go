@@ -72,3 +72,31 @@ func TestKeyLimitCommand(t *testing.T) {
 		t.Errorf("refused commands set limits: %v", h.limits)
 	}
 }
+
+// `key list` shows which keys are in use: when each was last used and its
+// requests today, "-" for a key never used.
+func TestKeyListShowsUse(t *testing.T) {
+	created := time.Date(2026, 11, 1, 9, 0, 0, 0, time.Local)
+	h := &fakeHub{keys: []fleet.APIKey{
+		{Name: "ci", Created: created, LastUsed: time.Date(2026, 11, 30, 14, 5, 0, 0, time.Local), RequestsToday: 1234, KeyLimits: fleet.KeyLimits{TokensPerDay: 2000}},
+		{Name: "idle", Created: created},
+	}}
+	root := newRoot(h, fleet.User{Name: "ad", Role: fleet.RoleAdmin}, nil)
+	var out bytes.Buffer
+	root.SetArgs([]string{"key", "list"})
+	root.SetOut(&out)
+	root.SetErr(&bytes.Buffer{})
+	if err := root.ExecuteContext(t.Context()); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != 3 || !strings.Contains(lines[0], "LAST USED") || !strings.Contains(lines[0], "REQUESTS TODAY") {
+		t.Fatalf("key list:\n%s\nwant a header with LAST USED and REQUESTS TODAY and a line per key", out.String())
+	}
+	if f := strings.Fields(lines[1]); len(f) != 9 || f[4] != "2026-11-30" || f[5] != "14:05" || f[6] != "1234" {
+		t.Errorf("ci's line %q, want last used 2026-11-30 14:05 and 1234 requests today", lines[1])
+	}
+	if f := strings.Fields(lines[2]); len(f) != 8 || f[4] != "-" || f[5] != "0" {
+		t.Errorf("idle's line %q, want last used - and 0 requests today", lines[2])
+	}
+}

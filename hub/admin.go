@@ -5,6 +5,7 @@ package hub
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"fleet"
 	"fleet/themes"
@@ -63,11 +64,25 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key str
 	return key, err
 }
 
-// Keys lists router API keys (names and dates, never the keys).
+// Keys lists router API keys (names and dates, never the keys), each with
+// when it was last used and its requests today (UTC).
 func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err error) {
 	err = h.do(u, fleet.ActionKeyList, "", func() (string, error) {
+		// What the router counted in the last seconds shows at once.
+		h.writeUsage(ctx)
 		keys, err = h.store.APIKeys(ctx)
-		return "", err
+		if err != nil {
+			return "", err
+		}
+		used, err := h.store.KeyActivity(ctx, time.Now().UTC().Truncate(24*time.Hour))
+		if err != nil {
+			return "", err
+		}
+		for i := range keys {
+			a := used[keys[i].Name]
+			keys[i].LastUsed, keys[i].RequestsToday = a.LastUsed, a.RequestsToday
+		}
+		return "", nil
 	})
 	return keys, err
 }

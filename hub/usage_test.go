@@ -239,3 +239,30 @@ func postWithKey(t *testing.T, h *Hub, key, body string) *http.Response {
 	resp.Body.Close()
 	return resp
 }
+
+// `key list` says which keys are in use: when each was last used and its
+// requests today, the router's last reports included (not yet flushed).
+func TestKeyListShowsUse(t *testing.T) {
+	h, _ := hubWithKeys(t, Options{}, "ci", "idle")
+	now := time.Now()
+	for range 3 {
+		h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 5})
+	}
+	keys, err := h.Keys(t.Context(), admin)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]fleet.APIKey{}
+	for _, k := range keys {
+		got[k.Name] = k
+	}
+	if now.UTC().Truncate(24*time.Hour) != time.Now().UTC().Truncate(24*time.Hour) {
+		t.Skip("the UTC day turned during the test: its requests are yesterday's")
+	}
+	if ci := got["ci"]; ci.RequestsToday != 3 || !ci.LastUsed.Equal(now.Truncate(time.Minute)) {
+		t.Errorf("ci: last used %v, %d requests today; want %v and 3", ci.LastUsed, ci.RequestsToday, now.Truncate(time.Minute))
+	}
+	if idle := got["idle"]; idle.RequestsToday != 0 || !idle.LastUsed.IsZero() {
+		t.Errorf("idle, never used: last used %v, %d requests today", idle.LastUsed, idle.RequestsToday)
+	}
+}

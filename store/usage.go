@@ -113,6 +113,42 @@ func (s *Store) KeyTokensSince(ctx context.Context, since time.Time) (map[string
 	return out, nil
 }
 
+// KeyActivity is when each key was last used (the start of the last minute
+// it had a request answered, within the usage kept) and how many requests
+// it had answered since today, for `fleet key list`. Keys never used are
+// absent.
+func (s *Store) KeyActivity(ctx context.Context, today time.Time) (map[string]KeyActivity, error) {
+	rows, err := s.db.QueryContext(ctx, `SELECT key, MAX(bucket), SUM(CASE WHEN bucket >= ? THEN requests ELSE 0 END) FROM usage
+		WHERE key != '' GROUP BY key`, today.Truncate(UsageBucket).Unix())
+	if err != nil {
+		return nil, fmt.Errorf("key activity: %w", err)
+	}
+	defer rows.Close()
+	out := map[string]KeyActivity{}
+	for rows.Next() {
+		var (
+			k    string
+			last int64
+			a    KeyActivity
+		)
+		if err := rows.Scan(&k, &last, &a.RequestsToday); err != nil {
+			return nil, fmt.Errorf("key activity: %w", err)
+		}
+		a.LastUsed = time.Unix(last, 0).UTC()
+		out[k] = a
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("key activity: %w", err)
+	}
+	return out, nil
+}
+
+// KeyActivity is one key's use, as KeyActivity reads it.
+type KeyActivity struct {
+	LastUsed      time.Time
+	RequestsToday int64
+}
+
 // SetAPIKeyLimits sets a live key's limits (0: none).
 func (s *Store) SetAPIKeyLimits(ctx context.Context, name string, l fleet.KeyLimits) error {
 	if l.RequestsPerMinute < 0 || l.TokensPerDay < 0 {

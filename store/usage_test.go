@@ -82,3 +82,35 @@ func TestAPIKeyLimits(t *testing.T) {
 		t.Errorf("a refused change changed the limits: %+v", keys[0])
 	}
 }
+
+// Each key's last minute of use and its requests since the day's start,
+// for `fleet key list`; a key never used is absent, and usage without a key
+// (the router taking none) names no key.
+func TestKeyActivity(t *testing.T) {
+	ctx := context.Background()
+	s := openTest(t)
+	today := time.Date(2026, 11, 30, 0, 0, 0, 0, time.UTC)
+	row := func(at time.Time, key string, requests int64) fleet.Usage {
+		return fleet.Usage{Bucket: at, Key: key, Model: "qwen3-4b", Worker: "rig/qwen3-4b", Requests: requests, PromptTokens: 1}
+	}
+	if err := s.AddUsage(ctx, []fleet.Usage{
+		row(today.Add(-3*time.Hour), "alice", 7),
+		row(today.Add(9*time.Hour+30*time.Second), "alice", 2),
+		row(today.Add(14*time.Hour+5*time.Minute+59*time.Second), "alice", 3),
+		row(today.Add(-26*time.Hour), "bob", 4),
+		row(today.Add(time.Hour), "", 9),
+	}); err != nil {
+		t.Fatal(err)
+	}
+	got, err := s.KeyActivity(ctx, today)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]KeyActivity{
+		"alice": {LastUsed: today.Add(14*time.Hour + 5*time.Minute), RequestsToday: 5},
+		"bob":   {LastUsed: today.Add(-26 * time.Hour), RequestsToday: 0},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("key activity = %+v, want %+v", got, want)
+	}
+}
