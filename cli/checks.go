@@ -226,7 +226,12 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 		&cobra.Command{
 			Use:   "create NAME",
 			Short: "create a key for a client; it is printed once and only its hash is kept",
-			Args:  exactArgs(1, "one NAME"),
+			Long: "Create a router API key for a client; it is printed once and only its hash is kept.\n\n" +
+				"On the hub's machine with no hub running on --data DIR, `fleet key create NAME --data DIR` writes the key into\n" +
+				"that data dir's database directly: this is how the first key of a hub started with --require-keys (or off\n" +
+				"loopback) is made, since such a hub does not start without one. While a hub runs there, the command goes\n" +
+				"through it, as every command does.",
+			Args: exactArgs(1, "one NAME"),
 			RunE: func(c *cobra.Command, args []string) error {
 				key, err := h.CreateKey(c.Context(), u, args[0])
 				if err != nil {

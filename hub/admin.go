@@ -4,10 +4,15 @@ package hub
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"os"
+	"path/filepath"
 	"time"
 
 	"fleet"
+	"fleet/store"
 	"fleet/themes"
 )
 
@@ -61,6 +66,51 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key str
 		// A revoked key's name reused starts without the old key's limits.
 		return "", h.loadKeyLimits(ctx)
 	})
+	return key, err
+}
+
+// CreateKeyWithoutHub creates a router API key in dataDir's database while
+// no hub runs there: the first key of a hub that requires keys, which will
+// not start without one. It holds the data dir's lock while it writes, so
+// it is refused while a hub holds it (a command then goes through that
+// hub's control socket), and it is audited as the local admin's, as the
+// control socket's commands are.
+// A failure to record the outcome after the key was made is told on warn.
+func CreateKeyWithoutHub(ctx context.Context, dataDir, name string, warn io.Writer) (key string, err error) {
+	if err := os.MkdirAll(dataDir, 0o700); err != nil {
+		return "", fmt.Errorf("creating the data dir %s: %w", dataDir, err)
+	}
+	if err := checkWritable(dataDir); err != nil {
+		return "", err
+	}
+	lock, err := lockDataDir(dataDir)
+	if err != nil {
+		if le, ok := errors.AsType[*lockedError](err); ok {
+			return "", fmt.Errorf("a hub%s holds data dir %s but its control socket did not answer; nothing was changed: "+
+				"retry once it has started (it creates the key itself then), or stop it and run this again", le.holder, dataDir)
+		}
+		return "", err
+	}
+	defer lock.Close()
+	st, err := store.Open(ctx, filepath.Join(dataDir, "fleet.db"))
+	if err != nil {
+		return "", err
+	}
+	defer st.Close()
+	id, err := st.BeginAudit(ctx, auditEntry(LocalAdmin(), "key create", name, auditStarted))
+	if err != nil {
+		return "", fmt.Errorf("key create %s was not done: its audit line could not be written (%w); nothing was changed. "+
+			"Free disk space or repair the database in the data dir, then try again", name, err)
+	}
+	key, err = st.CreateAPIKey(ctx, name)
+	outcome := "ok (without a running hub)"
+	if err != nil {
+		outcome = "failed: " + err.Error()
+	}
+	if aerr := st.SetAuditOutcome(ctx, id, fleet.Clip(outcome, auditOutcomeBytes)); aerr != nil && err == nil {
+		// The key exists and is printed: the audit line says "started".
+		fmt.Fprintf(warn, "fleet: the key was created, but its audit line could not be completed (it says %q): %v\n", auditStarted, aerr)
+	}
 	return key, err
 }
 

@@ -43,6 +43,14 @@ func readOnlyWhy(err error) string {
 	return fmt.Sprintf("for this user (uid %d)", os.Geteuid())
 }
 
+// lockedError is a data dir whose lock another process holds.
+type lockedError struct{ holder, dir, path string }
+
+func (e *lockedError) Error() string {
+	return fmt.Sprintf("another hub%s is already running on data dir %s (it holds %s); nothing was changed: stop it or pass another --data",
+		e.holder, e.dir, e.path)
+}
+
 // lockDataDir takes the data dir's lock without waiting, so a second hub on
 // the same dir is refused before it has read or written anything. The lock
 // is flock(2): the kernel drops it when the holder exits, even on kill -9.
@@ -61,8 +69,7 @@ func lockDataDir(dir string) (*os.File, error) {
 		}
 		f.Close()
 		if errors.Is(err, syscall.EWOULDBLOCK) {
-			return nil, fmt.Errorf("another hub%s is already running on data dir %s (it holds %s); nothing was changed: stop it or pass another --data",
-				holder, dir, path)
+			return nil, &lockedError{holder: holder, dir: dir, path: path}
 		}
 		return nil, fmt.Errorf("locking the data dir %s: %w", path, err)
 	}

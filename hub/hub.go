@@ -73,6 +73,9 @@ type Options struct {
 	// RequireKeys makes the router demand an API key even on loopback; a
 	// non-loopback HTTPAddr always does.
 	RequireKeys bool
+	// CommandLine is how the hub was started, the arguments after
+	// "fleet" as typed, for a refusal that says what to run again.
+	CommandLine []string
 	// MetricsOpenLoopback leaves the router's /metrics open to loopback
 	// clients (a Prometheus on the hub's machine) when keys are required.
 	MetricsOpenLoopback bool
@@ -240,7 +243,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	// start must leave the stored fleet as it was.
 	var keys router.KeyVerifier
 	if opts.RequireKeys || !fleet.IsLoopbackAddr(opts.HTTPAddr) {
-		if err := requireKeys(ctx, st, opts.HTTPAddr); err != nil {
+		if err := requireKeys(ctx, st, opts); err != nil {
 			return nil, err
 		}
 		keys = st
@@ -377,8 +380,10 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 }
 
 // requireKeys refuses to open the router to a network without a single API
-// key to check: that would be an open inference endpoint on the LAN.
-func requireKeys(ctx context.Context, st *store.Store, addr string) error {
+// key to check: that would be an open inference endpoint on the LAN. The
+// refusal names the flag that asked for keys and the command line to run
+// again once the first key is made without a hub (CreateKeyWithoutHub).
+func requireKeys(ctx context.Context, st *store.Store, opts Options) error {
 	keys, err := st.APIKeys(ctx)
 	if err != nil {
 		return err
@@ -388,9 +393,17 @@ func requireKeys(ctx context.Context, st *store.Store, addr string) error {
 			return nil
 		}
 	}
-	return fmt.Errorf("the router would listen on %s and require API keys, but none exists; "+
-		"start the hub on loopback first (fleet serve --http 127.0.0.1:8080), create one with 'fleet key create NAME', "+
-		"then restart with --http %s", addr, addr)
+	why := "--require-keys"
+	if !fleet.IsLoopbackAddr(opts.HTTPAddr) {
+		why = "--http " + opts.HTTPAddr + " is off loopback"
+	}
+	again := "then start the hub again with the same flags"
+	if len(opts.CommandLine) > 0 {
+		again = "then run again: fleet " + nodes.ShellQuote(opts.CommandLine)
+	}
+	return fmt.Errorf("the router would listen on %s and require API keys (%s), but none exists; "+
+		"create the first one without a hub: fleet key create NAME --data %s (it prints the key once), %s",
+		opts.HTTPAddr, why, nodes.ShellQuote([]string{opts.DataDir}), again)
 }
 
 // installSelf copies the running executable to DATA/bin/fleet so simulated

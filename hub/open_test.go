@@ -3,6 +3,8 @@ package hub
 import (
 	"strings"
 	"testing"
+
+	"fleet/store"
 )
 
 // TestOpenRefusesAnOpenRouter: a router reachable from the network with no
@@ -53,7 +55,11 @@ func TestOpenRefusesAnOpenRouter(t *testing.T) {
 				}
 			}
 
-			h, err := openHub(t, Options{DataDir: dir, HTTPAddr: tt.addr, RequireKeys: tt.requireKeys, Demo: true})
+			cmdline := []string{"serve", "--http", tt.addr, "--demo"}
+			if tt.requireKeys {
+				cmdline = append(cmdline, "--require-keys")
+			}
+			h, err := openHub(t, Options{DataDir: dir, HTTPAddr: tt.addr, RequireKeys: tt.requireKeys, Demo: true, CommandLine: cmdline})
 			if err == nil {
 				t.Cleanup(func() { h.Close() })
 			}
@@ -76,12 +82,68 @@ func TestOpenRefusesAnOpenRouter(t *testing.T) {
 			if f, err2 := again.store.LoadFleet(t.Context()); err2 != nil || len(f.Nodes) != 0 {
 				t.Errorf("after the refused start the store holds %d nodes (%v), want none", len(f.Nodes), err2)
 			}
-			// The error must say what is wrong and what to type next.
-			for _, want := range []string{tt.addr, "none exists", "127.0.0.1", "fleet key create", "--http " + tt.addr} {
+			// The error must say what is wrong and what to type next: the
+			// flag that asked for keys, how to make one without a hub, and
+			// the command line as it was given, not another port or flag.
+			why := "--http " + tt.addr + " is off loopback"
+			if tt.requireKeys {
+				why = "--require-keys"
+			}
+			for _, want := range []string{tt.addr, "none exists", why, "fleet key create NAME --data " + dir,
+				"then run again: fleet " + strings.Join(cmdline, " ")} {
 				if !strings.Contains(err.Error(), want) {
 					t.Errorf("Open on %s: %q does not say %q", tt.addr, err, want)
 				}
 			}
+			if !strings.Contains(tt.addr, "8080") && strings.Contains(err.Error(), "8080") {
+				t.Errorf("Open on %s: %q suggests a port that was not given", tt.addr, err)
+			}
 		})
+	}
+}
+
+// TestFirstKeyWithoutAHub: a hub that requires keys does not start without
+// one, so the first is written into the data dir's database with no hub
+// running (issue 21.10, which took three restarts before); it is refused
+// while a hub holds the data dir, whose control socket is the way then, and
+// it is audited as the local admin's.
+func TestFirstKeyWithoutAHub(t *testing.T) {
+	dir := t.TempDir()
+	opts := Options{DataDir: dir, HTTPAddr: "127.0.0.1:0", RequireKeys: true}
+	if h, err := openHub(t, opts); err == nil {
+		h.Close()
+		t.Fatal("a hub requiring keys started without one")
+	}
+	var warn strings.Builder
+	key, err := CreateKeyWithoutHub(t.Context(), dir, "ci", &warn)
+	if err != nil || !strings.HasPrefix(key, store.APIKeyPrefix) || warn.Len() != 0 {
+		t.Fatalf("the first key without a hub: %q, %v (%s)", key, err, warn.String())
+	}
+	h, err := openHub(t, opts)
+	if err != nil {
+		t.Fatalf("the hub with its first key: %v", err)
+	}
+	defer h.Close()
+	if name, ok, err := h.store.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
+		t.Errorf("the key made without a hub: %q %v %v; want it to verify as ci", name, ok, err)
+	}
+	es, err := h.store.Audit(t.Context(), 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	found := false
+	for _, e := range es {
+		found = found || e.Action == "key create" && e.Target == "ci" && e.User == LocalAdmin().Name && strings.HasPrefix(e.Outcome, "ok")
+	}
+	if !found {
+		t.Errorf("audit = %+v, want the local admin's key create ci, ok", es)
+	}
+	// With the hub holding the data dir, nothing is written behind its back.
+	if _, err := CreateKeyWithoutHub(t.Context(), dir, "other", &warn); err == nil || !strings.Contains(err.Error(), "holds data dir") {
+		t.Fatalf("a key made beside a running hub: %v; want it refused", err)
+	}
+	keys, err := h.store.APIKeys(t.Context())
+	if err != nil || len(keys) != 1 {
+		t.Errorf("keys after the refusal: %+v, %v; want ci alone", keys, err)
 	}
 }

@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 
 	exit := cli.ExitOK
-	root.AddCommand(serveCmd(&dataDir), simCmd(), simulateCmd(), &cobra.Command{
+	root.AddCommand(serveCmd(&dataDir, args), simCmd(), simulateCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "print the version of this fleet binary",
 		Args:  cobra.NoArgs,
@@ -171,7 +171,12 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 				if err != nil {
 					return err
 				}
-				code, err := hub.RunRemote(cmd.Context(), dataDir, append([]string{cmd.Name()}, fwdArgs...), fwdIn, stdout, stderr)
+				var code int
+				if name, ok := keyCreateName(cmd.Name(), fwdArgs); ok {
+					code, err = createKey(cmd.Context(), dataDir, name, fwdArgs, stdout, stderr)
+				} else {
+					code, err = hub.RunRemote(cmd.Context(), dataDir, append([]string{cmd.Name()}, fwdArgs...), fwdIn, stdout, stderr)
+				}
 				if err != nil {
 					if code, ok := interruptedExit(cmd.Context()); ok {
 						exit = code
@@ -270,7 +275,34 @@ func localArgs(name string, args []string, stdin io.Reader, dataDir *string) ([]
 	return out, nil, nil
 }
 
-func serveCmd(dataDir *string) *cobra.Command {
+// keyCreateName is the NAME of `key create NAME`, the one hub command that
+// also runs without a hub (createKey).
+func keyCreateName(cmd string, args []string) (string, bool) {
+	if cmd != "key" || len(args) != 2 || args[0] != "create" || strings.HasPrefix(args[1], "-") {
+		return "", false
+	}
+	return args[1], true
+}
+
+// createKey runs `key create NAME` in the hub running on dataDir or, when
+// none answers there, writes the key into its database directly: a hub that
+// requires keys does not start without one, so the first is made this way.
+func createKey(ctx context.Context, dataDir, name string, args []string, stdout, stderr io.Writer) (int, error) {
+	code, err := hub.RunRemote(ctx, dataDir, append([]string{"key"}, args...), nil, stdout, stderr)
+	if !errors.Is(err, hub.ErrNoHub) {
+		return code, err
+	}
+	key, err := hub.CreateKeyWithoutHub(ctx, dataDir, name, stderr)
+	if err != nil {
+		return cli.ExitFail, err
+	}
+	fmt.Fprintln(stdout, key)
+	fmt.Fprintf(stderr, "no hub runs on %s: the key was written to its database directly; a hub started with --data %s accepts it\n", dataDir, dataDir)
+	fmt.Fprintln(stderr, "this key is shown once; clients send it as 'Authorization: Bearer KEY'")
+	return cli.ExitOK, nil
+}
+
+func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	var opts hub.Options
 	var logLevel, enginePorts string
 	c := &cobra.Command{
@@ -292,6 +324,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 			}
 			opts.Logger = slog.New(slog.NewTextHandler(c.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			opts.DataDir = *dataDir
+			opts.CommandLine = commandLine
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			h, err := hub.Open(c.Context(), opts)
 			if err != nil {
@@ -320,7 +353,7 @@ func serveCmd(dataDir *string) *cobra.Command {
 	c.Flags().IntVar(&opts.BodiesInFlightMiB, "bodies-in-flight-mib", router.DefaultBodiesInFlight>>20, "MiB of request bodies the router holds at once (each from its first byte until its request ends); a body that would pass it gets 503, a larger one 413; negative: no bound")
 	c.Flags().IntVar(&opts.KeyBodiesInFlightMiB, "key-bodies-in-flight-mib", router.DefaultKeyBodiesInFlight>>20, "MiB of request bodies the router holds at once for one API key; beyond it 429, a larger body 413; negative: no bound")
 	c.Flags().DurationVar(&opts.WriteTimeout, "write-timeout", router.DefaultWriteTimeout, "how long a router client may read nothing of its answer (a write to it blocked) before it is cut and its engine request cancelled, freeing the slot; negative: never")
-	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses); /metrics too")
+	c.Flags().BoolVar(&opts.RequireKeys, "require-keys", false, "require a router API key even on loopback (always required on other addresses); /metrics too. The hub does not start without a key: make the first with 'fleet key create NAME --data DIR' before")
 	c.Flags().BoolVar(&opts.MetricsOpenLoopback, "metrics-open-loopback", false, "leave /metrics open to loopback clients (a Prometheus on this machine) when keys are required")
 	c.Flags().StringVar(&opts.SSHAddr, "ssh", "127.0.0.1:2222", "address of the SSH console (empty: no console)")
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins (needed off loopback until a console user exists)")

@@ -11,6 +11,7 @@ import (
 
 	"fleet/router"
 	"fleet/sim"
+	"fleet/store"
 )
 
 // Help never needs a hub: with none running on the data dir, every hub
@@ -105,7 +106,7 @@ func TestPolicyListIsOne(t *testing.T) {
 			docs.Write(b)
 		}
 	}
-	serveHelp := serveCmd(new(string)).Flags().Lookup("policy").Usage
+	serveHelp := serveCmd(new(string), nil).Flags().Lookup("policy").Usage
 	simulateHelp := simulateCmd().Flags().Lookup("policies").Usage
 	for _, name := range router.PolicyNames {
 		if !strings.Contains(serveHelp, name+" (") {
@@ -120,5 +121,43 @@ func TestPolicyListIsOne(t *testing.T) {
 	}
 	if len(policyHelp) != len(router.PolicyNames) {
 		t.Errorf("%d policies described, the router knows %d (%v)", len(policyHelp), len(router.PolicyNames), router.PolicyNames)
+	}
+}
+
+// The first start with --require-keys (issue 21.10): the refusal names the
+// flags as given and how to make the first key with no hub running; `fleet
+// key create NAME --data DIR` then writes it into the database, and the
+// key verifies there. A second key of the same name is refused, and the
+// database keeps the first.
+func TestFirstKeyBeforeTheFirstStart(t *testing.T) {
+	dir := t.TempDir()
+	serve := []string{"serve", "--require-keys", "--http", "127.0.0.1:0", "--ssh", "", "--mdns", "", "--data", dir}
+	var out, errOut bytes.Buffer
+	if code := run(t.Context(), serve, strings.NewReader(""), &out, &errOut); code == 0 {
+		t.Fatalf("serve --require-keys without a key: exit 0\n%s", errOut.String())
+	}
+	for _, want := range []string{"(--require-keys)", "fleet key create NAME --data " + dir, "then run again: fleet serve --require-keys --http 127.0.0.1:0 --ssh '' --mdns '' --data " + dir} {
+		if !strings.Contains(errOut.String(), want) {
+			t.Errorf("the refusal %q does not say %q", errOut.String(), want)
+		}
+	}
+	out.Reset()
+	errOut.Reset()
+	if code := run(t.Context(), []string{"key", "create", "ci", "--data", dir}, strings.NewReader(""), &out, &errOut); code != 0 {
+		t.Fatalf("key create without a hub: exit %d: %s", code, errOut.String())
+	}
+	key := strings.TrimSpace(out.String())
+	st, err := store.Open(t.Context(), filepath.Join(dir, "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if name, ok, err := st.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
+		t.Errorf("the printed key %q: %q %v %v; want it to verify as ci", key, name, ok, err)
+	}
+	errOut.Reset()
+	if code := run(t.Context(), []string{"--data", dir, "key", "create", "ci"}, strings.NewReader(""), io.Discard, &errOut); code == 0 ||
+		!strings.Contains(errOut.String(), "a key named ci exists") {
+		t.Errorf("a second key ci: exit %d: %s; want it refused", code, errOut.String())
 	}
 }
