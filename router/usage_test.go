@@ -359,6 +359,7 @@ func TestParallelRequestsCannotCrossTheTokenLimit(t *testing.T) {
 			t.Errorf("status %d: %s", a.status, a.body)
 		}
 	}
+	t.Logf("%d parallel requests of %d tokens on %d a day: %d served, %d tokens spent", burst, maxTokens, limit, served, spent.Load())
 	oneRequest := int64(maxTokens + 5)
 	if n := spent.Load(); n > limit+oneRequest || served == 0 {
 		t.Errorf("%d parallel requests on %d tokens a day: %d served, %d tokens spent; want at most the limit plus one request (%d)",
