@@ -46,6 +46,10 @@ type endpointSpec struct {
 	// countsTokens marks the endpoints that count tokens and make none: a
 	// key's request, not its tokens (keylimits.go, usage.go).
 	countsTokens bool
+	// noCompletion marks the endpoints that answer without generating
+	// (embeddings, scores): a request reserves its prompt of its key's
+	// day, and no answer (keylimits.go).
+	noCompletion bool
 }
 
 func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
@@ -61,18 +65,18 @@ func engines(vllm, llama, ollama support) map[fleet.EngineKind]support {
 var endpointTable = map[string]endpointSpec{
 	"/v1/chat/completions":      {engines: engines(supportYes, supportYes, supportYes)},
 	"/v1/completions":           {engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes)},
+	"/v1/embeddings":            {engines: engines(supportYes, supportYes, supportYes), noCompletion: true},
 	"/v1/messages":              {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown)},
 	"/v1/messages/count_tokens": {api: apiAnthropic, engines: engines(supportYes, supportYes, supportUnknown), countsTokens: true},
 	"/v1/responses":             {api: apiResponses, engines: engines(supportYes, supportYes, supportYes)},
-	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo)},
-	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo)},
+	"/v1/rerank":                {engines: engines(supportYes, supportYes, supportNo), noCompletion: true},
+	"/v1/score":                 {engines: engines(supportYes, supportNo, supportNo), noCompletion: true},
 	"/tokenize":                 {engines: engines(supportYes, supportYes, supportNo), countsTokens: true},
 	"/detokenize":               {engines: engines(supportYes, supportYes, supportNo), countsTokens: true},
-	"/pooling":                  {engines: engines(supportYes, supportNo, supportNo)},
-	"/classify":                 {engines: engines(supportYes, supportNo, supportNo)},
+	"/pooling":                  {engines: engines(supportYes, supportNo, supportNo), noCompletion: true},
+	"/classify":                 {engines: engines(supportYes, supportNo, supportNo), noCompletion: true},
 	"/infill":                   {engines: engines(supportNo, supportYes, supportNo)},
-	"/apply-template":           {engines: engines(supportNo, supportYes, supportNo)},
+	"/apply-template":           {engines: engines(supportNo, supportYes, supportNo), noCompletion: true},
 }
 
 // multiChoice is which engine kinds honour n > 1 on chat and text

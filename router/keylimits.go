@@ -49,13 +49,15 @@ type reservation struct {
 // worker's context bounds what an engine can make).
 const noOutputBound = 4096
 
-// reserveFor is what a request may spend: its prompt (the estimate) and its
-// max_tokens; without max_tokens, what the engine may make at most, the
-// largest context among the model's workers less the prompt (noOutputBound
-// when no context is known). The answer never passes the largest context
-// either way, which also keeps a max_tokens of 2^63-1 from overflowing.
-func reserveFor(promptTokens, maxTokens, largestContext int) int64 {
-	out := int64(maxTokens)
+// reserveFor is what a request may spend: its prompt (the estimate) and
+// choices answers of max_tokens each (0 choices: an endpoint that makes no
+// answer, such as embeddings); without max_tokens, what the engine may make
+// at most, the largest context among the model's workers less the prompt
+// (noOutputBound when no context is known). An answer never passes the
+// largest context either way, and the sum saturates: a max_tokens of
+// 2^63-1 reserves the whole day, it does not overflow.
+func reserveFor(promptTokens, maxTokens, choices, largestContext int) int64 {
+	prompt, out := int64(promptTokens), int64(maxTokens)
 	switch {
 	case largestContext > 0:
 		room := int64(max(largestContext-promptTokens, 0))
@@ -65,7 +67,13 @@ func reserveFor(promptTokens, maxTokens, largestContext int) int64 {
 	case out == 0:
 		out = noOutputBound
 	}
-	return int64(promptTokens) + min(out, math.MaxInt64-int64(promptTokens))
+	if choices <= 0 || out == 0 {
+		return prompt
+	}
+	if out > (math.MaxInt64-prompt)/int64(choices) {
+		return math.MaxInt64
+	}
+	return prompt + out*int64(choices)
 }
 
 func utcDay(t time.Time) int64 { return t.Unix() / 86400 }

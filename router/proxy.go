@@ -232,7 +232,11 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
 	}
 	mode := r.normalisationLocked(model, req.URL.Path)
-	reserve := reserveFor(info.PromptTokens, info.MaxTokens, r.largestContextLocked(model))
+	choices := n
+	if endpointTable[path].noCompletion {
+		choices = 0
+	}
+	reserve := reserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContextLocked(model))
 	r.mu.Unlock()
 	if !known {
 		r.countStatus(unknownModel, "", http.StatusNotFound)

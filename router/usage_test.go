@@ -436,20 +436,23 @@ func TestTokenReservationSettledOnFailureAndDisconnect(t *testing.T) {
 // and no overflow for a max_tokens of 2^63-1.
 func TestReserveFor(t *testing.T) {
 	for _, c := range []struct {
-		name                    string
-		prompt, maxTokens, ctxt int
-		want                    int64
+		name                             string
+		prompt, maxTokens, choices, ctxt int
+		want                             int64
 	}{
-		{"max_tokens within the context", 100, 500, 4096, 600},
-		{"max_tokens past the context", 100, 10000, 4096, 4096},
-		{"no max_tokens: what the context leaves", 100, 0, 4096, 4096},
-		{"a prompt past the context", 5000, 0, 4096, 5000},
-		{"no max_tokens, no context known", 100, 0, 0, 100 + noOutputBound},
-		{"max_tokens, no context known", 100, 700, 0, 800},
-		{"max_tokens of 2^63-1", 100, math.MaxInt, 0, math.MaxInt64},
+		{"max_tokens within the context", 100, 500, 1, 4096, 600},
+		{"max_tokens past the context", 100, 10000, 1, 4096, 4096},
+		{"no max_tokens: what the context leaves", 100, 0, 1, 4096, 4096},
+		{"a prompt past the context", 5000, 0, 1, 4096, 5000},
+		{"no max_tokens, no context known", 100, 0, 1, 0, 100 + noOutputBound},
+		{"max_tokens, no context known", 100, 700, 1, 0, 800},
+		{"n=3 answers", 100, 500, 3, 4096, 1600},
+		{"an endpoint that makes no answer", 100, 500, 0, 4096, 100},
+		{"max_tokens of 2^63-1", 100, math.MaxInt, 1, 0, math.MaxInt64},
+		{"n of 2^63-1", 100, 500, math.MaxInt, 4096, math.MaxInt64},
 	} {
-		if got := reserveFor(c.prompt, c.maxTokens, c.ctxt); got != c.want {
-			t.Errorf("%s: reserveFor(%d, %d, %d) = %d, want %d", c.name, c.prompt, c.maxTokens, c.ctxt, got, c.want)
+		if got := reserveFor(c.prompt, c.maxTokens, c.choices, c.ctxt); got != c.want {
+			t.Errorf("%s: reserveFor(%d, %d, %d, %d) = %d, want %d", c.name, c.prompt, c.maxTokens, c.choices, c.ctxt, got, c.want)
 		}
 	}
 }
