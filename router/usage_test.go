@@ -410,15 +410,27 @@ func TestTokenReservationSettledOnFailureAndDisconnect(t *testing.T) {
 	}
 	cancel()
 	<-left
-	// The engine failing gives its reservation back too.
-	if resp, body := doKey(t, rsrv.URL, "sk-a", `{"model":"qwen3-4b","max_tokens":1400,"messages":[{"role":"user","content":"fail"}]}`); resp.StatusCode != http.StatusBadGateway {
-		t.Fatalf("a request the engine fails: %d %s, want 502", resp.StatusCode, body)
+	// The hung-up request's reservation is given back as its handler ends,
+	// which may be a moment after the client saw its connection close: until
+	// then the next request is refused, after it the engine takes it.
+	failing := `{"model":"qwen3-4b","max_tokens":1400,"messages":[{"role":"user","content":"fail"}]}`
+	deadline := time.Now().Add(hangGuard)
+	for {
+		resp, body := doKey(t, rsrv.URL, "sk-a", failing)
+		if resp.StatusCode == http.StatusTooManyRequests && time.Now().Before(deadline) {
+			time.Sleep(10 * time.Millisecond)
+			continue
+		}
+		// The engine failing gives its reservation back too (below).
+		if resp.StatusCode != http.StatusBadGateway {
+			t.Fatalf("a request the engine fails, once the hung-up one had ended: %d %s, want 502", resp.StatusCode, body)
+		}
+		break
 	}
 	<-arrived
 	close(release)
-	// The hung-up request's reservation is given back as its handler ends,
-	// which may be a moment after the client saw its connection close.
-	deadline := time.Now().Add(hangGuard)
+	// The failed request's reservation is given back as its handler ends.
+	deadline = time.Now().Add(hangGuard)
 	for {
 		resp, body := doKey(t, rsrv.URL, "sk-a", long)
 		if resp.StatusCode == http.StatusOK {
