@@ -97,7 +97,7 @@ func CreateKeyWithoutHub(ctx context.Context, dataDir, name string, warn io.Writ
 		return "", err
 	}
 	defer st.Close()
-	id, err := st.BeginAudit(ctx, auditEntry(LocalAdmin(), "key create", name, auditStarted))
+	id, err := st.BeginAudit(ctx, auditEntry(LocalAdmin(), fleet.ActionKeyCreate, name, auditStarted))
 	if err != nil {
 		return "", fmt.Errorf("key create %s was not done: its audit line could not be written (%w); nothing was changed. "+
 			"Free disk space or repair the database in the data dir, then try again", name, err)
