@@ -144,7 +144,14 @@ func TestClientThatNeverReadsFreesTheEngineSlot(t *testing.T) {
 		// buffers hold.
 		neverReads(t, addr, 100000)
 	}
-	waitFor(t, func() bool { return busy() == slots })
+	// Each client is cut once the engine's answer has filled its buffers:
+	// counted only for an answer under way, so both requests held a slot.
+	// (Not "both slots busy at once": under load the first may be cut
+	// before the second reaches the engine.)
+	waitFor(t, func() bool {
+		return counterValue(t, t.Context(), "http://"+addr, "fleet_router_client_write_timeouts_total", map[string]string{"model": "qwen3-4b"}) == slots
+	})
+	// The engine itself reports its slots free: the cut cancelled them.
 	waitFor(t, func() bool { return busy() == 0 })
 	waitFor(t, func() bool { return r.InFlight(b.Name) == 0 })
 }
