@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"maps"
 	"path"
-	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,17 +29,28 @@ type Process struct {
 }
 
 // FileStem is the name of a worker's files in the node's state dir:
-// "<node>-<model>" with anything but letters, digits, '.', '_' and '-'
-// replaced, so a model ID like "org/model" cannot climb out of the folder.
+// "<node>-<model>" with every byte but letters, digits, '.', '_' and '-'
+// (and a leading '.') written as %XX, so a model ID like "org/model" cannot
+// climb out of the folder, and two models of one node never share their
+// files: "col/x" is "col%2Fx", not "col_x" (which is another model's name).
+// Names made only of those characters keep the stem they always had.
 func FileStem(node, model string) string {
-	clean := func(s string) string {
-		s = unsafeFileChars.ReplaceAllString(s, "_")
-		return strings.TrimLeft(s, ".")
-	}
-	return clean(node) + "-" + clean(model)
+	return escapeFileName(node) + "-" + escapeFileName(model)
 }
 
-var unsafeFileChars = regexp.MustCompile(`[^A-Za-z0-9._-]`)
+func escapeFileName(s string) string {
+	var b strings.Builder
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		safe := 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '_' || c == '-' || c == '.' && i > 0
+		if safe {
+			b.WriteByte(c)
+		} else {
+			fmt.Fprintf(&b, "%%%02X", c)
+		}
+	}
+	return b.String()
+}
 
 // Start launches cmd detached: in its own session and process group, stdin
 // from /dev/null, stdout and stderr to <StateDir>/<node>-<model>.log (the

@@ -309,9 +309,11 @@ func TestEngineFor(t *testing.T) {
 func TestFileStem(t *testing.T) {
 	tests := []struct{ node, model, want string }{
 		{"max", "qwen3-4b", "max-qwen3-4b"},
-		{"rig", "Qwen/Qwen3-4B", "rig-Qwen_Qwen3-4B"},
-		{"..", "../../etc/passwd", "-_.._etc_passwd"},
-		{"a b", "m;rm -rf", "a_b-m_rm_-rf"},
+		{"max", "col_x.gguf", "max-col_x.gguf"},
+		{"rig", "Qwen/Qwen3-4B", "rig-Qwen%2FQwen3-4B"},
+		{"..", "../../etc/passwd", "%2E.-%2E.%2F..%2Fetc%2Fpasswd"},
+		{"a b", "m;rm -rf", "a%20b-m%3Brm%20-rf"},
+		{"max", "100%", "max-100%25"},
 	}
 	for _, tc := range tests {
 		if got := FileStem(tc.node, tc.model); got != tc.want {
@@ -319,6 +321,23 @@ func TestFileStem(t *testing.T) {
 		}
 		if strings.Contains(FileStem(tc.node, tc.model), "/") {
 			t.Errorf("FileStem(%q, %q) contains a slash", tc.node, tc.model)
+		}
+	}
+}
+
+// Two models of one node never share their pid, argv and log files: the
+// stem of col/x is not the stem of col_x (nor of col%2Fx, nor of .x and x).
+func TestFileStemIsInjective(t *testing.T) {
+	models := []string{"col/x", "col_x", "col x", "col%2Fx", "col%x", ".x", "x", "%2Ex", "a..b", "Qwen/Qwen3-4B", "Qwen_Qwen3-4B"}
+	seen := map[string]string{}
+	for _, m := range models {
+		stem := FileStem("max", m)
+		if other, dup := seen[stem]; dup {
+			t.Errorf("models %q and %q share the file stem %q", other, m, stem)
+		}
+		seen[stem] = m
+		if strings.ContainsAny(stem, "/ ;") || strings.HasPrefix(stem, ".") {
+			t.Errorf("FileStem(max, %q) = %q: not a plain file name", m, stem)
 		}
 	}
 }

@@ -2,10 +2,13 @@ package hub
 
 import (
 	"bytes"
+	"errors"
+	"io/fs"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"testing"
 )
 
@@ -111,5 +114,33 @@ func TestUnknownPolicyChangesNothing(t *testing.T) {
 	defer again.Close()
 	if nodes, err := again.store.Nodes(t.Context()); err != nil || len(nodes) != 0 {
 		t.Errorf("the refused hub stored nodes %v (err %v); want none", nodes, err)
+	}
+}
+
+// A disk that fills up while the hub copies itself to DATA/bin/fleet leaves
+// no half-written DATA/bin/fleet.new behind: the failed start says why and
+// takes its partial copy with it. /dev/full answers every write with ENOSPC,
+// as a full disk does.
+func TestInstallSelfOnAFullDiskLeavesNoPartialCopy(t *testing.T) {
+	if _, err := os.Stat("/dev/full"); err != nil {
+		t.Skip("no /dev/full on this system to stand in for a full disk")
+	}
+	data := t.TempDir()
+	if err := os.MkdirAll(filepath.Join(data, "bin"), 0o700); err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(data, "bin", "fleet.new")
+	if err := os.Symlink("/dev/full", tmp); err != nil {
+		t.Fatal(err)
+	}
+	_, err := installSelf(data)
+	if err == nil || !errors.Is(err, syscall.ENOSPC) {
+		t.Fatalf("installSelf on a full disk: %v, want an ENOSPC error", err)
+	}
+	if _, serr := os.Lstat(tmp); !errors.Is(serr, fs.ErrNotExist) {
+		t.Errorf("after the failed install %s is still there (%v)", tmp, serr)
+	}
+	if _, serr := os.Lstat(filepath.Join(data, "bin", "fleet")); !errors.Is(serr, fs.ErrNotExist) {
+		t.Errorf("a failed install left bin/fleet (%v)", serr)
 	}
 }

@@ -428,11 +428,15 @@ func installSelf(dataDir string) (string, error) {
 		return "", fmt.Errorf("creating %s: %w", filepath.Dir(dst), err)
 	}
 	tmp := dst + ".new"
-	if err := os.WriteFile(tmp, data, 0o700); err != nil {
-		return "", fmt.Errorf("installing the fleet binary for simulated engines: %w", err)
+	err = os.WriteFile(tmp, data, 0o700)
+	if err == nil {
+		err = os.Rename(tmp, dst)
 	}
-	if err := os.Rename(tmp, dst); err != nil {
-		return "", fmt.Errorf("installing the fleet binary for simulated engines: %w", err)
+	if err != nil {
+		// A partial copy (a full disk) would only take more of the space.
+		os.Remove(tmp)
+		return "", fmt.Errorf("installing the fleet binary for simulated engines as %s (free some space in %s, or fix its permissions, and start again): %w",
+			dst, filepath.Dir(dst), err)
 	}
 	return dst, nil
 }
