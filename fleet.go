@@ -385,6 +385,11 @@ type Worker struct {
 	// Held is an operator's `fleet stop`: the worker stays stopped, across
 	// hub restarts, until `fleet start`.
 	Held bool `json:"held,omitempty"`
+	// Launch is the serial of the worker's last engine launch, recorded in
+	// the database before the engine was started; the engine carries it
+	// (FLEET_LAUNCH, with its fleet's FLEET_ID), so a hub killed before it
+	// learnt the engine's PID finds the engine by it. 0: none in doubt.
+	Launch int64 `json:"launch,omitempty"`
 }
 
 // Name is NODE/MODEL, the worker's name everywhere it is shown.

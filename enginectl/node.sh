@@ -67,16 +67,23 @@ start)
 	if [ -z "${FLEET_ENGINECTL_NO_SETSID:-}" ] && command -v setsid >/dev/null 2>&1; then
 		# A background job of a non-interactive sh is not a group leader,
 		# so setsid(1) execs in place and $! stays the engine's PID.
-		setsid "$@" </dev/null >"$log" 2>&1 &
+		set -- setsid "$@"
 	elif command -v perl >/dev/null 2>&1; then
-		perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@" </dev/null >"$log" 2>&1 &
+		# shellcheck disable=SC2016 # perl's own variables
+		set -- perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@"
 	elif command -v python3 >/dev/null 2>&1; then
-		python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@" </dev/null >"$log" 2>&1 &
+		set -- python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"
 	else
 		echo "cannot detach the engine: the node has none of setsid, perl, python3" >&2; exit 69
 	fi
+	# The child writes the pid file before it becomes the engine: an engine
+	# never runs without one, even when the hub (and with it this script)
+	# is killed right after the fork. Every exec keeps the PID.
+	# shellcheck disable=SC2016 # expanded by the child shell
+	sh -c 'echo "$$" >"$1.c" && mv -f "$1.c" "$1" || exit 73; shift; exec "$@"' fleet-engine "$pidf" "$@" </dev/null >"$log" 2>&1 &
 	pid=$!
-	echo "$pid" >"$pidf.tmp" && mv -f "$pidf.tmp" "$pidf"
+	# Written here too, so the pid file is there when this prints the PID.
+	echo "$pid" >"$pidf.p" && mv -f "$pidf.p" "$pidf"
 	printf 'pid=%s\nlog=%s\npidfile=%s\n' "$pid" "$log" "$pidf"
 	;;
 stat)

@@ -63,13 +63,21 @@ func Start(ctx context.Context, r Runner, spec Spec, cmd Command, opts ...Option
 		return Process{}, errors.New("start: the command is empty; build it with BuildCommand")
 	}
 	argv := slices.Clone(cmd.LaunchArgv)
-	if len(cmd.Env) > 0 {
+	vars := maps.Clone(cmd.Env)
+	if spec.Owner.FleetID != "" {
+		if vars == nil {
+			vars = map[string]string{}
+		}
+		vars[EnvFleetID] = spec.Owner.FleetID
+		vars[EnvLaunch] = strconv.FormatInt(spec.Owner.Launch, 10)
+	}
+	if len(vars) > 0 {
 		env := []string{"env"}
-		for _, k := range slices.Sorted(maps.Keys(cmd.Env)) {
+		for _, k := range slices.Sorted(maps.Keys(vars)) {
 			if !envKey.MatchString(k) {
 				return Process{}, fmt.Errorf("start: env name %q is not a valid variable name", k)
 			}
-			env = append(env, k+"="+cmd.Env[k])
+			env = append(env, k+"="+vars[k])
 		}
 		argv = append(env, argv...)
 	}
@@ -329,35 +337,12 @@ func launchedAs(ctx context.Context, r Runner, p Process, launchArgv []string) (
 	if p.PIDPath == "" {
 		return false, "no pid file known", nil
 	}
-	argvPath := strings.TrimSuffix(p.PIDPath, ".pid") + ".argv"
-	out, err := runScript(ctx, r, "launched", strconv.Itoa(p.PID), p.PIDPath, argvPath)
-	if code, ok := ExitCode(err); ok && (code == 3 || code == 4) {
-		return false, "process or launch records gone", nil
+	rec, why, err := readLaunch(ctx, r, p.PID, p.PIDPath)
+	if err != nil || why != "" {
+		return false, why, err
 	}
-	if err != nil {
-		return false, "", err
-	}
-	head, recorded, ok := bytes.Cut(out, []byte("\nargv\n"))
-	if !ok {
-		return false, "", fmt.Errorf("launched: unexpected output %q", out)
-	}
-	kv := keyValues(append(head, '\n'))
-	if pid, _ := strconv.Atoi(strings.TrimSpace(kv["pid"])); pid != p.PID {
-		return false, fmt.Sprintf("pid file names PID %s", strings.TrimSpace(kv["pid"])), nil
-	}
-	age, err1 := strconv.Atoi(kv["pidfile_age"])
-	elapsed, err2 := strconv.Atoi(kv["elapsed"])
-	if err1 != nil || err2 != nil {
-		return false, "", fmt.Errorf("launched: unreadable ages in %q", head)
-	}
-	if elapsed+launchSlack < age {
-		return false, fmt.Sprintf("process started %ds ago, after its pid file (%ds old)", elapsed, age), nil
-	}
-	var argv []string
-	for a := range bytes.SplitSeq(bytes.TrimSuffix(recorded, []byte{0}), []byte{0}) {
-		argv = append(argv, string(a))
-	}
-	want := expandHome(launchArgv, kv["home"])
+	argv := rec.argv
+	want := expandHome(launchArgv, rec.home)
 	n := len(argv) - len(want)
 	if n < 0 || !slices.Equal(argv[n:], want) {
 		return false, fmt.Sprintf("recorded argv %q", argv), nil
@@ -374,6 +359,115 @@ func launchedAs(ctx context.Context, r Runner, p Process, launchArgv []string) (
 		}
 	}
 	return true, "", nil
+}
+
+// launchRecord is what start recorded on the node about the process that
+// now has its PID: the argv file's command (with start's `env K=V` prefix)
+// and the node's home.
+type launchRecord struct {
+	argv []string
+	home string
+}
+
+// readLaunch reads the launch record of pid from the pid file at pidPath
+// and the argv file beside it. why is not "" when pid is not the process
+// start launched: gone, not named by the pid file, or younger than it (a
+// later process given the same PID).
+func readLaunch(ctx context.Context, r Runner, pid int, pidPath string) (launchRecord, string, error) {
+	argvPath := strings.TrimSuffix(pidPath, ".pid") + ".argv"
+	out, err := runScript(ctx, r, "launched", strconv.Itoa(pid), pidPath, argvPath)
+	if code, ok := ExitCode(err); ok && (code == 3 || code == 4) {
+		return launchRecord{}, "process or launch records gone", nil
+	}
+	if err != nil {
+		return launchRecord{}, "", err
+	}
+	head, recorded, ok := bytes.Cut(out, []byte("\nargv\n"))
+	if !ok {
+		return launchRecord{}, "", fmt.Errorf("launched: unexpected output %q", out)
+	}
+	kv := keyValues(append(head, '\n'))
+	if got, _ := strconv.Atoi(strings.TrimSpace(kv["pid"])); got != pid {
+		return launchRecord{}, fmt.Sprintf("pid file names PID %s", strings.TrimSpace(kv["pid"])), nil
+	}
+	age, err1 := strconv.Atoi(kv["pidfile_age"])
+	elapsed, err2 := strconv.Atoi(kv["elapsed"])
+	if err1 != nil || err2 != nil {
+		return launchRecord{}, "", fmt.Errorf("launched: unreadable ages in %q", head)
+	}
+	if elapsed+launchSlack < age {
+		return launchRecord{}, fmt.Sprintf("process started %ds ago, after its pid file (%ds old)", elapsed, age), nil
+	}
+	rec := launchRecord{home: kv["home"]}
+	for a := range bytes.SplitSeq(bytes.TrimSuffix(recorded, []byte{0}), []byte{0}) {
+		rec.argv = append(rec.argv, string(a))
+	}
+	return rec, "", nil
+}
+
+// owner is the fleet and launch the recorded `env` prefix names; the zero
+// Owner for an engine started without them (before fleets had an identity).
+func (l launchRecord) owner() Owner {
+	var o Owner
+	if len(l.argv) == 0 || l.argv[0] != "env" {
+		return o
+	}
+	for _, kv := range l.argv[1:] {
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			break // the command itself
+		}
+		switch k {
+		case EnvFleetID:
+			o.FleetID = v
+		case EnvLaunch:
+			o.Launch, _ = strconv.ParseInt(v, 10, 64)
+		}
+	}
+	return o
+}
+
+// EnvFleetID and EnvLaunch are the variables an engine is started with to
+// say whose it is: its fleet's ID and the serial of its launch.
+const (
+	EnvFleetID = "FLEET_ID"
+	EnvLaunch  = "FLEET_LAUNCH"
+)
+
+// FindLaunch looks on the node for the engine of a launch recorded before
+// its start whose PID never reached the hub (the hub was killed in
+// between): the pid file at pidPath names a live process that start
+// launched, recorded as owner's. found is false when no engine of that
+// launch runs: it never started, or it is gone.
+func FindLaunch(ctx context.Context, r Runner, pidPath string, owner Owner, opts ...Option) (p Process, found bool, err error) {
+	o := applyOptions(opts)
+	if owner.FleetID == "" || owner.Launch == 0 {
+		return Process{}, false, fmt.Errorf("find launch: no owner given (fleet ID %q, launch %d)", owner.FleetID, owner.Launch)
+	}
+	out, err := runScript(ctx, r, "tail", "1", pidPath)
+	if code, ok := ExitCode(err); ok && code == 1 {
+		return Process{}, false, nil // no pid file: nothing was started
+	}
+	if err != nil {
+		return Process{}, false, fmt.Errorf("find the engine of launch %d: %w", owner.Launch, err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
+	if err != nil || pid <= 1 {
+		return Process{}, false, nil
+	}
+	rec, why, err := readLaunch(ctx, r, pid, pidPath)
+	if err != nil {
+		return Process{}, false, fmt.Errorf("find the engine of launch %d: %w", owner.Launch, err)
+	}
+	if why != "" {
+		o.logger.Info("launch recorded before the hub stopped: no engine of it runs", "pidfile", pidPath, "pid", pid, "why", why)
+		return Process{}, false, nil
+	}
+	if got := rec.owner(); got != owner {
+		o.logger.Info("launch recorded before the hub stopped: the pid file names another launch's engine", "pidfile", pidPath, "pid", pid, "owner", got, "want", owner)
+		return Process{}, false, nil
+	}
+	return Process{PID: pid, PGID: pid, PIDPath: pidPath, LogPath: strings.TrimSuffix(pidPath, ".pid") + ".log"}, true, nil
 }
 
 func expandHome(argv []string, home string) []string {

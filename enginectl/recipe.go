@@ -32,6 +32,17 @@ type Spec struct {
 	// read from the profile's name: one containing "vllm" mimics vLLM,
 	// anything else llama-server.
 	SimMimic fleet.EngineKind
+	// Owner is the fleet and launch the engine belongs to; Start hands it
+	// to the engine as FLEET_ID and FLEET_LAUNCH, which the argv file on the
+	// node records. The zero Owner starts an engine that carries neither.
+	Owner Owner
+}
+
+// Owner names who launched an engine: the fleet (a random ID its database
+// made once) and the serial of the launch, recorded before the start.
+type Owner struct {
+	FleetID string
+	Launch  int64
 }
 
 // Command is the exact command line of an engine.

@@ -165,6 +165,8 @@ func perWorkerNames() string {
 }
 
 func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
+	h.saveMu.Lock()
+	defer h.saveMu.Unlock()
 	h.mu.Lock()
 	w, ok := h.workers[name]
 	was := w.Drained
@@ -193,6 +195,7 @@ func (h *Hub) drain(name string) (string, error) {
 	if _, err := h.setDrained(name, true); err != nil {
 		return "", err
 	}
+	h.fault("drain.recorded")
 	h.router.Drain(name)
 	inflight := h.router.InFlight(name)
 	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: fmt.Sprintf("draining: no new requests; %d in flight", inflight)})
@@ -284,6 +287,9 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 	if !plan.Empty() {
 		if err := h.store.ApplyFleet(ctx, next); err != nil {
 			return "", err
+		}
+		if h.mgr != nil {
+			h.fault("apply.stored")
 		}
 	}
 	if h.mgr != nil { // nil while Open applies the start-up file

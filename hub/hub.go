@@ -115,6 +115,10 @@ type Options struct {
 	// AuditMaxRows caps the audit log's lines (0 = DefaultAuditMaxRows;
 	// negative: no cap); see Store.PruneAudit for which go first.
 	AuditMaxRows int
+	// Fault is called with the name of each point where a crash is worst
+	// (a launch recorded, an engine started, a stop accepted, ...): the
+	// crash tests' hub kills itself at one (FLEET_CRASH_AT). nil in use.
+	Fault func(point string)
 }
 
 // Hub is the running fleet hub.
@@ -125,7 +129,9 @@ type Hub struct {
 	mgr    *nodes.Manager
 	router *router.Router
 
-	mu      sync.Mutex
+	mu sync.Mutex
+	// saveMu orders the writes of worker rows (recordWorker).
+	saveMu  sync.Mutex
 	workers map[string]fleet.Worker // by worker name, as the manager last reported
 	nodes   map[string]fleet.Node
 	models  []fleet.Model
@@ -306,7 +312,15 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, err
 		}
 	}
+	identity, err := st.Identity(ctx)
+	if err != nil {
+		return nil, err
+	}
 	h.mgr = nodes.NewManager(nodes.ManagerOptions{
+		FleetID:           identity.FleetID,
+		RecordLaunch:      h.recordLaunch,
+		RecordWorker:      h.recordWorker,
+		Fault:             opts.Fault,
 		Logger:            opts.Logger.With("component", "nodes"),
 		DataDir:           opts.DataDir,
 		FleetBin:          h.opts.FleetBin,

@@ -22,29 +22,64 @@ import (
 )
 
 func (h *Hub) onWorker(w fleet.Worker) {
+	if err := h.recordWorker(context.Background(), w); err != nil {
+		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
+	}
+}
+
+// recordWorker keeps the worker the node manager reports, in memory and in
+// the store, and says when the store did not take it. Writes of workers go
+// one at a time (saveMu), each with the drain flag as it is then: a write
+// that read the flag before a drain cannot land after the drain's own.
+func (h *Hub) recordWorker(ctx context.Context, w fleet.Worker) error {
 	w = sanitizeWorker(w)
+	h.saveMu.Lock()
+	defer h.saveMu.Unlock()
 	h.mu.Lock()
 	if old, ok := h.workers[w.Name()]; ok {
 		w.Drained = old.Drained // the drain flag is the hub's, not the manager's
 	}
 	h.workers[w.Name()] = w
 	h.mu.Unlock()
-	saved, err := h.store.SaveWorker(context.Background(), w)
+	defer h.syncRouter()
+	saved, err := h.store.SaveWorker(ctx, w)
 	if errors.Is(err, store.ErrNotFound) {
 		// A retiring worker whose node or model left the fleet: its pending
 		// stop, not a worker row, keeps it until its engine is stopped.
 		h.log.Debug("not persisting a worker that left the fleet", "worker", w.Name(), "state", w.State)
-	} else if err != nil {
-		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
-	} else {
-		h.mu.Lock()
-		if cur, ok := h.workers[w.Name()]; ok {
-			cur.ID = saved.ID
-			h.workers[w.Name()] = cur
-		}
-		h.mu.Unlock()
+		return nil
 	}
-	h.syncRouter()
+	if err != nil {
+		return err
+	}
+	h.mu.Lock()
+	if cur, ok := h.workers[w.Name()]; ok {
+		cur.ID = saved.ID
+		h.workers[w.Name()] = cur
+	}
+	h.mu.Unlock()
+	return nil
+}
+
+// recordLaunch stores the worker with a new launch serial before its engine
+// starts (store.RecordLaunch), with the hub's drain flag.
+func (h *Hub) recordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
+	w = sanitizeWorker(w)
+	h.saveMu.Lock()
+	defer h.saveMu.Unlock()
+	h.mu.Lock()
+	if old, ok := h.workers[w.Name()]; ok {
+		w.Drained = old.Drained
+	}
+	h.mu.Unlock()
+	return h.store.RecordLaunch(ctx, w)
+}
+
+// fault is a point where a crash is worst; Options.Fault kills a test's hub there.
+func (h *Hub) fault(point string) {
+	if h.opts.Fault != nil {
+		h.opts.Fault(point)
+	}
 }
 
 // The manager's callbacks (onWorker, onNode, onEvent) and the log reads are

@@ -19,12 +19,33 @@ import (
 func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names []string) (string, error) {
 	msgs := make([]string, len(names))
 	errs := make([]error, len(names))
-	var wg sync.WaitGroup
+	lines := make([]*auditLine, len(names))
 	for i, name := range names {
 		// The audit line comes first: an action it cannot record is not done.
 		line, err := h.begin(u, a, name)
 		if err != nil {
 			errs[i] = err
+			continue
+		}
+		// A stop is accepted once its hold is durable, before any drain: a
+		// hub killed during the drains stops these engines when it starts
+		// again, instead of bringing them back.
+		if a.Name == "stop" {
+			if err := h.mgr.Hold(ctx, name); err != nil {
+				errs[i] = fmt.Errorf("stopping %s: %w", name, err)
+				line.endErr(errs[i])
+				continue
+			}
+		}
+		lines[i] = line
+	}
+	if a.Name == "stop" {
+		h.fault("stop.accepted")
+	}
+	var wg sync.WaitGroup
+	for i, name := range names {
+		line := lines[i]
+		if line == nil {
 			continue
 		}
 		wg.Add(1)
@@ -58,6 +79,7 @@ func (h *Hub) stopWorker(ctx context.Context, name string) (string, error) {
 	if err != nil {
 		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("stop: drain timed out; stopping with %d requests in flight", h.router.InFlight(name))})
 	}
+	h.fault("stop.drained")
 	err = h.mgr.StopWorker(ctx, name)
 	// The router's drain served the stop; an operator's own drain stays.
 	h.mu.Lock()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strings"
+	"time"
 
 	"fleet"
 	"fleet/enginectl"
@@ -68,4 +69,37 @@ func (m *Manager) withFiles(proc enginectl.Process, t Transport, node, model str
 		proc.PIDPath = strings.TrimSuffix(proc.LogPath, ".log") + ".pid"
 	}
 	return proc
+}
+
+// resolveLaunch looks on the node for the engine of a launch recorded
+// before its start whose PID was never stored (ws.inDoubt): the hub was
+// killed between the two, or the start failed after the fork. Found, it is
+// the worker's engine, to be adopted or stopped like any recorded one; not
+// found, nothing of that launch runs.
+func (m *Manager) resolveLaunch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
+	m.mu.Lock()
+	w := ws.w
+	m.mu.Unlock()
+	if m.opts.FleetID == "" || w.Launch == 0 {
+		ws.inDoubt = false
+		return nil
+	}
+	pidPath := m.withFiles(enginectl.Process{}, t, node.Name, w.Model).PIDPath
+	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	proc, found, err := enginectl.FindLaunch(fctx, t, pidPath, enginectl.Owner{FleetID: m.opts.FleetID, Launch: w.Launch}, m.engineOptions()...)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("looking for the engine of launch %d, recorded before the hub stopped: %w", w.Launch, err)
+	}
+	ws.inDoubt = false
+	if !found {
+		m.update(ws, func(w *fleet.Worker) { w.Launch = 0 })
+		return nil
+	}
+	proc.ServedName = w.Model
+	proc.StartedAt = time.Now()
+	ws.proc = proc
+	m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt })
+	m.event("warn", ws.name, fmt.Sprintf("found engine PID %d of launch %d, started just before the hub stopped and not recorded then; it is checked now, not launched twice", proc.PID, w.Launch))
+	return nil
 }

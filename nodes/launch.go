@@ -174,15 +174,26 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		return err
 	}
 
-	m.setState(ws, fleet.WorkerStarting, "")
-	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
-	if err != nil {
+	if err := m.recordLaunch(ctx, ws); err != nil {
 		return err
 	}
+	m.mu.Lock()
+	spec.Owner = enginectl.Owner{FleetID: m.opts.FleetID, Launch: ws.w.Launch}
+	m.mu.Unlock()
+	m.fault("launch.recorded")
+	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
+	if err != nil {
+		// The engine may have started before the failure (a connection
+		// lost after the fork): it is looked for before the next launch.
+		ws.inDoubt = spec.Owner.FleetID != "" && spec.Owner.Launch > 0
+		return err
+	}
+	m.fault("launch.started")
 	ws.proc = proc
 	m.update(ws, func(w *fleet.Worker) {
 		w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt
 	})
+	m.fault("launch.saved")
 	note := ""
 	if cmd.Simulated {
 		note = fmt.Sprintf(" (simulated: runs %s)", strings.Join(cmd.LaunchArgv, " "))

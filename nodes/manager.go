@@ -86,6 +86,22 @@ type ManagerOptions struct {
 	// Admit is the admission check between probation and ready; an error
 	// rejects the worker with the error's text. nil admits everyone.
 	Admit func(ctx context.Context, w fleet.Worker) error
+	// FleetID is the fleet's identity (the database's); every engine is
+	// started carrying it with the serial of its launch (enginectl.Owner).
+	FleetID string
+	// RecordLaunch stores the worker with the serial of a new launch, made
+	// durable before the engine starts (store.RecordLaunch), and returns
+	// it as stored. An error stops the launch before anything runs. nil
+	// launches without a record.
+	RecordLaunch func(ctx context.Context, w fleet.Worker) (fleet.Worker, error)
+	// RecordWorker stores a worker and reports it like OnWorker, and says
+	// when it could not: for what must be durable before the hub acts on it
+	// (a hold before the drain of a stop). nil: OnWorker, which cannot fail.
+	RecordWorker func(ctx context.Context, w fleet.Worker) error
+	// Fault is called at the points where a crash is worst (launch
+	// recorded, engine started, stop begun...) with the point's name; a
+	// test's hub kills itself there. nil in production.
+	Fault func(point string)
 	// RejectedGrace is how long the engine of a worker rejected after its
 	// launch (speed, shape) keeps running so it can be looked at (`shape`,
 	// `bench`, `logs`); then it is stopped and the worker stays rejected
@@ -165,6 +181,14 @@ type workerState struct {
 	cancel    context.CancelCauseFunc
 	done      chan struct{}
 	poke      chan struct{}
+	// persist orders the writes of the worker: one change is recorded (and
+	// reported) before the next is made, so a write computed earlier never
+	// lands after a later one, such as a hold.
+	persist sync.Mutex
+	// inDoubt is a launch recorded (w.Launch) whose engine's PID is not
+	// known: the hub was killed, or the start failed, after the record. Its
+	// engine may run; it is looked for on the node before anything else.
+	inDoubt bool
 
 	// Operator requests, taken by the supervising goroutine.
 	request  string // "stop", "start", "restart", "admit", "verdict"
@@ -478,6 +502,8 @@ func (m *Manager) stateDir(t Transport) string {
 
 // update changes the worker under the lock and reports it.
 func (m *Manager) update(ws *workerState, f func(w *fleet.Worker)) {
+	ws.persist.Lock()
+	defer ws.persist.Unlock()
 	m.mu.Lock()
 	f(&ws.w)
 	w := ws.w
@@ -495,6 +521,72 @@ func (m *Manager) event(level, subject, msg string) {
 	if m.opts.OnEvent != nil {
 		m.opts.OnEvent(fleet.Event{At: time.Now(), Level: level, Subject: subject, Message: msg})
 	}
+}
+
+// fault marks a point where a crash is worst, for tests that kill the hub there.
+func (m *Manager) fault(point string) {
+	if m.opts.Fault != nil {
+		m.opts.Fault(point)
+	}
+}
+
+// Hold records that the worker is to stay stopped, durably, before its
+// engine is stopped (a stop drains first, which takes a while): a hub killed
+// in between finds the worker held and stops its engine when it starts
+// again. StopWorker does the stopping.
+func (m *Manager) Hold(ctx context.Context, name string) error {
+	m.mu.Lock()
+	ws, ok := m.workers[name]
+	m.mu.Unlock()
+	if !ok || ws.retiring {
+		return fmt.Errorf("no worker %s: workers are named NODE/MODEL, see `fleet workers`", name)
+	}
+	ws.persist.Lock()
+	defer ws.persist.Unlock()
+	m.mu.Lock()
+	was := ws.w.Held
+	ws.w.Held = true
+	w := ws.w
+	m.mu.Unlock()
+	if m.opts.RecordWorker == nil {
+		if m.opts.OnWorker != nil {
+			m.opts.OnWorker(w)
+		}
+		return nil
+	}
+	if err := m.opts.RecordWorker(ctx, w); err != nil {
+		m.mu.Lock()
+		ws.w.Held = was
+		m.mu.Unlock()
+		return fmt.Errorf("worker %s: the stop could not be recorded, so nothing was stopped: %w", name, err)
+	}
+	return nil
+}
+
+// recordLaunch gives the worker's next launch its serial, durably, before
+// the engine starts (ManagerOptions.RecordLaunch), and marks it starting.
+func (m *Manager) recordLaunch(ctx context.Context, ws *workerState) error {
+	ws.persist.Lock()
+	defer ws.persist.Unlock()
+	m.mu.Lock()
+	w := ws.w
+	m.mu.Unlock()
+	w.State, w.Reason = fleet.WorkerStarting, ""
+	if m.opts.RecordLaunch != nil {
+		saved, err := m.opts.RecordLaunch(ctx, w)
+		if err != nil {
+			return err
+		}
+		w.Launch = saved.Launch
+	}
+	m.mu.Lock()
+	ws.w.State, ws.w.Reason, ws.w.Launch = w.State, w.Reason, w.Launch
+	w = ws.w
+	m.mu.Unlock()
+	if m.opts.OnWorker != nil {
+		m.opts.OnWorker(w)
+	}
+	return nil
 }
 
 func signal(c chan struct{}) {

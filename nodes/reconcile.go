@@ -82,7 +82,7 @@ func (m *Manager) sync(ctx context.Context) {
 			continue
 		}
 		if !keep(w.Node) {
-			if w.PID > 0 {
+			if w.PID > 0 || w.Launch > 0 {
 				m.logger.Error("a stored engine's node is not known any more; it cannot be stopped from here", "worker", name, "pid", w.PID)
 				m.event("error", name, fmt.Sprintf("engine PID %d ran on node %s, which the fleet no longer declares and no pending stop describes; stop it by hand", w.PID, w.Node))
 			}
@@ -155,6 +155,8 @@ func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
 		if r.PID > 0 {
 			ws.proc = enginectl.Process{PID: r.PID, PGID: r.PGID, StartedAt: r.StartedAt, ServedName: r.Model}
 		}
+		// A launch recorded without its PID: the engine may run.
+		ws.inDoubt = r.PID == 0 && r.Launch > 0
 		// What the store said is history until the engine is checked: a
 		// restored worker is not ready before it has been adopted.
 		if ws.w.State != fleet.WorkerStopped && ws.w.State != fleet.WorkerRejected {

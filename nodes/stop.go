@@ -33,11 +33,15 @@ func (m *Manager) stopEngineAnd(ctx context.Context, ws *workerState, record fun
 		if err := enginectl.Stop(sctx, t, ws.proc, m.opts.StopGrace, m.engineOptions()...); err != nil {
 			return fmt.Errorf("worker %s: %w", ws.name, err)
 		}
+		m.fault("stop.signalled")
 		m.event("info", ws.name, fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
 		ws.proc = enginectl.Process{}
 	}
 	m.update(ws, func(w *fleet.Worker) {
 		w.PID, w.PGID = 0, 0
+		if !ws.inDoubt {
+			w.Launch = 0 // its engine is stopped: nothing to look for
+		}
 		record(w)
 	})
 	return nil
@@ -46,6 +50,12 @@ func (m *Manager) stopEngineAnd(ctx context.Context, ws *workerState, record fun
 // stopHeld stops the recorded engine of a held worker, after checking it
 // still runs the worker's command (the PID may be someone else's by now).
 func (m *Manager) stopHeld(ctx context.Context, ws *workerState, t Transport) error {
+	if ws.inDoubt {
+		node, _, _, _ := m.nodeFor(ws)
+		if err := m.resolveLaunch(ctx, ws, node, t); err != nil {
+			return err
+		}
+	}
 	m.mu.Lock()
 	launch := ws.w.LaunchArgv
 	m.mu.Unlock()
@@ -67,10 +77,13 @@ func (m *Manager) stopHeld(ctx context.Context, ws *workerState, t Transport) er
 // forgotten: the hub recorded it as a pending stop, so a hub restarted
 // meanwhile picks it up again.
 func (m *Manager) retire(ctx context.Context, ws *workerState) {
-	for attempt := 1; ws.proc.PID > 0; attempt++ {
+	for attempt := 1; ws.proc.PID > 0 || ws.inDoubt; attempt++ {
 		node, t, changed, up := m.nodeFor(ws)
 		if !up {
 			reason := fmt.Sprintf("placement removed; engine PID %d is stopped once node %s is reachable again", ws.proc.PID, node.Name)
+			if ws.proc.PID == 0 {
+				reason = fmt.Sprintf("placement removed; the engine of launch %d is looked for, and stopped, once node %s is reachable again", ws.w.Launch, node.Name)
+			}
 			if ws.w.Reason != reason {
 				m.setState(ws, fleet.WorkerFailed, reason)
 				m.event("warn", ws.name, reason)
@@ -83,17 +96,25 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 			}
 			continue
 		}
-		m.mu.Lock()
-		launch := ws.w.LaunchArgv
-		m.mu.Unlock()
-		actx, cancel := context.WithTimeout(ctx, 30*time.Second)
-		ws.proc = m.withFiles(ws.proc, t, node.Name, ws.placement.Model)
-		ours, err := enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
-		cancel()
-		if err == nil && !ours {
-			ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+		var err error
+		if ws.inDoubt {
+			err = m.resolveLaunch(ctx, ws, node, t)
+		}
+		if err == nil && ws.proc.PID > 0 {
+			m.mu.Lock()
+			launch := ws.w.LaunchArgv
+			m.mu.Unlock()
+			actx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			ws.proc = m.withFiles(ws.proc, t, node.Name, ws.placement.Model)
+			var ours bool
+			ours, err = enginectl.Adopt(actx, t, ws.proc, launch, m.engineOptions()...)
+			cancel()
+			if err == nil && !ours {
+				ws.proc = enginectl.Process{} // gone, or the PID is someone else's now
+			}
 		}
 		if err == nil {
+			m.fault("retire.stopping")
 			err = m.stopEngine(ctx, ws, "")
 		}
 		if err == nil {

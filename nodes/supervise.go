@@ -83,6 +83,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			// between finds a held worker with a PID and stops it then.
 			ws.held = true
 			m.update(ws, func(w *fleet.Worker) { w.Held = true })
+			m.fault("stop.held")
 			err := m.stopEngine(ctx, ws, "stopped by an operator")
 			if err != nil && ws.proc.PID > 0 {
 				m.setState(ws, fleet.WorkerFailed, fmt.Sprintf("stopped by an operator, but %v; it is stopped once the node is reachable", err))
@@ -138,7 +139,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 
-		if ws.held && ws.proc.PID == 0 {
+		if ws.held && ws.proc.PID == 0 && !ws.inDoubt {
 			m.sleep(ctx, ws, nil, 0)
 			continue
 		}
@@ -193,6 +194,20 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			continue
 		}
 
+		if ws.inDoubt {
+			if err := m.resolveLaunch(ctx, ws, node, t); err != nil {
+				if ctx.Err() != nil {
+					return
+				}
+				if !m.reachable(ctx, t) {
+					m.markNodeSuspect(node.Name)
+					m.sleep(ctx, ws, changed, m.opts.ReconcileInterval)
+					continue
+				}
+				fail(err.Error())
+				continue
+			}
+		}
 		if ws.proc.PID > 0 && !skipAdopt {
 			adopted, err := m.adopt(ctx, ws, node, t)
 			if ctx.Err() != nil {

@@ -21,7 +21,8 @@ type PendingStop struct {
 }
 
 // recordPendingStops keeps, inside an apply's transaction and before the
-// nodes and workers are replaced, every worker with an engine whose
+// nodes and workers are replaced, every worker with an engine (or with a
+// launch recorded whose engine may have started) whose
 // placement f no longer has.
 func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
 	placed := map[[2]string]bool{}
@@ -29,7 +30,7 @@ func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
 		placed[[2]string{p.Node, p.Model}] = true
 	}
 	workers, err := queryAll(ctx, tx, "read the workers a removed placement leaves running", scanWorker,
-		`SELECT `+workerColumns+` FROM workers WHERE pid > 0 ORDER BY node, model`)
+		`SELECT `+workerColumns+` FROM workers WHERE pid > 0 OR launch > 0 ORDER BY node, model`)
 	if err != nil {
 		return err
 	}

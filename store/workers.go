@@ -10,7 +10,7 @@ import (
 	"fleet"
 )
 
-const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held`
+const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch`
 
 func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	var (
@@ -20,7 +20,7 @@ func scanWorker(sc rowScanner) (fleet.Worker, error) {
 		startedAt                  int64
 	)
 	err := sc.Scan(&w.ID, &w.Node, &w.Model, &engine, &state, &w.Reason, &w.Port, &w.PID, &w.PGID,
-		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained, &held)
+		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained, &held, &w.Launch)
 	if err != nil {
 		return fleet.Worker{}, err
 	}
@@ -73,31 +73,10 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 	if w.Node == "" || w.Model == "" {
 		return fleet.Worker{}, fmt.Errorf("save worker %q: a worker needs both a node and a model", w.Name())
 	}
-	argv, err := toJSON(nonNil(w.Argv))
-	if err != nil {
-		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
-	}
-	largv, err := toJSON(nonNil(w.LaunchArgv))
-	if err != nil {
-		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
-	}
 	var saved fleet.Worker
-	err = s.inTx(ctx, func(tx *sql.Tx) error {
-		_, err := tx.ExecContext(ctx, `INSERT INTO workers (node, model, engine, state, reason, port, pid, pgid, argv, launch_argv,
-				simulated, started_at, ctx, slots, engine_version, restarts, drained, held)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (node, model) DO UPDATE SET
-				engine = excluded.engine, state = excluded.state, reason = excluded.reason, port = excluded.port,
-				pid = excluded.pid, pgid = excluded.pgid, argv = excluded.argv, launch_argv = excluded.launch_argv,
-				simulated = excluded.simulated, started_at = excluded.started_at, ctx = excluded.ctx,
-				slots = excluded.slots, engine_version = excluded.engine_version, restarts = excluded.restarts,
-				drained = excluded.drained, held = excluded.held`,
-			w.Node, w.Model, string(w.Engine), string(w.State), w.Reason, w.Port, w.PID, w.PGID, argv, largv,
-			boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained), boolInt(w.Held))
-		if err != nil {
-			return err
-		}
-		saved, err = workerTx(ctx, tx, w.Node, w.Model)
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		var err error
+		saved, err = saveWorkerTx(ctx, tx, w)
 		return err
 	})
 	if isForeignKey(err) {
@@ -106,6 +85,55 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 	}
 	if err != nil {
 		return fleet.Worker{}, fmt.Errorf("save worker %s: %w", w.Name(), err)
+	}
+	return saved, nil
+}
+
+func saveWorkerTx(ctx context.Context, tx *sql.Tx, w fleet.Worker) (fleet.Worker, error) {
+	argv, err := toJSON(nonNil(w.Argv))
+	if err != nil {
+		return fleet.Worker{}, err
+	}
+	largv, err := toJSON(nonNil(w.LaunchArgv))
+	if err != nil {
+		return fleet.Worker{}, err
+	}
+	_, err = tx.ExecContext(ctx, `INSERT INTO workers (node, model, engine, state, reason, port, pid, pgid, argv, launch_argv,
+			simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+		ON CONFLICT (node, model) DO UPDATE SET
+			engine = excluded.engine, state = excluded.state, reason = excluded.reason, port = excluded.port,
+			pid = excluded.pid, pgid = excluded.pgid, argv = excluded.argv, launch_argv = excluded.launch_argv,
+			simulated = excluded.simulated, started_at = excluded.started_at, ctx = excluded.ctx,
+			slots = excluded.slots, engine_version = excluded.engine_version, restarts = excluded.restarts,
+			drained = excluded.drained, held = excluded.held, launch = excluded.launch`,
+		w.Node, w.Model, string(w.Engine), string(w.State), w.Reason, w.Port, w.PID, w.PGID, argv, largv,
+		boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained), boolInt(w.Held), w.Launch)
+	if err != nil {
+		return fleet.Worker{}, err
+	}
+	return workerTx(ctx, tx, w.Node, w.Model)
+}
+
+// RecordLaunch gives w's next engine launch its serial and stores the worker
+// with it, in one transaction, before the engine starts: a hub killed after
+// the start but before it learnt the PID finds the engine by the serial.
+// It returns the worker as stored.
+func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
+	var saved fleet.Worker
+	err := s.inTx(ctx, func(tx *sql.Tx) error {
+		if err := tx.QueryRowContext(ctx, `UPDATE fleet_identity SET launches = launches + 1 RETURNING launches`).Scan(&w.Launch); err != nil {
+			return err
+		}
+		var err error
+		saved, err = saveWorkerTx(ctx, tx, w)
+		return err
+	})
+	if isForeignKey(err) {
+		return fleet.Worker{}, fmt.Errorf("record the launch of %s: node %q or model %q: %w in the fleet", w.Name(), w.Node, w.Model, ErrNotFound)
+	}
+	if err != nil {
+		return fleet.Worker{}, fmt.Errorf("record the launch of %s in %s before starting its engine (nothing was started; free disk space or fix the database, and the launch is tried again): %w", w.Name(), s.path, err)
 	}
 	return saved, nil
 }

@@ -302,6 +302,19 @@ func createKey(ctx context.Context, dataDir, name string, args []string, stdout,
 	return cli.ExitOK, nil
 }
 
+// crashAt is the hub's fault hook for crash tests (FLEET_CRASH_AT=POINT):
+// at the first time the hub passes POINT it kills itself with SIGKILL, as a
+// power cut or an OOM kill would, leaving everything else as it is then.
+func crashAt(point string, log io.Writer) func(string) {
+	return func(p string) {
+		if p == point {
+			fmt.Fprintf(log, "fleet: FLEET_CRASH_AT=%s: killing the hub here\n", point)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // SIGKILL is not delivered at once; nothing more may happen
+		}
+	}
+}
+
 func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	var opts hub.Options
 	var logLevel, enginePorts string
@@ -326,6 +339,9 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			opts.DataDir = *dataDir
 			opts.CommandLine = commandLine
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
+			if point := os.Getenv("FLEET_CRASH_AT"); point != "" {
+				opts.Fault = crashAt(point, c.ErrOrStderr())
+			}
 			h, err := hub.Open(c.Context(), opts)
 			if err != nil {
 				return err

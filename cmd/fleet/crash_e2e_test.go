@@ -1,0 +1,210 @@
+package main
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+	"fleet/fleetfile"
+)
+
+// demoPlacing is the demo fleet with its one model placed on nodes only
+// (none: no placement at all).
+func demoPlacing(t *testing.T, nodes ...string) string {
+	t.Helper()
+	const all = "placements:\n  - model: qwen3-4b\n    nodes: [rig, ultra, max]\n"
+	demo := string(fleetfile.Demo)
+	if !strings.HasSuffix(demo, all) {
+		t.Fatalf("the demo fleet no longer ends with %q; adapt demoPlacing", all)
+	}
+	placed := "placements: []\n"
+	if len(nodes) > 0 {
+		placed = fmt.Sprintf("placements:\n  - model: qwen3-4b\n    nodes: [%s]\n", strings.Join(nodes, ", "))
+	}
+	return strings.TrimSuffix(demo, all) + placed
+}
+
+// crashingHub starts `fleet serve` on data with FLEET_CRASH_AT=point: it
+// kills itself with SIGKILL the first time it passes point.
+func crashingHub(t *testing.T, data string, port int, point string, flags ...string) *hubProc {
+	t.Helper()
+	t.Setenv("FLEET_CRASH_AT", point)
+	h := launchHub(t, data, port, flags...)
+	os.Unsetenv("FLEET_CRASH_AT") // for the hubs started after it; t.Setenv restores it at the end
+	return h
+}
+
+// waitKilled waits for the hub to die at its crash point.
+func waitKilled(t *testing.T, h *hubProc, point string) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- h.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if ee, ok := err.(*exec.ExitError); !ok || ee.ExitCode() != -1 {
+			t.Fatalf("the hub was to be killed at %s, but it ended with %v", point, err)
+		}
+	case <-time.After(90 * time.Second):
+		t.Fatalf("the hub never reached the crash point %s", point)
+	}
+}
+
+// checkEnginesTracked: every engine process of data's fleet is the engine of
+// exactly one worker, by PID, and no worker's engine runs twice.
+func checkEnginesTracked(t *testing.T, data string, ws []fleet.WorkerView) {
+	t.Helper()
+	owner := map[int]string{}
+	for _, w := range ws {
+		if w.PID > 0 {
+			if o, dup := owner[w.PID]; dup {
+				t.Errorf("workers %s and %s both claim engine PID %d", o, w.Name(), w.PID)
+			}
+			owner[w.PID] = w.Name()
+		}
+	}
+	sims := simsOf(data)
+	for _, pid := range sims {
+		if _, ok := owner[pid]; !ok {
+			t.Errorf("engine PID %d runs untracked: no worker has it (workers %v)", pid, owner)
+		}
+	}
+	if len(sims) != len(owner) {
+		t.Errorf("%d engine processes run for %d workers with an engine: %v, %v", len(sims), len(owner), sims, owner)
+	}
+}
+
+// waitSims waits until exactly n engines of data run.
+func waitSims(t *testing.T, data string, n int, within time.Duration) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for len(simsOf(data)) != n {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d engines run, want %d: %v", len(simsOf(data)), n, simsOf(data))
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// A hub killed with SIGKILL at any of the points where a crash is worst, in
+// an apply that adds placements, a launch, `stop all`, a drain and an apply
+// that removes a placement, loses nothing and leaks nothing once it is
+// started again: every engine process is tracked by its worker, none runs
+// twice, every accepted stop is carried out and every drain kept. The hub
+// kills itself at a named point (FLEET_CRASH_AT), one run per point.
+func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
+	cases := []struct {
+		scenario, point string
+	}{
+		{"add", "apply.stored"},
+		{"add", "launch.recorded"},
+		{"add", "launch.started"},
+		{"add", "launch.saved"},
+		{"stop", "stop.accepted"},
+		{"stop", "stop.drained"},
+		{"stop", "stop.held"},
+		{"stop", "stop.signalled"},
+		{"drain", "drain.recorded"},
+		{"remove", "apply.stored"},
+		{"remove", "retire.stopping"},
+		{"remove", "stop.signalled"},
+	}
+	tried := 0
+	for _, tc := range cases {
+		t.Run(tc.scenario+"@"+tc.point, func(t *testing.T) {
+			data := t.TempDir()
+			port := freePort(t)
+			switch tc.scenario {
+			case "add":
+				file := filepath.Join(data, "none.yaml")
+				if err := os.WriteFile(file, []byte(demoPlacing(t)), 0o600); err != nil {
+					t.Fatal(err)
+				}
+				h := crashingHub(t, data, port, tc.point, "--fleet", file)
+				waitProbedSince(t, data, time.Time{}, 3, 60*time.Second)
+				// The apply's answer is lost with the hub; its exit status says nothing.
+				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra", "max"), "apply", "-f", "-")
+				waitKilled(t, h, tc.point)
+				tried++
+				launchHub(t, data, port)
+				ws := waitReady(t, data, 3, 90*time.Second)
+				checkEnginesTracked(t, data, ws)
+
+			case "stop", "drain":
+				h := crashingHub(t, data, port, tc.point, "--demo")
+				waitReady(t, data, 3, 60*time.Second)
+				if tc.scenario == "stop" {
+					fleetCmd(t, data, "stop", "all")
+				} else {
+					fleetCmd(t, data, "drain", "rig/qwen3-4b")
+				}
+				waitKilled(t, h, tc.point)
+				tried++
+				launchHub(t, data, port)
+				if tc.scenario == "drain" {
+					// rig stays drained (no new requests): draining, not ready.
+					ws := waitWorkers(t, data, 90*time.Second, func(ws []fleet.WorkerView) bool {
+						return len(ws) == 3 && !slices.ContainsFunc(ws, func(w fleet.WorkerView) bool {
+							return w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining
+						})
+					})
+					checkEnginesTracked(t, data, ws)
+					for _, w := range ws {
+						if w.Drained != (w.Node == "rig") {
+							t.Errorf("%s drained=%v after the restart; only rig's drain was asked for", w.Name(), w.Drained)
+						}
+					}
+					return
+				}
+				// Every stop was accepted (held) before the first drain:
+				// each is carried out, and none comes back.
+				waitNoSims(t, data, 60*time.Second)
+				ws := waitWorkers(t, data, 60*time.Second, func(ws []fleet.WorkerView) bool {
+					return len(ws) == 3 && !slices.ContainsFunc(ws, func(w fleet.WorkerView) bool { return w.State != fleet.WorkerStopped })
+				})
+				for _, w := range ws {
+					if !w.Held || w.PID != 0 {
+						t.Errorf("%s after the restart: %s held=%v PID %d, want stopped and held", w.Name(), w.State, w.Held, w.PID)
+					}
+				}
+				checkEnginesTracked(t, data, ws)
+
+			case "remove":
+				h := crashingHub(t, data, port, tc.point, "--demo")
+				waitReady(t, data, 3, 60*time.Second)
+				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra"), "apply", "-f", "-")
+				waitKilled(t, h, tc.point)
+				tried++
+				launchHub(t, data, port)
+				waitSims(t, data, 2, 60*time.Second)
+				ws := waitWorkers(t, data, 60*time.Second, func(ws []fleet.WorkerView) bool {
+					return len(ws) == 2 && !slices.ContainsFunc(ws, func(w fleet.WorkerView) bool { return w.State != fleet.WorkerReady })
+				})
+				checkEnginesTracked(t, data, ws)
+			}
+		})
+	}
+	t.Logf("killed the hub at %d crash points of %d (apply, launch, stop, drain, retire)", tried, len(cases))
+}
+
+// waitWorkers waits until the workers satisfy ok and returns them.
+func waitWorkers(t *testing.T, data string, within time.Duration, ok func([]fleet.WorkerView) bool) []fleet.WorkerView {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		ws := workersJSON(t, data)
+		if ok(ws) {
+			return ws
+		}
+		if time.Now().After(deadline) {
+			evs, _ := fleetCmd(t, data, "events", "--limit", "60")
+			t.Fatalf("workers not as expected within %s: %+v\nevents:\n%s", within, ws, evs)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
