@@ -64,23 +64,24 @@ start)
 	log=$dir/$stem.log; pidf=$dir/$stem.pid; argvf=$dir/$stem.argv
 	[ -f "$log" ] && mv -f "$log" "$log.1"
 	printf '%s\000' "$@" >"$argvf"
+	# Once detached, the engine's shell writes the pid file before it
+	# becomes the engine: an engine never runs without one, even when the
+	# hub (and with it this script) is killed right after the fork. Every
+	# exec keeps the PID.
+	# shellcheck disable=SC2016 # expanded by that shell
+	set -- sh -c 'echo "$$" >"$1.c" && mv -f "$1.c" "$1" || exit 73; shift; exec "$@"' fleet-engine "$pidf" "$@"
 	if [ -z "${FLEET_ENGINECTL_NO_SETSID:-}" ] && command -v setsid >/dev/null 2>&1; then
 		# A background job of a non-interactive sh is not a group leader,
 		# so setsid(1) execs in place and $! stays the engine's PID.
-		set -- setsid "$@"
+		setsid "$@" </dev/null >"$log" 2>&1 &
 	elif command -v perl >/dev/null 2>&1; then
 		# shellcheck disable=SC2016 # perl's own variables
-		set -- perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@"
+		perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@" </dev/null >"$log" 2>&1 &
 	elif command -v python3 >/dev/null 2>&1; then
-		set -- python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@"
+		python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@" </dev/null >"$log" 2>&1 &
 	else
 		echo "cannot detach the engine: the node has none of setsid, perl, python3" >&2; exit 69
 	fi
-	# The child writes the pid file before it becomes the engine: an engine
-	# never runs without one, even when the hub (and with it this script)
-	# is killed right after the fork. Every exec keeps the PID.
-	# shellcheck disable=SC2016 # expanded by the child shell
-	sh -c 'echo "$$" >"$1.c" && mv -f "$1.c" "$1" || exit 73; shift; exec "$@"' fleet-engine "$pidf" "$@" </dev/null >"$log" 2>&1 &
 	pid=$!
 	# Written here too, so the pid file is there when this prints the PID.
 	echo "$pid" >"$pidf.p" && mv -f "$pidf.p" "$pidf"
@@ -113,6 +114,13 @@ argv)
 	pid=$1
 	[ -n "$(stat_fields "$pid")" ] || exit 3
 	printf 'home=%s\n' "$HOME"
+	# Whose engine it is: the fleet and launch start gave it (fleet_id=,
+	# fleet_launch=), when its environment can be read.
+	if have_proc; then
+		tr '\000' '\n' <"/proc/$pid/environ" 2>/dev/null
+	else
+		ps eww -o command= -p "$pid" 2>/dev/null | tr ' ' '\n'
+	fi | sed -n 's/^FLEET_ID=\([0-9a-f]*\)$/fleet_id=\1/p; s/^FLEET_LAUNCH=\([0-9]*\)$/fleet_launch=\1/p'
 	if have_proc; then
 		printf 'exe=%s\n' "$(readlink "/proc/$pid/exe" 2>/dev/null)"
 		echo cmdline

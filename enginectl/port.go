@@ -89,6 +89,14 @@ func CheckPort(ctx context.Context, r Runner, port int, bin string, opts ...Opti
 			return owner, fmt.Errorf("port %d is already in use by PID %d (%s), which is not %s; stop it or move the engine to another port: %w",
 				port, l.PID, commandLine(owner), bin, ErrPortTaken)
 		}
+		// Our binary, but maybe not our engine: another fleet's (a second
+		// hub on the node) is left alone like any stranger.
+		if err := o.fleet.judge(l.PID, info.Owner); errors.Is(err, errOtherFleet) {
+			return owner, fmt.Errorf("port %d is in use by PID %d (%s), an engine of another fleet: %v; it is left alone: %w",
+				port, l.PID, commandLine(owner), err, ErrPortTaken)
+		} else if err != nil {
+			return owner, fmt.Errorf("port %d: %w", port, err)
+		}
 		stale = append(stale, owner)
 	}
 	if len(stale) == 0 {

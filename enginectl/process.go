@@ -237,6 +237,10 @@ type procInfo struct {
 	// exact argv (ps -o args= on macOS).
 	Args string
 	Home string
+	// Owner is the fleet and launch in the process's environment; zero
+	// when it has none (started before fleets had an identity, or not by
+	// fleet) or the node does not show it.
+	Owner Owner
 }
 
 func readArgv(ctx context.Context, r Runner, pid int) (procInfo, bool, error) {
@@ -256,6 +260,10 @@ func readArgv(ctx context.Context, r Runner, pid int) (procInfo, bool, error) {
 		switch {
 		case strings.HasPrefix(s, "home="):
 			info.Home = strings.TrimPrefix(s, "home=")
+		case strings.HasPrefix(s, "fleet_id="):
+			info.Owner.FleetID = strings.TrimPrefix(s, "fleet_id=")
+		case strings.HasPrefix(s, "fleet_launch="):
+			info.Owner.Launch, _ = strconv.ParseInt(strings.TrimPrefix(s, "fleet_launch="), 10, 64)
 		case strings.HasPrefix(s, "exe="):
 			info.Exe = strings.TrimPrefix(s, "exe=")
 		case s == "cmdline":
@@ -302,6 +310,13 @@ func Adopt(ctx context.Context, r Runner, p Process, launchArgv []string, opts .
 	}
 	if !alive {
 		return false, nil
+	}
+	switch err := o.fleet.judge(p.PID, info.Owner); {
+	case errors.Is(err, errOtherFleet):
+		o.logger.Info("not adopting: the engine belongs to another fleet", "pid", p.PID, "err", err)
+		return false, nil
+	case err != nil:
+		return false, fmt.Errorf("adopt PID %d: %w", p.PID, err)
 	}
 	want := expandHome(launchArgv, info.Home)
 	if argvMatches(info, want) {
@@ -454,6 +469,9 @@ func FindLaunch(ctx context.Context, r Runner, pidPath string, owner Owner, opts
 	pid, err := strconv.Atoi(strings.TrimSpace(string(out)))
 	if err != nil || pid <= 1 {
 		return Process{}, false, nil
+	}
+	if _, alive, err := stat(ctx, r, pid); err != nil || !alive { // a zombie is gone too
+		return Process{}, false, err
 	}
 	rec, why, err := readLaunch(ctx, r, pid, pidPath)
 	if err != nil {

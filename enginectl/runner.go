@@ -84,6 +84,60 @@ type options struct {
 	logger       *slog.Logger
 	pollInterval time.Duration
 	staleGrace   time.Duration
+	fleet        Fleet
+}
+
+// Fleet is the fleet whose engines Adopt and CheckPort may take on: its ID,
+// and the last launch serial its database gave out. An engine of another
+// fleet is a stranger, neither adopted nor stopped; one of this fleet with
+// a higher launch serial was started by a newer copy of the database (this
+// one was restored from an older copy) and is refused with a
+// *NewerEngineError. The zero Fleet judges no engine by its owner.
+type Fleet struct {
+	ID string
+	// LastLaunch reads the last serial given out; nil: any.
+	LastLaunch func() int64
+	// OnNewer hears of each engine of a newer copy of the database.
+	OnNewer func(pid int, launch int64)
+}
+
+// WithFleet makes Adopt and CheckPort take on only f's own engines.
+func WithFleet(f Fleet) Option { return func(o *options) { o.fleet = f } }
+
+var errOtherFleet = errors.New("the engine belongs to another fleet")
+
+// NewerEngineError is an engine of this fleet launched by a newer copy of
+// its database than the hub's.
+type NewerEngineError struct {
+	PID          int
+	Launch, Last int64
+}
+
+func (e *NewerEngineError) Error() string {
+	return fmt.Sprintf("engine PID %d carries launch %d, but this fleet's database has given out launches up to %d only: "+
+		"it was started from a newer copy of the database (this one was restored from an older copy?), so it is neither adopted nor stopped; "+
+		"stop the hub and run `fleet fleet-id --restored` to take on the engines this fleet runs now, or stop them by hand", e.PID, e.Launch, e.Last)
+}
+
+// judge says whether an engine whose environment names owner is the
+// fleet's own: nil when it is (or names no owner: it predates identities),
+// errOtherFleet, or a *NewerEngineError.
+func (f Fleet) judge(pid int, owner Owner) error {
+	if f.ID == "" || owner.FleetID == "" {
+		return nil
+	}
+	if owner.FleetID != f.ID {
+		return fmt.Errorf("%w (fleet %s; this is fleet %s)", errOtherFleet, owner.FleetID, f.ID)
+	}
+	if f.LastLaunch != nil {
+		if last := f.LastLaunch(); owner.Launch > last {
+			if f.OnNewer != nil {
+				f.OnNewer(pid, owner.Launch)
+			}
+			return &NewerEngineError{PID: pid, Launch: owner.Launch, Last: last}
+		}
+	}
+	return nil
 }
 
 // WithLogger sends enginectl's structured logs to l.

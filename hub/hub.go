@@ -220,6 +220,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			st.Close()
 		}
 	}()
+	if err := checkHome(ctx, st, opts.DataDir); err != nil {
+		return nil, err
+	}
 	if statErr == nil && fi.Size() == 0 {
 		// SQLite takes a zero-length file for a new database; say so, since
 		// it may be what is left of a lost one.
@@ -317,7 +320,13 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	h.mgr = nodes.NewManager(nodes.ManagerOptions{
-		FleetID:           identity.FleetID,
+		FleetID:    identity.FleetID,
+		LastLaunch: identity.Launches,
+		OnNewerEngine: func(pid int, launch int64) {
+			if err := st.SawNewerLaunch(context.WithoutCancel(ctx), launch); err != nil {
+				opts.Logger.Error("could not record an engine of a newer copy of the database", "pid", pid, "launch", launch, "err", err)
+			}
+		},
 		RecordLaunch:      h.recordLaunch,
 		RecordWorker:      h.recordWorker,
 		Fault:             opts.Fault,

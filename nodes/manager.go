@@ -9,6 +9,7 @@ import (
 	"net"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"fleet"
@@ -89,6 +90,12 @@ type ManagerOptions struct {
 	// FleetID is the fleet's identity (the database's); every engine is
 	// started carrying it with the serial of its launch (enginectl.Owner).
 	FleetID string
+	// LastLaunch is the last launch serial the fleet's database gave out
+	// when the hub started: an engine of this fleet carrying a higher one
+	// (that this manager did not launch) is a newer copy's, neither adopted
+	// nor stopped; OnNewerEngine hears of each.
+	LastLaunch    int64
+	OnNewerEngine func(pid int, launch int64)
 	// RecordLaunch stores the worker with the serial of a new launch, made
 	// durable before the engine starts (store.RecordLaunch), and returns
 	// it as stored. An error stops the launch before anything runs. nil
@@ -157,8 +164,11 @@ type Manager struct {
 	removedNodes map[string]fleet.Node
 	wake         chan struct{}
 	runCtx       context.Context
-	holds        memoryHolds
-	wg           sync.WaitGroup
+	// lastLaunch is the highest launch serial of the fleet's database,
+	// LastLaunch raised by every launch recorded since.
+	lastLaunch atomic.Int64
+	holds      memoryHolds
+	wg         sync.WaitGroup
 }
 
 type nodeState struct {
@@ -216,7 +226,7 @@ type workerState struct {
 // NewManager returns a Manager; nothing happens until Run.
 func NewManager(opts ManagerOptions) *Manager {
 	opts = opts.withDefaults()
-	return &Manager{
+	m := &Manager{
 		opts:     opts,
 		logger:   opts.Logger,
 		nodes:    map[string]*nodeState{},
@@ -226,6 +236,8 @@ func NewManager(opts ManagerOptions) *Manager {
 
 		removedNodes: map[string]fleet.Node{},
 	}
+	m.lastLaunch.Store(opts.LastLaunch)
+	return m
 }
 
 // SetDesired replaces the declared fleet; Run reconciles towards it.
@@ -578,6 +590,7 @@ func (m *Manager) recordLaunch(ctx context.Context, ws *workerState) error {
 			return err
 		}
 		w.Launch = saved.Launch
+		raise(&m.lastLaunch, w.Launch)
 	}
 	m.mu.Lock()
 	ws.w.State, ws.w.Reason, ws.w.Launch = w.State, w.Reason, w.Launch
@@ -589,6 +602,16 @@ func (m *Manager) recordLaunch(ctx context.Context, ws *workerState) error {
 	return nil
 }
 
+// raise sets v to to, unless it is higher already.
+func raise(v *atomic.Int64, to int64) {
+	for {
+		cur := v.Load()
+		if cur >= to || v.CompareAndSwap(cur, to) {
+			return
+		}
+	}
+}
+
 func signal(c chan struct{}) {
 	select {
 	case c <- struct{}{}:
@@ -597,5 +620,6 @@ func signal(c chan struct{}) {
 }
 
 func (m *Manager) engineOptions() []enginectl.Option {
-	return append([]enginectl.Option{enginectl.WithLogger(m.logger)}, m.opts.EngineOptions...)
+	own := enginectl.WithFleet(enginectl.Fleet{ID: m.opts.FleetID, LastLaunch: m.lastLaunch.Load, OnNewer: m.opts.OnNewerEngine})
+	return append([]enginectl.Option{enginectl.WithLogger(m.logger), own}, m.opts.EngineOptions...)
 }

@@ -208,16 +208,17 @@ CREATE INDEX audit_repeats ON audit (id) WHERE count > 0;
 	// 8: the fleet's identity and its launches. fleet_id is made once, here,
 	// and every engine carries it with the serial of its launch; launches is
 	// the last serial given out (a database restored from an older copy has
-	// a smaller one than the engines it finds). home is the data dir the
-	// database belongs to ('' until a hub claims it): a copy opened
-	// elsewhere is refused until an admin says what it is. A worker's launch
-	// is recorded before its engine starts.
+	// a smaller one than the engines it finds, and keeps the highest it saw
+	// in newest_seen). home is the data dir the database belongs to ('' until
+	// a hub claims it): a copy opened elsewhere is refused until an admin says
+	// what it is. A worker's launch is recorded before its engine starts.
 	`
 CREATE TABLE fleet_identity (
-	id       INTEGER PRIMARY KEY CHECK (id = 1),
-	fleet_id TEXT NOT NULL,
-	home     TEXT NOT NULL DEFAULT '',
-	launches INTEGER NOT NULL DEFAULT 0
+	id          INTEGER PRIMARY KEY CHECK (id = 1),
+	fleet_id    TEXT NOT NULL,
+	home        TEXT NOT NULL DEFAULT '',
+	launches    INTEGER NOT NULL DEFAULT 0,
+	newest_seen INTEGER NOT NULL DEFAULT 0
 );
 INSERT INTO fleet_identity (id, fleet_id) VALUES (1, lower(hex(randomblob(16))));
 ALTER TABLE workers ADD COLUMN launch INTEGER NOT NULL DEFAULT 0;

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"database/sql"
 	"fmt"
 	"os"
 	"os/exec"
@@ -206,5 +207,72 @@ func waitWorkers(t *testing.T, data string, within time.Duration, ok func([]flee
 			t.Fatalf("workers not as expected within %s: %+v\nevents:\n%s", within, ws, evs)
 		}
 		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+// A hub started on a copy of another hub's database (the data dir's lock
+// covers one directory only) is refused, and so cannot adopt, or stop, the
+// first hub's engines; once an admin makes the copy a fleet of its own
+// (`fleet fleet-id --new`), it runs its own engines and its `stop all`
+// leaves the first hub's alone.
+func TestHubOnACopiedDatabaseLeavesTheFirstHubsEngines(t *testing.T) {
+	first := t.TempDir()
+	startHub(t, first, freePort(t))
+	before := waitReady(t, first, 3, 60*time.Second)
+
+	// A consistent copy, as SQLite's .backup makes it, while the first hub runs.
+	copied := t.TempDir()
+	db, err := sql.Open("sqlite3", filepath.Join(first, "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = db.Exec(`VACUUM INTO ?`, filepath.Join(copied, "fleet.db"))
+	db.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	port := freePort(t)
+	h := launchHub(t, copied, port)
+	done := make(chan error, 1)
+	go func() { done <- h.cmd.Wait() }()
+	select {
+	case err := <-done:
+		if err == nil {
+			t.Fatal("the hub on the copy exited 0; want a refusal")
+		}
+	case <-time.After(30 * time.Second):
+		ws := workersJSON(t, copied)
+		t.Fatalf("a hub started on a copy of another hub's database and runs, with workers %+v", ws)
+	}
+	logs, _ := filepath.Glob(filepath.Join(copied, "hub-*.log"))
+	var refusal []byte
+	for _, l := range logs {
+		b, _ := os.ReadFile(l)
+		refusal = append(refusal, b...)
+	}
+	if !strings.Contains(string(refusal), "fleet-id --new") || !strings.Contains(string(refusal), first) {
+		t.Errorf("the refusal names neither the admin step nor the original data dir:\n%s", refusal)
+	}
+
+	out, code := fleetCmd(t, copied, "fleet-id", "--new")
+	if code != 0 || !strings.Contains(out, "a fleet of its own") {
+		t.Fatalf("fleet-id --new: exit %d:\n%s", code, out)
+	}
+	launchHub(t, copied, port)
+	waitReady(t, copied, 3, 60*time.Second)
+	if out, code := fleetCmd(t, copied, "stop", "all"); code != 0 {
+		t.Fatalf("stop all on the copy: exit %d:\n%s", code, out)
+	}
+	waitNoSims(t, copied, 30*time.Second)
+
+	after := workersJSON(t, first)
+	for i, w := range before {
+		if !alive(w.PID) {
+			t.Errorf("the first hub's engine of %s (PID %d) was stopped by the hub on the copy", w.Name(), w.PID)
+		}
+		if i < len(after) && (after[i].PID != w.PID || after[i].State != fleet.WorkerReady) {
+			t.Errorf("the first hub's %s: PID %d %s, was PID %d ready", w.Name(), after[i].PID, after[i].State, w.PID)
+		}
 	}
 }

@@ -142,7 +142,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetErr(stderr)
 
 	exit := cli.ExitOK
-	root.AddCommand(serveCmd(&dataDir, args), simCmd(), simulateCmd(), &cobra.Command{
+	root.AddCommand(serveCmd(&dataDir, args), fleetIDCmd(&dataDir), simCmd(), simulateCmd(), &cobra.Command{
 		Use:   "version",
 		Short: "print the version of this fleet binary",
 		Args:  cobra.NoArgs,
