@@ -31,14 +31,23 @@ func demoPlacing(t *testing.T, nodes ...string) string {
 	return strings.TrimSuffix(demo, all) + placed
 }
 
-// crashingHub starts `fleet serve` on data with FLEET_CRASH_AT=point: it
-// kills itself with SIGKILL the first time it passes point.
-func crashingHub(t *testing.T, data string, port int, point string, flags ...string) *hubProc {
+// crashingHub starts `fleet serve` on data with FLEET_CRASH_AT=point: once
+// armed, it kills itself with SIGKILL the first time it passes point.
+func crashingHub(t *testing.T, data string, port int, point string, flags ...string) (*hubProc, func()) {
 	t.Helper()
+	armedBy := filepath.Join(data, "crash.armed")
 	t.Setenv("FLEET_CRASH_AT", point)
+	t.Setenv("FLEET_CRASH_ARMED_BY", armedBy)
 	h := launchHub(t, data, port, flags...)
-	os.Unsetenv("FLEET_CRASH_AT") // for the hubs started after it; t.Setenv restores it at the end
-	return h
+	// For the hubs started after it; t.Setenv restores them at the end.
+	os.Unsetenv("FLEET_CRASH_AT")
+	os.Unsetenv("FLEET_CRASH_ARMED_BY")
+	arm := func() {
+		if err := os.WriteFile(armedBy, nil, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return h, arm
 }
 
 // waitKilled waits for the hub to die at its crash point.
@@ -126,8 +135,9 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				if err := os.WriteFile(file, []byte(demoPlacing(t)), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				h := crashingHub(t, data, port, tc.point, "--fleet", file)
+				h, arm := crashingHub(t, data, port, tc.point, "--fleet", file)
 				waitProbedSince(t, data, time.Time{}, 3, 60*time.Second)
+				arm()
 				// The apply's answer is lost with the hub; its exit status says nothing.
 				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra", "max"), "apply", "-f", "-")
 				waitKilled(t, h, tc.point)
@@ -137,8 +147,9 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				checkEnginesTracked(t, data, ws)
 
 			case "stop", "drain":
-				h := crashingHub(t, data, port, tc.point, "--demo")
+				h, arm := crashingHub(t, data, port, tc.point, "--demo")
 				waitReady(t, data, 3, 60*time.Second)
+				arm()
 				if tc.scenario == "stop" {
 					fleetCmd(t, data, "stop", "all")
 				} else {
@@ -176,8 +187,9 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				checkEnginesTracked(t, data, ws)
 
 			case "remove":
-				h := crashingHub(t, data, port, tc.point, "--demo")
+				h, arm := crashingHub(t, data, port, tc.point, "--demo")
 				waitReady(t, data, 3, 60*time.Second)
+				arm()
 				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra"), "apply", "-f", "-")
 				waitKilled(t, h, tc.point)
 				tried++

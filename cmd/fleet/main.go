@@ -305,13 +305,22 @@ func createKey(ctx context.Context, dataDir, name string, args []string, stdout,
 // crashAt is the hub's fault hook for crash tests (FLEET_CRASH_AT=POINT):
 // at the first time the hub passes POINT it kills itself with SIGKILL, as a
 // power cut or an OOM kill would, leaving everything else as it is then.
-func crashAt(point string, log io.Writer) func(string) {
+// With FLEET_CRASH_ARMED_BY=FILE it does so only once FILE exists, so a test
+// aims at the action it is about to take, not at the same point passed
+// earlier (an engine stopped because it failed to start, say).
+func crashAt(point, armedBy string, log io.Writer) func(string) {
 	return func(p string) {
-		if p == point {
-			fmt.Fprintf(log, "fleet: FLEET_CRASH_AT=%s: killing the hub here\n", point)
-			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
-			select {} // SIGKILL is not delivered at once; nothing more may happen
+		if p != point {
+			return
 		}
+		if armedBy != "" {
+			if _, err := os.Stat(armedBy); err != nil {
+				return
+			}
+		}
+		fmt.Fprintf(log, "fleet: FLEET_CRASH_AT=%s: killing the hub here\n", point)
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {} // SIGKILL is not delivered at once; nothing more may happen
 	}
 }
 
@@ -340,7 +349,7 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			opts.CommandLine = commandLine
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			if point := os.Getenv("FLEET_CRASH_AT"); point != "" {
-				opts.Fault = crashAt(point, c.ErrOrStderr())
+				opts.Fault = crashAt(point, os.Getenv("FLEET_CRASH_ARMED_BY"), c.ErrOrStderr())
 			}
 			h, err := hub.Open(c.Context(), opts)
 			if err != nil {
