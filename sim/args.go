@@ -36,6 +36,10 @@ type Options struct {
 	// LoadTime is how long the model takes to load: llama-server answers 503
 	// meanwhile, vLLM does not listen yet.
 	LoadTime time.Duration
+	// ColdStart is the extra time the first request after the load takes
+	// (and every request that arrives while it warms the engine up), as on
+	// real engines.
+	ColdStart time.Duration
 
 	Host string
 	Port int
@@ -102,7 +106,7 @@ func (o Options) ModelID() string {
 type simFlags struct {
 	fs                             *flag.FlagSet
 	mimic, profile, loadTime, host *string
-	servedName                     *string
+	coldStart, servedName          *string
 	seed                           *uint64
 	port, ctx, slots               *int
 }
@@ -116,6 +120,7 @@ func newSimFlags() simFlags {
 		profile:    fs.String("profile", "", "speed and platform profile (required): "+strings.Join(ProfileNames(), ", ")),
 		seed:       fs.Uint64("seed", 1, "seed of the generated text"),
 		loadTime:   fs.String("load-time", "", "model load time, e.g. 2s (default: the profile's)"),
+		coldStart:  fs.String("cold-start", "", "extra time the first request after the load takes, and any sent while it runs, as on a real engine, e.g. 2s (default: the profile's; 0s for none)"),
 		host:       fs.String("host", "", "listen host (overrides the engine's --host)"),
 		port:       fs.Int("port", -1, "listen port (overrides the engine's --port)"),
 		servedName: fs.String("served-name", "", "model name served (overrides -a / --served-model-name)"),
@@ -170,7 +175,7 @@ func PrintUsage(w io.Writer) {
 func ParseArgs(args []string) (Options, error) {
 	f := newSimFlags()
 	fs := f.fs
-	mimic, profileName, seed, loadTime, host, port := f.mimic, f.profile, f.seed, f.loadTime, f.host, f.port
+	mimic, profileName, seed, loadTime, coldStart, host, port := f.mimic, f.profile, f.seed, f.loadTime, f.coldStart, f.host, f.port
 	servedName, ctxSize, slots := f.servedName, f.ctx, f.slots
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -192,13 +197,19 @@ func ParseArgs(args []string) (Options, error) {
 	if kind != fleet.EngineVLLM && kind != fleet.EngineLlamaCpp {
 		return Options{}, fmt.Errorf("fleet sim: --mimic %q is not supported: use vllm or llamacpp", kind)
 	}
-	opts := Options{Mimic: kind, Profile: prof, Seed: *seed, LoadTime: prof.LoadTime, EngineArgs: fs.Args()}
-	if *loadTime != "" {
-		d, err := time.ParseDuration(*loadTime)
-		if err != nil || d < 0 {
-			return Options{}, fmt.Errorf("fleet sim: --load-time %q is not a duration: use e.g. 2s or 500ms", *loadTime)
+	opts := Options{Mimic: kind, Profile: prof, Seed: *seed, LoadTime: prof.LoadTime, ColdStart: prof.ColdStart, EngineArgs: fs.Args()}
+	for _, d := range []struct {
+		flag, value string
+		into        *time.Duration
+	}{{"--load-time", *loadTime, &opts.LoadTime}, {"--cold-start", *coldStart, &opts.ColdStart}} {
+		if d.value == "" {
+			continue
 		}
-		opts.LoadTime = d
+		v, err := time.ParseDuration(d.value)
+		if err != nil || v < 0 {
+			return Options{}, fmt.Errorf("fleet sim: %s %q is not a duration: use e.g. 2s or 500ms", d.flag, d.value)
+		}
+		*d.into = v
 	}
 	var explicitSlots int
 	if kind == fleet.EngineLlamaCpp {

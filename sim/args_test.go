@@ -102,6 +102,18 @@ func TestParseArgs(t *testing.T) {
 			},
 		},
 		{
+			name: "cold start: the profile's, or the flag's",
+			args: strings.Fields("--profile m4max-llamacpp --cold-start 0s -- -m w.gguf"),
+			check: func(t *testing.T, o Options) {
+				if p, _ := LookupProfile("m4max-llamacpp"); p.ColdStart <= 0 || o.ColdStart != 0 {
+					t.Errorf("profile cold start %v, flag --cold-start 0s gave %v; want a profile default and 0", p.ColdStart, o.ColdStart)
+				}
+				if d, _ := ParseArgs(strings.Fields("--profile m4max-llamacpp -- -m w.gguf")); d.ColdStart != 2*time.Second {
+					t.Errorf("default cold start %v, want the profile's 2s", d.ColdStart)
+				}
+			},
+		},
+		{
 			name: "sim flags win over engine flags",
 			args: strings.Fields("--mimic vllm --profile instant --port 0 --host ::1 --served-name x --ctx 2048 --slots 3 --seed 9 --load-time 250ms -- serve m --port 9000 --max-model-len 4096"),
 			check: func(t *testing.T, o Options) {
@@ -119,6 +131,7 @@ func TestParseArgs(t *testing.T) {
 		{name: "bad port", args: []string{"--profile", "instant", "--", "--port", "70000"}, wantErr: "not a port number"},
 		{name: "flag without value", args: []string{"--profile", "instant", "--", "-m"}, wantErr: "needs a value"},
 		{name: "bad load time", args: []string{"--profile", "instant", "--load-time", "soon"}, wantErr: "not a duration"},
+		{name: "bad cold start", args: []string{"--profile", "instant", "--cold-start", "-1s"}, wantErr: "--cold-start \"-1s\" is not a duration"},
 		{name: "auto tool choice without parser", args: strings.Fields("--mimic vllm --profile instant -- serve m --enable-auto-tool-choice"), wantErr: "needs --tool-call-parser"},
 		{name: "bad kwargs", args: []string{"--profile", "instant", "--", "--chat-template-kwargs", "{"}, wantErr: "not a JSON object"},
 	}

@@ -83,12 +83,20 @@ func (j *job) run() {
 	cache := s.startCache(slot, tokens)
 	j.cached = cache.cached
 	defer func() { cache.end(j.promptText + j.generatedText.String()) }()
+	// A cold engine's first batch is slow: the wait is prompt time, as in
+	// the first request's timings of a real engine.
+	cold, err := s.warmUp(ctx)
+	if err != nil {
+		j.abort(arrival, "client gone while the engine warmed up")
+		return
+	}
 	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens - j.cached)
 	if err := sleepCtx(ctx, j.prefill); err != nil {
 		j.abort(arrival, "client gone during prefill")
 		return
 	}
 	cache.computed()
+	j.prefill += cold
 	// Every token, the first included, costs one step at the concurrency of
 	// the moment, so llama's predicted_per_second reads the profile's speed.
 	decodeStart := time.Now()

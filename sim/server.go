@@ -44,6 +44,10 @@ type Server struct {
 
 	created  time.Time
 	loadedAt time.Time
+	// warm is closed once the first request after the load has paid the
+	// cold start; coldOnce starts that.
+	warm     chan struct{}
+	coldOnce sync.Once
 	// now is the clock; tests replace it to walk through loading.
 	now func() time.Time
 
@@ -61,8 +65,8 @@ func NewServer(opts Options) (*Server, error) {
 	if opts.Profile.Name == "" {
 		return nil, fmt.Errorf("sim: no profile given: use one of %v", ProfileNames())
 	}
-	if opts.LoadTime < 0 {
-		return nil, fmt.Errorf("sim: load time %v is negative", opts.LoadTime)
+	if opts.LoadTime < 0 || opts.ColdStart < 0 {
+		return nil, fmt.Errorf("sim: load time %v and cold start %v must not be negative", opts.LoadTime, opts.ColdStart)
 	}
 	if opts.Slots < 0 || opts.Ctx < 0 || opts.TotalCtx < 0 {
 		return nil, fmt.Errorf("sim: slots (%d) and context (%d) must not be negative", opts.Slots, opts.Ctx)
@@ -105,6 +109,7 @@ func NewServer(opts Options) (*Server, error) {
 		metrics:  newEngineMetrics(),
 		created:  now,
 		loadedAt: now.Add(opts.LoadTime),
+		warm:     make(chan struct{}),
 		now:      time.Now,
 		idRNG:    rand.New(rand.NewPCG(opts.Seed, uint64(now.UnixNano()))),
 	}
@@ -121,8 +126,31 @@ func NewServer(opts Options) (*Server, error) {
 		kv := max(opts.Profile.KVCacheTokens, opts.Ctx)
 		s.blocks = newBlockCache(kv, !opts.NoPrefixCaching)
 	}
+	if opts.ColdStart == 0 {
+		close(s.warm)
+	}
 	s.handler = s.routes()
 	return s, nil
+}
+
+// warmUp holds a request until the engine is warm and returns how long it
+// waited: the first request after the load starts the cold start, and every
+// request that comes meanwhile waits for the same warm-up, as the first
+// batch does on a real engine. A warm engine holds nothing (0).
+func (s *Server) warmUp(ctx context.Context) (time.Duration, error) {
+	select {
+	case <-s.warm:
+		return 0, nil
+	default:
+	}
+	start := time.Now()
+	s.coldOnce.Do(func() { time.AfterFunc(s.opts.ColdStart, func() { close(s.warm) }) })
+	select {
+	case <-s.warm:
+		return time.Since(start), nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 }
 
 // Options returns the options in effect, defaults filled in.

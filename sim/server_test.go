@@ -904,3 +904,38 @@ func TestStreamIsFlushedPerChunk(t *testing.T) {
 		})
 	}
 }
+
+// A real engine's first requests after the load are slow (Metal compiles
+// its shaders, CUDA its kernels): the sim's first request, and one sent
+// while it warms the engine up, wait for the cold start, and it shows as
+// prompt time as in llama-server's timings; a warm engine holds nothing.
+func TestColdStartHoldsTheFirstRequests(t *testing.T) {
+	const cold = 400 * time.Millisecond
+	_, ts := startSim(t, "--mimic llamacpp --profile instant --cold-start "+cold.String()+" -- -a qwen3-4b")
+	promptMS := func(resp map[string]any) float64 {
+		tm, _ := resp["timings"].(map[string]any)
+		v, _ := tm["prompt_ms"].(float64)
+		return v
+	}
+	var wg sync.WaitGroup
+	first := make([]float64, 2)
+	for i := range first {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			code, resp := post(t, ts.URL+"/v1/chat/completions", chat("hi", map[string]any{"max_tokens": 4}))
+			if code != 200 {
+				t.Errorf("cold request %d: %d %v", i, code, resp)
+			}
+			first[i] = promptMS(resp)
+		}()
+	}
+	wg.Wait()
+	if max(first[0], first[1]) < float64(cold.Milliseconds()) || min(first[0], first[1]) <= 0 {
+		t.Errorf("the first requests' prompt times are %v ms: want one to pay the %s cold start and both to wait for it", first, cold)
+	}
+	code, resp := post(t, ts.URL+"/v1/chat/completions", chat("hi", map[string]any{"max_tokens": 4}))
+	if code != 200 || promptMS(resp) != 0 {
+		t.Errorf("warm request: %d, prompt time %v ms; want 0 on the instant profile once warm", code, promptMS(resp))
+	}
+}

@@ -11,14 +11,15 @@ import (
 )
 
 // Handler parses args exactly as `fleet sim` would and returns the engine's
-// HTTP handler, with no load time, and the options it runs with.
+// HTTP handler, loaded and warm at once (no load time, no cold start), and
+// the options it runs with.
 func Handler(t testing.TB, args ...string) (http.Handler, sim.Options) {
 	t.Helper()
 	opts, err := sim.ParseArgs(args)
 	if err != nil {
 		t.Fatalf("sim args %q: %v", args, err)
 	}
-	opts.LoadTime = 0
+	opts.LoadTime, opts.ColdStart = 0, 0
 	s, err := sim.NewServer(opts)
 	if err != nil {
 		t.Fatalf("sim server for %q: %v", args, err)
