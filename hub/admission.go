@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"slices"
 	"sort"
 	"strings"
@@ -101,24 +102,26 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 
 // admit is the admission check between probation and ready: the response
 // shape against the model's reference (which the reference worker sets),
-// then single-request speed against the best of the model, judged once the
-// peers that started with this worker have been measured.
+// then single-request speed against the best worker of the model measured
+// so far. A peer that is not measured yet does not hold it up: a slower one
+// is judged when it is measured, and a faster one judges the ready workers
+// again when it is admitted.
 func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	m, ok := h.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	speed, err := h.singleRequestSpeed(ctx, w.Name())
+	speed, err := h.measureSpeed(ctx, w.Name())
 	if err != nil {
 		h.recordSpeed(w, 0, -1)
 		return fmt.Errorf("speed: %w", err)
 	}
 	h.recordSpeed(w, speed, 0)
-	// Against the ready workers first: they passed their checks, and a
-	// worker already too slow for them need not have its shape measured. Not
-	// on the reference worker: its shape is the reference however fast it is.
+	// Against the workers measured so far first: a worker already too slow
+	// for them need not have its shape measured. Not on the reference
+	// worker: its shape is the reference however fast it is.
 	if ref, err := h.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
-		if err := h.speedVerdict(ctx, w, m, speed, false); err != nil {
+		if speed, err = h.speedVerdict(ctx, w, m, speed, false); err != nil {
 			h.recordSpeed(w, speed, -1)
 			return err
 		}
@@ -133,7 +136,7 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	} else {
 		h.recordSpeed(w, speed, 1)
 	}
-	if err := h.checkSpeed(ctx, w, m, speed); err != nil {
+	if speed, err = h.checkSpeed(ctx, w, m, speed); err != nil {
 		return err
 	}
 	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudgeSlower(ctx, w, m, speed) })
@@ -146,6 +149,25 @@ func (h *Hub) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
 	h.mu.Unlock()
 }
 
+// updateSpeed replaces a worker's recorded figure with a fresher one. A
+// ready worker with none (adopted after a hub restart, or forced) gets one,
+// so it is not measured again for every newcomer.
+func (h *Hub) updateSpeed(worker string, tokS float64) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	o := h.workers[worker]
+	r, ok := h.speeds[worker]
+	switch {
+	case ok && r.started.Equal(o.StartedAt):
+		r.tokS = tokS
+	case o.State == fleet.WorkerReady:
+		r = speedRecord{tokS: tokS, started: o.StartedAt, shape: 1}
+	default:
+		return
+	}
+	h.speeds[worker] = r
+}
+
 func tolerance(m fleet.Model) float64 {
 	if m.SpeedTolerance > 0 {
 		return m.SpeedTolerance
@@ -153,20 +175,23 @@ func tolerance(m fleet.Model) float64 {
 	return defaultTolerance
 }
 
-// checkSpeed waits (bounded) until every peer of w's model that is starting
-// has been measured and shape-checked, then compares w with the best of the
-// model: those peers and the ready workers.
-func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) error {
+// checkSpeed judges w, measured at speed and shape-checked, against the
+// best worker of its model measured so far. It waits (bounded) only for
+// peers measured fast enough to reject w whose shape is still being
+// checked: they set the bar if it passes. Peers not measured yet do not
+// hold it up, so a starved node cannot stall the others' start.
+func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
+	tol := tolerance(m)
 	var waiting []string
 	settled := func() bool {
 		waiting = waiting[:0]
 		h.mu.Lock()
 		defer h.mu.Unlock()
 		for name, o := range h.workers {
-			if o.Model != w.Model || name == w.Name() || !coming(o) {
+			if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
 				continue
 			}
-			if r, ok := h.speeds[name]; !ok || !r.started.Equal(o.StartedAt) || o.StartedAt.IsZero() || r.shape == 0 {
+			if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
 				waiting = append(waiting, name)
 			}
 		}
@@ -174,98 +199,146 @@ func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, spe
 	}
 	if !waitUntil(ctx, time.Now().Add(h.admissionWait()), settled) {
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return speed, ctx.Err()
 		}
 		sort.Strings(waiting)
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %s not measured within %s; judged against the workers measured so far (and judged again when a faster one arrives)",
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
 			strings.Join(waiting, ", "), h.admissionWait())})
 	}
 	return h.speedVerdict(ctx, w, m, speed, true)
 }
 
-// speedVerdict compares w's single-request speed with the best worker of
-// its model: peers measured in the same start (their figure is seconds
-// old) and the ready workers (the fastest measured again now, with the same
-// prompt, since traffic may load it).
-func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, peers bool) error {
-	var (
-		best      string
-		bestSpeed float64
-	)
-	ready := map[string]bool{}
+// bestMeasured is the fastest worker of w's model measured so far, with its
+// figure: the ready, undrained workers (their admission figure, else the
+// router's estimate) and the peers on probation measured in this launch
+// whose shape did not fail. A ready worker with no figure at all counts as
+// the fastest, so that it is measured before w is judged against it.
+func (h *Hub) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
+	estimates := map[string]float64{}
+	for _, s := range h.router.Stats() {
+		estimates[s.Name] = s.TokPerSec
+	}
 	h.mu.Lock()
+	defer h.mu.Unlock()
 	for name, o := range h.workers {
 		if o.Model != w.Model || name == w.Name() {
 			continue
 		}
+		r, ok := h.speeds[name]
+		measured := ok && !o.StartedAt.IsZero() && r.started.Equal(o.StartedAt) && r.tokS > 0
+		var figure float64
 		switch {
 		case o.State == fleet.WorkerReady && !o.Drained:
-			ready[name] = true
-		case peers && o.State == fleet.WorkerProbation:
-			if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape > 0 && r.tokS > bestSpeed {
-				best, bestSpeed = name, r.tokS
+			figure = estimates[name]
+			if measured {
+				figure = r.tokS
 			}
+			if figure <= 0 {
+				figure = math.Inf(1)
+			}
+		case o.State == fleet.WorkerProbation && measured && r.shape > 0:
+			figure = r.tokS
+		default:
+			continue
 		}
+		if best == "" || figure > bestSpeed || figure == bestSpeed && name < best {
+			best, bestSpeed = name, figure
+		}
+	}
+	return best, bestSpeed
+}
+
+// speedVerdict compares w's speed figure with the best worker of its model
+// measured so far. Figures taken apart (another moment, another load on
+// the machine) decide nothing against w: when they say w is too slow, w
+// and the best worker are measured again, interleaved, and w is rejected
+// only if its median is still below the bar. It returns w's latest figure.
+// final says this is the verdict that admits w, which its events tell.
+func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, final bool) (float64, error) {
+	tol := tolerance(m)
+	best, bestSpeed := h.bestMeasured(w)
+	if best == "" || speed >= tol*bestSpeed {
+		if final {
+			h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
+		}
+		return speed, nil
+	}
+	speeds, failed, err := h.headToHead(ctx, w.Model, w.Name(), best)
+	switch {
+	case err != nil && failed == 0:
+		return speed, fmt.Errorf("speed: %w", err)
+	case err != nil:
+		// Nothing to judge against: the best worker went away or stopped
+		// answering. A faster worker admitted later judges w again.
+		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s beside it (%v); judged against the workers that answer", best, err)})
+		return speed, nil
+	}
+	speed, bestSpeed = speeds[0], speeds[1]
+	h.updateSpeed(w.Name(), speed)
+	h.updateSpeed(best, bestSpeed)
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
+	if speed < tol*bestSpeed {
+		return speed, fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
+			speed, tol*100, best, bestSpeed, speedSamples, w.Name())
+	}
+	return speed, nil
+}
+
+// bestNote says how a passing figure compares with the best measured.
+func bestNote(model, best string, bestSpeed, speed float64) string {
+	if best == "" || math.IsInf(bestSpeed, 1) || bestSpeed <= speed {
+		return fmt.Sprintf(", the best of %s's workers measured", model)
+	}
+	return fmt.Sprintf(", against %.1f tok/s on %s, the best of %s's workers measured", bestSpeed, best, model)
+}
+
+// headToHead measures two workers of model interleaved (sampleSpeeds), one
+// pair of workers of a model at a time, so that two verdicts do not load
+// the same best worker at once and slow it for both.
+func (h *Hub) headToHead(ctx context.Context, model, a, b string) ([]float64, int, error) {
+	h.mu.Lock()
+	turn, ok := h.duels[model]
+	if !ok {
+		turn = make(chan struct{}, 1)
+		h.duels[model] = turn
 	}
 	h.mu.Unlock()
-	var fastestReady string
-	var fastestTokS float64
-	for _, s := range h.router.Stats() {
-		if ready[s.Name] && (fastestReady == "" || s.TokPerSec > fastestTokS) {
-			fastestReady, fastestTokS = s.Name, s.TokPerSec
-		}
+	select {
+	case turn <- struct{}{}:
+	case <-ctx.Done():
+		return nil, 0, ctx.Err()
 	}
-	if fastestReady == "" {
-		for name := range ready {
-			if fastestReady == "" || name < fastestReady {
-				fastestReady = name
-			}
-		}
-	}
-	if fastestReady != "" {
-		if s, err := h.singleRequestSpeed(ctx, fastestReady); err == nil && s > bestSpeed {
-			best, bestSpeed = fastestReady, s
-		}
-	}
-	if best == "" || bestSpeed <= speed {
-		if !peers {
-			return nil // the full verdict, with the peers, says it
-		}
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request, the best of %s's workers measured", speed, w.Model)})
-		return nil
-	}
-	tol := tolerance(m)
-	if peers || speed < tol*bestSpeed {
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request; needs %.0f%%)", speed, bestSpeed, best, tol*100)})
-	}
-	if speed < tol*bestSpeed {
-		return fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt; it would slow every request it takes (override: admit --force %s)",
-			speed, tol*100, best, bestSpeed, w.Name())
-	}
-	return nil
+	defer func() { <-turn }()
+	return h.sampleSpeeds(ctx, a, b)
 }
 
 // rejudgeSlower rejects the ready workers of w's model that a newly
 // admitted w shows to be too slow, such as one admitted first when nothing
-// could be compared. Each is measured again before it is judged.
+// could be compared. Each is measured again beside w before it is judged.
 func (h *Hub) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
 	tol := tolerance(m)
 	var slower []string
 	h.mu.Lock()
 	for name, o := range h.workers {
-		if r, ok := h.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.tokS < tol*speed {
+		if r, ok := h.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
 			slower = append(slower, name)
 		}
 	}
 	h.mu.Unlock()
 	sort.Strings(slower)
 	for _, name := range slower {
-		s, err := h.singleRequestSpeed(ctx, name)
-		if err != nil || s >= tol*speed {
+		speeds, _, err := h.headToHead(ctx, w.Model, name, w.Name())
+		if err != nil {
+			h.log.Info("could not measure a slower worker beside a new one", "worker", name, "new", w.Name(), "err", err)
 			continue
 		}
-		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since; it would slow every request it takes (override: admit --force %s)",
-			s, tol*100, speed, w.Name(), name)
+		h.updateSpeed(name, speeds[0])
+		h.updateSpeed(w.Name(), speeds[1])
+		if speeds[0] >= tol*speeds[1] {
+			continue
+		}
+		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
+			speeds[0], tol*100, speeds[1], w.Name(), speedSamples, name)
 		if err := h.mgr.Judge(ctx, name, verdict); err != nil {
 			h.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
 		}
@@ -499,12 +572,12 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
-		speed, err := h.singleRequestSpeed(ctx, name)
+		speed, err := h.measureSpeed(ctx, name)
 		if err != nil {
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {
 			h.recordSpeed(w, speed, 1)
-			verdict = h.speedVerdict(ctx, w, m, speed, true)
+			_, verdict = h.speedVerdict(ctx, w, m, speed, true)
 		}
 	}
 	if err := h.mgr.Judge(ctx, name, verdict); err != nil {

@@ -456,28 +456,80 @@ func (h *Hub) model(id string) (fleet.Model, bool) {
 	return fleet.Model{}, false
 }
 
-// singleRequestSpeed measures one request's decode speed on a worker and
-// teaches the router's speed model what it saw, so a new worker's curve
-// starts from a measurement rather than a prior.
-func (h *Hub) singleRequestSpeed(ctx context.Context, worker string) (float64, error) {
-	t, _, err := h.workerTarget(worker)
+// speedSamples is how many single-request measurements an admission speed
+// figure is the median of: one sample against another decided verdicts on
+// noise, and a median of three needs only two to agree.
+const speedSamples = 3
+
+// measureSpeed is a worker's admission speed figure: the median of
+// speedSamples single-request decode speeds on a warm engine (see
+// sampleSpeeds).
+func (h *Hub) measureSpeed(ctx context.Context, worker string) (float64, error) {
+	speeds, _, err := h.sampleSpeeds(ctx, worker)
 	if err != nil {
 		return 0, err
 	}
+	return speeds[0], nil
+}
+
+// sampleSpeeds measures workers' single-request decode speeds with the
+// same prompt. Each is first warmed up with one request that is discarded:
+// the first requests after a load are slow on every engine (Metal compiles
+// its shaders, CUDA its kernels, caches are cold), and a worker measured cold
+// against a warm one was rejected at a twentieth of its speed. Then
+// speedSamples requests each, interleaved (a, b, a, b, …) so that every
+// sample of one is taken beside one of the others; it returns each worker's
+// median, and teaches the router's speed model the median request. On an
+// error, failed is the index of the worker whose measurement failed.
+func (h *Hub) sampleSpeeds(ctx context.Context, workers ...string) (medians []float64, failed int, _ error) {
+	targets := make([]bench.Target, len(workers))
+	for i, name := range workers {
+		t, _, err := h.workerTarget(name)
+		if err != nil {
+			return nil, i, err
+		}
+		targets[i] = t
+	}
+	runs := make([][]sweep.Result, len(workers))
+	for round := range speedSamples + 1 { // round 0 warms up
+		for i, t := range targets {
+			res, err := oneRequest(ctx, t)
+			if err != nil {
+				return nil, i, fmt.Errorf("the speed measurement on %s failed: %w", workers[i], err)
+			}
+			if round > 0 {
+				runs[i] = append(runs[i], res)
+			}
+		}
+	}
+	medians = make([]float64, len(workers))
+	for i, rs := range runs {
+		slices.SortFunc(rs, func(a, b sweep.Result) int { return cmp.Compare(tokPerSec(a), tokPerSec(b)) })
+		median := rs[len(rs)/2]
+		h.seedSpeed(workers[i], median)
+		medians[i] = tokPerSec(median)
+	}
+	return medians, -1, nil
+}
+
+// oneRequest measures one request of admissionSpeedTokens on t.
+func oneRequest(ctx context.Context, t bench.Target) (sweep.Result, error) {
 	res, err := sweep.Sweep(ctx, t, sweep.Options{Levels: []int{1}, RequestsPerLevel: 1, Warmup: -1, OutputTokens: admissionSpeedTokens})
 	if err != nil {
-		return 0, err
+		return res, err
 	}
 	if len(res.Levels) == 0 || res.Levels[0].Failed > 0 || res.Levels[0].PerRequestTokPerS <= 0 {
 		msg := "no answer"
 		if len(res.Levels) > 0 && len(res.Levels[0].Errors) > 0 {
 			msg = strings.Join(res.Levels[0].Errors, "; ")
 		}
-		return 0, fmt.Errorf("the speed measurement on %s failed: %s", worker, msg)
+		return res, errors.New(msg)
 	}
-	h.seedSpeed(worker, res)
-	return res.Levels[0].PerRequestTokPerS, nil
+	return res, nil
 }
+
+// tokPerSec is a one-request sweep's decode speed.
+func tokPerSec(res sweep.Result) float64 { return res.Levels[0].PerRequestTokPerS }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
 

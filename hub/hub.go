@@ -149,6 +149,9 @@ type Hub struct {
 	checks userChecks
 	// speeds are admission speed measurements, by worker (guarded by mu).
 	speeds map[string]speedRecord
+	// duels holds, per model, the turn of the one pair of its workers being
+	// measured against each other (headToHead; the map guarded by mu).
+	duels map[string]chan struct{}
 	// httpAddr is where the router listens, once Run has bound it, and
 	// started when (for `status`).
 	httpAddr string
@@ -236,6 +239,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		nodes:   map[string]fleet.Node{},
 		bench:   map[benchKey]benchSummary{},
 		speeds:  map[string]speedRecord{},
+		duels:   map[string]chan struct{}{},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,
 
