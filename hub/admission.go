@@ -181,31 +181,39 @@ func tolerance(m fleet.Model) float64 {
 // checked: they set the bar if it passes. Peers not measured yet do not
 // hold it up, so a starved node cannot stall the others' start.
 func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
-	tol := tolerance(m)
 	var waiting []string
 	settled := func() bool {
-		waiting = waiting[:0]
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		for name, o := range h.workers {
-			if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
-				continue
-			}
-			if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
-				waiting = append(waiting, name)
-			}
-		}
+		waiting = h.fasterPending(w, speed, tolerance(m))
 		return len(waiting) == 0
 	}
 	if !waitUntil(ctx, time.Now().Add(h.admissionWait()), settled) {
 		if ctx.Err() != nil {
 			return speed, ctx.Err()
 		}
-		sort.Strings(waiting)
 		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
 			strings.Join(waiting, ", "), h.admissionWait())})
 	}
 	return h.speedVerdict(ctx, w, m, speed, true)
+}
+
+// fasterPending lists, sorted, the peers of w on probation measured in
+// this launch fast enough to reject w at speed (speed below tol of theirs)
+// whose shape has no verdict yet: if it passes they set w's bar. A peer not
+// measured yet, or slower, is not listed.
+func (h *Hub) fasterPending(w fleet.Worker, speed, tol float64) []string {
+	var names []string
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for name, o := range h.workers {
+		if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
+			continue
+		}
+		if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
+			names = append(names, name)
+		}
+	}
+	sort.Strings(names)
+	return names
 }
 
 // bestMeasured is the fastest worker of w's model measured so far, with its
