@@ -384,11 +384,12 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 	if err != nil {
 		return false, fmt.Errorf("shape: %w", err)
 	}
+	retake := h.retakePin
 	if w.Name() == refWorker {
-		retaken, err := h.retakeReference(ctx, w, got)
-		if err != nil || retaken {
-			return false, err
-		}
+		retake = h.retakeReference
+	}
+	if retaken, err := retake(ctx, w, got); err != nil || retaken {
+		return false, err
 	}
 
 	var ref store.Reference
@@ -496,6 +497,44 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 		return true, nil
 	}
 	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
+	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudge(ctx, w.Model, w.Name(), false) })
+	return true, nil
+}
+
+// retakePin makes the shape of the worker an operator pinned its model's
+// pinned reference again, as the reference worker retakes the reference:
+// relaunched with a new command line, it is not judged against its old
+// self. It reports whether w is that worker; when its shape changed, every
+// other worker of the model is judged again.
+func (h *Hub) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+	data, err := json.Marshal(got)
+	if err != nil {
+		return false, err
+	}
+	h.refMu.Lock()
+	old, err := h.store.Reference(ctx, w.Model)
+	if err != nil || !old.Pinned || old.Source != w.Name() {
+		h.refMu.Unlock()
+		if err != nil && !isNotFound(err) {
+			return false, fmt.Errorf("shape: %w", err)
+		}
+		return false, nil
+	}
+	changed := !bytes.Equal(old.Shape, data)
+	if changed {
+		// Argv stays the reference worker's: its new command line still
+		// ends the pin.
+		err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: old.Argv})
+	}
+	h.refMu.Unlock()
+	if err != nil {
+		return false, fmt.Errorf("shape: storing the pinned reference: %w", err)
+	}
+	if !changed {
+		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
+		return true, nil
+	}
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: pinned worker of " + w.Model + ", it retakes the pinned reference with its new shape; the model's other workers are judged again"})
 	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }

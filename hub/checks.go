@@ -228,10 +228,16 @@ func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	if err != nil {
 		return "", err
 	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model})
-	msg := fmt.Sprintf("the reference shape of %s is now %s's (pinned until %s runs another command line)", w.Model, w.Name(), refWorker)
-	if lines := h.rejudge(ctx, w.Model, "", true); len(lines) > 0 {
-		msg += "\nre-judged the rejected workers:\n  " + strings.Join(lines, "\n  ")
+	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model + "; every worker of the model is judged again"})
+	until := fmt.Sprintf("pinned until %s runs another command line; a new command line on %s retakes it with its new shape", refWorker, w.Name())
+	if w.Name() == refWorker {
+		until = fmt.Sprintf("pinned until %s runs another command line", refWorker)
+	}
+	msg := fmt.Sprintf("the reference shape of %s is now %s's (%s)", w.Model, w.Name(), until)
+	// Every worker, the ready ones too: one model serving two shapes is
+	// what the reference is there to prevent.
+	if lines := h.rejudge(ctx, w.Model, "", false); len(lines) > 0 {
+		msg += "\nre-judged the model's workers:\n  " + strings.Join(lines, "\n  ")
 	}
 	return msg, nil
 }

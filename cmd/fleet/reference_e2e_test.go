@@ -222,13 +222,75 @@ func TestShapePinRejudgesRejectedWorkers(t *testing.T) {
 		t.Errorf("shape on the rejected worker: exit %d:\n%s", code, out)
 	}
 	out, code := fleetCmd(t, data, "shape", "pin", "ultra")
-	if code != 0 || !strings.Contains(out, "ultra/qwen3-4b: admitted") {
-		t.Fatalf("shape pin: exit %d:\n%s", code, out)
+	if code != 0 || !strings.Contains(out, "ultra/qwen3-4b: admitted") || !strings.Contains(out, "rig/qwen3-4b: rejected") {
+		t.Fatalf("shape pin: exit %d, want ultra admitted and rig, of the other shape, rejected:\n%s", code, out)
+	}
+	// One model, one shape: rig, ready until now, is judged against the
+	// pin at once (issue 21: it stayed ready beside the pinned shape).
+	for _, w := range workersJSON(t, data) {
+		switch {
+		case w.Name() == "ultra/qwen3-4b" && (w.State != fleet.WorkerReady || w.PID != ultra.PID):
+			t.Errorf("right after the pin ultra is %s with PID %d (was %d)", w.State, w.PID, ultra.PID)
+		case w.Name() == "rig/qwen3-4b" && (w.State != fleet.WorkerRejected || !strings.Contains(w.Reason, "ultra/qwen3-4b, pinned")):
+			t.Errorf("right after the pin rig is %s (%q), want rejected against ultra's pinned shape", w.State, w.Reason)
+		}
+	}
+}
+
+// Issue 21's story: `shape pin metal` (tool calls as prose) left rig and
+// max (structured tool calls) ready beside it; then metal's recipe was
+// fixed, and metal was rejected against its own stale pin while rig and max
+// stayed ready. A pin judges every worker of the model at once, and the
+// pinned worker, relaunched with a new command line, retakes the pin with
+// its new shape, as a reference node does.
+func TestShapePinJudgesEveryWorkerAndFollowsThePinnedRecipe(t *testing.T) {
+	data := t.TempDir()
+	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, storyFleet("")))
+	others := map[string]fleet.WorkerView{}
+	for _, name := range []string{"rig/qwen3-4b", "max/qwen3-4b"} {
+		w := waitWorker(t, data, name, "judged", 90*time.Second, judged)
+		if w.State != fleet.WorkerReady {
+			t.Fatalf("%s is %s (%q)", name, w.State, w.Reason)
+		}
+		others[name] = w
+	}
+	if metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged); metal.State != fleet.WorkerRejected {
+		t.Fatalf("metal is %s (%q), want rejected for its tool calls", metal.State, metal.Reason)
+	}
+	out, code := fleetCmd(t, data, "shape", "pin", "metal")
+	if code != 0 || !strings.Contains(out, "metal/qwen3-4b: admitted") {
+		t.Fatalf("shape pin metal: exit %d:\n%s", code, out)
+	}
+	for name := range others {
+		if !strings.Contains(out, name+": rejected") {
+			t.Errorf("shape pin did not reject %s, of the other shape:\n%s", name, out)
+		}
 	}
 	for _, w := range workersJSON(t, data) {
-		if w.Name() == "ultra/qwen3-4b" && (w.State != fleet.WorkerReady || w.PID != ultra.PID) {
-			t.Errorf("right after the pin ultra is %s with PID %d (was %d)", w.State, w.PID, ultra.PID)
+		if _, other := others[w.Name()]; other && w.State != fleet.WorkerRejected {
+			t.Errorf("after pinning metal's prose tool calls %s is %s (%q): the model serves two shapes", w.Name(), w.State, w.Reason)
 		}
+	}
+
+	// metal's recipe fixed: its new shape is the pin, and rig and max, of
+	// that shape, are admitted again without a restart.
+	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, storyFleet("--enable-auto-tool-choice, --tool-call-parser, hermes"))); code != 0 {
+		t.Fatalf("apply the fixed recipe: exit %d:\n%s", code, out)
+	}
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged with its new command line", 90*time.Second, func(w fleet.WorkerView) bool {
+		return judged(w) && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
+	})
+	if metal.State != fleet.WorkerReady {
+		t.Fatalf("metal with its fixed recipe is %s (%q): judged against its own stale pin", metal.State, metal.Reason)
+	}
+	for name, before := range others {
+		w := waitWorker(t, data, name, "admitted again", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+		if w.PID != before.PID {
+			t.Errorf("%s was restarted (PID %d → %d); a re-judgement needs none", name, before.PID, w.PID)
+		}
+	}
+	if !containsEvent(eventsJSON(t, data, "metal/qwen3-4b"), "retakes the pinned reference") {
+		t.Errorf("no event says metal retook the pinned reference")
 	}
 }
 
