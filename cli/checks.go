@@ -75,11 +75,14 @@ rejected) and prints what a client would notice between them.`
 	c.Annotations = map[string]string{annotationFlagAction: "all", annotationTargetFlag: "all"}
 	pin := &cobra.Command{
 		Use:   "pin WORKER",
-		Short: "make this worker's shape its model's reference, then re-judge the rejected workers (admin)",
+		Short: "make this worker's shape its model's reference, then re-judge every worker of the model (admin)",
 		Long: `shape pin makes WORKER's response shape (rejected workers whose engine runs included) the
-reference of its model, and judges the model's rejected workers against it at once. The pin holds
-until the model's reference worker (fleet file reference:, else the first node of its first
-placement) runs another command line; then that worker's shape is the reference again.`,
+reference of its model, and judges every worker of the model against it at once: rejected ones
+of that shape are admitted, ready ones of another shape rejected, so the model serves one shape.
+The pin holds until the model's reference worker (fleet file reference:, else the first node of
+its first placement) runs another command line; then that worker's shape is the reference again.
+Meanwhile WORKER, admitted again with another shape (a new recipe), retakes the pin with it, and
+the model's other workers are judged again.`,
 		Args: exactArgs(1, "one worker"),
 		RunE: func(c *cobra.Command, args []string) error {
 			msg, err := h.PinShape(c.Context(), u, args[0])

@@ -18,7 +18,8 @@ import (
 )
 
 // defaultAdmissionWait bounds how long a worker on probation waits for its
-// model's reference worker and for the peers that started with it.
+// model's reference worker and for a peer measured faster whose shape is
+// being checked.
 const defaultAdmissionWait = 2 * time.Minute
 
 // speedRecord is a worker's admission measurement for one launch.

@@ -100,7 +100,8 @@ type Options struct {
 	ProbeInterval     time.Duration
 	ReconcileInterval time.Duration
 	// AdmissionWait bounds how long a worker on probation waits for its
-	// model's reference worker and for peers starting with it (0 = 2 min).
+	// model's reference worker and for a peer measured faster whose shape is
+	// being checked (0 = 2 min).
 	AdmissionWait time.Duration
 	// RejectedGrace is how long a rejected worker's engine stays up to be
 	// looked at (0 = the node manager's default, 10 min).

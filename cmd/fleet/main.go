@@ -370,7 +370,7 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	c.Flags().DurationVar(&opts.Retention, "retention", hub.DefaultRetention, "how long request samples, usage minutes, events and the audit log's lines of repeated refusals are kept in the database (720h = 30 days; negative keeps them all); bench runs are always kept")
 	c.Flags().IntVar(&opts.AuditMaxRows, "audit-rows", hub.DefaultAuditMaxRows, "most lines the audit log keeps; past it the oldest lines of refusals go first, then the oldest of actions (negative: no cap)")
 	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
-	c.Flags().DurationVar(&opts.AdmissionWait, "admission-wait", 2*time.Minute, "how long a worker on probation waits for its model's reference worker and the peers starting with it")
+	c.Flags().DurationVar(&opts.AdmissionWait, "admission-wait", 2*time.Minute, "how long a worker on probation waits for its model's reference worker, and for a peer measured faster whose shape is being checked (never for one not measured yet)")
 	c.Flags().StringVar(&opts.Policy, "policy", router.PolicyFleet, "scheduling policy: "+policyUsage())
 	c.Flags().DurationVar(&opts.QueueTimeout, "queue-timeout", 30*time.Second, "how long a request may wait for a free slot, or for a worker that is starting, before 429 or 503")
 	c.Flags().IntVar(&opts.QueueSize, "queue-size", 256, "how many requests may wait per model before 429")
