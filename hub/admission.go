@@ -122,7 +122,7 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 	// for them need not have its shape measured. Not on the reference
 	// worker: its shape is the reference however fast it is.
 	if ref, err := h.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
-		if speed, err = h.speedVerdict(ctx, w, m, speed, false); err != nil {
+		if speed, err = h.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true}); err != nil {
 			h.recordSpeed(w, speed, -1)
 			return err
 		}
@@ -194,7 +194,7 @@ func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, spe
 		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
 			strings.Join(waiting, ", "), h.admissionWait())})
 	}
-	return h.speedVerdict(ctx, w, m, speed, true)
+	return h.speedVerdict(ctx, w, m, speed, speedCheck{final: true})
 }
 
 // fasterPending lists, sorted, the peers of w on probation measured in
@@ -257,29 +257,46 @@ func (h *Hub) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
 	return best, bestSpeed
 }
 
+// speedCheck says when a speed verdict is taken.
+type speedCheck struct {
+	// fresh: w's figure was measured just now, so the best worker measured
+	// right after it makes the two back to back.
+	fresh bool
+	// final: the verdict that admits w, which its events tell.
+	final bool
+}
+
 // speedVerdict compares w's speed figure with the best worker of its model
 // measured so far. Figures taken apart (another moment, another load on
-// the machine) decide nothing against w: when they say w is too slow, w
-// and the best worker are measured again, interleaved, and w is rejected
-// only if its median is still below the bar. It returns w's latest figure.
-// final says this is the verdict that admits w, which its events tell.
-func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, final bool) (float64, error) {
+// the machine) decide nothing against w: when they say w is too slow, the
+// best worker is measured again right after w (a fresh figure of w), or
+// both are, interleaved, and w is rejected only if its median is still
+// below the bar. It returns w's latest figure.
+func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, v speedCheck) (float64, error) {
 	tol := tolerance(m)
 	best, bestSpeed := h.bestMeasured(w)
 	if best == "" || speed >= tol*bestSpeed {
-		if final {
+		if v.final {
 			h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
 		}
 		return speed, nil
 	}
-	speeds, failed, err := h.headToHead(ctx, w.Model, w.Name(), best)
+	var speeds []float64
+	var failed int
+	var err error
+	if v.fresh {
+		speeds, failed, err = h.headToHead(ctx, w.Model, best)
+		speeds, failed = append([]float64{speed}, speeds...), failed+1
+	} else {
+		speeds, failed, err = h.headToHead(ctx, w.Model, w.Name(), best)
+	}
 	switch {
 	case err != nil && failed == 0:
 		return speed, fmt.Errorf("speed: %w", err)
 	case err != nil:
 		// Nothing to judge against: the best worker went away or stopped
 		// answering. A faster worker admitted later judges w again.
-		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s beside it (%v); judged against the workers that answer", best, err)})
+		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s after it (%v); judged against the workers that answer", best, err)})
 		return speed, nil
 	}
 	speed, bestSpeed = speeds[0], speeds[1]
@@ -301,10 +318,10 @@ func bestNote(model, best string, bestSpeed, speed float64) string {
 	return fmt.Sprintf(", against %.1f tok/s on %s, the best of %s's workers measured", bestSpeed, best, model)
 }
 
-// headToHead measures two workers of model interleaved (sampleSpeeds), one
-// pair of workers of a model at a time, so that two verdicts do not load
-// the same best worker at once and slow it for both.
-func (h *Hub) headToHead(ctx context.Context, model, a, b string) ([]float64, int, error) {
+// headToHead measures workers of model with sampleSpeeds, one such
+// measurement per model at a time, so that two verdicts do not load the
+// same best worker at once and slow it for both.
+func (h *Hub) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
 	h.mu.Lock()
 	turn, ok := h.duels[model]
 	if !ok {
@@ -318,7 +335,7 @@ func (h *Hub) headToHead(ctx context.Context, model, a, b string) ([]float64, in
 		return nil, 0, ctx.Err()
 	}
 	defer func() { <-turn }()
-	return h.sampleSpeeds(ctx, a, b)
+	return h.sampleSpeeds(ctx, workers...)
 }
 
 // rejudgeSlower rejects the ready workers of w's model that a newly
@@ -625,7 +642,7 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {
 			h.recordSpeed(w, speed, 1)
-			_, verdict = h.speedVerdict(ctx, w, m, speed, true)
+			_, verdict = h.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true, final: true})
 		}
 	}
 	if err := h.mgr.Judge(ctx, name, verdict); err != nil {

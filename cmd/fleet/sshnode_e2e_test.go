@@ -540,7 +540,9 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 	if out, code := fleetCmd(t, data, "apply", "-f", second); code != 0 {
 		t.Fatalf("apply adding the slow node: exit %d:\n%s", code, out)
 	}
-	slow := waitWorker(t, data, "slow/qwen3-4b", "judged", 60*time.Second, func(w fleet.WorkerView) bool {
+	// A hang guard: the slow worker's figure is a warm-up and 3 requests of
+	// about 7 s each, then the fast one is measured after it.
+	slow := waitWorker(t, data, "slow/qwen3-4b", "judged", 120*time.Second, func(w fleet.WorkerView) bool {
 		return w.State == fleet.WorkerRejected || w.State == fleet.WorkerReady || w.State == fleet.WorkerFailed
 	})
 	if slow.State != fleet.WorkerRejected {
