@@ -538,7 +538,14 @@ func (h *Hub) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (b
 		}
 		return false, nil
 	}
-	changed := !bytes.Equal(old.Shape, data)
+	// Materially: the pin was measured by 'shape pin', longer than an
+	// admission's, so its bytes differ even for the same engine.
+	var pinned shape.Shape
+	changed := true
+	if json.Unmarshal(old.Shape, &pinned) == nil {
+		same, _ := shape.Matches(pinned, got)
+		changed = !same
+	}
 	if changed {
 		// Argv stays the reference worker's: its new command line still
 		// ends the pin.
