@@ -166,7 +166,7 @@ func (s *Store) ApplyFleet(ctx context.Context, f fleet.Fleet) error {
 	if pause == nil {
 		pause = func(string) {}
 	}
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		if err := recordPendingStops(ctx, tx, f); err != nil {
 			return err
 		}
@@ -242,7 +242,7 @@ func checkFleet(f fleet.Fleet) error {
 	return nil
 }
 
-func applyNodes(ctx context.Context, tx *sql.Tx, nodes []fleet.Node) error {
+func applyNodes(ctx context.Context, tx *txn, nodes []fleet.Node) error {
 	names := make([]string, 0, len(nodes))
 	for _, n := range nodes {
 		names = append(names, n.Name)
@@ -261,11 +261,11 @@ func applyNodes(ctx context.Context, tx *sql.Tx, nodes []fleet.Node) error {
 				endpoint = excluded.endpoint,
 				port_min = excluded.port_min,
 				port_max = excluded.port_max,
-				host_key  = CASE WHEN address = excluded.address THEN host_key ELSE '' END,
-				platform  = CASE WHEN address = excluded.address THEN platform ELSE NULL END,
-				probed_at = CASE WHEN address = excluded.address THEN probed_at ELSE 0 END,
-				state     = CASE WHEN address = excluded.address THEN state ELSE 'unknown' END,
-				reason    = CASE WHEN address = excluded.address THEN reason ELSE '' END,
+				host_key  = CASE WHEN nodes.address = excluded.address THEN nodes.host_key ELSE '' END,
+				platform  = CASE WHEN nodes.address = excluded.address THEN nodes.platform ELSE NULL END,
+				probed_at = CASE WHEN nodes.address = excluded.address THEN nodes.probed_at ELSE 0 END,
+				state     = CASE WHEN nodes.address = excluded.address THEN nodes.state ELSE 'unknown' END,
+				reason    = CASE WHEN nodes.address = excluded.address THEN nodes.reason ELSE '' END,
 				address   = excluded.address`,
 			n.Name, i, n.Address, n.Identity, n.Endpoint, n.Ports.Min, n.Ports.Max)
 		if err != nil {
@@ -275,7 +275,7 @@ func applyNodes(ctx context.Context, tx *sql.Tx, nodes []fleet.Node) error {
 	return nil
 }
 
-func applyModels(ctx context.Context, tx *sql.Tx, models []fleet.Model) error {
+func applyModels(ctx context.Context, tx *txn, models []fleet.Model) error {
 	ids := make([]string, 0, len(models))
 	for _, m := range models {
 		ids = append(ids, m.ID)
@@ -329,7 +329,7 @@ func applyModels(ctx context.Context, tx *sql.Tx, models []fleet.Model) error {
 	return nil
 }
 
-func applyPlacements(ctx context.Context, tx *sql.Tx, placements []fleet.Placement) error {
+func applyPlacements(ctx context.Context, tx *txn, placements []fleet.Placement) error {
 	if _, err := tx.ExecContext(ctx, `DELETE FROM placements`); err != nil {
 		return fmt.Errorf("replace placements: %w", err)
 	}
@@ -345,13 +345,13 @@ func applyPlacements(ctx context.Context, tx *sql.Tx, placements []fleet.Placeme
 
 // deleteMissing deletes the rows of table whose key is not in keep. The key
 // list goes through JSON so any number of names is one statement.
-func deleteMissing(ctx context.Context, tx *sql.Tx, table, column string, keep []string) error {
+func deleteMissing(ctx context.Context, tx *txn, table, column string, keep []string) error {
 	list, err := toJSON(nonNil(keep))
 	if err != nil {
 		return err
 	}
 	// table and column are constants of this package, never input.
-	_, err = tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+column+` NOT IN (SELECT value FROM json_each(?))`, list)
+	_, err = tx.ExecContext(ctx, `DELETE FROM `+table+` WHERE `+column+` NOT IN (`+tx.d.jsonStrings+`)`, list)
 	return err
 }
 

@@ -24,7 +24,7 @@ func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
 			return fmt.Errorf("add samples: sample %d has no worker or no time; nothing was stored", i)
 		}
 	}
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO samples (worker, at, kind, ttft_ns, itl_ns, e2e_ns, output_tokens, tok_s, detail)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
 		if err != nil {
@@ -87,12 +87,9 @@ func (s *Store) AddEvent(ctx context.Context, e fleet.Event) (fleet.Event, error
 	if e.Level == "" {
 		e.Level = "info"
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO events (at, level, subject, message) VALUES (?, ?, ?, ?)`,
-		unixNano(e.At), e.Level, e.Subject, e.Message)
+	err := s.db.QueryRowContext(ctx, `INSERT INTO events (at, level, subject, message) VALUES (?, ?, ?, ?) RETURNING id`,
+		unixNano(e.At), e.Level, e.Subject, e.Message).Scan(&e.ID)
 	if err != nil {
-		return fleet.Event{}, fmt.Errorf("add event for %s: %w", e.Subject, err)
-	}
-	if e.ID, err = res.LastInsertId(); err != nil {
 		return fleet.Event{}, fmt.Errorf("add event for %s: %w", e.Subject, err)
 	}
 	e.At = fromUnixNano(unixNano(e.At))
@@ -150,12 +147,13 @@ func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, erro
 	if a.At.IsZero() {
 		a.At = s.now()
 	}
-	res, err := s.db.ExecContext(ctx, `INSERT INTO audit (at, user, action, target, outcome, count, last_at) VALUES (?, ?, ?, ?, ?, ?, ?)`,
-		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome, a.Count, unixNano(a.Last))
+	var id int64
+	err := s.db.QueryRowContext(ctx, `INSERT INTO audit (at, "user", action, target, outcome, count, last_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome, a.Count, unixNano(a.Last)).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
 	}
-	return res.LastInsertId()
+	return id, nil
 }
 
 // SetAuditOutcome records how the action of audit entry id ended.
@@ -181,7 +179,7 @@ func (s *Store) Audit(ctx context.Context, limit int) ([]fleet.AuditEntry, error
 		err := r.Scan(&a.ID, &at, &a.User, &a.Action, &a.Target, &a.Outcome, &a.Count, &lastAt)
 		a.At, a.Last = fromUnixNano(at), fromUnixNano(lastAt)
 		return a, err
-	}, `SELECT id, at, user, action, target, outcome, count, last_at FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
+	}, `SELECT id, at, "user", action, target, outcome, count, last_at FROM audit ORDER BY id DESC LIMIT ?`, clampLimit(limit))
 	if err != nil {
 		return nil, err
 	}
@@ -215,7 +213,7 @@ func (s *Store) SetReference(ctx context.Context, model string, r Reference) err
 		ON CONFLICT (model) DO UPDATE SET shape = excluded.shape, pinned = excluded.pinned, source = excluded.source,
 			argv = excluded.argv, updated_at = excluded.updated_at`,
 		model, string(r.Shape), boolInt(r.Pinned), r.Source, argv, s.now().UnixNano())
-	if isForeignKey(err) {
+	if s.db.d.foreignKey(err) {
 		return fmt.Errorf("set reference shape: model %q: %w; `fleet models` lists the declared ones", model, ErrNotFound)
 	}
 	if err != nil {
@@ -276,7 +274,7 @@ func (s *Store) AddBenchRun(ctx context.Context, worker string, run []byte) erro
 // at start.
 func (s *Store) LatestBenchRuns(ctx context.Context) ([]BenchRun, error) {
 	return queryAll(ctx, s.db, "read the latest bench runs", scanBenchRun, `SELECT id, worker, run, at FROM bench_runs
-		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker, json_extract(run, '$.split')) ORDER BY worker, id`)
+		WHERE id IN (SELECT MAX(id) FROM bench_runs GROUP BY worker, `+s.db.d.jsonField("run", "split")+`) ORDER BY worker, id`)
 }
 
 // BenchRuns returns a worker's stored bench runs, newest first, at most

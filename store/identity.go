@@ -3,7 +3,6 @@ package store
 import (
 	"context"
 	"crypto/rand"
-	"database/sql"
 	"encoding/hex"
 	"fmt"
 )
@@ -55,7 +54,7 @@ func (s *Store) NewFleet(ctx context.Context, home string) (Identity, error) {
 		return Identity{}, fmt.Errorf("make a fleet ID: %w", err)
 	}
 	id := hex.EncodeToString(b)
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE fleet_identity SET fleet_id = ?, home = ? WHERE id = 1`, id, home); err != nil {
 			return err
 		}
@@ -75,7 +74,7 @@ func (s *Store) NewFleet(ctx context.Context, home string) (Identity, error) {
 // SawNewerLaunch records that an engine of this fleet carries launch, a
 // serial above the last this database gave out.
 func (s *Store) SawNewerLaunch(ctx context.Context, launch int64) error {
-	if _, err := s.db.ExecContext(ctx, `UPDATE fleet_identity SET newest_seen = max(newest_seen, ?) WHERE id = 1`, launch); err != nil {
+	if _, err := s.db.ExecContext(ctx, `UPDATE fleet_identity SET newest_seen = CASE WHEN newest_seen > ? THEN newest_seen ELSE ? END WHERE id = 1`, launch, launch); err != nil {
 		return fmt.Errorf("record launch %d seen on an engine in %s: %w", launch, s.path, err)
 	}
 	return nil
@@ -85,7 +84,7 @@ func (s *Store) SawNewerLaunch(ctx context.Context, launch int64) error {
 // an older copy and the engines of this fleet running now are its own: the
 // launches seen above its last serial count as given out by it.
 func (s *Store) TakeOnNewerLaunches(ctx context.Context) (Identity, error) {
-	if _, err := s.db.ExecContext(ctx, `UPDATE fleet_identity SET launches = max(launches, newest_seen), newest_seen = 0 WHERE id = 1`); err != nil {
+	if _, err := s.db.ExecContext(ctx, `UPDATE fleet_identity SET launches = CASE WHEN launches > newest_seen THEN launches ELSE newest_seen END, newest_seen = 0 WHERE id = 1`); err != nil {
 		return Identity{}, fmt.Errorf("take on the newer launches in %s: %w", s.path, err)
 	}
 	return s.Identity(ctx)

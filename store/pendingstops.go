@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -24,7 +23,7 @@ type PendingStop struct {
 // nodes and workers are replaced, every worker with an engine (or with a
 // launch recorded whose engine may have started) whose
 // placement f no longer has.
-func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
+func recordPendingStops(ctx context.Context, tx *txn, f fleet.Fleet) error {
 	placed := map[[2]string]bool{}
 	for _, p := range f.Placements {
 		placed[[2]string{p.Node, p.Model}] = true
@@ -50,7 +49,7 @@ func recordPendingStops(ctx context.Context, tx *sql.Tx, f fleet.Fleet) error {
 	return nil
 }
 
-func putPendingStop(ctx context.Context, tx *sql.Tx, p PendingStop) error {
+func putPendingStop(ctx context.Context, tx *txn, p PendingStop) error {
 	wj, err := toJSON(p.Worker)
 	if err != nil {
 		return fmt.Errorf("record the pending stop of %s: %w", p.Worker.Name(), err)

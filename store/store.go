@@ -1,4 +1,4 @@
-// Package store is fleet's SQLite state: the schema, its versioned
+// Package store is fleet's state, in SQLite or PostgreSQL: the schema, its versioned
 // migrations and every SQL statement of the project. Other packages speak to
 // it in fleet.go's types and never see SQL.
 package store
@@ -10,12 +10,13 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"strings"
 	"time"
 
-	sqlite3 "github.com/mattn/go-sqlite3"
+	_ "github.com/mattn/go-sqlite3" // the "sqlite3" driver
 )
 
 // ErrNotFound is wrapped by every error about a name the database does not
@@ -28,7 +29,9 @@ var ErrSchemaTooNew = errors.New("database schema is newer than this binary")
 
 // Store is an open fleet database. It is safe for concurrent use.
 type Store struct {
-	db     *sql.DB
+	db *pool
+	// path names the database in messages: the SQLite file, or the
+	// PostgreSQL URL without its password and options (fleet.RedactText).
 	path   string
 	logger *slog.Logger
 	now    func() time.Time
@@ -65,9 +68,9 @@ func WithClock(now func() time.Time) Option {
 // SchemaVersion is the newest schema this binary knows.
 func SchemaVersion() int { return len(migrations) }
 
-// Open opens (creating if needed) the database at path and brings its schema
-// up to date. It refuses a database written by a newer fleet, because this
-// binary would misread or damage tables it does not know.
+// Open opens (creating if needed) the SQLite database at path and brings
+// its schema up to date. It refuses a database written by a newer fleet,
+// because this binary would misread or damage tables it does not know.
 func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if path == "" {
 		return nil, errors.New("open database: no path given; pass --data with a directory fleet may write to")
@@ -85,13 +88,19 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("open database %s: %w", path, err)
 	}
-	s := &Store{db: db, path: path, logger: slog.New(slog.DiscardHandler), now: time.Now}
+	return open(ctx, db, &sqliteDialect, path, "is it a SQLite file fleet may read and write?", opts)
+}
+
+// open finishes Open and OpenPostgres: it checks that db answers, then
+// migrates. cannotReach is the operator's next step when it does not.
+func open(ctx context.Context, db *sql.DB, d *dialect, path, cannotReach string, opts []Option) (*Store, error) {
+	s := &Store{db: &pool{db: db, d: d}, path: path, logger: slog.New(slog.DiscardHandler), now: time.Now}
 	for _, o := range opts {
 		o(s)
 	}
 	if err := db.PingContext(ctx); err != nil {
 		db.Close()
-		return nil, fmt.Errorf("open database %s: %w (is it a SQLite file fleet may read and write?)", path, err)
+		return nil, fmt.Errorf("open database %s: %w (%s)", path, err, cannotReach)
 	}
 	if err := s.migrate(ctx); err != nil {
 		db.Close()
@@ -102,58 +111,84 @@ func Open(ctx context.Context, path string, opts ...Option) (*Store, error) {
 
 // Close releases the database.
 func (s *Store) Close() error {
-	if err := s.db.Close(); err != nil {
+	if err := s.db.db.Close(); err != nil {
 		return fmt.Errorf("close database %s: %w", s.path, err)
 	}
 	return nil
 }
 
-// Path is the database file.
+// Path names the database: the SQLite file, or the PostgreSQL URL without
+// its password and options.
 func (s *Store) Path() string { return s.path }
 
 func (s *Store) migrate(ctx context.Context) error {
-	if _, err := s.db.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
-		version    INTEGER PRIMARY KEY,
-		applied_at INTEGER NOT NULL
-	)`); err != nil {
+	migrations := s.db.d.migrations
+	// In a transaction, so that hubs starting together on one PostgreSQL
+	// database queue on the writer lock rather than race to create it.
+	err := s.inTx(ctx, func(tx *txn) error {
+		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
+			version    INTEGER PRIMARY KEY,
+			applied_at BIGINT NOT NULL
+		)`)
+		return err
+	})
+	if err != nil {
 		return fmt.Errorf("open database %s: prepare migrations: %w", s.path, err)
 	}
-	var current int
-	if err := s.db.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&current); err != nil {
-		return fmt.Errorf("open database %s: read schema version: %w", s.path, err)
+	current, err := schemaVersion(ctx, s.db)
+	if err != nil {
+		return fmt.Errorf("open database %s: %w", s.path, err)
 	}
 	if current > len(migrations) {
-		return fmt.Errorf("open database %s: %w: database schema version %d is newer than this fleet binary supports (%d); upgrade fleet or point --data at another directory",
-			s.path, ErrSchemaTooNew, current, len(migrations))
+		return fmt.Errorf("open database %s: %w: database schema version %d is newer than this fleet binary supports (%d); upgrade fleet or %s",
+			s.path, ErrSchemaTooNew, current, len(migrations), s.db.d.elsewhere)
 	}
 	for v := current + 1; v <= len(migrations); v++ {
-		err := s.inTx(ctx, func(tx *sql.Tx) error {
+		applied := false
+		err := s.inTx(ctx, func(tx *txn) error {
+			// Another hub may have applied it while this one waited.
+			now, err := schemaVersion(ctx, tx)
+			if err != nil || now >= v {
+				return err
+			}
 			if _, err := tx.ExecContext(ctx, migrations[v-1]); err != nil {
 				return err
 			}
-			_, err := tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, s.now().UnixNano())
+			applied = true
+			_, err = tx.ExecContext(ctx, `INSERT INTO schema_migrations (version, applied_at) VALUES (?, ?)`, v, s.now().UnixNano())
 			return err
 		})
 		if err != nil {
 			return fmt.Errorf("open database %s: apply schema migration %d: %w", s.path, v, err)
 		}
-		s.logger.Info("applied schema migration", "db", s.path, "version", v)
+		if applied {
+			s.logger.Info("applied schema migration", "db", s.path, "version", v)
+		}
 	}
 	return nil
 }
 
-// inTx runs fn in one transaction (BEGIN IMMEDIATE through the DSN, so
-// writers queue on the busy timeout instead of failing on upgrade).
-func (s *Store) inTx(ctx context.Context, fn func(tx *sql.Tx) error) error {
-	tx, err := s.db.BeginTx(ctx, nil)
+func schemaVersion(ctx context.Context, q queryer) (int, error) {
+	var v int
+	if err := q.QueryRowContext(ctx, `SELECT COALESCE(MAX(version), 0) FROM schema_migrations`).Scan(&v); err != nil {
+		return 0, fmt.Errorf("read schema version: %w", err)
+	}
+	return v, nil
+}
+
+// inTx runs fn in one transaction. Writers queue rather than fail: on
+// SQLite through BEGIN IMMEDIATE (the DSN) and the busy timeout, on
+// PostgreSQL on the dialect's lock.
+func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
+	tx, err := s.db.begin(ctx)
 	if err != nil {
 		return err
 	}
 	if err := fn(tx); err != nil {
-		tx.Rollback()
+		tx.tx.Rollback()
 		return err
 	}
-	return tx.Commit()
+	return tx.tx.Commit()
 }
 
 // unixNano stores a time; the zero time is 0 so "never" survives a round trip.
@@ -186,20 +221,13 @@ func toJSON(v any) (string, error) {
 	return string(b), nil
 }
 
-// isUnique reports a UNIQUE or PRIMARY KEY violation.
-func isUnique(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
-}
+// unlimited stands for "no limit" in a LIMIT clause; both dialects take
+// it, where SQLite's -1 is an error on PostgreSQL.
+const unlimited = math.MaxInt64
 
-func isForeignKey(err error) bool {
-	var se sqlite3.Error
-	return errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintForeignKey
-}
-
-func clampLimit(limit int) int {
+func clampLimit(limit int) int64 {
 	if limit <= 0 {
-		return -1 // SQLite: no limit
+		return unlimited
 	}
-	return limit
+	return int64(limit)
 }

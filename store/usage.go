@@ -2,7 +2,6 @@ package store
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -24,14 +23,14 @@ func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 			return fmt.Errorf("add usage: row %d has no time, model or worker; nothing was stored", i)
 		}
 	}
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens)
 			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
 			ON CONFLICT (bucket, key, model, worker) DO UPDATE SET
-				requests = requests + excluded.requests,
-				prompt_tokens = prompt_tokens + excluded.prompt_tokens,
-				cached_tokens = cached_tokens + excluded.cached_tokens,
-				completion_tokens = completion_tokens + excluded.completion_tokens`)
+				requests = usage.requests + excluded.requests,
+				prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens,
+				cached_tokens = usage.cached_tokens + excluded.cached_tokens,
+				completion_tokens = usage.completion_tokens + excluded.completion_tokens`)
 		if err != nil {
 			return err
 		}
@@ -85,7 +84,8 @@ func (s *Store) Usage(ctx context.Context, since time.Time, by UsageBy) ([]fleet
 			u.Worker = name
 		}
 		return u, err
-	}, `SELECT `+col+`, SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)
+	}, `SELECT `+col+`, CAST(SUM(requests) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT),
+			CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT)
 		FROM usage WHERE bucket >= ? GROUP BY `+col+`
 		ORDER BY SUM(prompt_tokens) + SUM(completion_tokens) DESC, `+col,
 		since.Truncate(UsageBucket).Unix())
@@ -105,7 +105,7 @@ func (s *Store) KeyTokensSince(ctx context.Context, since time.Time) (map[string
 		}
 		out[k] = n
 		return nil
-	}, `SELECT key, SUM(prompt_tokens) + SUM(completion_tokens) FROM usage
+	}, `SELECT key, CAST(SUM(prompt_tokens) + SUM(completion_tokens) AS BIGINT) FROM usage
 		WHERE bucket >= ? AND key != '' GROUP BY key`, since.Truncate(UsageBucket).Unix())
 	if err != nil {
 		return nil, err

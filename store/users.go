@@ -45,7 +45,7 @@ func (s *Store) AddUser(ctx context.Context, u fleet.User) error {
 
 	_, err = s.db.ExecContext(ctx, `INSERT INTO users (name, role, public_key, fingerprint, theme) VALUES (?, ?, ?, ?, ?)`,
 		u.Name, string(u.Role), u.PublicKey, u.Fingerprint, u.Theme)
-	if isUnique(err) {
+	if s.db.d.unique(err) {
 		if other, ferr := s.UserByFingerprint(ctx, u.Fingerprint); ferr == nil {
 			return fmt.Errorf("add user %s: key %s already belongs to user %s; remove that user first", u.Name, u.Fingerprint, other.Name)
 		}
@@ -143,14 +143,14 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("create API key %s: %w", name, err)
 	}
 	key := APIKeyPrefix + base64.RawURLEncoding.EncodeToString(secret)
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE name = ? AND revoked != 0`, name); err != nil {
 			return err
 		}
 		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)`, name, hashKey(key), s.now().UnixNano())
 		return err
 	})
-	if isUnique(err) {
+	if s.db.d.unique(err) {
 		return "", fmt.Errorf("create API key: a key named %s exists; revoke it first or choose another name", name)
 	}
 	if err != nil {

@@ -74,12 +74,12 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 		return fleet.Worker{}, fmt.Errorf("save worker %q: a worker needs both a node and a model", w.Name())
 	}
 	var saved fleet.Worker
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		var err error
 		saved, err = saveWorkerTx(ctx, tx, w)
 		return err
 	})
-	if isForeignKey(err) {
+	if s.db.d.foreignKey(err) {
 		return fleet.Worker{}, fmt.Errorf("save worker %s: node %q or model %q: %w in the fleet; apply a fleet file that declares both first",
 			w.Name(), w.Node, w.Model, ErrNotFound)
 	}
@@ -89,7 +89,7 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 	return saved, nil
 }
 
-func saveWorkerTx(ctx context.Context, tx *sql.Tx, w fleet.Worker) (fleet.Worker, error) {
+func saveWorkerTx(ctx context.Context, tx *txn, w fleet.Worker) (fleet.Worker, error) {
 	argv, err := toJSON(nonNil(w.Argv))
 	if err != nil {
 		return fleet.Worker{}, err
@@ -121,7 +121,7 @@ func saveWorkerTx(ctx context.Context, tx *sql.Tx, w fleet.Worker) (fleet.Worker
 // It returns the worker as stored.
 func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
 	var saved fleet.Worker
-	err := s.inTx(ctx, func(tx *sql.Tx) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		if err := tx.QueryRowContext(ctx, `UPDATE fleet_identity SET launches = launches + 1 RETURNING launches`).Scan(&w.Launch); err != nil {
 			return err
 		}
@@ -129,7 +129,7 @@ func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker,
 		saved, err = saveWorkerTx(ctx, tx, w)
 		return err
 	})
-	if isForeignKey(err) {
+	if s.db.d.foreignKey(err) {
 		return fleet.Worker{}, fmt.Errorf("record the launch of %s: node %q or model %q: %w in the fleet", w.Name(), w.Node, w.Model, ErrNotFound)
 	}
 	if err != nil {

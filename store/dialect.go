@@ -1,0 +1,169 @@
+package store
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	sqlite3 "github.com/mattn/go-sqlite3"
+)
+
+// dialect is everything that differs between the databases the store
+// speaks. Every statement is written once, in the SQL both accept, with ?
+// placeholders; the few spots where SQLite and PostgreSQL spell a thing
+// differently ask the dialect, so no statement tests which database it is on.
+type dialect struct {
+	// name is the database's name for error messages.
+	name string
+	// migrations is the schema history; version N is migrations[N-1] in
+	// every dialect, so a version number means the same tables and columns.
+	migrations []string
+	// elsewhere is the operator's way to another database.
+	elsewhere string
+	// numbered placeholders: $1, $2, … instead of ?.
+	numbered bool
+	// lockTx, when set, runs first in every transaction: the store's writers
+	// then queue one after another on any database, as SQLite's BEGIN
+	// IMMEDIATE makes them do on a file.
+	lockTx string
+	// jsonStrings is a subquery giving one row per string of the JSON
+	// array bound to its one placeholder.
+	jsonStrings string
+	// jsonField reads the value of a top-level key of a JSON text column.
+	jsonField func(column, key string) string
+	// unique and foreignKey classify a constraint violation.
+	unique, foreignKey func(error) bool
+}
+
+var sqliteDialect = dialect{
+	name:        "SQLite",
+	migrations:  migrations,
+	elsewhere:   "point --data at another directory",
+	jsonStrings: `SELECT value FROM json_each(?)`,
+	jsonField: func(column, key string) string {
+		return `json_extract(` + column + `, '$.` + key + `')`
+	},
+	unique: func(err error) bool {
+		var se sqlite3.Error
+		return errors.As(err, &se) && (se.ExtendedCode == sqlite3.ErrConstraintUnique || se.ExtendedCode == sqlite3.ErrConstraintPrimaryKey)
+	},
+	foreignKey: func(err error) bool {
+		var se sqlite3.Error
+		return errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintForeignKey
+	},
+}
+
+var postgresDialect = dialect{
+	name:       "PostgreSQL",
+	migrations: postgresMigrations,
+	elsewhere:  "point --database-url at another database",
+	numbered:   true,
+	// Transaction-scoped, so a hub that dies mid-transaction frees it; keyed
+	// by the schema, so fleets sharing a database in different schemas do
+	// not queue on each other.
+	lockTx:      `SELECT pg_advisory_xact_lock(hashtext('fleet store ' || current_schema()))`,
+	jsonStrings: `SELECT json_array_elements_text(CAST(? AS json))`,
+	jsonField: func(column, key string) string {
+		return `(CAST(` + column + ` AS json) ->> '` + key + `')`
+	},
+	unique:     func(err error) bool { return pgCode(err) == "23505" },
+	foreignKey: func(err error) bool { return pgCode(err) == "23503" },
+}
+
+func pgCode(err error) string {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) {
+		return pe.Code
+	}
+	return ""
+}
+
+// rebind rewrites a statement's ? placeholders into the dialect's. A ?
+// inside a quoted string or identifier is text, not a placeholder.
+func (d *dialect) rebind(query string) string {
+	if !d.numbered || !strings.Contains(query, "?") {
+		return query
+	}
+	var b strings.Builder
+	b.Grow(len(query) + 16)
+	n := 0
+	var quote byte
+	for i := 0; i < len(query); i++ {
+		c := query[i]
+		switch {
+		case quote != 0:
+			if c == quote {
+				quote = 0
+			}
+		case c == '\'' || c == '"':
+			quote = c
+		case c == '?':
+			n++
+			b.WriteByte('$')
+			b.WriteString(strconv.Itoa(n))
+			continue
+		}
+		b.WriteByte(c)
+	}
+	return b.String()
+}
+
+// pool is the database with the dialect applied to every statement; it and
+// txn are the only way the store reaches the database.
+type pool struct {
+	db *sql.DB
+	d  *dialect
+}
+
+func (p *pool) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return p.db.ExecContext(ctx, p.d.rebind(query), args...)
+}
+
+func (p *pool) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return p.db.QueryContext(ctx, p.d.rebind(query), args...)
+}
+
+func (p *pool) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return p.db.QueryRowContext(ctx, p.d.rebind(query), args...)
+}
+
+// begin starts a transaction that holds the dialect's writer lock.
+func (p *pool) begin(ctx context.Context) (*txn, error) {
+	tx, err := p.db.BeginTx(ctx, nil)
+	if err != nil {
+		return nil, err
+	}
+	if p.d.lockTx != "" {
+		if _, err := tx.ExecContext(ctx, p.d.lockTx); err != nil {
+			tx.Rollback()
+			return nil, fmt.Errorf("wait for the other writers: %w", err)
+		}
+	}
+	return &txn{tx: tx, d: p.d}, nil
+}
+
+// txn is one transaction, with the dialect applied to every statement.
+type txn struct {
+	tx *sql.Tx
+	d  *dialect
+}
+
+func (t *txn) ExecContext(ctx context.Context, query string, args ...any) (sql.Result, error) {
+	return t.tx.ExecContext(ctx, t.d.rebind(query), args...)
+}
+
+func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql.Rows, error) {
+	return t.tx.QueryContext(ctx, t.d.rebind(query), args...)
+}
+
+func (t *txn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
+	return t.tx.QueryRowContext(ctx, t.d.rebind(query), args...)
+}
+
+func (t *txn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
+	return t.tx.PrepareContext(ctx, t.d.rebind(query))
+}

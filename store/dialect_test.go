@@ -1,0 +1,124 @@
+package store
+
+import (
+	"context"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+
+	"fleet/internal/pgtest"
+)
+
+// testDB is one empty database of one dialect, which a test may open as
+// often as it likes (two hubs on one database, a reopen after a change).
+type testDB struct {
+	name string
+	open func(ctx context.Context, opts ...Option) (*Store, error)
+}
+
+// openTest opens the database for the length of the test.
+func (db testDB) openTest(t *testing.T) *Store {
+	t.Helper()
+	s, err := db.open(context.Background())
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+// forEachDialect runs fn as one subtest per dialect the store speaks, each
+// on a new, empty database: SQLite in a temp dir, PostgreSQL in a schema
+// of its own in .ci/with-postgres's cluster (skipped without one, outside
+// CI only).
+func forEachDialect(t *testing.T, fn func(t *testing.T, db testDB)) {
+	t.Run("sqlite", func(t *testing.T) {
+		path := filepath.Join(t.TempDir(), "sub", "fleet.db")
+		fn(t, testDB{name: "sqlite", open: func(ctx context.Context, opts ...Option) (*Store, error) {
+			return Open(ctx, path, opts...)
+		}})
+	})
+	t.Run("postgres", func(t *testing.T) {
+		url := pgtest.URL(t)
+		fn(t, testDB{name: "postgres", open: func(ctx context.Context, opts ...Option) (*Store, error) {
+			return OpenPostgres(ctx, url, opts...)
+		}})
+	})
+}
+
+func TestRebind(t *testing.T) {
+	for _, tc := range []struct {
+		query, sqlite, postgres string
+	}{
+		{`SELECT 1`, `SELECT 1`, `SELECT 1`},
+		{`SELECT a FROM t WHERE b = ? AND c > ?`, `SELECT a FROM t WHERE b = ? AND c > ?`, `SELECT a FROM t WHERE b = $1 AND c > $2`},
+		{`SELECT '?', "odd?name" FROM t WHERE x = ?`, `SELECT '?', "odd?name" FROM t WHERE x = ?`, `SELECT '?', "odd?name" FROM t WHERE x = $1`},
+		{`VALUES (?, 'it''s ?', ?)`, `VALUES (?, 'it''s ?', ?)`, `VALUES ($1, 'it''s ?', $2)`},
+	} {
+		if got := sqliteDialect.rebind(tc.query); got != tc.sqlite {
+			t.Errorf("SQLite rebind(%q) = %q, want %q", tc.query, got, tc.sqlite)
+		}
+		if got := postgresDialect.rebind(tc.query); got != tc.postgres {
+			t.Errorf("PostgreSQL rebind(%q) = %q, want %q", tc.query, got, tc.postgres)
+		}
+	}
+}
+
+// TestEveryDialectHasEveryMigration: a version number is one schema on
+// every database, so a migration added to SQLite's history without
+// PostgreSQL's (or the reverse) fails here, with or without a PostgreSQL.
+func TestEveryDialectHasEveryMigration(t *testing.T) {
+	if len(postgresMigrations) != len(migrations) {
+		t.Fatalf("SQLite has %d schema migrations and PostgreSQL %d: port the new one (store/schema.go) to store/schema_postgres.go",
+			len(migrations), len(postgresMigrations))
+	}
+}
+
+// TestSchemasAgree: after every migration, both databases hold the same
+// tables with the same columns, so every statement finds on one what it
+// finds on the other.
+func TestSchemasAgree(t *testing.T) {
+	ctx := context.Background()
+	columns := map[string]map[string][]string{}
+	forEachDialect(t, func(t *testing.T, db testDB) {
+		s := db.openTest(t)
+		query := `SELECT m.name, p.name FROM sqlite_schema m, pragma_table_info(m.name) p
+			WHERE m.type = 'table' AND m.name NOT LIKE 'sqlite_%'`
+		if db.name == "postgres" {
+			query = `SELECT table_name, column_name FROM information_schema.columns WHERE table_schema = current_schema()`
+		}
+		tables := map[string][]string{}
+		err := eachRow(ctx, s.db, "read the schema", func(r rowScanner) error {
+			var table, column string
+			if err := r.Scan(&table, &column); err != nil {
+				return err
+			}
+			tables[table] = append(tables[table], column)
+			return nil
+		}, query)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, cols := range tables {
+			slices.Sort(cols)
+		}
+		if len(tables) < 10 {
+			t.Fatalf("only %d tables read: %v", len(tables), tables)
+		}
+		columns[db.name] = tables
+	})
+	if len(columns) == 2 && !reflect.DeepEqual(columns["sqlite"], columns["postgres"]) {
+		for table, cols := range columns["sqlite"] {
+			if pg := columns["postgres"][table]; !reflect.DeepEqual(cols, pg) {
+				t.Errorf("table %s: SQLite has columns %s, PostgreSQL %s", table, strings.Join(cols, ", "), strings.Join(pg, ", "))
+			}
+		}
+		for table := range columns["postgres"] {
+			if _, ok := columns["sqlite"][table]; !ok {
+				t.Errorf("table %s is on PostgreSQL only", table)
+			}
+		}
+	}
+}
