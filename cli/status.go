@@ -18,7 +18,11 @@ import (
 type Status struct {
 	Version string `json:"version"`
 	// DataDir is the hub's data dir, for admins only ("" for the others).
-	DataDir   string    `json:"data_dir,omitempty"`
+	DataDir string `json:"data_dir,omitempty"`
+	// Database names the PostgreSQL database holding the state, its URL
+	// without password or options, for admins only ("" with SQLite in the
+	// data dir, and for the others).
+	Database  string    `json:"database,omitempty"`
 	StartedAt time.Time `json:"started_at,omitzero"`
 	// UptimeSeconds is how long the hub has served, 0 before it does.
 	UptimeSeconds float64 `json:"uptime_s"`
@@ -123,6 +127,9 @@ func printStatus(w io.Writer, st Status) error {
 	}
 	if st.DataDir != "" {
 		up += ", data in " + st.DataDir
+	}
+	if st.Database != "" {
+		up += ", state in " + st.Database
 	}
 	fmt.Fprintf(tw, "hub\tfleet %s, %s\n", st.Version, up)
 	router := st.Router

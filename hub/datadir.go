@@ -2,6 +2,7 @@ package hub
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io/fs"
@@ -9,6 +10,8 @@ import (
 	"path/filepath"
 	"strconv"
 	"syscall"
+
+	"fleet/store"
 )
 
 // LockName is the file in the data dir a running hub holds an exclusive
@@ -80,3 +83,36 @@ func lockDataDir(dir string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// DataDirHolds says what the data dir keeps when the state is in
+// PostgreSQL: everything but the database.
+const DataDirHolds = "the hub's lock, control socket, console host key, the fleet binary simulated engines run from and local nodes' engine files"
+
+// openStore opens the state: in PostgreSQL with a database URL, else in the
+// data dir's SQLite file.
+func openStore(ctx context.Context, opts Options) (*store.Store, error) {
+	if opts.DatabaseURL != "" {
+		st, err := store.OpenPostgres(ctx, opts.DatabaseURL, store.WithLogger(opts.Logger))
+		if err != nil {
+			return nil, fmt.Errorf("%w; or leave --database-url and $FLEET_DATABASE_URL unset to keep the state in the data dir", err)
+		}
+		opts.Logger.Info("state in PostgreSQL; the data dir keeps "+DataDirHolds, "database", st.Path(), "data", opts.DataDir)
+		return st, nil
+	}
+	dbPath := filepath.Join(opts.DataDir, "fleet.db")
+	fi, statErr := os.Stat(dbPath)
+	st, err := store.Open(ctx, dbPath)
+	if err != nil {
+		return nil, err
+	}
+	if statErr == nil && fi.Size() == 0 {
+		// SQLite takes a zero-length file for a new database; say so, since
+		// it may be what is left of a lost one.
+		opts.Logger.Warn("the database file was empty (0 bytes): initialised it as a new, empty fleet database", "path", dbPath)
+	}
+	return st, nil
+}
+
+// DatabaseName names the database holding the state: the SQLite file, or
+// the PostgreSQL URL without its password and options.
+func (h *Hub) DatabaseName() string { return h.store.Path() }

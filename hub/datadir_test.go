@@ -5,11 +5,14 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
+	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
+
+	"fleet/internal/pgtest"
 )
 
 // TestSecondHubIsRefusedBeforeTouchingTheStore: a hub asked to apply the
@@ -142,5 +145,92 @@ func TestInstallSelfOnAFullDiskLeavesNoPartialCopy(t *testing.T) {
 	}
 	if _, serr := os.Lstat(filepath.Join(data, "bin", "fleet")); !errors.Is(serr, fs.ErrNotExist) {
 		t.Errorf("a failed install left bin/fleet (%v)", serr)
+	}
+}
+
+// TestBadDatabaseURLIsRefusedWithoutItsPassword: a --database-url that is
+// not a PostgreSQL URL, is malformed, or names a server nobody answers at
+// fails the hub's start with what to do, never shows the password, and
+// leaves no SQLite database behind in its place.
+func TestBadDatabaseURLIsRefusedWithoutItsPassword(t *testing.T) {
+	const password = "s3cret-pw"
+	for _, tc := range []struct {
+		name, url string
+		want      []string
+	}{
+		{"not PostgreSQL", "mysql://fleet:" + password + "@db.lab/fleet",
+			[]string{"is not a PostgreSQL URL", "give one like postgres://"}},
+		{"malformed port", "postgres://fleet:" + password + "@db.lab:notaport/fleet",
+			[]string{"the URL is malformed", "give one like postgres://"}},
+		{"password in an option", "postgres://fleet@db.lab:notaport/fleet?password=" + password,
+			[]string{"the URL is malformed"}},
+		// Port 1 on loopback: nothing listens, the connection is refused
+		// at once.
+		{"unreachable", "postgres://fleet:" + password + "@127.0.0.1:1/fleet",
+			[]string{"cannot reach the PostgreSQL server at 127.0.0.1:1", `user "fleet"`, "check that the server runs", "leave --database-url and $FLEET_DATABASE_URL unset"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			var logs bytes.Buffer
+			_, err := openHub(t, Options{DataDir: dir, DatabaseURL: tc.url, Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err == nil {
+				t.Fatal("the hub started")
+			}
+			t.Logf("refused: %v", err)
+			for _, want := range tc.want {
+				if !strings.Contains(err.Error(), want) {
+					t.Errorf("error %q does not say %q", err, want)
+				}
+			}
+			if strings.Contains(err.Error()+logs.String(), password) {
+				t.Errorf("the password shows:\nerror: %v\nlogs: %s", err, logs.String())
+			}
+			if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
+				t.Errorf("a SQLite database was made in the data dir: %v", err)
+			}
+		})
+	}
+}
+
+// TestHubStateInPostgreSQL: with a database URL the fleet lives in
+// PostgreSQL (a second hub's start on the same database finds the demo
+// there), the data dir holds no SQLite database, and the URL's password is
+// in no log line nor in status.
+func TestHubStateInPostgreSQL(t *testing.T) {
+	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
+	u, err := url.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("fleet", password)
+	dir := t.TempDir()
+	var logs bytes.Buffer
+	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: u.String(), Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.Status(t.Context(), LocalAdmin())
+	h.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st.Database == "" || strings.Contains(st.Database, password) || !strings.HasPrefix(st.Database, "postgres://") {
+		t.Errorf("status names the database %q, want its URL without the password", st.Database)
+	}
+	if !strings.Contains(logs.String(), "state in PostgreSQL; the data dir keeps") || strings.Contains(logs.String(), password) {
+		t.Errorf("logs do not say where the state is, or show the password:\n%s", logs.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("a SQLite database was made in the data dir: %v", err)
+	}
+	// Another data dir, the same database: the fleet is there.
+	h2, err := openHub(t, Options{DataDir: t.TempDir(), DatabaseURL: u.String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h2.Close()
+	f, err := h2.store.LoadFleet(t.Context())
+	if err != nil || len(f.Nodes) != 3 {
+		t.Fatalf("the second hub on the database finds %d nodes (%v), want the demo's 3", len(f.Nodes), err)
 	}
 }

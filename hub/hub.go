@@ -39,8 +39,15 @@ import (
 // Options configure a hub.
 type Options struct {
 	// Version is the binary's version line, for `status`.
-	Version  string
-	DataDir  string
+	Version string
+	// DataDir holds the hub's lock, control socket, console host key, the
+	// fleet binary simulated engines run from, local nodes' engine files
+	// and, without DatabaseURL, the SQLite database fleet.db.
+	DataDir string
+	// DatabaseURL, when set, puts the state in PostgreSQL
+	// (postgres://USER:PASSWORD@HOST:PORT/DATABASE) instead of the data
+	// dir's SQLite file.
+	DatabaseURL string
 	HTTPAddr string // the router, e.g. 127.0.0.1:8080
 	// FleetFile is applied at start when set; Demo applies the built-in demo fleet.
 	FleetFile string
@@ -213,9 +220,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			lock.Close()
 		}
 	}()
-	dbPath := filepath.Join(opts.DataDir, "fleet.db")
-	fi, statErr := os.Stat(dbPath)
-	st, err := store.Open(ctx, dbPath)
+	st, err := openStore(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -226,11 +231,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}()
 	if err := checkHome(ctx, st, opts.DataDir); err != nil {
 		return nil, err
-	}
-	if statErr == nil && fi.Size() == 0 {
-		// SQLite takes a zero-length file for a new database; say so, since
-		// it may be what is left of a lost one.
-		opts.Logger.Warn("the database file was empty (0 bytes): initialised it as a new, empty fleet database", "path", dbPath)
 	}
 	h := &Hub{
 		opts:    opts,

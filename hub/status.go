@@ -39,6 +39,9 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
 		st.Version = h.opts.Version
 		if u.Role.Allows(fleet.RoleAdmin) {
 			st.DataDir = h.opts.DataDir // a path on the hub's machine: for those who run it
+			if h.opts.DatabaseURL != "" {
+				st.Database = h.DatabaseName() // without its password
+			}
 		}
 		if st.Version == "" {
 			st.Version = "dev"

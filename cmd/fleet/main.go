@@ -135,7 +135,7 @@ func run(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.
 	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return cli.UsageError(err) })
 	root.Version = version
 	root.SetVersionTemplate(versionLine() + "\n")
-	root.PersistentFlags().StringVar(&dataDir, "data", defaultDataDir(), "data dir: the SQLite database, the hub's control socket and keys")
+	root.PersistentFlags().StringVar(&dataDir, "data", defaultDataDir(), "data dir: the SQLite database (unless serve --database-url), the hub's control socket and keys")
 	root.SetArgs(args)
 	root.SetIn(stdin)
 	root.SetOut(stdout)
@@ -324,6 +324,9 @@ func crashAt(point, armedBy string, log io.Writer) func(string) {
 	}
 }
 
+// databaseURLEnv is serve's --database-url when the flag is not given.
+const databaseURLEnv = "FLEET_DATABASE_URL"
+
 func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	var opts hub.Options
 	var logLevel, enginePorts string
@@ -347,6 +350,11 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			opts.Logger = slog.New(slog.NewTextHandler(c.ErrOrStderr(), &slog.HandlerOptions{Level: level}))
 			opts.DataDir = *dataDir
 			opts.CommandLine = commandLine
+			if opts.DatabaseURL == "" {
+				// Read here, not as the flag's default: --help would print
+				// the URL, password and all.
+				opts.DatabaseURL = os.Getenv(databaseURLEnv)
+			}
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			if point := os.Getenv("FLEET_CRASH_AT"); point != "" {
 				opts.Fault = crashAt(point, os.Getenv("FLEET_CRASH_ARMED_BY"), c.ErrOrStderr())
@@ -357,7 +365,12 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			}
 			defer h.Close()
 			return h.Run(c.Context(), func(addr string) {
-				fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
+				if opts.DatabaseURL != "" {
+					fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, state in %s, data in %s (%s)\n",
+						addr, h.DatabaseName(), opts.DataDir, hub.DataDirHolds)
+				} else {
+					fmt.Fprintf(c.OutOrStdout(), "fleet hub: router on http://%s/v1, data in %s\n", addr, opts.DataDir)
+				}
 				if opts.SSHAddr != "" {
 					printConsole(c.OutOrStdout(), opts.SSHAddr, h.LANName())
 				}
@@ -367,6 +380,7 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	c.Flags().StringVar(&opts.HTTPAddr, "http", "127.0.0.1:8080", "address of the OpenAI-compatible router")
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
+	c.Flags().StringVar(&opts.DatabaseURL, "database-url", "", "keep the state in PostgreSQL, postgres://USER:PASSWORD@HOST:5432/DATABASE, instead of SQLite in the data dir (default: $"+databaseURLEnv+", which keeps the password out of the process list); the data dir still holds "+hub.DataDirHolds)
 	c.Flags().DurationVar(&opts.Retention, "retention", hub.DefaultRetention, "how long request samples, usage minutes, events and the audit log's lines of repeated refusals are kept in the database (720h = 30 days; negative keeps them all); bench runs are always kept")
 	c.Flags().IntVar(&opts.AuditMaxRows, "audit-rows", hub.DefaultAuditMaxRows, "most lines the audit log keeps; past it the oldest lines of refusals go first, then the oldest of actions (negative: no cap)")
 	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
