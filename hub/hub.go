@@ -48,7 +48,7 @@ type Options struct {
 	// (postgres://USER:PASSWORD@HOST:PORT/DATABASE) instead of the data
 	// dir's SQLite file.
 	DatabaseURL string
-	HTTPAddr string // the router, e.g. 127.0.0.1:8080
+	HTTPAddr    string // the router, e.g. 127.0.0.1:8080
 	// FleetFile is applied at start when set; Demo applies the built-in demo fleet.
 	FleetFile string
 	Demo      bool
