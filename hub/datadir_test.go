@@ -13,6 +13,7 @@ import (
 	"testing"
 
 	"fleet/internal/pgtest"
+	"fleet/store"
 )
 
 // TestSecondHubIsRefusedBeforeTouchingTheStore: a hub asked to apply the
@@ -193,9 +194,11 @@ func TestBadDatabaseURLIsRefusedWithoutItsPassword(t *testing.T) {
 }
 
 // TestHubStateInPostgreSQL: with a database URL the fleet lives in
-// PostgreSQL (a second hub's start on the same database finds the demo
-// there), the data dir holds no SQLite database, and the URL's password is
-// in no log line nor in status.
+// PostgreSQL (the next hub on the same database finds the demo there), the
+// data dir holds no SQLite database, and the URL's password is in no log
+// line nor in status. While a hub runs, a second one on the same database,
+// from another data dir, is refused before it changes anything: nothing
+// yet keeps two hubs from both driving the nodes.
 func TestHubStateInPostgreSQL(t *testing.T) {
 	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
 	u, err := url.Parse(pgtest.URL(t))
@@ -208,6 +211,11 @@ func TestHubStateInPostgreSQL(t *testing.T) {
 	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: u.String(), Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
+	}
+	other := t.TempDir()
+	if _, err := openHub(t, Options{DataDir: other, DatabaseURL: u.String(), FleetFile: "/nonexistent"}); !errors.Is(err, store.ErrOtherHub) ||
+		!strings.Contains(err.Error(), "stop that hub, or give this one another database") {
+		t.Errorf("a second hub on the database: %v, want it refused as another hub's", err)
 	}
 	st, err := h.Status(t.Context(), LocalAdmin())
 	h.Close()

@@ -35,6 +35,8 @@ type Store struct {
 	path   string
 	logger *slog.Logger
 	now    func() time.Time
+	// claim is the connection holding ClaimDatabase's lock, nil without.
+	claim *sql.Conn
 
 	// applyPause, when set, is called inside ApplyFleet's transaction after
 	// each step ("nodes", "models", "placements", "workers") and after the
@@ -111,6 +113,9 @@ func open(ctx context.Context, db *sql.DB, d *dialect, path, cannotReach string,
 
 // Close releases the database.
 func (s *Store) Close() error {
+	if s.claim != nil {
+		s.claim.Close()
+	}
 	if err := s.db.db.Close(); err != nil {
 		return fmt.Errorf("close database %s: %w", s.path, err)
 	}
