@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 
+	"fleet"
 	"fleet/internal/pgtest"
 )
 
@@ -121,4 +122,53 @@ func TestSchemasAgree(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestNamesSortByteByByte: lists ordered by name (workers, users, keys,
+// usage) come in the same order on every database, byte by byte as SQLite
+// compares, even where the database's locale sorts by a language's rules
+// (.ci/with-postgres makes its cluster so): "Zeta" before "alpha", "rig-b"
+// before "rig_a" and "riga".
+func TestNamesSortByteByByte(t *testing.T) {
+	names := []string{"alpha", "Zeta", "riga", "rig_a", "rig-b"}
+	want := slices.Clone(names)
+	slices.Sort(want)
+	forEachDialect(t, func(t *testing.T, db testDB) {
+		ctx := context.Background()
+		s := db.openTest(t)
+		f := fleet.Fleet{Models: []fleet.Model{{ID: "m", Context: 4096}}}
+		for _, n := range names {
+			f.Nodes = append(f.Nodes, fleet.Node{Name: n, Address: "sim:" + n})
+			f.Placements = append(f.Placements, fleet.Placement{Model: "m", Node: n})
+		}
+		if err := s.ApplyFleet(ctx, f); err != nil {
+			t.Fatal(err)
+		}
+		for _, n := range names {
+			if _, err := s.SaveWorker(ctx, fleet.Worker{Node: n, Model: "m", Engine: fleet.EngineSim, State: fleet.WorkerReady}); err != nil {
+				t.Fatal(err)
+			}
+			if _, err := s.CreateAPIKey(ctx, n); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ws, err := s.Workers(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		keys, err := s.APIKeys(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var gotWorkers, gotKeys []string
+		for _, w := range ws {
+			gotWorkers = append(gotWorkers, w.Node)
+		}
+		for _, k := range keys {
+			gotKeys = append(gotKeys, k.Name)
+		}
+		if !slices.Equal(gotWorkers, want) || !slices.Equal(gotKeys, want) {
+			t.Errorf("workers by node %q, keys %q; want both %q", gotWorkers, gotKeys, want)
+		}
+	})
 }

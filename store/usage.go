@@ -84,8 +84,7 @@ func (s *Store) Usage(ctx context.Context, since time.Time, by UsageBy) ([]fleet
 			u.Worker = name
 		}
 		return u, err
-	}, `SELECT `+col+`, CAST(SUM(requests) AS BIGINT), CAST(SUM(prompt_tokens) AS BIGINT),
-			CAST(SUM(cached_tokens) AS BIGINT), CAST(SUM(completion_tokens) AS BIGINT)
+	}, `SELECT `+col+`, SUM(requests), SUM(prompt_tokens), SUM(cached_tokens), SUM(completion_tokens)
 		FROM usage WHERE bucket >= ? GROUP BY `+col+`
 		ORDER BY SUM(prompt_tokens) + SUM(completion_tokens) DESC, `+col,
 		since.Truncate(UsageBucket).Unix())
@@ -105,7 +104,7 @@ func (s *Store) KeyTokensSince(ctx context.Context, since time.Time) (map[string
 		}
 		out[k] = n
 		return nil
-	}, `SELECT key, CAST(SUM(prompt_tokens) + SUM(completion_tokens) AS BIGINT) FROM usage
+	}, `SELECT key, SUM(prompt_tokens) + SUM(completion_tokens) FROM usage
 		WHERE bucket >= ? AND key != '' GROUP BY key`, since.Truncate(UsageBucket).Unix())
 	if err != nil {
 		return nil, err
