@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"reflect"
 	"strings"
 	"testing"
@@ -15,7 +14,8 @@ import (
 	"fleet"
 )
 
-// helperEnv carries "DBPATH|STEP" to the child process of the crash test.
+// helperEnv carries "DATABASE|STEP" to the child process of the crash test,
+// DATABASE being a SQLite file or a PostgreSQL URL.
 const helperEnv = "FLEET_STORE_APPLY_HELPER"
 
 // TestHelperApplyProcess is not a test: it is the child process of
@@ -26,8 +26,13 @@ func TestHelperApplyProcess(t *testing.T) {
 	if spec == "" {
 		t.Skip("helper process of TestApplyFleetSurvivesKill; runs only when that test starts it")
 	}
-	path, step, _ := strings.Cut(spec, "|")
-	s, err := Open(context.Background(), path)
+	i := strings.LastIndex(spec, "|")
+	target, step := spec[:i], spec[i+1:]
+	open := Open
+	if strings.HasPrefix(target, "postgres://") {
+		open = OpenPostgres
+	}
+	s, err := open(context.Background(), target)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper: open:", err)
 		os.Exit(3)
@@ -48,7 +53,9 @@ func TestHelperApplyProcess(t *testing.T) {
 
 // TestApplyFleetSurvivesKill SIGKILLs a real process inside ApplyFleet's
 // transaction (and once just after its commit) and checks that the database
-// it leaves behind holds exactly fleet A or exactly fleet B.
+// it leaves behind holds exactly fleet A or exactly fleet B, on each
+// dialect: on PostgreSQL the server rolls back the dead client's
+// transaction and frees its writer lock.
 func TestApplyFleetSurvivesKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")
@@ -64,52 +71,62 @@ func TestApplyFleetSurvivesKill(t *testing.T) {
 		{"committed", "B"},
 	} {
 		t.Run(tc.step, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // hang guard only
-			defer cancel()
-			path := filepath.Join(t.TempDir(), "fleet.db")
-			seedFleetA(t, ctx, path)
+			forEachDialect(t, func(t *testing.T, db testDB) {
+				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute) // hang guard only
+				defer cancel()
+				seedFleetA(t, ctx, db)
 
-			cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperApplyProcess$", "-test.count=1")
-			cmd.Env = append(os.Environ(), helperEnv+"="+path+"|"+tc.step)
-			var stderr strings.Builder
-			cmd.Stderr = &stderr
-			out, err := cmd.StdoutPipe()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Start(); err != nil {
-				t.Fatal(err)
-			}
-			paused := false
-			sc := bufio.NewScanner(out)
-			for sc.Scan() {
-				if sc.Text() == "PAUSED "+tc.step {
-					paused = true
-					break
+				cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^TestHelperApplyProcess$", "-test.count=1")
+				cmd.Env = append(os.Environ(), helperEnv+"="+db.target+"|"+tc.step)
+				var stderr strings.Builder
+				cmd.Stderr = &stderr
+				out, err := cmd.StdoutPipe()
+				if err != nil {
+					t.Fatal(err)
 				}
-			}
-			if !paused {
-				cmd.Wait()
-				t.Fatalf("child never paused at %q; its stderr:\n%s", tc.step, stderr.String())
-			}
-			if err := cmd.Process.Kill(); err != nil {
-				t.Fatal(err)
-			}
-			if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
-				t.Fatalf("child was not killed: %v", err)
-			}
+				if err := cmd.Start(); err != nil {
+					t.Fatal(err)
+				}
+				paused := false
+				sc := bufio.NewScanner(out)
+				for sc.Scan() {
+					if sc.Text() == "PAUSED "+tc.step {
+						paused = true
+						break
+					}
+				}
+				if !paused {
+					cmd.Wait()
+					t.Fatalf("child never paused at %q; its stderr:\n%s", tc.step, stderr.String())
+				}
+				if err := cmd.Process.Kill(); err != nil {
+					t.Fatal(err)
+				}
+				if err := cmd.Wait(); err == nil || !strings.Contains(err.Error(), "killed") {
+					t.Fatalf("child was not killed: %v", err)
+				}
 
-			got := stateOf(t, ctx, path)
-			if got != tc.want {
-				t.Fatalf("killed at %s: database holds %s, want exactly fleet %s", tc.step, got, tc.want)
-			}
+				got := stateOf(t, ctx, db)
+				if got != tc.want {
+					t.Fatalf("killed at %s: database holds %s, want exactly fleet %s", tc.step, got, tc.want)
+				}
+				// The dead writer holds nothing: the next write goes through.
+				s, err := db.open(ctx)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer s.Close()
+				if err := s.ApplyFleet(ctx, fleetB()); err != nil {
+					t.Fatalf("a write after the kill: %v", err)
+				}
+			})
 		})
 	}
 }
 
-func seedFleetA(t *testing.T, ctx context.Context, path string) {
+func seedFleetA(t *testing.T, ctx context.Context, db testDB) {
 	t.Helper()
-	s, err := Open(ctx, path)
+	s, err := db.open(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -122,16 +139,16 @@ func seedFleetA(t *testing.T, ctx context.Context, path string) {
 			t.Fatal(err)
 		}
 	}
-	if got := stateOf(t, ctx, path); got != "A" {
+	if got := stateOf(t, ctx, db); got != "A" {
 		t.Fatalf("seeded database holds %s", got)
 	}
 }
 
 // stateOf reopens the database (recovering its WAL) and names what it
 // holds: "A", "B", or a description of the mix.
-func stateOf(t *testing.T, ctx context.Context, path string) string {
+func stateOf(t *testing.T, ctx context.Context, db testDB) string {
 	t.Helper()
-	s, err := Open(ctx, path)
+	s, err := db.open(ctx)
 	if err != nil {
 		t.Fatalf("reopen after kill: %v", err)
 	}

@@ -16,7 +16,9 @@ import (
 // often as it likes (two hubs on one database, a reopen after a change).
 type testDB struct {
 	name string
-	open func(ctx context.Context, opts ...Option) (*Store, error)
+	// target is what the store opens: the SQLite file or the URL.
+	target string
+	open   func(ctx context.Context, opts ...Option) (*Store, error)
 }
 
 // openTest opens the database for the length of the test.
@@ -37,13 +39,13 @@ func (db testDB) openTest(t *testing.T) *Store {
 func forEachDialect(t *testing.T, fn func(t *testing.T, db testDB)) {
 	t.Run("sqlite", func(t *testing.T) {
 		path := filepath.Join(t.TempDir(), "sub", "fleet.db")
-		fn(t, testDB{name: "sqlite", open: func(ctx context.Context, opts ...Option) (*Store, error) {
+		fn(t, testDB{name: "sqlite", target: path, open: func(ctx context.Context, opts ...Option) (*Store, error) {
 			return Open(ctx, path, opts...)
 		}})
 	})
 	t.Run("postgres", func(t *testing.T) {
 		url := pgtest.URL(t)
-		fn(t, testDB{name: "postgres", open: func(ctx context.Context, opts ...Option) (*Store, error) {
+		fn(t, testDB{name: "postgres", target: url, open: func(ctx context.Context, opts ...Option) (*Store, error) {
 			return OpenPostgres(ctx, url, opts...)
 		}})
 	})
