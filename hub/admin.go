@@ -7,12 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
-	"path/filepath"
 	"time"
 
 	"fleet"
-	"fleet/store"
 	"fleet/themes"
 )
 
@@ -69,14 +68,16 @@ func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key str
 	return key, err
 }
 
-// CreateKeyWithoutHub creates a router API key in dataDir's database while
-// no hub runs there: the first key of a hub that requires keys, which will
-// not start without one. It holds the data dir's lock while it writes, so
-// it is refused while a hub holds it (a command then goes through that
-// hub's control socket), and it is audited as the local admin's, as the
-// control socket's commands are.
+// CreateKeyWithoutHub creates a router API key in the database of a hub on
+// dataDir while no hub runs there: the first key of a hub that requires
+// keys, which will not start without one. The database is the data dir's,
+// or PostgreSQL's at databaseURL when it is set, as serve opens it. It
+// holds the data dir's lock (and, on PostgreSQL, the database's claim)
+// while it writes, so it is refused while a hub holds either (a command
+// then goes through that hub's control socket), and it is audited as the
+// local admin's, as the control socket's commands are.
 // A failure to record the outcome after the key was made is told on warn.
-func CreateKeyWithoutHub(ctx context.Context, dataDir, name string, warn io.Writer) (key string, err error) {
+func CreateKeyWithoutHub(ctx context.Context, dataDir, databaseURL, name string, warn io.Writer) (key string, err error) {
 	if err := os.MkdirAll(dataDir, 0o700); err != nil {
 		return "", fmt.Errorf("creating the data dir %s: %w", dataDir, err)
 	}
@@ -92,7 +93,7 @@ func CreateKeyWithoutHub(ctx context.Context, dataDir, name string, warn io.Writ
 		return "", err
 	}
 	defer lock.Close()
-	st, err := store.Open(ctx, filepath.Join(dataDir, "fleet.db"))
+	st, err := openStore(ctx, Options{DataDir: dataDir, DatabaseURL: databaseURL, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return "", err
 	}
@@ -100,7 +101,7 @@ func CreateKeyWithoutHub(ctx context.Context, dataDir, name string, warn io.Writ
 	id, err := st.BeginAudit(ctx, auditEntry(LocalAdmin(), fleet.ActionKeyCreate, name, auditStarted))
 	if err != nil {
 		return "", fmt.Errorf("key create %s was not done: its audit line could not be written (%w); nothing was changed. "+
-			"Free disk space or repair the database in the data dir, then try again", name, err)
+			"Free disk space or repair the database (%s), then try again", name, err, st.Path())
 	}
 	key, err = st.CreateAPIKey(ctx, name)
 	outcome := "ok (without a running hub)"

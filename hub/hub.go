@@ -19,6 +19,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"time"
 
@@ -427,11 +428,20 @@ func requireKeys(ctx context.Context, st *store.Store, opts Options) error {
 	}
 	again := "then start the hub again with the same flags"
 	if len(opts.CommandLine) > 0 {
-		again = "then run again: fleet " + nodes.ShellQuote(opts.CommandLine)
+		// Never the database URL's password, which the line may hold.
+		line := fleet.RedactArgv(opts.CommandLine)
+		again = "then run again: fleet " + nodes.ShellQuote(line)
+		if !slices.Equal(line, opts.CommandLine) {
+			again += " with each " + fleet.Redacted + " as you gave it"
+		}
+	}
+	create := "fleet key create NAME --data " + nodes.ShellQuote([]string{opts.DataDir})
+	if opts.DatabaseURL != "" {
+		create = "FLEET_DATABASE_URL=URL " + create + " (URL: the hub's database URL)"
 	}
 	return fmt.Errorf("the router would listen on %s and require API keys (%s), but none exists; "+
-		"create the first one without a hub: fleet key create NAME --data %s (it prints the key once), %s",
-		opts.HTTPAddr, why, nodes.ShellQuote([]string{opts.DataDir}), again)
+		"create the first one without a hub: %s (it prints the key once), %s",
+		opts.HTTPAddr, why, create, again)
 }
 
 // installSelf copies the running executable to DATA/bin/fleet so simulated

@@ -1,9 +1,15 @@
 package hub
 
 import (
+	"errors"
+	"io/fs"
+	neturl "net/url"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 
+	"fleet/internal/pgtest"
 	"fleet/store"
 )
 
@@ -115,7 +121,7 @@ func TestFirstKeyWithoutAHub(t *testing.T) {
 		t.Fatal("a hub requiring keys started without one")
 	}
 	var warn strings.Builder
-	key, err := CreateKeyWithoutHub(t.Context(), dir, "ci", &warn)
+	key, err := CreateKeyWithoutHub(t.Context(), dir, "", "ci", &warn)
 	if err != nil || !strings.HasPrefix(key, store.APIKeyPrefix) || warn.Len() != 0 {
 		t.Fatalf("the first key without a hub: %q, %v (%s)", key, err, warn.String())
 	}
@@ -139,11 +145,53 @@ func TestFirstKeyWithoutAHub(t *testing.T) {
 		t.Errorf("audit = %+v, want the local admin's key create ci, ok", es)
 	}
 	// With the hub holding the data dir, nothing is written behind its back.
-	if _, err := CreateKeyWithoutHub(t.Context(), dir, "other", &warn); err == nil || !strings.Contains(err.Error(), "holds data dir") {
+	if _, err := CreateKeyWithoutHub(t.Context(), dir, "", "other", &warn); err == nil || !strings.Contains(err.Error(), "holds data dir") {
 		t.Fatalf("a key made beside a running hub: %v; want it refused", err)
 	}
 	keys, err := h.store.APIKeys(t.Context())
 	if err != nil || len(keys) != 1 {
 		t.Errorf("keys after the refusal: %+v, %v; want ci alone", keys, err)
+	}
+}
+
+// TestFirstKeyWithoutAHubOnPostgreSQL: with the state in PostgreSQL, the
+// first key made without a hub goes into that database (where a hub
+// started with the same URL finds it), not into a SQLite file in the data
+// dir no such hub reads; while a hub runs on the database, even from
+// another data dir, nothing is written behind its back.
+func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
+	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
+	u, err := neturl.Parse(pgtest.URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = neturl.UserPassword("fleet", password)
+	url := u.String()
+	dir := t.TempDir()
+	// The refusal says how to make the key for this database, and does not
+	// repeat the password of the command line it quotes.
+	_, err = openHub(t, Options{DataDir: dir, DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true,
+		CommandLine: []string{"serve", "--require-keys", "--database-url", url}})
+	if err == nil || !strings.Contains(err.Error(), "FLEET_DATABASE_URL=URL fleet key create NAME --data") || strings.Contains(err.Error(), password) {
+		t.Fatalf("a hub requiring keys on a database without one: %v; want told to make one with FLEET_DATABASE_URL, without the password", err)
+	}
+	var warn strings.Builder
+	key, err := CreateKeyWithoutHub(t.Context(), dir, url, "ci", &warn)
+	if err != nil || !strings.HasPrefix(key, store.APIKeyPrefix) || warn.Len() != 0 {
+		t.Fatalf("the first key without a hub: %q, %v (%s)", key, err, warn.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
+		t.Errorf("the key went to a SQLite database in the data dir: %v", err)
+	}
+	h, err := openHub(t, Options{DataDir: t.TempDir(), DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true})
+	if err != nil {
+		t.Fatalf("a hub requiring keys on the database: %v", err)
+	}
+	defer h.Close()
+	if name, ok, err := h.store.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
+		t.Errorf("the key made without a hub: %q %v %v; want it to verify as ci", name, ok, err)
+	}
+	if _, err := CreateKeyWithoutHub(t.Context(), dir, url, "other", &warn); !errors.Is(err, store.ErrOtherHub) {
+		t.Fatalf("a key made while a hub runs on the database: %v; want it refused", err)
 	}
 }

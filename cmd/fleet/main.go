@@ -292,12 +292,19 @@ func createKey(ctx context.Context, dataDir, name string, args []string, stdout,
 	if !errors.Is(err, hub.ErrNoHub) {
 		return code, err
 	}
-	key, err := hub.CreateKeyWithoutHub(ctx, dataDir, name, stderr)
+	// The database serve would open: $FLEET_DATABASE_URL's, else the data dir's.
+	dbURL := os.Getenv(databaseURLEnv)
+	key, err := hub.CreateKeyWithoutHub(ctx, dataDir, dbURL, name, stderr)
 	if err != nil {
 		return cli.ExitFail, err
 	}
 	fmt.Fprintln(stdout, key)
-	fmt.Fprintf(stderr, "no hub runs on %s: the key was written to its database directly; a hub started with --data %s accepts it\n", dataDir, dataDir)
+	if dbURL != "" {
+		fmt.Fprintf(stderr, "no hub runs on %s: the key was written to the database at $%s (%s) directly; a hub started with that database accepts it\n",
+			dataDir, databaseURLEnv, fleet.RedactText(dbURL))
+	} else {
+		fmt.Fprintf(stderr, "no hub runs on %s: the key was written to its database directly; a hub started with --data %s accepts it\n", dataDir, dataDir)
+	}
 	fmt.Fprintln(stderr, "this key is shown once; clients send it as 'Authorization: Bearer KEY'")
 	return cli.ExitOK, nil
 }
