@@ -107,7 +107,7 @@ func (f *fakeHub) Usage(_ context.Context, _ fleet.User, since time.Time, by str
 func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error { return nil }
 func (f *fakeHub) Status(context.Context, fleet.User) (Status, error) {
 	return Status{
-		Version: "v1.2.3", DataDir: "/var/lib/fleet", StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), UptimeSeconds: 3725,
+		Version: "v1.2.3", DataDir: "/var/lib/fleet", Database: "postgres://<redacted>@db.lab/fleet", StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), UptimeSeconds: 3725,
 		Router: "http://127.0.0.1:8080/v1", Keys: 2, KeysRequired: true, Console: "0.0.0.0:22", ConsoleName: "fleet.local",
 		Nodes: CountStates(map[string]string{"ultra": "up", "max": "up", "rig": "unreachable"}, []string{"up", "unreachable"}),
 		Workers: CountStates(map[string]string{"ultra/qwen3-4b": "ready", "max/qwen3-4b": "installing", "rig/qwen3-4b": "failed"},
@@ -286,7 +286,7 @@ func TestStatusScreen(t *testing.T) {
 		t.Fatalf("exit %d", code)
 	}
 	for _, want := range []string{
-		"fleet v1.2.3, up 1h2m5s, data in /var/lib/fleet",
+		"fleet v1.2.3, up 1h2m5s, data in /var/lib/fleet, state in postgres://<redacted>@db.lab/fleet",
 		"http://127.0.0.1:8080/v1 (2 API keys, required)",
 		"ssh fleet.local (0.0.0.0:22)",
 		"3: 2 up, 1 unreachable (rig)",
@@ -305,7 +305,7 @@ func TestStatusScreen(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"version", "data_dir", "uptime_s", "router", "console", "nodes", "workers", "models", "keys"} {
+	for _, key := range []string{"version", "data_dir", "database", "uptime_s", "router", "console", "nodes", "workers", "models", "keys"} {
 		if _, ok := st[key]; !ok {
 			t.Errorf("status --json lacks %q: %s", key, out.String())
 		}
