@@ -231,8 +231,20 @@ func TestHubStateInPostgreSQL(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a SQLite database was made in the data dir: %v", err)
 	}
-	// Another data dir, the same database: the fleet is there.
-	h2, err := openHub(t, Options{DataDir: t.TempDir(), DatabaseURL: u.String()})
+	// Another data dir on the same database is the fleet's home only once
+	// an admin moves it there (fleet-id --move, with the database's URL);
+	// then the fleet is there.
+	moved := t.TempDir()
+	_, err = openHub(t, Options{DataDir: moved, DatabaseURL: u.String()})
+	if !errors.Is(err, ErrCopiedDatabase) || !strings.Contains(err.Error(), "`FLEET_DATABASE_URL=URL fleet --data "+moved+" fleet-id --move`") ||
+		strings.Contains(err.Error(), password) {
+		t.Fatalf("a hub on the database from another data dir: %v; want it refused as a copy, told how to move", err)
+	}
+	out, err := Identity(t.Context(), moved, u.String(), false, true, false)
+	if err != nil || !strings.Contains(out, "moved here from "+dir) {
+		t.Fatalf("fleet-id --move on PostgreSQL: %q, %v", out, err)
+	}
+	h2, err := openHub(t, Options{DataDir: moved, DatabaseURL: u.String()})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -230,7 +230,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			st.Close()
 		}
 	}()
-	if err := checkHome(ctx, st, opts.DataDir); err != nil {
+	if err := checkHome(ctx, st, opts.DataDir, opts.DatabaseURL); err != nil {
 		return nil, err
 	}
 	h := &Hub{

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"os"
 	"path/filepath"
 
@@ -31,7 +32,11 @@ var ErrCopiedDatabase = errors.New("the database belongs to another data dir")
 // this data dir, or that has none yet (it is claimed now). A copy of the
 // database in another dir names the same fleet and the same engines; a hub
 // on it would adopt, and stop, the engines of the hub it was copied from.
-func checkHome(ctx context.Context, st *store.Store, dir string) error {
+// On PostgreSQL (databaseURL set) the home is still a data dir, since
+// simulated and local engines run from it: a hub on the same database from
+// another data dir is refused the same way, and fleet-id is run with the
+// database's URL in the environment.
+func checkHome(ctx context.Context, st *store.Store, dir, databaseURL string) error {
 	home, err := dataHome(dir)
 	if err != nil {
 		return err
@@ -46,11 +51,15 @@ func checkHome(ctx context.Context, st *store.Store, dir string) error {
 	case "":
 		return st.ClaimHome(ctx, home)
 	}
-	return fmt.Errorf("%w: the database in %s is fleet %s, whose data dir is %s: it was copied or moved here, and a hub on it "+
+	where, env := "the database in "+dir, ""
+	if databaseURL != "" {
+		where, env = "the database "+st.Path()+" (for data dir "+dir+")", "FLEET_DATABASE_URL=URL "
+	}
+	return fmt.Errorf("%w: %s is fleet %s, whose data dir is %s: it was copied or moved here, and a hub on it "+
 		"would take over that fleet's engines; nothing was changed. If this copy is to be a fleet of its own, run "+
-		"`fleet --data %s fleet-id --new` (a new fleet ID; the original fleet's engines are forgotten here, never stopped); "+
-		"if the fleet has moved here for good and no hub will run on %s again, run `fleet --data %s fleet-id --move`",
-		ErrCopiedDatabase, dir, id.FleetID, id.Home, dir, id.Home, dir)
+		"`%sfleet --data %s fleet-id --new` (a new fleet ID; the original fleet's engines are forgotten here, never stopped); "+
+		"if the fleet has moved here for good and no hub will run on %s again, run `%sfleet --data %s fleet-id --move`",
+		ErrCopiedDatabase, where, id.FleetID, id.Home, env, dir, id.Home, env, dir)
 }
 
 // Identity is `fleet fleet-id`, run with the hub stopped (it takes the data
@@ -58,19 +67,21 @@ func checkHome(ctx context.Context, st *store.Store, dir string) error {
 // fleet of its own (newFleet), moves the fleet to this data dir (move), or
 // takes on the engines a newer copy of a restored database launched
 // (restored).
-func Identity(ctx context.Context, dataDir string, newFleet, move, restored bool) (string, error) {
+// With databaseURL set the database is PostgreSQL's, as serve opens it, and
+// it is refused while a hub runs on that database.
+func Identity(ctx context.Context, dataDir, databaseURL string, newFleet, move, restored bool) (string, error) {
 	if newFleet && (move || restored) {
 		return "", errors.New("fleet-id: --new excludes --move and --restored: a copy is either a fleet of its own or the same fleet")
 	}
-	if _, err := os.Stat(filepath.Join(dataDir, "fleet.db")); err != nil {
-		return "", fmt.Errorf("fleet-id: no database in %s (%w); pass the data dir with --data", dataDir, err)
+	if _, err := os.Stat(filepath.Join(dataDir, "fleet.db")); err != nil && databaseURL == "" {
+		return "", fmt.Errorf("fleet-id: no database in %s (%w); pass the data dir with --data (and set FLEET_DATABASE_URL for a hub on PostgreSQL)", dataDir, err)
 	}
 	lock, err := lockDataDir(dataDir)
 	if err != nil {
 		return "", fmt.Errorf("fleet-id: %w", err)
 	}
 	defer lock.Close()
-	st, err := store.Open(ctx, filepath.Join(dataDir, "fleet.db"))
+	st, err := openStore(ctx, Options{DataDir: dataDir, DatabaseURL: databaseURL, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return "", err
 	}

@@ -183,7 +183,7 @@ func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the key went to a SQLite database in the data dir: %v", err)
 	}
-	h, err := openHub(t, Options{DataDir: t.TempDir(), DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true})
+	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true})
 	if err != nil {
 		t.Fatalf("a hub requiring keys on the database: %v", err)
 	}
@@ -191,7 +191,9 @@ func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
 	if name, ok, err := h.store.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
 		t.Errorf("the key made without a hub: %q %v %v; want it to verify as ci", name, ok, err)
 	}
-	if _, err := CreateKeyWithoutHub(t.Context(), dir, url, "other", &warn); !errors.Is(err, store.ErrOtherHub) {
+	// From a data dir of its own, so that the database's claim, not the
+	// data dir's lock, is what refuses it.
+	if _, err := CreateKeyWithoutHub(t.Context(), t.TempDir(), url, "other", &warn); !errors.Is(err, store.ErrOtherHub) {
 		t.Fatalf("a key made while a hub runs on the database: %v; want it refused", err)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"os"
 
 	"github.com/spf13/cobra"
 
@@ -32,10 +33,14 @@ from an older copy. The hub neither adopts nor stops it (the worker says so)
 until an admin, with the hub stopped, runs
 
   --restored  take on the engines of the launches seen so far as this
-              database's own`,
+              database's own
+
+For a hub whose state is in PostgreSQL, set FLEET_DATABASE_URL to its
+database's URL, as for serve.`,
 		Args: cobra.NoArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
-			out, err := hub.Identity(c.Context(), *dataDir, newFleet, move, restored)
+			// The database serve would open: $FLEET_DATABASE_URL's, else the data dir's.
+			out, err := hub.Identity(c.Context(), *dataDir, os.Getenv(databaseURLEnv), newFleet, move, restored)
 			if err != nil {
 				return err
 			}
