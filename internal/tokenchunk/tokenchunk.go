@@ -9,6 +9,7 @@ package tokenchunk
 import (
 	"bytes"
 	"encoding/json"
+	"slices"
 	"strings"
 )
 
@@ -74,14 +75,272 @@ func Carries(payload []byte) bool {
 			break
 		}
 	}
-	if !maybe {
+	if !maybe || !json.Valid(payload) {
 		return false
+	}
+	// Decoding into a Chunk (reflection, and a deep stack) cost the
+	// router more than the rest of its meter; a walk of the few keys a
+	// Chunk has gives the same answer without it, and leaves to the
+	// decoder the payloads it is not sure of.
+	w := walker{p: payload}
+	switch carries, how := w.chunk(); how {
+	case walked:
+		return carries
+	case mismatched:
+		return false // the decoder would fail as well
 	}
 	var c Chunk
 	if json.Unmarshal(payload, &c) != nil {
 		return false
 	}
 	return c.CarriesToken()
+}
+
+// walked, mismatched and unsure are how a walker's reading ended: it read
+// what a Chunk would hold; a key of Chunk holds a value of the wrong type
+// (json.Unmarshal fails); or the payload needs the decoder's own reading
+// (an escaped or non-ASCII key, a key given twice, an escaped type).
+const (
+	walked = iota
+	mismatched
+	unsure
+)
+
+// walker reads what a Chunk would hold from a payload json.Valid passed,
+// matching keys as json.Unmarshal does (case-insensitively) and skipping
+// every other value unread.
+type walker struct {
+	p []byte
+	i int
+}
+
+func (w *walker) next() byte {
+	for w.i < len(w.p) {
+		switch w.p[w.i] {
+		case ' ', '\t', '\n', '\r':
+			w.i++
+		default:
+			return w.p[w.i]
+		}
+	}
+	return 0
+}
+
+// str reads the string at w.i and returns its bytes as written and whether
+// it holds an escape; a string is empty decoded only if it is written so.
+func (w *walker) str() (raw []byte, escaped bool) {
+	w.i++
+	start := w.i
+	for {
+		w.i += bytes.IndexByte(w.p[w.i:], '"')
+		if !escaped && bytes.IndexByte(w.p[start:w.i], '\\') < 0 {
+			w.i++
+			return w.p[start : w.i-1], false
+		}
+		escaped = true
+		// The quote ends the string unless an odd run of backslashes
+		// escapes it.
+		odd := false
+		for j := w.i - 1; j >= start && w.p[j] == '\\'; j-- {
+			odd = !odd
+		}
+		w.i++
+		if !odd {
+			return w.p[start : w.i-1], true
+		}
+	}
+}
+
+// skip passes the value at w.i.
+func (w *walker) skip() {
+	switch w.next() {
+	case '"':
+		w.str()
+	case '{', '[':
+		for depth := 0; ; {
+			switch w.p[w.i] {
+			case '"':
+				w.str()
+				continue
+			case '{', '[':
+				depth++
+			case '}', ']':
+				depth--
+			}
+			w.i++
+			if depth == 0 {
+				return
+			}
+		}
+	default:
+		for ; w.i < len(w.p); w.i++ {
+			switch w.p[w.i] {
+			case ',', '}', ']', ' ', '\t', '\r', '\n':
+				return
+			}
+		}
+	}
+}
+
+// null passes a null at w.i, if one is there.
+func (w *walker) null() bool {
+	if w.next() == 'n' {
+		w.i += len("null")
+		return true
+	}
+	return false
+}
+
+// object reads the object at w.i (w.next() is '{'), calling field with the
+// index in keys of each key it has (case-insensitively), which reads the
+// value; any other key's value is skipped.
+func (w *walker) object(keys [][]byte, field func(k int) int) int {
+	w.i++
+	var seen uint
+	for {
+		switch w.next() {
+		case '}':
+			w.i++
+			return walked
+		case ',':
+			w.i++
+			continue
+		}
+		raw, escaped := w.str()
+		if escaped || !ascii(raw) {
+			return unsure
+		}
+		w.next() // the colon
+		w.i++
+		k := slices.IndexFunc(keys, func(key []byte) bool { return bytes.EqualFold(key, raw) })
+		if k < 0 {
+			w.skip()
+			continue
+		}
+		if seen&(1<<k) != 0 {
+			return unsure
+		}
+		seen |= 1 << k
+		if how := field(k); how != walked {
+			return how
+		}
+	}
+}
+
+func ascii(b []byte) bool {
+	for _, c := range b {
+		if c >= 0x80 {
+			return false
+		}
+	}
+	return true
+}
+
+// text reads a string field's value: whether it is a non-empty string.
+func (w *walker) text(nonEmpty *bool) int {
+	if w.null() {
+		return walked
+	}
+	if w.next() != '"' {
+		return mismatched
+	}
+	raw, _ := w.str()
+	*nonEmpty = *nonEmpty || len(raw) > 0
+	return walked
+}
+
+var (
+	chunkKeys  = [][]byte{[]byte("type"), []byte("choices")}
+	choiceKeys = [][]byte{[]byte("text"), []byte("delta")}
+	deltaKeys  = [][]byte{[]byte("content"), []byte("reasoning_content"), []byte("reasoning"), []byte("tool_calls")}
+)
+
+// chunk reads the payload as a Chunk and says whether it carries a token.
+func (w *walker) chunk() (bool, int) {
+	if w.next() != '{' {
+		return false, mismatched // or null: no token either way
+	}
+	var typ []byte
+	choice := false
+	how := w.object(chunkKeys, func(k int) int {
+		if k == 0 { // type
+			if w.null() {
+				return walked
+			}
+			if w.next() != '"' {
+				return mismatched
+			}
+			raw, escaped := w.str()
+			if escaped {
+				return unsure
+			}
+			typ = raw
+			return walked
+		}
+		if w.null() { // choices
+			return walked
+		}
+		if w.next() != '[' {
+			return mismatched
+		}
+		w.i++
+		for {
+			switch w.next() {
+			case ']':
+				w.i++
+				return walked
+			case ',':
+				w.i++
+			case 'n':
+				w.null()
+			case '{':
+				if how := w.object(choiceKeys, func(k int) int { return w.choiceField(k, &choice) }); how != walked {
+					return how
+				}
+			default:
+				return mismatched
+			}
+		}
+	})
+	if how != walked {
+		return false, how
+	}
+	if len(typ) > 0 {
+		return apiTokenEvents[string(typ)], walked
+	}
+	return choice, walked
+}
+
+// choiceField reads the value of a choice's key choiceKeys[k].
+func (w *walker) choiceField(k int, carries *bool) int {
+	if k == 0 { // text
+		return w.text(carries)
+	}
+	if w.null() { // delta
+		return walked
+	}
+	if w.next() != '{' {
+		return mismatched
+	}
+	return w.object(deltaKeys, func(k int) int {
+		if k < 3 {
+			return w.text(carries)
+		}
+		if w.null() { // tool_calls
+			return walked
+		}
+		if w.next() != '[' {
+			return mismatched
+		}
+		start := w.i
+		w.i++
+		if w.next() != ']' {
+			*carries = true // any element, even null, is a call
+		}
+		w.i = start
+		w.skip()
+		return walked
+	})
 }
 
 // CarriesStart is Carries for a payload of which only the start is at hand

@@ -1,6 +1,9 @@
 package tokenchunk
 
 import (
+	"bytes"
+	"encoding/json"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -91,5 +94,112 @@ func TestStartAgreesWithWhole(t *testing.T) {
 		if whole, start := Carries([]byte(p)), CarriesStart(nil, []byte(p)); whole != start {
 			t.Errorf("%s: Carries %v, CarriesStart %v", p, whole, start)
 		}
+	}
+}
+
+// decoded is Carries as it was before the walk: the token keys looked for,
+// then json.Unmarshal into a Chunk. The walk must answer exactly as it.
+func decoded(payload []byte) bool {
+	if !slices.ContainsFunc(tokenKeys, func(k []byte) bool { return bytes.Contains(payload, k) }) {
+		return false
+	}
+	var c Chunk
+	if json.Unmarshal(payload, &c) != nil {
+		return false
+	}
+	return c.CarriesToken()
+}
+
+// carriesSeeds are payloads where a walk could part from the decoder:
+// keys in other cases, twice, escaped or not ASCII; values of the wrong
+// type; nulls; whitespace; nesting.
+var carriesSeeds = []string{
+	`{"choices":[{"index":0,"delta":{"role":"assistant","content":null}}],"created":1,"id":"c","model":"m","object":"chat.completion.chunk"}`,
+	`{"choices":[{"index":0,"delta":{"reasoning_content":"Okay,"}}],"created":1}`,
+	`{"Choices":[{"Delta":{"CONTENT":"x"}}]}`,
+	`{"choices":[{"delta":{"content":"x","content":""}}]}`,
+	`{"choices":[{"delta":{"content":"x","Content":""}}]}`,
+	`{"choices":[{"delta":{"content":""}}],"choices":[{"delta":{"content":"x"}}]}`,
+	`{"choices":[{"delta":{"content":"x"}}],"choices":[{"delta":{}}]}`,
+	`{"choices":[{"delta":{"content":"x"},"delta":{"role":"a"}}]}`,
+	`{"choices":[{"delta":{"\u0063ontent":"x"}}]}`,
+	`{"choiceſ":[{"delta":{"content":"x"}}]}`,
+	`{"choices":[{"delta":{"content":5}}]}`,
+	`{"choices":[{"delta":{"content":"x"}},{"text":5}]}`,
+	`{"choices":[{"delta":"x"}]}`,
+	`{"choices":{"delta":{"content":"x"}}}`,
+	`{"choices":[null,{"delta":{"content":"x"}}]}`,
+	`{"choices":[1]}`,
+	`{"choices":null,"type":null}`,
+	`{"type":5,"choices":[{"delta":{"content":"x"}}]}`,
+	`{"type":"content_block_delta","choices":[{"text":[]}]}`,
+	`{"type":"content_block_delta","choices":[{"text":"x"}]}`,
+	`{"type":"content_block_\u0064elta"}`,
+	`{"type":"","choices":[{"text":"x"}]}`,
+	`{"choices":[{"delta":{"tool_calls":[null]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":[ ]}}]}`,
+	`{"choices":[{"delta":{"tool_calls":{}}}]}`,
+	`{"choices":[{"delta":{"tool_calls":"x"}}]}`,
+	` { "choices" : [ { "delta" : { "content" : "\"" } } ] } `,
+	`{"choices":[{"delta":{"content":"\u0000"}}]}`,
+	`{"x":{"choices":[{"delta":{"content":"x"}}]},"choices":[]}`,
+	`{"x":["{\"content\":\"x\"}",{"a":[1,2,{"b":"]}"}]}],"choices":[{"delta":{"content":""}}]}`,
+	`[{"choices":[{"delta":{"content":"x"}}]}]`,
+	`"content"`,
+	`null`,
+	`{"choices":[{"delta":{"content":"x"}}]} x`,
+	`{"choices":[{"delta":{"content":true}}]}`,
+	`{"choices":[{"delta":{"reasoning":"x","reasoning_content":5}}]}`,
+}
+
+// TestCarriesAsDecoded: the walk answers as decoding into a Chunk does,
+// on the seeds and on every case of TestCarries.
+func TestCarriesAsDecoded(t *testing.T) {
+	for _, p := range carriesSeeds {
+		if got, want := Carries([]byte(p)), decoded([]byte(p)); got != want {
+			t.Errorf("Carries(%s) = %v, decoding says %v", p, got, want)
+		}
+	}
+}
+
+// FuzzCarries looks for a payload where the walk and the decoder part.
+func FuzzCarries(f *testing.F) {
+	for _, p := range carriesSeeds {
+		f.Add(p)
+	}
+	f.Fuzz(func(t *testing.T, p string) {
+		if got, want := Carries([]byte(p)), decoded([]byte(p)); got != want {
+			t.Errorf("Carries(%q) = %v, decoding says %v", p, got, want)
+		}
+	})
+}
+
+func BenchmarkCarries(b *testing.B) {
+	role := []byte(carriesSeeds[0])
+	tok := []byte(carriesSeeds[1])
+	b.ReportAllocs()
+	for b.Loop() {
+		Carries(role)
+		Carries(tok)
+	}
+}
+
+func BenchmarkCarriesDecoded(b *testing.B) {
+	role := []byte(carriesSeeds[0])
+	tok := []byte(carriesSeeds[1])
+	b.ReportAllocs()
+	for b.Loop() {
+		decoded(role)
+		decoded(tok)
+	}
+}
+
+// TestCarriesAllocatesNothing: the router asks Carries of every event until
+// the first token; a chunk is read where it lies, not decoded into one
+// (21 allocations a role chunk and a token before the walk).
+func TestCarriesAllocatesNothing(t *testing.T) {
+	role, tok := []byte(carriesSeeds[0]), []byte(carriesSeeds[1])
+	if n := testing.AllocsPerRun(100, func() { Carries(role); Carries(tok) }); n != 0 {
+		t.Errorf("Carries allocates %v times a role chunk and a token, want 0", n)
 	}
 }
