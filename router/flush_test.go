@@ -3,12 +3,18 @@ package router
 import (
 	"bufio"
 	"context"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
+
+	"fleet"
 )
 
 // flushRecorder is a ResponseWriter that records how many body bytes each
@@ -18,6 +24,8 @@ type flushRecorder struct {
 	mu      sync.Mutex
 	pending int
 	flushes []int
+	// onFlush, when set, hears of every flush: the bytes of each so far.
+	onFlush func(flushes []int)
 }
 
 func (w *flushRecorder) Header() http.Header { return w.header }
@@ -34,6 +42,9 @@ func (w *flushRecorder) Flush() {
 	defer w.mu.Unlock()
 	w.flushes = append(w.flushes, w.pending)
 	w.pending = 0
+	if w.onFlush != nil {
+		w.onFlush(w.flushes)
+	}
 }
 
 // TestStreamHeadersLeaveWithTheFirstBytes: a stream's headers are not
@@ -210,4 +221,113 @@ func readEvent(br *bufio.Reader) (string, error) {
 			return ev.String(), nil
 		}
 	}
+}
+
+// TestBurstIsReadAtOnce: events an engine sent in one go are read from the
+// worker's connection at once and leave the router in one flush, however
+// many: the transport's default 4 KiB buffer cut a fast engine's backlog
+// into a system call per 4 KiB. The engine is a socket that writes its
+// headers and 12 KiB of events, each in its own chunk as llama-server
+// flushes them, in one write, then waits until the client has them all.
+func TestBurstIsReadAtOnce(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var burst strings.Builder
+	burst.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+	chunk := func(s string) string { return fmt.Sprintf("%x\r\n%s\r\n", len(s), s) }
+	events := 0
+	for events = 0; events*len(sseEvent("token")) < 12<<10; events++ {
+		burst.WriteString(chunk(sseEvent("token")))
+	}
+	burstBytes := events * len(sseEvent("token"))
+	got := make(chan struct{})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	engineDone := make(chan error, 1)
+	go func() {
+		engineDone <- func() error {
+			conn, err := ln.Accept()
+			if err != nil {
+				return err
+			}
+			defer conn.Close()
+			req, err := http.ReadRequest(bufio.NewReader(conn))
+			if err != nil {
+				return err
+			}
+			if _, err := io.Copy(io.Discard, req.Body); err != nil {
+				return err
+			}
+			if _, err := io.WriteString(conn, burst.String()); err != nil {
+				return err
+			}
+			select {
+			case <-got:
+			case <-ctx.Done():
+				return ctx.Err()
+			}
+			_, err = io.WriteString(conn, chunk("data: [DONE]\n\n")+"0\r\n\r\n")
+			return err
+		}()
+	}()
+	r := mustNew(t, Options{})
+	if err := r.SetModels(testModels()); err != nil {
+		t.Fatal(err)
+	}
+	conn := &readCounter{}
+	r.SetBackends([]Backend{{Name: "rig/qwen3-4b", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, Addr: ln.Addr().String(), Context: 16384, Slots: 1,
+		Dial: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := (&net.Dialer{}).DialContext(ctx, network, addr)
+			conn.Conn = c
+			return conn, err
+		}}})
+	burstReads := int64(-1)
+	var burstFlushes []int
+	w := &flushRecorder{header: http.Header{}, onFlush: func(flushes []int) {
+		sum := 0
+		for _, n := range flushes {
+			sum += n
+		}
+		if burstFlushes == nil && sum >= burstBytes {
+			burstFlushes = slices.Clone(flushes)
+			burstReads = conn.reads.Load()
+			close(got)
+		}
+	}}
+	req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/chat/completions",
+		strings.NewReader(`{"model":"qwen3-4b","stream":true,"messages":[]}`))
+	r.Handler().ServeHTTP(w, req)
+	if err := <-engineDone; err != nil {
+		t.Fatalf("engine: %v", err)
+	}
+	if burstFlushes == nil {
+		t.Fatalf("the client got %v bytes in flushes, not the %d of the burst", w.flushes, burstBytes)
+	}
+	// The first read is the hedge's (at most 4 KiB, hedge.go); all the
+	// rest had arrived by then, and leaves in the next.
+	// The headers and the burst are one read; the hedge takes the first
+	// 4 KiB of it (hedge.go), the copy loop the rest, each in a flush.
+	if burstReads != 1 {
+		t.Errorf("the engine's headers and %d events, sent in one write, took %d reads of its connection, want 1", events, burstReads)
+	}
+	if len(burstFlushes) > 2 {
+		t.Errorf("%d events sent in one write left in %d flushes %v, want at most 2", events, len(burstFlushes), burstFlushes)
+	}
+}
+
+// readCounter counts the reads of a connection that brought bytes.
+type readCounter struct {
+	net.Conn
+	reads atomic.Int64
+}
+
+func (c *readCounter) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if n > 0 {
+		c.reads.Add(1)
+	}
+	return n, err
 }

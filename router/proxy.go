@@ -18,7 +18,11 @@ import (
 	"fleet/router/reasoning"
 )
 
-var bufPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+// streamReadBytes is the most one read of a worker's answer brings, in the
+// copy loop and below it in the worker's transport.
+const streamReadBytes = 32 << 10
+
+var bufPool = sync.Pool{New: func() any { b := make([]byte, streamReadBytes); return &b }}
 
 func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 	if req.Method != http.MethodGet && req.Method != http.MethodHead {

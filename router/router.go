@@ -527,6 +527,11 @@ func (r *Router) newBackend(cfg Backend) *backend {
 		// the client's behalf.
 		DisableCompression: true,
 		ForceAttemptHTTP2:  false,
+		// One read of the socket brings all a fast engine has sent since
+		// the last, up to the copy loop's buffer: the default 4 KiB took
+		// a system call per 4 KiB of its backlog (32 KiB per connection,
+		// up to Slots+ExtraConns of them).
+		ReadBufferSize: streamReadBytes,
 	}
 	labels := prometheus.Labels{"model": cfg.Model, "backend": cfg.Name}
 	b.cfg = cfg
