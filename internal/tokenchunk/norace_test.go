@@ -1,0 +1,5 @@
+//go:build !race
+
+package tokenchunk
+
+const raceDetector = false
