@@ -43,19 +43,33 @@ func (e *requestError) Error() string { return e.msg }
 const bytesPerToken = 4
 
 type wireRequest struct {
-	Model               json.RawMessage `json:"model"`
-	Stream              *bool           `json:"stream"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
-	Messages            json.RawMessage `json:"messages"`
-	Prompt              json.RawMessage `json:"prompt"`
-	Input               json.RawMessage `json:"input"`
-	Tools               json.RawMessage `json:"tools"`
+	Model               bodyPart `json:"model"`
+	Stream              *bool    `json:"stream"`
+	MaxTokens           *int     `json:"max_tokens"`
+	MaxCompletionTokens *int     `json:"max_completion_tokens"`
+	Messages            bodyPart `json:"messages"`
+	Prompt              bodyPart `json:"prompt"`
+	Input               bodyPart `json:"input"`
+	Tools               bodyPart `json:"tools"`
 	// Anthropic's system prompt and the Responses API's instructions and
 	// output limit.
-	System          json.RawMessage `json:"system"`
-	Instructions    json.RawMessage `json:"instructions"`
-	MaxOutputTokens *int            `json:"max_output_tokens"`
+	System          bodyPart `json:"system"`
+	Instructions    bodyPart `json:"instructions"`
+	MaxOutputTokens *int     `json:"max_output_tokens"`
+}
+
+// bodyPart is a field's raw JSON as a slice of the request body itself.
+// json.RawMessage would copy it: a prompt of 15 MiB cost 15 MiB more while
+// it was parsed, memory the bodies-in-flight bound does not count (a
+// hostile client's bodies held at the bound, completed at once, took the
+// hub past 400 MB). parseRequest reads the parts while the body is there
+// and keeps none of them.
+type bodyPart []byte
+
+// UnmarshalJSON keeps data, which encoding/json slices out of the body.
+func (p *bodyPart) UnmarshalJSON(data []byte) error {
+	*p = data
+	return nil
 }
 
 // parseRequest reads the routing facts out of an OpenAI request body.
