@@ -98,7 +98,7 @@ the model's other workers are judged again.`,
 }
 
 func benchCmd(h Hub, u fleet.User) *cobra.Command {
-	var o BenchOptions
+	var o fleet.BenchOptions
 	var asJSON, history bool
 	var limit int
 	c := &cobra.Command{

@@ -46,7 +46,7 @@ type Hub interface {
 	Shape(ctx context.Context, u fleet.User, a, b string) (shape.Report, error)
 	ShapeAll(ctx context.Context, u fleet.User, model string) ([]shape.Report, error)
 	PinShape(ctx context.Context, u fleet.User, worker string) (string, error)
-	Bench(ctx context.Context, u fleet.User, target string, o BenchOptions, progress io.Writer) (sweep.Result, error)
+	Bench(ctx context.Context, u fleet.User, target string, o fleet.BenchOptions, progress io.Writer) (sweep.Result, error)
 	ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error)
 	TrustNode(ctx context.Context, u fleet.User, node string) (string, error)
 	CreateKey(ctx context.Context, u fleet.User, name string) (string, error)
@@ -60,16 +60,6 @@ type Hub interface {
 	BenchHistoryHub
 }
 
-// BenchOptions choose what a bench run measures.
-type BenchOptions struct {
-	Levels   []int
-	Split    string
-	Requests int
-	Tokens   int
-	// Turns is the agent split's turns per session (0 or 1: one).
-	Turns int
-}
-
 // Exit statuses: 0 ok, 1 the command failed, 2 it was typed wrong.
 const (
 	ExitOK    = 0
@@ -78,10 +68,6 @@ const (
 )
 
 type usageError struct{ error }
-
-// MaxFleetFileBytes is the most `apply` reads; longer input is refused
-// whole, never cut.
-const MaxFleetFileBytes = 4 << 20
 
 // Run executes one command line for user u and returns its exit status.
 func Run(ctx context.Context, h Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
@@ -361,13 +347,13 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 			// One byte past the limit tells a file at the limit from a
 			// longer one: a cut file can still parse, and applying what is
 			// left of it would remove what the cut dropped.
-			data, err := io.ReadAll(io.LimitReader(stdin, MaxFleetFileBytes+1))
+			data, err := io.ReadAll(io.LimitReader(stdin, fleet.MaxFleetFileBytes+1))
 			if err != nil {
 				return fmt.Errorf("reading the fleet file from standard input: %w", err)
 			}
-			if len(data) > MaxFleetFileBytes {
+			if len(data) > fleet.MaxFleetFileBytes {
 				return fmt.Errorf("the fleet file %s is larger than apply's limit of %d MiB (%d bytes); nothing was applied: "+
-					"a fleet file that large is not one people wrote, so check what was sent", filename, MaxFleetFileBytes>>20, MaxFleetFileBytes)
+					"a fleet file that large is not one people wrote, so check what was sent", filename, fleet.MaxFleetFileBytes>>20, fleet.MaxFleetFileBytes)
 			}
 			if len(strings.TrimSpace(string(data))) == 0 {
 				return usageError{errors.New("apply reads a fleet file on standard input and got nothing; try: apply < fleet.yaml")}

@@ -88,7 +88,7 @@ func (f *fakeHub) ShapeAll(context.Context, fleet.User, string) ([]shape.Report,
 	return nil, nil
 }
 func (f *fakeHub) PinShape(context.Context, fleet.User, string) (string, error) { return "", nil }
-func (f *fakeHub) Bench(context.Context, fleet.User, string, BenchOptions, io.Writer) (sweep.Result, error) {
+func (f *fakeHub) Bench(context.Context, fleet.User, string, fleet.BenchOptions, io.Writer) (sweep.Result, error) {
 	return sweep.Result{}, nil
 }
 func (f *fakeHub) ForceAdmit(context.Context, fleet.User, string) (string, error) { return "", nil }
@@ -105,14 +105,14 @@ func (f *fakeHub) Usage(_ context.Context, _ fleet.User, since time.Time, by str
 	return []fleet.Usage{{Key: "alice", Requests: 3, PromptTokens: 1200, CachedTokens: 1000, CompletionTokens: 30}}, nil
 }
 func (f *fakeHub) SetTheme(context.Context, fleet.User, string) error { return nil }
-func (f *fakeHub) Status(context.Context, fleet.User) (Status, error) {
-	return Status{
+func (f *fakeHub) Status(context.Context, fleet.User) (fleet.HubStatus, error) {
+	return fleet.HubStatus{
 		Version: "v1.2.3", DataDir: "/var/lib/fleet", Database: "postgres://<redacted>@db.lab/fleet", StartedAt: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), UptimeSeconds: 3725,
 		Router: "http://127.0.0.1:8080/v1", Keys: 2, KeysRequired: true, Console: "0.0.0.0:22", ConsoleName: "fleet.local",
-		Nodes: CountStates(map[string]string{"ultra": "up", "max": "up", "rig": "unreachable"}, []string{"up", "unreachable"}),
-		Workers: CountStates(map[string]string{"ultra/qwen3-4b": "ready", "max/qwen3-4b": "installing", "rig/qwen3-4b": "failed"},
+		Nodes: fleet.CountStates(map[string]string{"ultra": "up", "max": "up", "rig": "unreachable"}, []string{"up", "unreachable"}),
+		Workers: fleet.CountStates(map[string]string{"ultra/qwen3-4b": "ready", "max/qwen3-4b": "installing", "rig/qwen3-4b": "failed"},
 			[]string{"ready", "installing", "failed"}),
-		Models: []ModelStatus{{ID: "qwen3-4b", Aliases: []string{"qwen"}, Context: 16384, Ready: 1, Workers: 3}},
+		Models: []fleet.ModelStatus{{ID: "qwen3-4b", Aliases: []string{"qwen"}, Context: 16384, Ready: 1, Workers: 3}},
 	}, nil
 }
 func (f *fakeHub) BenchHistory(_ context.Context, _ fleet.User, worker string, limit int) ([]sweep.Result, error) {
@@ -251,9 +251,9 @@ func TestApplyRefusesInputOverTheLimit(t *testing.T) {
 		size    int
 		applied bool
 	}{
-		{"at the limit", MaxFleetFileBytes, true},
-		{"one byte over", MaxFleetFileBytes + 1, false},
-		{"far over", 3 * MaxFleetFileBytes, false},
+		{"at the limit", fleet.MaxFleetFileBytes, true},
+		{"one byte over", fleet.MaxFleetFileBytes + 1, false},
+		{"far over", 3 * fleet.MaxFleetFileBytes, false},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			h := &fakeHub{}

@@ -14,88 +14,9 @@ import (
 	"fleet"
 )
 
-// Status is the one-screen summary of `fleet status`.
-type Status struct {
-	Version string `json:"version"`
-	// DataDir is the hub's data dir, for admins only ("" for the others).
-	DataDir string `json:"data_dir,omitempty"`
-	// Database names the PostgreSQL database holding the state, its URL
-	// without password or options, for admins only ("" with SQLite in the
-	// data dir, and for the others).
-	Database  string    `json:"database,omitempty"`
-	StartedAt time.Time `json:"started_at,omitzero"`
-	// UptimeSeconds is how long the hub has served, 0 before it does.
-	UptimeSeconds float64 `json:"uptime_s"`
-	// Router is the router's base URL, "" before it listens.
-	Router       string `json:"router"`
-	KeysRequired bool   `json:"keys_required"`
-	// Keys counts the router API keys not revoked.
-	Keys int `json:"keys"`
-	// Console is the SSH console's address ("" = none); ConsoleName its
-	// mDNS name when announced.
-	Console     string `json:"console,omitempty"`
-	ConsoleName string `json:"console_name,omitempty"`
-	// EnginePorts are the hub's engine ports, "MIN-MAX", for nodes that
-	// set no ports: of their own.
-	EnginePorts string `json:"engine_ports"`
-	// Nodes and Workers count by state; the names are of those not up or
-	// not ready, which are the ones to look at.
-	Nodes   []StateCount  `json:"nodes"`
-	Workers []StateCount  `json:"workers"`
-	Models  []ModelStatus `json:"models"`
-}
-
-// StateCount is how many nodes or workers are in one state, and which.
-type StateCount struct {
-	State string   `json:"state"`
-	Count int      `json:"count"`
-	Names []string `json:"names"`
-}
-
-// ModelStatus is a model and how many of its workers are ready.
-type ModelStatus struct {
-	ID      string   `json:"id"`
-	Aliases []string `json:"aliases,omitempty"`
-	Context int      `json:"context"`
-	Ready   int      `json:"ready"`
-	Workers int      `json:"workers"`
-}
-
 // StatusHub is what `status` needs from the hub.
 type StatusHub interface {
-	Status(ctx context.Context, u fleet.User) (Status, error)
-}
-
-// CountStates groups names by state, in the order of order (states not in
-// it after, by name).
-func CountStates(states map[string]string, order []string) []StateCount {
-	by := map[string][]string{}
-	for name, s := range states {
-		by[s] = append(by[s], name)
-	}
-	var keys []string
-	for s := range by {
-		keys = append(keys, s)
-	}
-	rank := func(s string) int {
-		if i := slices.Index(order, s); i >= 0 {
-			return i
-		}
-		return len(order)
-	}
-	slices.SortFunc(keys, func(a, b string) int {
-		if d := rank(a) - rank(b); d != 0 {
-			return d
-		}
-		return strings.Compare(a, b)
-	})
-	out := make([]StateCount, 0, len(keys))
-	for _, s := range keys {
-		names := by[s]
-		slices.Sort(names)
-		out = append(out, StateCount{State: s, Count: len(names), Names: names})
-	}
-	return out
+	Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error)
 }
 
 func statusCmd(h Hub, u fleet.User) *cobra.Command {
@@ -119,7 +40,7 @@ func statusCmd(h Hub, u fleet.User) *cobra.Command {
 	return c
 }
 
-func printStatus(w io.Writer, st Status) error {
+func printStatus(w io.Writer, st fleet.HubStatus) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	up := "not serving yet"
 	if !st.StartedAt.IsZero() {
@@ -178,7 +99,7 @@ func printStatus(w io.Writer, st Status) error {
 
 // stateLine is "3: 2 up, 1 unreachable (rig)": names only for states other
 // than the healthy one, which are what an operator looks at.
-func stateLine(cs []StateCount, healthy string) string {
+func stateLine(cs []fleet.StateCount, healthy string) string {
 	total := 0
 	var parts []string
 	for _, c := range cs {

@@ -18,7 +18,6 @@ import (
 	"fleet/bench"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
-	"fleet/cli"
 	"fleet/router"
 	"fleet/router/reasoning"
 	"fleet/store"
@@ -256,7 +255,7 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
-func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o cli.BenchOptions, progress io.Writer) (sweep.Result, error) {
+func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.BenchOptions, progress io.Writer) (sweep.Result, error) {
 	a, err := h.authorize(u, fleet.ActionBench, target)
 	if err != nil {
 		return sweep.Result{}, err

@@ -7,7 +7,6 @@ import (
 	"strings"
 
 	"fleet"
-	"fleet/cli"
 	"fleet/console"
 )
 
@@ -93,7 +92,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		for _, t := range a.Targets {
 			// Detached, as a restart is: it outlives the key press, not the hub.
 			s.h.detached.goDetached(ctx, func(ctx context.Context) {
-				res, err := s.h.Bench(ctx, s.u, t, cli.BenchOptions{Split: a.Split}, nil)
+				res, err := s.h.Bench(ctx, s.u, t, fleet.BenchOptions{Split: a.Split}, nil)
 				if err != nil {
 					if ctx.Err() != nil {
 						return // the hub is closing

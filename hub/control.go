@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"fleet/cli"
+	"fleet"
 )
 
 // The control socket lets `fleet workers` (and every other hub command) typed
@@ -45,7 +45,7 @@ const SocketName = "hub.sock"
 // anywhere near this long. It is the apply limit (a fleet file, the largest
 // input a command takes, comes on standard input, not in the line), so a
 // client that never sends a newline cannot grow the hub without bound.
-const maxControlRequest = cli.MaxFleetFileBytes
+const maxControlRequest = fleet.MaxFleetFileBytes
 
 type controlRequest struct {
 	Args []string `json:"args"`

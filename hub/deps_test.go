@@ -1,6 +1,8 @@
 package hub
 
 import (
+	"encoding/json"
+	"io"
 	"os/exec"
 	"slices"
 	"strings"
@@ -23,6 +25,49 @@ func TestDependencies(t *testing.T) {
 		}
 		if slices.Contains(strings.Fields(string(out)), tt.mustNot) {
 			t.Errorf("%s depends on %s again", tt.pkg, tt.mustNot)
+		}
+	}
+}
+
+// modulePackages lists the module's packages with the module's packages
+// each imports (test files left out: a test may drive the CLI).
+func modulePackages(t *testing.T) map[string][]string {
+	t.Helper()
+	out, err := exec.CommandContext(t.Context(), "go", "list", "-json=ImportPath,Imports", "fleet/...").Output()
+	if err != nil {
+		t.Fatalf("go list fleet/...: %v", err)
+	}
+	pkgs := map[string][]string{}
+	dec := json.NewDecoder(strings.NewReader(string(out)))
+	for {
+		var p struct {
+			ImportPath string
+			Imports    []string
+		}
+		if err := dec.Decode(&p); err == io.EOF {
+			break
+		} else if err != nil {
+			t.Fatalf("reading go list's output: %v", err)
+		}
+		var own []string
+		for _, imp := range p.Imports {
+			if imp == "fleet" || strings.HasPrefix(imp, "fleet/") {
+				own = append(own, imp)
+			}
+		}
+		pkgs[p.ImportPath] = own
+	}
+	return pkgs
+}
+
+// TestLayers: the command tree sits on top. Only the binary (cmd/...)
+// imports fleet/cli; the hub below it speaks the vocabulary of package
+// fleet (HubStatus, BenchOptions), and is given the command tree to run
+// (Options.Commands) instead of importing it.
+func TestLayers(t *testing.T) {
+	for pkg, imports := range modulePackages(t) {
+		if slices.Contains(imports, "fleet/cli") && !strings.HasPrefix(pkg, "fleet/cmd/") {
+			t.Errorf("%s imports fleet/cli; only the binary may (pass what it needs down, as hub.Options.Commands does)", pkg)
 		}
 	}
 }

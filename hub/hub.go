@@ -26,7 +26,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"fleet"
-	"fleet/cli"
 	"fleet/enginectl"
 	"fleet/fleetfile"
 	"fleet/internal/mdns"
@@ -128,7 +127,16 @@ type Options struct {
 	// (a launch recorded, an engine started, a stop accepted, ...): the
 	// crash tests' hub kills itself at one (FLEET_CRASH_AT). nil in use.
 	Fault func(point string)
+	// Commands runs one command line (SSH exec, the control socket)
+	// against this hub; cmd/fleet passes the command tree (cli.Run). It is
+	// given, not imported, so that the hub stays below the CLI it serves.
+	// Nil refuses every command line.
+	Commands Commands
 }
+
+// Commands runs one command line for user u against hub h and returns its
+// exit status.
+type Commands func(ctx context.Context, h *Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int
 
 // Hub is the running fleet hub.
 type Hub struct {
@@ -595,12 +603,16 @@ func (h *Hub) routerAddr() string {
 }
 
 func (h *Hub) execLocal(ctx context.Context, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, h, LocalAdmin(), args, stdin, stdout, stderr)
+	return h.Exec(ctx, LocalAdmin(), args, stdin, stdout, stderr)
 }
 
 // Exec runs one command line for an SSH user.
 func (h *Hub) Exec(ctx context.Context, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, h, u, args, stdin, stdout, stderr)
+	if h.opts.Commands == nil {
+		fmt.Fprintln(stderr, "this hub was opened without a command tree (hub.Options.Commands), so it runs no command lines; start it with fleet serve")
+		return 1
+	}
+	return h.opts.Commands(ctx, h, u, args, stdin, stdout, stderr)
 }
 
 // flushSamples batches the router's measurements into the store, so a

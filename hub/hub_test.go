@@ -75,7 +75,15 @@ func openHub(t *testing.T, opts Options) (*Hub, error) {
 		}
 		opts.FleetBin = bin
 	}
+	if opts.Commands == nil {
+		opts.Commands = runCLI
+	}
 	return Open(t.Context(), opts)
+}
+
+// runCLI is the command tree cmd/fleet gives a hub.
+func runCLI(ctx context.Context, h *Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.Run(ctx, h, u, args, stdin, stdout, stderr)
 }
 
 // newHub opens a demo hub that is closed when the test ends.
@@ -358,7 +366,7 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			return err
 		}},
 		{"bench", "bench", fleet.RoleOperator, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Bench(ctx, u, "nope", cli.BenchOptions{}, nil)
+			_, err := h.Bench(ctx, u, "nope", fleet.BenchOptions{}, nil)
 			return err
 		}},
 		{"status", "status", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {

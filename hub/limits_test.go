@@ -9,7 +9,6 @@ import (
 	"testing"
 
 	"fleet"
-	"fleet/cli"
 	"fleet/fleetfile"
 )
 
@@ -193,7 +192,7 @@ func TestChecksLimitedPerUser(t *testing.T) {
 		"shape":       func(u fleet.User) error { _, err := h.Shape(ctx, u, "ultra", "max"); return err },
 		"shape --all": func(u fleet.User) error { _, err := h.ShapeAll(ctx, u, "qwen3-4b"); return err },
 		"shape pin":   func(u fleet.User) error { _, err := h.PinShape(ctx, u, "ultra"); return err },
-		"bench":       func(u fleet.User) error { _, err := h.Bench(ctx, u, "ultra", cli.BenchOptions{}, nil); return err },
+		"bench":       func(u fleet.User) error { _, err := h.Bench(ctx, u, "ultra", fleet.BenchOptions{}, nil); return err },
 	}
 	for what, call := range calls {
 		err := call(ada)

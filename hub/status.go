@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"fleet"
-	"fleet/cli"
 )
 
 // statusNodeOrder and statusWorkerOrder order `status` lines: healthy first, then
@@ -20,8 +19,8 @@ var (
 )
 
 // Status is `fleet status`: the hub, its addresses, and the fleet counted.
-func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
-	var st cli.Status
+func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error) {
+	var st fleet.HubStatus
 	err := h.do(u, fleet.ActionStatus, "", func() (string, error) {
 		keys, err := h.store.APIKeys(ctx)
 		if err != nil {
@@ -73,10 +72,10 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (cli.Status, error) {
 				ready[w.Model]++
 			}
 		}
-		st.Nodes, st.Workers = cli.CountStates(nodes, statusNodeOrder), cli.CountStates(workers, statusWorkerOrder)
-		st.Models = []cli.ModelStatus{}
+		st.Nodes, st.Workers = fleet.CountStates(nodes, statusNodeOrder), fleet.CountStates(workers, statusWorkerOrder)
+		st.Models = []fleet.ModelStatus{}
 		for _, m := range snap.Models {
-			st.Models = append(st.Models, cli.ModelStatus{ID: m.ID, Aliases: m.Aliases, Context: m.Context, Ready: ready[m.ID], Workers: placed[m.ID]})
+			st.Models = append(st.Models, fleet.ModelStatus{ID: m.ID, Aliases: m.Aliases, Context: m.Context, Ready: ready[m.ID], Workers: placed[m.ID]})
 		}
 		return "", nil
 	})

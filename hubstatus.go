@@ -1,0 +1,105 @@
+package fleet
+
+import (
+	"slices"
+	"strings"
+	"time"
+)
+
+// The hub's answers that are more than one of the types above: what
+// `fleet status` shows and what a bench run is asked to measure. They live
+// here, below the hub and the CLI, so the CLI speaks the hub's vocabulary
+// and the hub never imports the CLI.
+
+// MaxFleetFileBytes is the most `apply` reads; longer input is refused
+// whole, never cut.
+const MaxFleetFileBytes = 4 << 20
+
+// BenchOptions choose what a bench run measures.
+type BenchOptions struct {
+	Levels   []int
+	Split    string
+	Requests int
+	Tokens   int
+	// Turns is the agent split's turns per session (0 or 1: one).
+	Turns int
+}
+
+// HubStatus is the one-screen summary of `fleet status`.
+type HubStatus struct {
+	Version string `json:"version"`
+	// DataDir is the hub's data dir, for admins only ("" for the others).
+	DataDir string `json:"data_dir,omitempty"`
+	// Database names the PostgreSQL database holding the state, its URL
+	// without password or options, for admins only ("" with SQLite in the
+	// data dir, and for the others).
+	Database  string    `json:"database,omitempty"`
+	StartedAt time.Time `json:"started_at,omitzero"`
+	// UptimeSeconds is how long the hub has served, 0 before it does.
+	UptimeSeconds float64 `json:"uptime_s"`
+	// Router is the router's base URL, "" before it listens.
+	Router       string `json:"router"`
+	KeysRequired bool   `json:"keys_required"`
+	// Keys counts the router API keys not revoked.
+	Keys int `json:"keys"`
+	// Console is the SSH console's address ("" = none); ConsoleName its
+	// mDNS name when announced.
+	Console     string `json:"console,omitempty"`
+	ConsoleName string `json:"console_name,omitempty"`
+	// EnginePorts are the hub's engine ports, "MIN-MAX", for nodes that
+	// set no ports: of their own.
+	EnginePorts string `json:"engine_ports"`
+	// Nodes and Workers count by state; the names are of those not up or
+	// not ready, which are the ones to look at.
+	Nodes   []StateCount  `json:"nodes"`
+	Workers []StateCount  `json:"workers"`
+	Models  []ModelStatus `json:"models"`
+}
+
+// StateCount is how many nodes or workers are in one state, and which.
+type StateCount struct {
+	State string   `json:"state"`
+	Count int      `json:"count"`
+	Names []string `json:"names"`
+}
+
+// ModelStatus is a model and how many of its workers are ready.
+type ModelStatus struct {
+	ID      string   `json:"id"`
+	Aliases []string `json:"aliases,omitempty"`
+	Context int      `json:"context"`
+	Ready   int      `json:"ready"`
+	Workers int      `json:"workers"`
+}
+
+// CountStates groups names by state, in the order of order (states not in
+// it after, by name).
+func CountStates(states map[string]string, order []string) []StateCount {
+	by := map[string][]string{}
+	for name, s := range states {
+		by[s] = append(by[s], name)
+	}
+	var keys []string
+	for s := range by {
+		keys = append(keys, s)
+	}
+	rank := func(s string) int {
+		if i := slices.Index(order, s); i >= 0 {
+			return i
+		}
+		return len(order)
+	}
+	slices.SortFunc(keys, func(a, b string) int {
+		if d := rank(a) - rank(b); d != 0 {
+			return d
+		}
+		return strings.Compare(a, b)
+	})
+	out := make([]StateCount, 0, len(keys))
+	for _, s := range keys {
+		names := by[s]
+		slices.Sort(names)
+		out = append(out, StateCount{State: s, Count: len(names), Names: names})
+	}
+	return out
+}
