@@ -21,17 +21,17 @@ import (
 // auditing the refusal, one that is not there or that the user's role does
 // not allow, and every action of a user past MaxRefusalsPerMinute. Every
 // entry point of the hub that a user calls goes through it.
-func (h *Hub) authorize(u fleet.User, action fleet.ActionName, target string) (fleet.Action, error) {
+func (g *guard) authorize(u fleet.User, action fleet.ActionName, target string) (fleet.Action, error) {
 	a, ok := fleet.LookupAction(action)
-	if err := h.throttle(u, action, target); err != nil {
+	if err := g.throttle(u, action, target); err != nil {
 		return a, err
 	}
 	if !ok {
-		h.refuse(u, action, target, "denied: not in the action table")
+		g.refuse(u, action, target, "denied: not in the action table")
 		return a, fmt.Errorf("permission denied: %q is not in the hub's action table, so nobody may do it", action)
 	}
 	if !u.Role.Allows(a.Role) {
-		h.refuse(u, action, target, "denied: needs "+string(a.Role))
+		g.refuse(u, action, target, "denied: needs "+string(a.Role))
 		return a, fmt.Errorf("permission denied: %s needs the %s role; you (%s) are %s", action, a.Role, u.Name, roleName(u.Role))
 	}
 	return a, nil
@@ -47,7 +47,7 @@ func roleName(r fleet.Role) string {
 // Authorize is authorize for the command tree, which checks each command
 // before it runs it.
 func (h *Hub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
-	_, err := h.authorize(u, action, target)
+	_, err := h.guard.authorize(u, action, target)
 	return err
 }
 
@@ -55,19 +55,19 @@ func (h *Hub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName
 // first when it is an audited one (and nothing done when that line cannot
 // be written), then run, then its outcome recorded: "ok", "ok (note)" with
 // the note run returns, or the error.
-func (h *Hub) do(u fleet.User, action fleet.ActionName, target string, run func() (note string, err error)) error {
-	a, err := h.authorize(u, action, target)
+func (g *guard) do(u fleet.User, action fleet.ActionName, target string, run func() (note string, err error)) error {
+	a, err := g.authorize(u, action, target)
 	if err != nil {
 		return err
 	}
-	return h.run(u, a, target, run)
+	return g.run(u, a, target, run)
 }
 
 // run is do for an action already authorized, once per target of an
 // action on several. A read that fails is audited too, after the fact: it
 // changed nothing, but someone tried.
-func (h *Hub) run(u fleet.User, a fleet.Action, target string, run func() (string, error)) error {
-	line, err := h.begin(u, a, target)
+func (g *guard) run(u fleet.User, a fleet.Action, target string, run func() (string, error)) error {
+	line, err := g.begin(u, a, target)
 	if err != nil {
 		return err
 	}
@@ -75,7 +75,7 @@ func (h *Hub) run(u fleet.User, a fleet.Action, target string, run func() (strin
 	switch {
 	case !a.Audited:
 		if err != nil {
-			h.failed(u, a, target, err)
+			g.failed(u, a, target, err)
 		}
 	case err == nil && note != "":
 		line.end("ok (" + note + ")")
@@ -88,8 +88,8 @@ func (h *Hub) run(u fleet.User, a fleet.Action, target string, run func() (strin
 // failed audits an authorized action that failed before it changed
 // anything: a read, or an action stopped before it reached any of its
 // targets (an unknown name).
-func (h *Hub) failed(u fleet.User, a fleet.Action, target string, err error) {
-	h.noteRepeat(u, a.Name, target, "failed: "+err.Error(), false)
+func (g *guard) failed(u fleet.User, a fleet.Action, target string, err error) {
+	g.noteRepeat(u, a.Name, target, "failed: "+err.Error(), false)
 }
 
 // Act does a per-worker action of the table (fleet.Action.PerWorker:
@@ -101,13 +101,13 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targ
 	if !ok {
 		return "", fmt.Errorf("unknown action %q: use %s", kind, perWorkerNames())
 	}
-	a, err := h.authorize(u, kind, target)
+	a, err := h.guard.authorize(u, kind, target)
 	if err != nil {
 		return "", err
 	}
 	names, err := h.resolve(targets)
 	if err != nil {
-		h.failed(u, a, target, err)
+		h.guard.failed(u, a, target, err)
 		return "", err
 	}
 	if op == nil {
@@ -115,7 +115,7 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targ
 	}
 	var msgs []string
 	for _, name := range names {
-		err := h.run(u, a, name, func() (string, error) {
+		err := h.guard.run(u, a, name, func() (string, error) {
 			msg, err := op(ctx, name)
 			if err == nil {
 				msgs = append(msgs, msg)
@@ -252,7 +252,7 @@ func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []b
 	if dryRun {
 		action = fleet.ActionApplyDryRun
 	}
-	err = h.do(u, action, filename, func() (string, error) {
+	err = h.guard.do(u, action, filename, func() (string, error) {
 		plan, err = h.apply(ctx, filename, data, dryRun)
 		return "", err
 	})
@@ -333,7 +333,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 // and the file says so in a comment at its top, since apply refuses it
 // until each placeholder is replaced: no round trip loses a secret silently.
 func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error) {
-	err = h.do(u, fleet.ActionExport, "", func() (string, error) {
+	err = h.guard.do(u, fleet.ActionExport, "", func() (string, error) {
 		f, err := h.store.LoadFleet(ctx)
 		if err != nil {
 			return "", err
@@ -359,17 +359,17 @@ func (h *Hub) Export(ctx context.Context, u fleet.User) (data []byte, err error)
 
 // ForceAdmit overrides a failed admission check (operator; audited).
 func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (string, error) {
-	a, err := h.authorize(u, fleet.ActionForceAdmit, worker)
+	a, err := h.guard.authorize(u, fleet.ActionForceAdmit, worker)
 	if err != nil {
 		return "", err
 	}
 	names, err := h.resolve([]string{worker})
 	if err != nil {
-		h.failed(u, a, worker, err)
+		h.guard.failed(u, a, worker, err)
 		return "", err
 	}
 	for _, name := range names {
-		err := h.run(u, a, name, func() (string, error) {
+		err := h.guard.run(u, a, name, func() (string, error) {
 			if err := h.mgr.ForceAdmit(ctx, name); err != nil {
 				return "", fmt.Errorf("admitting %s: %w", name, err)
 			}
@@ -387,7 +387,7 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 // key the node presents now (admin; audited). It is how an operator accepts
 // a reinstalled machine after the hub refused its changed key.
 func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string, error) {
-	err := h.do(u, fleet.ActionNodeTrust, node, func() (string, error) {
+	err := h.guard.do(u, fleet.ActionNodeTrust, node, func() (string, error) {
 		n, err := h.store.Node(ctx, node)
 		if err != nil {
 			return "", err

@@ -20,7 +20,7 @@ func TestActionTableByRole(t *testing.T) {
 			t.Run(string(a.Name)+"/"+name, func(t *testing.T) {
 				mark := lastAuditID(t, h)
 				ran := false
-				err := h.do(u, a.Name, "ultra", func() (string, error) { ran = true; return "", nil })
+				err := h.guard.do(u, a.Name, "ultra", func() (string, error) { ran = true; return "", nil })
 				audited := auditSince(t, h, mark)
 				want := map[fleet.Role]int{fleet.RoleViewer: 1, fleet.RoleOperator: 2, fleet.RoleAdmin: 3}
 				if allowed := want[u.Role] >= want[a.Role]; !allowed {
@@ -53,7 +53,7 @@ func TestActionOutsideTheTableIsRefused(t *testing.T) {
 	h, _ := seededHub(t)
 	mark := lastAuditID(t, h)
 	ran := false
-	err := h.do(admin, "frobnicate", "ultra", func() (string, error) { ran = true; return "", nil })
+	err := h.guard.do(admin, "frobnicate", "ultra", func() (string, error) { ran = true; return "", nil })
 	if ran || err == nil || !strings.Contains(err.Error(), "not in the hub's action table") {
 		t.Fatalf("frobnicate by an admin: ran=%v, err=%v; want it refused as outside the table", ran, err)
 	}
@@ -85,7 +85,7 @@ func TestDoAuditsHowActionsEnd(t *testing.T) {
 	}
 	for _, tt := range tests {
 		mark := lastAuditID(t, h)
-		err := h.do(admin, tt.action, "ultra", func() (string, error) { return tt.note, tt.err })
+		err := h.guard.do(admin, tt.action, "ultra", func() (string, error) { return tt.note, tt.err })
 		if !errors.Is(err, tt.err) {
 			t.Errorf("%s: do returned %v, want %v", tt.action, err, tt.err)
 		}

@@ -12,14 +12,25 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/store"
 	"fleet/themes"
 )
 
+// Admin answers the administration commands: console users, router API
+// keys, reading the audit trail, a user's theme. The hub composes one; each
+// command is authorized and audited by the hub's guard, and a key's limits
+// reach the router through the Ledger.
+type Admin struct {
+	guard  *guard
+	store  *store.Store
+	ledger *Ledger
+}
+
 // Audit lists recent audit entries; operators and admins may read it.
-func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.AuditEntry, err error) {
-	err = h.do(u, fleet.ActionAudit, "", func() (string, error) {
-		h.flushRefusals()
-		es, err = h.store.Audit(ctx, limit)
+func (ad *Admin) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.AuditEntry, err error) {
+	err = ad.guard.do(u, fleet.ActionAudit, "", func() (string, error) {
+		ad.guard.flushRefusals()
+		es, err = ad.store.Audit(ctx, limit)
 		if !u.Role.Allows(fleet.RoleAdmin) {
 			es = fleet.RedactAudit(es)
 		}
@@ -29,41 +40,41 @@ func (h *Hub) Audit(ctx context.Context, u fleet.User, limit int) (es []fleet.Au
 }
 
 // AddUser adds a console user (admin only).
-func (h *Hub) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
-	a, err := h.authorize(u, fleet.ActionUserAdd, nu.Name)
+func (ad *Admin) AddUser(ctx context.Context, u fleet.User, nu fleet.User) error {
+	a, err := ad.guard.authorize(u, fleet.ActionUserAdd, nu.Name)
 	if err != nil {
 		return err
 	}
-	return h.run(u, a, nu.Name+" ("+string(nu.Role)+")", func() (string, error) {
-		return "", h.store.AddUser(ctx, nu)
+	return ad.guard.run(u, a, nu.Name+" ("+string(nu.Role)+")", func() (string, error) {
+		return "", ad.store.AddUser(ctx, nu)
 	})
 }
 
 // RemoveUser removes a console user (admin only).
-func (h *Hub) RemoveUser(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, fleet.ActionUserRemove, name, func() (string, error) {
-		return "", h.store.RemoveUser(ctx, name)
+func (ad *Admin) RemoveUser(ctx context.Context, u fleet.User, name string) error {
+	return ad.guard.do(u, fleet.ActionUserRemove, name, func() (string, error) {
+		return "", ad.store.RemoveUser(ctx, name)
 	})
 }
 
 // Users lists console users (admin only).
-func (h *Hub) Users(ctx context.Context, u fleet.User) (us []fleet.User, err error) {
-	err = h.do(u, fleet.ActionUserList, "", func() (string, error) {
-		us, err = h.store.Users(ctx)
+func (ad *Admin) Users(ctx context.Context, u fleet.User) (us []fleet.User, err error) {
+	err = ad.guard.do(u, fleet.ActionUserList, "", func() (string, error) {
+		us, err = ad.store.Users(ctx)
 		return "", err
 	})
 	return us, err
 }
 
 // CreateKey creates a router API key and returns it; only its hash is kept.
-func (h *Hub) CreateKey(ctx context.Context, u fleet.User, name string) (key string, err error) {
-	err = h.do(u, fleet.ActionKeyCreate, name, func() (string, error) {
-		key, err = h.store.CreateAPIKey(ctx, name)
+func (ad *Admin) CreateKey(ctx context.Context, u fleet.User, name string) (key string, err error) {
+	err = ad.guard.do(u, fleet.ActionKeyCreate, name, func() (string, error) {
+		key, err = ad.store.CreateAPIKey(ctx, name)
 		if err != nil {
 			return "", err
 		}
 		// A revoked key's name reused starts without the old key's limits.
-		return "", h.loadKeyLimits(ctx)
+		return "", ad.ledger.loadKeyLimits(ctx)
 	})
 	return key, err
 }
@@ -117,15 +128,15 @@ func CreateKeyWithoutHub(ctx context.Context, dataDir, databaseURL, name string,
 
 // Keys lists router API keys (names and dates, never the keys), each with
 // when it was last used and its requests today (UTC).
-func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err error) {
-	err = h.do(u, fleet.ActionKeyList, "", func() (string, error) {
+func (ad *Admin) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err error) {
+	err = ad.guard.do(u, fleet.ActionKeyList, "", func() (string, error) {
 		// What the router counted in the last seconds shows at once.
-		h.writeUsage(ctx)
-		keys, err = h.store.APIKeys(ctx)
+		ad.ledger.writeUsage(ctx)
+		keys, err = ad.store.APIKeys(ctx)
 		if err != nil {
 			return "", err
 		}
-		used, err := h.store.KeyActivity(ctx, time.Now().UTC().Truncate(24*time.Hour))
+		used, err := ad.store.KeyActivity(ctx, time.Now().UTC().Truncate(24*time.Hour))
 		if err != nil {
 			return "", err
 		}
@@ -139,18 +150,18 @@ func (h *Hub) Keys(ctx context.Context, u fleet.User) (keys []fleet.APIKey, err 
 }
 
 // RevokeKey revokes a router API key at once.
-func (h *Hub) RevokeKey(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, fleet.ActionKeyRevoke, name, func() (string, error) {
-		if err := h.store.RevokeAPIKey(ctx, name); err != nil {
+func (ad *Admin) RevokeKey(ctx context.Context, u fleet.User, name string) error {
+	return ad.guard.do(u, fleet.ActionKeyRevoke, name, func() (string, error) {
+		if err := ad.store.RevokeAPIKey(ctx, name); err != nil {
 			return "", err
 		}
-		return "", h.loadKeyLimits(ctx)
+		return "", ad.ledger.loadKeyLimits(ctx)
 	})
 }
 
 // SetTheme stores a user's own console theme ("" = from the terminal's background).
-func (h *Hub) SetTheme(ctx context.Context, u fleet.User, name string) error {
-	return h.do(u, fleet.ActionTheme, name, func() (string, error) {
+func (ad *Admin) SetTheme(ctx context.Context, u fleet.User, name string) error {
+	return ad.guard.do(u, fleet.ActionTheme, name, func() (string, error) {
 		if name != "" {
 			if _, err := themes.Named(name); err != nil {
 				return "", err
@@ -159,6 +170,6 @@ func (h *Hub) SetTheme(ctx context.Context, u fleet.User, name string) error {
 		if u.Fingerprint == "" {
 			return "", fmt.Errorf("%s is not a console user; themes are per SSH user (set one with: ssh -p PORT hub theme NAME)", u.Name)
 		}
-		return "", h.store.SetUserTheme(ctx, u.Name, name)
+		return "", ad.store.SetUserTheme(ctx, u.Name, name)
 	})
 }

@@ -3,9 +3,11 @@ package hub
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"fleet"
+	"fleet/store"
 )
 
 // What one audit line keeps of text a caller chose (a target typed, an
@@ -15,6 +17,20 @@ const (
 	auditTargetBytes  = 256
 	auditOutcomeBytes = 512
 )
+
+// guard is the one way in for whatever a user asks of the hub: it looks the
+// action up in the table (fleet.Actions), refuses, and audits the refusal
+// of, what the user's role does not allow, writes an audited action's line
+// before the action runs (do, in actions.go), and collapses repeated
+// refusals into counted lines (refusals.go). The hub and each part it
+// composes (Admin, …) share one guard.
+type guard struct {
+	store *store.Store
+	log   *slog.Logger
+	// refused collapses repeated refusals into counted audit lines and
+	// rate-limits the users who meet too many.
+	refused refusals
+}
 
 func auditEntry(u fleet.User, action fleet.ActionName, target, outcome string) fleet.AuditEntry {
 	// Sanitized: a target is what someone typed, an outcome may quote a node.
@@ -28,7 +44,7 @@ const auditStarted = "started"
 
 // auditLine is the audit line of an action under way.
 type auditLine struct {
-	h      *Hub
+	g      *guard
 	id     int64
 	action fleet.ActionName
 	target string
@@ -38,18 +54,18 @@ type auditLine struct {
 // that an action whose audit cannot be written (a full disk, a broken
 // database) does not happen: on error the caller must change nothing. An
 // action the table does not audit gets a line that records nothing.
-func (h *Hub) begin(u fleet.User, a fleet.Action, target string) (*auditLine, error) {
+func (g *guard) begin(u fleet.User, a fleet.Action, target string) (*auditLine, error) {
 	if !a.Audited {
 		return nil, nil
 	}
 	e := auditEntry(u, a.Name, target, auditStarted)
-	id, err := h.store.BeginAudit(context.Background(), e)
+	id, err := g.store.BeginAudit(context.Background(), e)
 	if err != nil {
-		h.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", a.Name, "target", e.Target, "err", err)
+		g.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", a.Name, "target", e.Target, "err", err)
 		return nil, fmt.Errorf("%s %s was not done: its audit line could not be written (%w); nothing was changed. "+
 			"Free disk space or repair the database in the data dir, then try again", a.Name, e.Target, err)
 	}
-	return &auditLine{h: h, id: id, action: a.Name, target: e.Target}, nil
+	return &auditLine{g: g, id: id, action: a.Name, target: e.Target}, nil
 }
 
 // end records how the action ended. The action has happened, so a failure
@@ -58,8 +74,8 @@ func (l *auditLine) end(outcome string) {
 	if l == nil {
 		return
 	}
-	if err := l.h.store.SetAuditOutcome(context.Background(), l.id, fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))); err != nil {
-		l.h.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
+	if err := l.g.store.SetAuditOutcome(context.Background(), l.id, fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))); err != nil {
+		l.g.log.Error("could not record how an audited action ended; its audit line says "+auditStarted,
 			"action", l.action, "target", l.target, "outcome", fleet.Clip(outcome, auditOutcomeBytes), "err", err)
 	}
 }
@@ -77,15 +93,15 @@ func (l *auditLine) endErr(err error) {
 // a failure to write it is logged. Actions write theirs first, with begin
 // (through do); refusals and failures that changed nothing go through
 // refuse and noteRepeat, which count repeats on one line.
-func (h *Hub) audit(u fleet.User, action fleet.ActionName, target, outcome string) {
+func (g *guard) audit(u fleet.User, action fleet.ActionName, target, outcome string) {
 	e := auditEntry(u, action, target, outcome)
-	if err := h.store.AddAudit(context.Background(), e); err != nil {
-		h.log.Error("could not write the audit line", "user", e.User, "action", action, "target", e.Target, "err", err)
+	if err := g.store.AddAudit(context.Background(), e); err != nil {
+		g.log.Error("could not write the audit line", "user", e.User, "action", action, "target", e.Target, "err", err)
 	}
 }
 
 // auditSSH writes a line the SSH server audits itself (a login refused, the
 // first admin added); its action may be outside the table.
-func (h *Hub) auditSSH(e fleet.AuditEntry) {
-	h.audit(fleet.User{Name: e.User}, fleet.ActionName(e.Action), e.Target, e.Outcome)
+func (g *guard) auditSSH(e fleet.AuditEntry) {
+	g.audit(fleet.User{Name: e.User}, fleet.ActionName(e.Action), e.Target, e.Outcome)
 }

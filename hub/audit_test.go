@@ -54,11 +54,11 @@ func TestActionWithoutAuditDoesNotHappen(t *testing.T) {
 			return err
 		}},
 		{"user add", func(ctx context.Context) error {
-			return h.AddUser(ctx, ad, fleet.User{Name: "newbie", Role: fleet.RoleViewer, PublicKey: keyLine})
+			return h.admin.AddUser(ctx, ad, fleet.User{Name: "newbie", Role: fleet.RoleViewer, PublicKey: keyLine})
 		}},
-		{"user rm", func(ctx context.Context) error { return h.RemoveUser(ctx, ad, "vic") }},
-		{"key create", func(ctx context.Context) error { _, err := h.CreateKey(ctx, ad, "ci2"); return err }},
-		{"key revoke", func(ctx context.Context) error { return h.RevokeKey(ctx, ad, "ci") }},
+		{"user rm", func(ctx context.Context) error { return h.admin.RemoveUser(ctx, ad, "vic") }},
+		{"key create", func(ctx context.Context) error { _, err := h.admin.CreateKey(ctx, ad, "ci2"); return err }},
+		{"key revoke", func(ctx context.Context) error { return h.admin.RevokeKey(ctx, ad, "ci") }},
 		{"node trust", func(ctx context.Context) error { _, err := h.TrustNode(ctx, ad, "ultra"); return err }},
 	}
 	before := state(t, h)

@@ -91,7 +91,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 
 // Shape sends two workers the same shape requests and diffs their response shapes.
 func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
-	act, err := h.authorize(u, fleet.ActionShape, a+" "+b)
+	act, err := h.guard.authorize(u, fleet.ActionShape, a+" "+b)
 	if err != nil {
 		return r, err
 	}
@@ -100,7 +100,7 @@ func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Rep
 		return r, err
 	}
 	defer done()
-	err = h.run(u, act, a+" "+b, func() (string, error) {
+	err = h.guard.run(u, act, a+" "+b, func() (string, error) {
 		r, err = h.shape(ctx, a, b)
 		return "", err
 	})
@@ -133,7 +133,7 @@ func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
 
 // ShapeAll checks every ready worker of a model against its reference shape.
 func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []shape.Report, err error) {
-	act, err := h.authorize(u, fleet.ActionShapeAll, model)
+	act, err := h.guard.authorize(u, fleet.ActionShapeAll, model)
 	if err != nil {
 		return nil, err
 	}
@@ -142,7 +142,7 @@ func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []sh
 		return nil, err
 	}
 	defer done()
-	err = h.run(u, act, model, func() (string, error) {
+	err = h.guard.run(u, act, model, func() (string, error) {
 		rs, err = h.shapeAll(ctx, model)
 		return "", err
 	})
@@ -183,7 +183,7 @@ func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error
 // PinShape makes a worker's current shape its model's reference. An admin's
 // attempt is audited whether or not it got as far as the worker.
 func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (msg string, err error) {
-	act, err := h.authorize(u, fleet.ActionShapePin, worker)
+	act, err := h.guard.authorize(u, fleet.ActionShapePin, worker)
 	if err != nil {
 		return "", err
 	}
@@ -192,7 +192,7 @@ func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (msg st
 		return "", err
 	}
 	defer done()
-	err = h.run(u, act, worker, func() (string, error) {
+	err = h.guard.run(u, act, worker, func() (string, error) {
 		msg, err = h.pinShape(ctx, worker)
 		return "", err
 	})
@@ -256,13 +256,13 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
 func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.BenchOptions, progress io.Writer) (sweep.Result, error) {
-	a, err := h.authorize(u, fleet.ActionBench, target)
+	a, err := h.guard.authorize(u, fleet.ActionBench, target)
 	if err != nil {
 		return sweep.Result{}, err
 	}
 	done, err := h.checks.start(u, string(a.Name))
 	if err != nil {
-		h.refuse(u, a.Name, target, "refused: "+err.Error())
+		h.guard.refuse(u, a.Name, target, "refused: "+err.Error())
 		return sweep.Result{}, err
 	}
 	defer done()
@@ -277,7 +277,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.Be
 		var w fleet.Worker
 		var err error
 		if t, w, err = h.workerTarget(target); err != nil {
-			h.failed(u, a, target, err)
+			h.guard.failed(u, a, target, err)
 			return sweep.Result{}, err
 		}
 		worker = w.Name()
@@ -294,7 +294,7 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.Be
 		}
 	}
 	var res sweep.Result
-	if err := h.run(u, a, target, func() (_ string, err error) {
+	if err := h.guard.run(u, a, target, func() (_ string, err error) {
 		res, err = sweep.Sweep(ctx, t, opts)
 		return "", err
 	}); err != nil {
@@ -339,7 +339,7 @@ const MaxBenchHistory = 200
 // alias too): its runs through the router and its current workers' runs.
 func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
 	var out []sweep.Result
-	err := h.do(u, fleet.ActionBenchHistory, target, func() (string, error) {
+	err := h.guard.do(u, fleet.ActionBenchHistory, target, func() (string, error) {
 		keys, err := h.benchKeys(target)
 		if err != nil {
 			return "", err

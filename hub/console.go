@@ -27,7 +27,7 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 		snap = fleet.RedactSnapshot(snap)
 	}
 	if s.u.Role.Allows(fleet.ActionRole(fleet.ActionAudit)) {
-		s.h.flushRefusals()
+		s.h.guard.flushRefusals()
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {
 			if !s.u.Role.Allows(fleet.RoleAdmin) {
 				audit = fleet.RedactAudit(audit)
@@ -36,7 +36,7 @@ func (s consoleSource) Snapshot() fleet.Snapshot {
 		}
 	}
 	// Key names only for those who may list them.
-	snap.Usage = s.h.recentUsage(ctx, s.u.Role.Allows(fleet.ActionRole(fleet.ActionUsageByKey)))
+	snap.Usage = s.h.ledger.recentUsage(ctx, s.u.Role.Allows(fleet.ActionRole(fleet.ActionUsageByKey)))
 	return snap
 }
 
@@ -64,7 +64,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 	case fleet.ActionDrain, fleet.ActionUndrain:
 		return s.h.Act(ctx, s.u, a.Kind, a.Targets)
 	case fleet.ActionRestart:
-		if _, err := s.h.authorize(s.u, fleet.ActionRestart, strings.Join(a.Targets, " ")); err != nil {
+		if _, err := s.h.guard.authorize(s.u, fleet.ActionRestart, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		s.h.detached.goDetached(ctx, func(ctx context.Context) {
@@ -74,7 +74,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		})
 		return fmt.Sprintf("restarting %s: drain, stop, launch (see its state and events)", strings.Join(a.Targets, ", ")), nil
 	case fleet.ActionShape:
-		if _, err := s.h.authorize(s.u, fleet.ActionShape, strings.Join(a.Targets, " ")); err != nil {
+		if _, err := s.h.guard.authorize(s.u, fleet.ActionShape, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		if len(a.Targets) != 2 {
@@ -86,7 +86,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		}
 		return r.Text(120, true), nil
 	case fleet.ActionBench:
-		if _, err := s.h.authorize(s.u, fleet.ActionBench, strings.Join(a.Targets, " ")); err != nil {
+		if _, err := s.h.guard.authorize(s.u, fleet.ActionBench, strings.Join(a.Targets, " ")); err != nil {
 			return "", err
 		}
 		for _, t := range a.Targets {
@@ -115,7 +115,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 // Refused audits a console key the user's role does not allow, as the
 // hub's refusal of the same command over SSH exec is audited.
 func (s consoleSource) Refused(kind fleet.ActionName, targets []string) {
-	_, _ = s.h.authorize(s.u, kind, strings.Join(targets, " "))
+	_, _ = s.h.guard.authorize(s.u, kind, strings.Join(targets, " "))
 }
 
 // WorkerLog is the detail's log, shown only to whom `fleet logs` is: an

@@ -134,9 +134,21 @@ type Options struct {
 	Commands Commands
 }
 
-// Commands runs one command line for user u against hub h and returns its
-// exit status.
-type Commands func(ctx context.Context, h *Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+// Commands runs one command line for user u against the hub's API and
+// returns its exit status.
+type Commands func(ctx context.Context, api API, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int
+
+// API is what the command tree and the console call: the hub's own
+// commands and those of the parts it composes, each answered by the part
+// that owns it (users and keys by Admin, usage and key limits by Ledger).
+type API struct {
+	*Hub
+	*Admin
+	*Ledger
+}
+
+// API is the hub with the parts it composes, for the command tree.
+func (h *Hub) API() API { return API{Hub: h, Admin: h.admin, Ledger: h.ledger} }
 
 // Hub is the running fleet hub.
 type Hub struct {
@@ -177,14 +189,16 @@ type Hub struct {
 	lock *os.File
 	// lanName is the console's mDNS name once announced (announce.go).
 	lanName string
-	// refused collapses repeated refusals into counted audit lines and
-	// rate-limits the users who meet too many (refusals.go).
-	refused refusals
+	// guard authorizes and audits every action a user asks for (audit.go).
+	guard *guard
+	// pruner keeps history within its retention (retention.go).
+	pruner *pruner
 	// detached is the work actions start and do not wait for; Close ends it.
 	detached *background
-	// usage sums the router's token counts until they are written (usage.go).
-	usage      usageRecorder
-	usageCache usageCache
+	// admin answers the user, key and audit-trail commands (admin.go);
+	// ledger keeps the keys' usage and limits (usage.go).
+	admin      *Admin
+	ledger     *Ledger
 	admissions *prometheus.CounterVec
 }
 
@@ -245,6 +259,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		opts:    opts,
 		log:     opts.Logger,
 		store:   st,
+		guard:   &guard{store: st, log: opts.Logger},
 		workers: map[string]fleet.Worker{},
 		nodes:   map[string]fleet.Node{},
 		bench:   map[benchKey]benchSummary{},
@@ -255,6 +270,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 
 		detached: newBackground(),
 	}
+	h.pruner = newPruner(st, opts.Logger, h.guard, opts)
+	h.ledger = &Ledger{guard: h.guard, store: st, log: opts.Logger}
+	h.admin = &Admin{guard: h.guard, store: st, ledger: h.ledger}
 	if h.opts.FleetBin == "" {
 		bin, err := installSelf(opts.DataDir)
 		if err != nil {
@@ -305,14 +323,15 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			}
 		},
 		// Tokens per key, model and worker, batched to SQLite (usage.go).
-		OnUsage:             h.usage.add,
+		OnUsage:             h.ledger.usage.add,
 		MetricsOpenLoopback: opts.MetricsOpenLoopback,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = rt
-	if err := h.loadKeyLimits(ctx); err != nil {
+	h.ledger.router = rt
+	if err := h.ledger.loadKeyLimits(ctx); err != nil {
 		return nil, err
 	}
 	switch {
@@ -491,7 +510,7 @@ func installSelf(dataDir string) (string, error) {
 // not take the fleet down with it.
 func (h *Hub) Close() error {
 	h.detached.close()
-	h.flushRefusals()
+	h.guard.flushRefusals()
 	err := h.store.Close()
 	h.lock.Close() // releases the data dir to the next hub
 	return err
@@ -523,7 +542,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			Addr:                     h.opts.SSHAddr,
 			HostKeyPath:              filepath.Join(h.opts.DataDir, "ssh_host_ed25519_key"),
 			Users:                    h.store,
-			Audit:                    h.auditSSH,
+			Audit:                    h.guard.auditSSH,
 			Source:                   h.ConsoleSource,
 			Exec:                     h.Exec,
 			MaxConnsPerIPPerMinute:   h.opts.SSHMaxConnsPerIPPerMinute,
@@ -573,8 +592,8 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		}
 	})
 	spawn(func() { h.flushSamples(ctx) })
-	spawn(func() { h.flushUsage(ctx, usageFlushInterval) })
-	spawn(func() { h.pruneHistory(ctx, pruneInterval) })
+	spawn(func() { h.ledger.flushUsage(ctx, usageFlushInterval) })
+	spawn(func() { h.pruner.run(ctx, pruneInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()
 	h.httpAddr, h.started = ln.Addr().String(), time.Now()
@@ -612,7 +631,7 @@ func (h *Hub) Exec(ctx context.Context, u fleet.User, args []string, stdin io.Re
 		fmt.Fprintln(stderr, "this hub was opened without a command tree (hub.Options.Commands), so it runs no command lines; start it with fleet serve")
 		return 1
 	}
-	return h.opts.Commands(ctx, h, u, args, stdin, stdout, stderr)
+	return h.opts.Commands(ctx, h.API(), u, args, stdin, stdout, stderr)
 }
 
 // flushSamples batches the router's measurements into the store, so a

@@ -82,8 +82,8 @@ func openHub(t *testing.T, opts Options) (*Hub, error) {
 }
 
 // runCLI is the command tree cmd/fleet gives a hub.
-func runCLI(ctx context.Context, h *Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	return cli.Run(ctx, h, u, args, stdin, stdout, stderr)
+func runCLI(ctx context.Context, api API, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	return cli.Run(ctx, api, u, args, stdin, stdout, stderr)
 }
 
 // newHub opens a demo hub that is closed when the test ends.
@@ -296,38 +296,38 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			return err
 		}},
 		{"user add", "user add", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			return h.AddUser(ctx, u, fleet.User{Name: "newbie", Role: fleet.RoleViewer, PublicKey: newbieKey})
+			return h.admin.AddUser(ctx, u, fleet.User{Name: "newbie", Role: fleet.RoleViewer, PublicKey: newbieKey})
 		}},
 		{"user rm", "user rm", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			return h.RemoveUser(ctx, u, "vic")
+			return h.admin.RemoveUser(ctx, u, "vic")
 		}},
 		{"user list", "user list", fleet.RoleAdmin, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			us, err := h.Users(ctx, u)
+			us, err := h.admin.Users(ctx, u)
 			if err == nil && len(us) != 3 {
 				return fmt.Errorf("Users listed %d users, want 3", len(us))
 			}
 			return err
 		}},
 		{"key create", "key create", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.CreateKey(ctx, u, "new-client")
+			_, err := h.admin.CreateKey(ctx, u, "new-client")
 			return err
 		}},
 		{"key revoke", "key revoke", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			return h.RevokeKey(ctx, u, "ci")
+			return h.admin.RevokeKey(ctx, u, "ci")
 		}},
 		{"key limit", "key limit", fleet.RoleAdmin, true, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			return h.SetKeyLimits(ctx, u, "ci", fleet.KeyLimits{RequestsPerMinute: 10})
+			return h.ledger.SetKeyLimits(ctx, u, "ci", fleet.KeyLimits{RequestsPerMinute: 10})
 		}},
 		{"usage", "usage", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Usage(ctx, u, time.Now().Add(-time.Hour), "model")
+			_, err := h.ledger.Usage(ctx, u, time.Now().Add(-time.Hour), "model")
 			return err
 		}},
 		{"usage by key", "usage --by key", fleet.RoleAdmin, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Usage(ctx, u, time.Now().Add(-time.Hour), "key")
+			_, err := h.ledger.Usage(ctx, u, time.Now().Add(-time.Hour), "key")
 			return err
 		}},
 		{"key list", "key list", fleet.RoleAdmin, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			keys, err := h.Keys(ctx, u)
+			keys, err := h.admin.Keys(ctx, u)
 			if err == nil && len(keys) != 1 {
 				return fmt.Errorf("Keys listed %d keys, want 1", len(keys))
 			}
@@ -344,13 +344,13 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 			return err
 		}},
 		{"audit", "audit", fleet.RoleOperator, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Audit(ctx, u, 0)
+			_, err := h.admin.Audit(ctx, u, 0)
 			return err
 		}},
 		// A theme is each console user's own preference: any role may set
 		// their own, and eve and mallory, who have none, may not.
 		{"theme", "theme", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			return h.SetTheme(ctx, u, "dark")
+			return h.admin.SetTheme(ctx, u, "dark")
 		}},
 		// shape sends load to workers: an operator's, as in the console.
 		{"shape", "shape", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
@@ -457,7 +457,7 @@ func TestConsoleSourceRoles(t *testing.T) {
 			t.Parallel()
 			h, actors := seededHub(t)
 			u := actors[tt.user]
-			h.audit(admin, "seed", "", "ok") // something for the audit view to show
+			h.guard.audit(admin, "seed", "", "ok") // something for the audit view to show
 			src := h.ConsoleSource(u)
 
 			if got := len(src.Snapshot().Audit) > 0; got != tt.seesAudit {
@@ -486,7 +486,7 @@ func TestConsoleSourceRoles(t *testing.T) {
 			// in the next minute, so it is a line of its own, not a repeat of
 			// the refusals above.
 			now := time.Now().Add(refusalWindow)
-			h.refused.now = func() time.Time { return now }
+			h.guard.refused.now = func() time.Time { return now }
 			for _, kind := range []fleet.ActionName{fleet.ActionDrain, fleet.ActionUndrain, fleet.ActionRestart, fleet.ActionBench, fleet.ActionShape} {
 				mark := lastAuditID(t, h)
 				src.Refused(kind, []string{ultraWorker})

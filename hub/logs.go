@@ -14,7 +14,7 @@ import (
 // through the node's transport, and with follow what it logs next until ctx
 // ends. A node name stands for its worker when it has only one.
 func (h *Hub) Logs(ctx context.Context, u fleet.User, target string, lines int, follow bool, w io.Writer) error {
-	return h.do(u, fleet.ActionLogs, target, func() (string, error) {
+	return h.guard.do(u, fleet.ActionLogs, target, func() (string, error) {
 		names, err := h.resolve([]string{target})
 		if err != nil {
 			return "", err

@@ -47,11 +47,11 @@ func TestOpenRefusesAnOpenRouter(t *testing.T) {
 				}
 				for i, k := range tt.keys {
 					name := "client" + string(rune('a'+i))
-					if _, err := h.CreateKey(t.Context(), admin, name); err != nil {
+					if _, err := h.admin.CreateKey(t.Context(), admin, name); err != nil {
 						t.Fatal(err)
 					}
 					if k == "revoked" {
-						if err := h.RevokeKey(t.Context(), admin, name); err != nil {
+						if err := h.admin.RevokeKey(t.Context(), admin, name); err != nil {
 							t.Fatal(err)
 						}
 					}

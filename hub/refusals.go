@@ -83,14 +83,14 @@ func (r *refusals) throttled(user string) time.Time {
 
 // refuse audits a refusal of u's action: the first of a window writes a
 // line, its repeats count on it, and each counts towards u's rate limit.
-func (h *Hub) refuse(u fleet.User, action fleet.ActionName, target, outcome string) {
-	h.noteRepeat(u, action, target, outcome, true)
+func (g *guard) refuse(u fleet.User, action fleet.ActionName, target, outcome string) {
+	g.noteRepeat(u, action, target, outcome, true)
 }
 
 // noteRepeat audits something u met that changed nothing (a refusal, a
 // failure before acting) as a line that repeats within the window count on.
-func (h *Hub) noteRepeat(u fleet.User, action fleet.ActionName, target, outcome string, refusal bool) {
-	r := &h.refused
+func (g *guard) noteRepeat(u fleet.User, action fleet.ActionName, target, outcome string, refusal bool) {
+	r := &g.refused
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.lines == nil {
@@ -115,34 +115,34 @@ func (h *Hub) noteRepeat(u fleet.User, action fleet.ActionName, target, outcome 
 			l.count++
 			l.last = now
 			if now.Sub(l.flushed) >= refusalFlushEvery {
-				h.saveCountLocked(l, now)
+				g.saveCountLocked(l, now)
 			}
 			return
 		}
-		h.saveCountLocked(l, now)
+		g.saveCountLocked(l, now)
 		delete(r.lines, k)
 	}
 	if len(r.lines) >= maxRefusalLines {
-		h.flushRefusalsLocked()
+		g.flushRefusalsLocked()
 		clear(r.lines)
 	}
 	e.At, e.Count, e.Last = now, 1, now
-	id, err := h.store.BeginAudit(context.Background(), e)
+	id, err := g.store.BeginAudit(context.Background(), e)
 	if err != nil {
-		h.log.Error("could not write the audit line", "user", e.User, "action", e.Action, "target", e.Target, "err", err)
+		g.log.Error("could not write the audit line", "user", e.User, "action", e.Action, "target", e.Target, "err", err)
 		return
 	}
 	r.lines[k] = &refusalLine{id: id, start: now, last: now, flushed: now, count: 1, saved: 1}
 }
 
 // saveCountLocked writes a line's count when it grew since it was written.
-func (h *Hub) saveCountLocked(l *refusalLine, now time.Time) {
+func (g *guard) saveCountLocked(l *refusalLine, now time.Time) {
 	l.flushed = now
 	if l.count == l.saved {
 		return
 	}
-	if err := h.store.SetAuditCount(context.Background(), l.id, l.count, l.last); err != nil {
-		h.log.Error("could not record how many times a refusal was repeated", "audit_id", l.id, "count", l.count, "err", err)
+	if err := g.store.SetAuditCount(context.Background(), l.id, l.count, l.last); err != nil {
+		g.log.Error("could not record how many times a refusal was repeated", "audit_id", l.id, "count", l.count, "err", err)
 		return
 	}
 	l.saved = l.count
@@ -150,17 +150,17 @@ func (h *Hub) saveCountLocked(l *refusalLine, now time.Time) {
 
 // flushRefusals writes every line's count, so a reader of the audit log
 // sees them as they are, and forgets the lines whose window has ended.
-func (h *Hub) flushRefusals() {
-	h.refused.mu.Lock()
-	defer h.refused.mu.Unlock()
-	h.flushRefusalsLocked()
+func (g *guard) flushRefusals() {
+	g.refused.mu.Lock()
+	defer g.refused.mu.Unlock()
+	g.flushRefusalsLocked()
 }
 
-func (h *Hub) flushRefusalsLocked() {
-	r := &h.refused
+func (g *guard) flushRefusalsLocked() {
+	r := &g.refused
 	now := r.clock()
 	for k, l := range r.lines {
-		h.saveCountLocked(l, now)
+		g.saveCountLocked(l, now)
 		if !now.Before(l.start.Add(refusalWindow)) && l.count == l.saved {
 			delete(r.lines, k)
 		}
@@ -169,12 +169,12 @@ func (h *Hub) flushRefusalsLocked() {
 
 // throttle refuses every command of a user past MaxRefusalsPerMinute
 // until their window ends, counting it as one more refusal.
-func (h *Hub) throttle(u fleet.User, action fleet.ActionName, target string) error {
-	until := h.refused.throttled(u.Name)
+func (g *guard) throttle(u fleet.User, action fleet.ActionName, target string) error {
+	until := g.refused.throttled(u.Name)
 	if until.IsZero() {
 		return nil
 	}
-	h.refuse(u, action, target, fmt.Sprintf("denied: over %d refusals a minute", MaxRefusalsPerMinute))
+	g.refuse(u, action, target, fmt.Sprintf("denied: over %d refusals a minute", MaxRefusalsPerMinute))
 	return fmt.Errorf("too many refused commands: %s met more than %d refusals within a minute, so the hub takes no command from %s until %s; "+
 		"stop whatever sends them (a script retrying a command your role may not run?)",
 		u.Name, MaxRefusalsPerMinute, u.Name, until.UTC().Format("15:04:05 UTC"))

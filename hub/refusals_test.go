@@ -19,7 +19,7 @@ func TestRefusalFloodLeavesAuditBounded(t *testing.T) {
 	h, actors := seededHub(t)
 	vic, olga := actors["vic"], actors["olga"]
 	now := time.Date(2026, 12, 1, 15, 0, 0, 0, time.UTC)
-	h.refused.now = func() time.Time { return now }
+	h.guard.refused.now = func() time.Time { return now }
 	exec := func(u fleet.User, args ...string) (int, string) {
 		var out, errOut bytes.Buffer
 		code := h.Exec(t.Context(), u, args, nil, &out, &errOut)
@@ -73,12 +73,12 @@ func TestRefusalFloodLeavesAuditBounded(t *testing.T) {
 
 	// A refusal a minute for an hour: one line each, until the cap, which
 	// prunes refusals before the operator's drain.
-	h.opts.AuditMaxRows = 20
+	h.pruner.auditMaxRows = 20
 	for range 60 {
 		now = now.Add(refusalWindow)
 		exec(vic, "drain", ultraWorker)
 	}
-	h.pruneOnce(t.Context(), now)
+	h.pruner.once(t.Context(), now)
 	all := auditRead(t, h, actors["ada"], 0)
 	if len(all) > 20 {
 		t.Errorf("the audit log holds %d lines past its cap of 20", len(all))
@@ -97,7 +97,7 @@ func TestRefusalFloodLeavesAuditBounded(t *testing.T) {
 // (with the counts of repeats still going on).
 func auditRead(t *testing.T, h *Hub, u fleet.User, after int64) []fleet.AuditEntry {
 	t.Helper()
-	all, err := h.Audit(t.Context(), u, 0)
+	all, err := h.admin.Audit(t.Context(), u, 0)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,10 @@ package hub
 
 import (
 	"context"
+	"log/slog"
 	"time"
+
+	"fleet/store"
 )
 
 // DefaultRetention is how long the tables that grow with every request
@@ -14,11 +17,28 @@ const DefaultRetention = 30 * 24 * time.Hour
 // a month of retention does not notice.
 const pruneInterval = time.Hour
 
-func (h *Hub) retention() time.Duration {
-	if h.opts.Retention == 0 {
-		return DefaultRetention
+// pruner keeps the database's history within its retention and the audit
+// log within its cap; the hub composes one and runs it.
+type pruner struct {
+	store *store.Store
+	log   *slog.Logger
+	// guard's counted refusals are written before the audit log is cut.
+	guard *guard
+	// retention is how long history is kept (negative: all of it);
+	// auditMaxRows the audit log's cap (negative: none).
+	retention    time.Duration
+	auditMaxRows int
+}
+
+func newPruner(st *store.Store, log *slog.Logger, g *guard, opts Options) *pruner {
+	p := &pruner{store: st, log: log, guard: g, retention: opts.Retention, auditMaxRows: opts.AuditMaxRows}
+	if p.retention == 0 {
+		p.retention = DefaultRetention
 	}
-	return h.opts.Retention
+	if p.auditMaxRows == 0 {
+		p.auditMaxRows = DefaultAuditMaxRows
+	}
+	return p
 }
 
 // DefaultAuditMaxRows caps the audit log: an audit line is at most about
@@ -26,24 +46,17 @@ func (h *Hub) retention() time.Duration {
 // years of a team's actions.
 const DefaultAuditMaxRows = 50_000
 
-func (h *Hub) auditMaxRows() int {
-	if h.opts.AuditMaxRows == 0 {
-		return DefaultAuditMaxRows
-	}
-	return h.opts.AuditMaxRows
-}
-
-// pruneHistory deletes history older than the retention, and audit lines
+// run deletes history older than the retention, and audit lines
 // past the audit log's cap, at start and then every interval, until ctx
 // ends.
-func (h *Hub) pruneHistory(ctx context.Context, every time.Duration) {
-	if h.retention() < 0 && h.auditMaxRows() < 0 {
+func (p *pruner) run(ctx context.Context, every time.Duration) {
+	if p.retention < 0 && p.auditMaxRows < 0 {
 		return
 	}
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
-		h.pruneOnce(ctx, time.Now())
+		p.once(ctx, time.Now())
 		select {
 		case <-ctx.Done():
 			return
@@ -52,30 +65,30 @@ func (h *Hub) pruneHistory(ctx context.Context, every time.Duration) {
 	}
 }
 
-func (h *Hub) pruneOnce(ctx context.Context, now time.Time) {
+func (p *pruner) once(ctx context.Context, now time.Time) {
 	var cut time.Time
-	if h.retention() >= 0 {
-		cut = now.Add(-h.retention())
-		p, err := h.store.PruneHistory(ctx, cut)
+	if p.retention >= 0 {
+		cut = now.Add(-p.retention)
+		pruned, err := p.store.PruneHistory(ctx, cut)
 		switch {
 		case err != nil:
 			if ctx.Err() == nil {
-				h.log.Warn("could not prune old history; it is tried again in an hour", "err", err)
+				p.log.Warn("could not prune old history; it is tried again in an hour", "err", err)
 			}
-		case p.Samples+p.Usage+p.Events > 0:
-			h.log.Info("pruned history older than the retention", "retention", h.retention(),
-				"samples", p.Samples, "usage_minutes", p.Usage, "events", p.Events)
+		case pruned.Samples+pruned.Usage+pruned.Events > 0:
+			p.log.Info("pruned history older than the retention", "retention", p.retention,
+				"samples", pruned.Samples, "usage_minutes", pruned.Usage, "events", pruned.Events)
 		}
 	}
-	h.flushRefusals()
-	n, err := h.store.PruneAudit(ctx, cut, h.auditMaxRows())
+	p.guard.flushRefusals()
+	n, err := p.store.PruneAudit(ctx, cut, p.auditMaxRows)
 	switch {
 	case err != nil:
 		if ctx.Err() == nil {
-			h.log.Warn("could not prune the audit log; it is tried again in an hour", "err", err)
+			p.log.Warn("could not prune the audit log; it is tried again in an hour", "err", err)
 		}
 	case n > 0:
-		h.log.Info("pruned the audit log: repeated refusals older than the retention, then the oldest lines past its cap (refusals first)",
-			"lines", n, "max_lines", h.auditMaxRows())
+		p.log.Info("pruned the audit log: repeated refusals older than the retention, then the oldest lines past its cap (refusals first)",
+			"lines", n, "max_lines", p.auditMaxRows)
 	}
 }

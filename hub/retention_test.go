@@ -35,11 +35,11 @@ func TestPruneByRetention(t *testing.T) {
 				}
 			}
 			if tt.retention >= 0 {
-				h.pruneOnce(t.Context(), now)
+				h.pruner.once(t.Context(), now)
 			} else {
 				// The loop itself: with a negative retention it returns
 				// at once without pruning (a positive one would block).
-				h.pruneHistory(t.Context(), time.Hour)
+				h.pruner.run(t.Context(), time.Hour)
 			}
 			evs, err := h.store.Events(t.Context(), "retention-test", 0, 0)
 			if err != nil {

@@ -21,7 +21,7 @@ var (
 // Status is `fleet status`: the hub, its addresses, and the fleet counted.
 func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error) {
 	var st fleet.HubStatus
-	err := h.do(u, fleet.ActionStatus, "", func() (string, error) {
+	err := h.guard.do(u, fleet.ActionStatus, "", func() (string, error) {
 		keys, err := h.store.APIKeys(ctx)
 		if err != nil {
 			return "", fmt.Errorf("counting the API keys: %w", err)

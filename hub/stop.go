@@ -22,7 +22,7 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names
 	lines := make([]*auditLine, len(names))
 	for i, name := range names {
 		// The audit line comes first: an action it cannot record is not done.
-		line, err := h.begin(u, a, name)
+		line, err := h.guard.begin(u, a, name)
 		if err != nil {
 			errs[i] = err
 			continue

@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -29,6 +30,21 @@ const usageFlushInterval = 2 * time.Second
 // fleet's models and workers), so only a store stuck for long reaches it;
 // then new rows are dropped (and logged) rather than the hub's memory grown.
 const maxPendingUsage = 10000
+
+// Ledger keeps what API keys spend: the router's usage reports, summed in
+// memory and written to the store, the keys' limits given to the router,
+// and the usage figures the console shows. The hub composes one.
+type Ledger struct {
+	guard *guard
+	store *store.Store
+	log   *slog.Logger
+	// router is told each key's limits and what it spent today; set once,
+	// when the hub has built the router (which reports usage here).
+	router *router.Router
+	// usage sums the router's token counts until they are written.
+	usage      usageRecorder
+	usageCache usageCache
+}
 
 type usageKey struct {
 	bucket             int64
@@ -98,7 +114,7 @@ func (r *usageRecorder) take() ([]fleet.Usage, int) {
 
 // flushUsage writes counted usage to the store every interval and once more
 // when ctx ends. A failed write is put back, to be retried with the next.
-func (h *Hub) flushUsage(ctx context.Context, every time.Duration) {
+func (lg *Ledger) flushUsage(ctx context.Context, every time.Duration) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	for {
@@ -108,49 +124,49 @@ func (h *Hub) flushUsage(ctx context.Context, every time.Duration) {
 		case <-ctx.Done():
 			done = true
 		}
-		h.writeUsage(context.WithoutCancel(ctx))
+		lg.writeUsage(context.WithoutCancel(ctx))
 		if done {
 			return
 		}
 	}
 }
 
-func (h *Hub) writeUsage(ctx context.Context) {
-	rows, dropped := h.usage.take()
+func (lg *Ledger) writeUsage(ctx context.Context) {
+	rows, dropped := lg.usage.take()
 	if dropped > 0 {
-		h.log.Warn("usage rows dropped: the store fell behind", "dropped", dropped)
+		lg.log.Warn("usage rows dropped: the store fell behind", "dropped", dropped)
 	}
-	if err := h.store.AddUsage(ctx, rows); err != nil {
-		h.log.Warn("could not store usage; keeping it for the next try", "rows", len(rows), "err", err)
-		h.usage.putBack(rows)
+	if err := lg.store.AddUsage(ctx, rows); err != nil {
+		lg.log.Warn("could not store usage; keeping it for the next try", "rows", len(rows), "err", err)
+		lg.usage.putBack(rows)
 	}
 }
 
 // Usage totals the usage counted since since, by key, model or worker.
 // By key needs an admin, as key names do.
-func (h *Hub) Usage(ctx context.Context, u fleet.User, since time.Time, by string) (us []fleet.Usage, err error) {
+func (lg *Ledger) Usage(ctx context.Context, u fleet.User, since time.Time, by string) (us []fleet.Usage, err error) {
 	action := fleet.ActionUsage
 	if by == string(store.UsageByKey) {
 		action = fleet.ActionUsageByKey
 	}
-	err = h.do(u, action, by, func() (string, error) {
+	err = lg.guard.do(u, action, by, func() (string, error) {
 		// What the router counted in the last seconds is not lost to a
 		// reader who asks now.
-		h.writeUsage(ctx)
-		us, err = h.store.Usage(ctx, since, store.UsageBy(by))
+		lg.writeUsage(ctx)
+		us, err = lg.store.Usage(ctx, since, store.UsageBy(by))
 		return "", err
 	})
 	return us, err
 }
 
 // SetKeyLimits sets an API key's limits (0: none), at once on the router.
-func (h *Hub) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error {
+func (lg *Ledger) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error {
 	target := fmt.Sprintf("%s (%d requests/min, %d tokens/day)", name, l.RequestsPerMinute, l.TokensPerDay)
-	return h.do(u, fleet.ActionKeyLimit, target, func() (string, error) {
-		if err := h.store.SetAPIKeyLimits(ctx, name, l); err != nil {
+	return lg.guard.do(u, fleet.ActionKeyLimit, target, func() (string, error) {
+		if err := lg.store.SetAPIKeyLimits(ctx, name, l); err != nil {
 			return "", err
 		}
-		return "", h.loadKeyLimits(ctx)
+		return "", lg.loadKeyLimits(ctx)
 	})
 }
 
@@ -158,9 +174,9 @@ func (h *Hub) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fle
 // restarted hub does not forget them, the tokens each spent today (UTC).
 // The seed replaces the router's own count, so what the router counted
 // since the last flush is written first, or it would be forgotten.
-func (h *Hub) loadKeyLimits(ctx context.Context) error {
-	h.writeUsage(ctx)
-	keys, err := h.store.APIKeys(ctx)
+func (lg *Ledger) loadKeyLimits(ctx context.Context) error {
+	lg.writeUsage(ctx)
+	keys, err := lg.store.APIKeys(ctx)
 	if err != nil {
 		return err
 	}
@@ -170,14 +186,14 @@ func (h *Hub) loadKeyLimits(ctx context.Context) error {
 			limits[k.Name] = k.KeyLimits
 		}
 	}
-	h.router.SetKeyLimits(limits)
+	lg.router.SetKeyLimits(limits)
 	now := time.Now().UTC()
 	day := now.Truncate(24 * time.Hour)
-	used, err := h.store.KeyTokensSince(ctx, day)
+	used, err := lg.store.KeyTokensSince(ctx, day)
 	if err != nil {
 		return err
 	}
-	h.router.SeedKeyTokens(now, used)
+	lg.router.SeedKeyTokens(now, used)
 	return nil
 }
 
@@ -296,8 +312,8 @@ type usageCache struct {
 // key, for the console's usage view; a failed read shows none. The store is
 // read outside the cache's lock, by one caller at a time: a slow read holds
 // up that console's snapshot only, not every console's.
-func (h *Hub) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
-	c := &h.usageCache
+func (lg *Ledger) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
+	c := &lg.usageCache
 	c.mu.Lock()
 	now := time.Now()
 	read := !c.reading && now.Sub(c.at) > recentUsageTTL
@@ -305,8 +321,8 @@ func (h *Hub) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
 	c.mu.Unlock()
 	if read {
 		since := now.Add(-24 * time.Hour)
-		workers, err := h.store.Usage(ctx, since, store.UsageByWorker)
-		keys, kerr := h.store.Usage(ctx, since, store.UsageByKey)
+		workers, err := lg.store.Usage(ctx, since, store.UsageByWorker)
+		keys, kerr := lg.store.Usage(ctx, since, store.UsageByKey)
 		for i := range workers {
 			if _, m, ok := strings.Cut(workers[i].Worker, "/"); ok {
 				workers[i].Model = m
@@ -321,7 +337,7 @@ func (h *Hub) recentUsage(ctx context.Context, byKey bool) []fleet.Usage {
 			// not refreshed; the next snapshot reads again.
 		default:
 			if err != nil {
-				h.log.Warn("reading usage for the console", "err", err)
+				lg.log.Warn("reading usage for the console", "err", err)
 			}
 			c.at, c.byWorker, c.byKey = now, workers, keys
 		}

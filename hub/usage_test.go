@@ -22,26 +22,26 @@ func TestUsageRecordedInBatches(t *testing.T) {
 	ctx := t.Context()
 	now := time.Now()
 	for i := range 3 {
-		h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 100, CachedTokens: 60, CompletionTokens: 10 + i})
+		h.ledger.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 100, CachedTokens: 60, CompletionTokens: 10 + i})
 	}
-	h.usage.add(router.Usage{At: now, Key: "bob", Model: "qwen3-4b", Worker: "max/qwen3-4b", PromptTokens: 5, CompletionTokens: 5})
-	h.usage.mu.Lock()
-	pending := len(h.usage.pending)
-	h.usage.mu.Unlock()
+	h.ledger.usage.add(router.Usage{At: now, Key: "bob", Model: "qwen3-4b", Worker: "max/qwen3-4b", PromptTokens: 5, CompletionTokens: 5})
+	h.ledger.usage.mu.Lock()
+	pending := len(h.ledger.usage.pending)
+	h.ledger.usage.mu.Unlock()
 	if pending != 2 {
 		t.Fatalf("%d rows pending, want 2 (one per key, model, worker and minute)", pending)
 	}
-	us, err := h.Usage(ctx, admin, now.Add(-time.Minute), "key")
+	us, err := h.ledger.Usage(ctx, admin, now.Add(-time.Minute), "key")
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(us) != 2 || us[0].Key != "ci" || us[0].Requests != 3 || us[0].PromptTokens != 300 || us[0].CachedTokens != 180 || us[0].CompletionTokens != 33 {
 		t.Errorf("usage by key = %+v", us)
 	}
-	if _, err := h.Usage(ctx, viewer, now.Add(-time.Minute), "key"); err == nil || !strings.Contains(err.Error(), "admin") {
+	if _, err := h.ledger.Usage(ctx, viewer, now.Add(-time.Minute), "key"); err == nil || !strings.Contains(err.Error(), "admin") {
 		t.Errorf("a viewer read usage by key: %v", err)
 	}
-	if us, err := h.Usage(ctx, viewer, now.Add(-time.Minute), "worker"); err != nil || len(us) != 2 {
+	if us, err := h.ledger.Usage(ctx, viewer, now.Add(-time.Minute), "worker"); err != nil || len(us) != 2 {
 		t.Errorf("a viewer's usage by worker = %+v, %v", us, err)
 	}
 }
@@ -77,18 +77,18 @@ func TestKeyLimitsSurviveARestart(t *testing.T) {
 	dir := t.TempDir()
 	first := newHub(t, Options{DataDir: dir})
 	ctx := t.Context()
-	key, err := first.CreateKey(ctx, admin, "ci")
+	key, err := first.admin.CreateKey(ctx, admin, "ci")
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := first.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
+	if err := first.ledger.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
 		t.Fatal(err)
 	}
-	if err := first.SetKeyLimits(ctx, admin, "ghost", fleet.KeyLimits{TokensPerDay: 1}); err == nil || !strings.Contains(err.Error(), "ghost") {
+	if err := first.ledger.SetKeyLimits(ctx, admin, "ghost", fleet.KeyLimits{TokensPerDay: 1}); err == nil || !strings.Contains(err.Error(), "ghost") {
 		t.Errorf("limits for a key that does not exist: %v", err)
 	}
-	first.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 200})
-	first.writeUsage(ctx)
+	first.ledger.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 200})
+	first.ledger.writeUsage(ctx)
 	first.Close()
 
 	h := newHub(t, Options{DataDir: dir, RequireKeys: true})
@@ -102,8 +102,8 @@ func TestKeyLimitsSurviveARestart(t *testing.T) {
 // only for admins, who may list the keys.
 func TestConsoleUsageByKeyOnlyForAdmins(t *testing.T) {
 	h := newHub(t, Options{})
-	h.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
-	h.writeUsage(t.Context())
+	h.ledger.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
+	h.ledger.writeUsage(t.Context())
 	for _, tc := range []struct {
 		u       fleet.User
 		wantKey bool
@@ -125,12 +125,12 @@ func TestConsoleUsageByKeyOnlyForAdmins(t *testing.T) {
 // share the figures without a race (run under -race).
 func TestConsoleUsageReadIsShared(t *testing.T) {
 	h := newHub(t, Options{})
-	h.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
-	h.writeUsage(t.Context())
+	h.ledger.usage.add(router.Usage{At: time.Now(), Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 2})
+	h.ledger.writeUsage(t.Context())
 	left, leave := context.WithCancel(t.Context())
 	leave()
-	h.recentUsage(left, true)
-	if got := h.recentUsage(t.Context(), true); len(got) != 2 {
+	h.ledger.recentUsage(left, true)
+	if got := h.ledger.recentUsage(t.Context(), true); len(got) != 2 {
 		t.Fatalf("after a console left mid-read, the next one sees %+v; want the worker's and the key's rows", got)
 	}
 
@@ -138,13 +138,13 @@ func TestConsoleUsageReadIsShared(t *testing.T) {
 	for range 4 {
 		wg.Go(func() {
 			for range 20 {
-				if got := h.recentUsage(t.Context(), false); len(got) != 1 || got[0].Model != "qwen3-4b" {
+				if got := h.ledger.recentUsage(t.Context(), false); len(got) != 1 || got[0].Model != "qwen3-4b" {
 					t.Errorf("a console's usage = %+v; want the worker's row", got)
 					return
 				}
-				h.usageCache.mu.Lock()
-				h.usageCache.at = time.Time{} // stale: the next caller reads the store again
-				h.usageCache.mu.Unlock()
+				h.ledger.usageCache.mu.Lock()
+				h.ledger.usageCache.at = time.Time{} // stale: the next caller reads the store again
+				h.ledger.usageCache.mu.Unlock()
 			}
 		})
 	}
@@ -156,16 +156,16 @@ func TestConsoleUsageReadIsShared(t *testing.T) {
 func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
 	h, _ := hubWithKeys(t, Options{RequireKeys: true}, "seed")
 	ctx := t.Context()
-	if _, err := h.CreateKey(ctx, admin, "ci"); err != nil {
+	if _, err := h.admin.CreateKey(ctx, admin, "ci"); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: 1}); err != nil {
+	if err := h.ledger.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: 1}); err != nil {
 		t.Fatal(err)
 	}
-	if err := h.RevokeKey(ctx, admin, "ci"); err != nil {
+	if err := h.admin.RevokeKey(ctx, admin, "ci"); err != nil {
 		t.Fatal(err)
 	}
-	key, err := h.CreateKey(ctx, admin, "ci")
+	key, err := h.admin.CreateKey(ctx, admin, "ci")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -184,18 +184,18 @@ func TestRecreatedKeyStartsWithoutLimits(t *testing.T) {
 func TestKeyLimitChangeKeepsUnflushedSpend(t *testing.T) {
 	ctx := t.Context()
 	h, keys := hubWithKeys(t, Options{RequireKeys: true}, "ci", "other")
-	if err := h.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
+	if err := h.ledger.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{TokensPerDay: 1000}); err != nil {
 		t.Fatal(err)
 	}
 	now := time.Now()
-	h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 50, CompletionTokens: 50})
-	h.writeUsage(ctx)
+	h.ledger.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 50, CompletionTokens: 50})
+	h.ledger.writeUsage(ctx)
 	// A second request, counted by the router (its day is now 1100 tokens)
 	// and waiting in the recorder for the next flush.
-	h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 100})
+	h.ledger.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 900, CompletionTokens: 100})
 	h.router.SeedKeyTokens(now, map[string]int64{"ci": 1100})
 
-	if err := h.SetKeyLimits(ctx, admin, "other", fleet.KeyLimits{RequestsPerMinute: 5}); err != nil {
+	if err := h.ledger.SetKeyLimits(ctx, admin, "other", fleet.KeyLimits{RequestsPerMinute: 5}); err != nil {
 		t.Fatal(err)
 	}
 	resp := postWithKey(t, h, keys["ci"], `{"model":"qwen3-4b"}`)
@@ -214,7 +214,7 @@ func hubWithKeys(t *testing.T, opts Options, names ...string) (*Hub, map[string]
 	seed := newHub(t, Options{DataDir: opts.DataDir})
 	keys := map[string]string{}
 	for _, name := range names {
-		key, err := seed.CreateKey(t.Context(), admin, name)
+		key, err := seed.admin.CreateKey(t.Context(), admin, name)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -246,9 +246,9 @@ func TestKeyListShowsUse(t *testing.T) {
 	h, _ := hubWithKeys(t, Options{}, "ci", "idle")
 	now := time.Now()
 	for range 3 {
-		h.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 5})
+		h.ledger.usage.add(router.Usage{At: now, Key: "ci", Model: "qwen3-4b", Worker: "rig/qwen3-4b", PromptTokens: 10, CompletionTokens: 5})
 	}
-	keys, err := h.Keys(t.Context(), admin)
+	keys, err := h.admin.Keys(t.Context(), admin)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -69,7 +69,7 @@ func plantNodeText(h *Hub) {
 		Reason:   "ssh: https://x:node-s3cret@h " + esc,
 		Platform: &fleet.Platform{OS: "darwin", Arch: "arm64", Chip: "Apple M1 Ultra" + esc, GPUs: []fleet.GPU{{Name: "GPU" + esc}}}})
 	// An action's outcome quoting what a node said, as the audit keeps it.
-	h.audit(admin, "restart", "rig/qwen3-4b", "failed: install: curl https://u:audit-s3cret@dl.example.com/x "+esc)
+	h.guard.audit(admin, "restart", "rig/qwen3-4b", "failed: install: curl https://u:audit-s3cret@dl.example.com/x "+esc)
 	for _, msg := range []string{
 		"install: Looking in indexes: https://__token__:pyp1-s3cret@pypi.example.com/simple " + esc,
 		"launched PID 4242 on port 18000: vllm serve Qwen/Qwen3-4B-AWQ --api_key sk-launch-k3y --port 18000",

@@ -365,10 +365,9 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			if point := os.Getenv("FLEET_CRASH_AT"); point != "" {
 				opts.Fault = crashAt(point, os.Getenv("FLEET_CRASH_ARMED_BY"), c.ErrOrStderr())
-
 			}
-			opts.Commands = func(ctx context.Context, h *hub.Hub, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
-				return cli.Run(ctx, h, u, args, stdin, stdout, stderr)
+			opts.Commands = func(ctx context.Context, api hub.API, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+				return cli.Run(ctx, api, u, args, stdin, stdout, stderr)
 			}
 			h, err := hub.Open(c.Context(), opts)
 			if err != nil {
