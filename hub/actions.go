@@ -105,7 +105,7 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targ
 	if err != nil {
 		return "", err
 	}
-	names, err := h.resolve(targets)
+	names, err := h.state.resolve(targets)
 	if err != nil {
 		h.guard.failed(u, a, target, err)
 		return "", err
@@ -167,25 +167,25 @@ func perWorkerNames() string {
 func (h *Hub) setDrained(name string, drained bool) (fleet.Worker, error) {
 	h.saveMu.Lock()
 	defer h.saveMu.Unlock()
-	h.mu.Lock()
-	w, ok := h.workers[name]
+	h.state.mu.Lock()
+	w, ok := h.state.workers[name]
 	was := w.Drained
 	if ok {
 		w.Drained = drained
-		h.workers[name] = w
+		h.state.workers[name] = w
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	if !ok {
 		return w, fmt.Errorf("worker %s is gone", name)
 	}
 	if _, err := h.store.SaveWorker(context.Background(), w); err != nil {
 		// Not recorded, not done: the flag people see goes back too.
-		h.mu.Lock()
-		if cur, ok := h.workers[name]; ok {
+		h.state.mu.Lock()
+		if cur, ok := h.state.workers[name]; ok {
 			cur.Drained = was
-			h.workers[name] = cur
+			h.state.workers[name] = cur
 		}
-		h.mu.Unlock()
+		h.state.mu.Unlock()
 		return w, fmt.Errorf("recording the drain flag of %s: %w; nothing was changed", name, err)
 	}
 	return w, nil
@@ -240,9 +240,9 @@ func (h *Hub) restart(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	h.router.Undrain(name)
-	h.mu.Lock()
-	w := h.workers[name]
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	w := h.state.workers[name]
+	h.state.mu.Unlock()
 	return fmt.Sprintf("restarted %s: %s", name, strings.Join(w.Argv, " ")), nil
 }
 
@@ -297,21 +297,21 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 		if err != nil {
 			return "", err
 		}
-		h.mu.Lock()
-		h.models = applied.Models
-		h.placements = applied.Placements
+		h.state.mu.Lock()
+		h.state.models = applied.Models
+		h.state.placements = applied.Placements
 		for _, n := range applied.Nodes {
-			if old, ok := h.nodes[n.Name]; ok && n.Platform == nil {
+			if old, ok := h.state.nodes[n.Name]; ok && n.Platform == nil {
 				n.Platform = old.Platform
 			}
-			h.nodes[n.Name] = n
+			h.state.nodes[n.Name] = n
 		}
-		for name := range h.nodes {
+		for name := range h.state.nodes {
 			if !slices.ContainsFunc(applied.Nodes, func(n fleet.Node) bool { return n.Name == name }) {
-				delete(h.nodes, name)
+				delete(h.state.nodes, name)
 			}
 		}
-		h.mu.Unlock()
+		h.state.mu.Unlock()
 		if err := h.router.SetModels(applied.Models); err != nil {
 			// The fleet file's validation makes this unreachable; say so loudly if not.
 			h.log.Error("the router refused the applied models; it keeps the previous ones", "err", err)
@@ -363,7 +363,7 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 	if err != nil {
 		return "", err
 	}
-	names, err := h.resolve([]string{worker})
+	names, err := h.state.resolve([]string{worker})
 	if err != nil {
 		h.guard.failed(u, a, worker, err)
 		return "", err

@@ -69,7 +69,7 @@ func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
 // that passed their gate hold until their engines are up. A worker that
 // fails it never starts an engine.
 func (h *Hub) gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
-	m, ok := h.model(w.Model)
+	m, ok := h.state.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
@@ -108,11 +108,11 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 // is judged when it is measured, and a faster one judges the ready workers
 // again when it is admitted.
 func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
-	m, ok := h.model(w.Model)
+	m, ok := h.state.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	speed, err := h.measureSpeed(ctx, w.Name())
+	speed, err := h.checks.measureSpeed(ctx, w.Name())
 	if err != nil {
 		h.recordSpeed(w, 0, -1)
 		return fmt.Errorf("speed: %w", err)
@@ -145,18 +145,18 @@ func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
 }
 
 func (h *Hub) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
-	h.mu.Lock()
+	h.state.mu.Lock()
 	h.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 }
 
 // updateSpeed replaces a worker's recorded figure with a fresher one. A
 // ready worker with none (adopted after a hub restart, or forced) gets one,
 // so it is not measured again for every newcomer.
 func (h *Hub) updateSpeed(worker string, tokS float64) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	o := h.workers[worker]
+	h.state.mu.Lock()
+	defer h.state.mu.Unlock()
+	o := h.state.workers[worker]
 	r, ok := h.speeds[worker]
 	switch {
 	case ok && r.started.Equal(o.StartedAt):
@@ -203,9 +203,9 @@ func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, spe
 // measured yet, or slower, is not listed.
 func (h *Hub) fasterPending(w fleet.Worker, speed, tol float64) []string {
 	var names []string
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for name, o := range h.workers {
+	h.state.mu.Lock()
+	defer h.state.mu.Unlock()
+	for name, o := range h.state.workers {
 		if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
 			continue
 		}
@@ -227,9 +227,9 @@ func (h *Hub) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
 	for _, s := range h.router.Stats() {
 		estimates[s.Name] = s.TokPerSec
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for name, o := range h.workers {
+	h.state.mu.Lock()
+	defer h.state.mu.Unlock()
+	for name, o := range h.state.workers {
 		if o.Model != w.Model || name == w.Name() {
 			continue
 		}
@@ -322,20 +322,20 @@ func bestNote(model, best string, bestSpeed, speed float64) string {
 // measurement per model at a time, so that two verdicts do not load the
 // same best worker at once and slow it for both.
 func (h *Hub) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
-	h.mu.Lock()
+	h.state.mu.Lock()
 	turn, ok := h.duels[model]
 	if !ok {
 		turn = make(chan struct{}, 1)
 		h.duels[model] = turn
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	select {
 	case turn <- struct{}{}:
 	case <-ctx.Done():
 		return nil, 0, ctx.Err()
 	}
 	defer func() { <-turn }()
-	return h.sampleSpeeds(ctx, workers...)
+	return h.checks.sampleSpeeds(ctx, workers...)
 }
 
 // rejudgeSlower rejects the ready workers of w's model that a newly
@@ -344,13 +344,13 @@ func (h *Hub) headToHead(ctx context.Context, model string, workers ...string) (
 func (h *Hub) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
 	tol := tolerance(m)
 	var slower []string
-	h.mu.Lock()
-	for name, o := range h.workers {
+	h.state.mu.Lock()
+	for name, o := range h.state.workers {
 		if r, ok := h.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
 			slower = append(slower, name)
 		}
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	sort.Strings(slower)
 	for _, name := range slower {
 		speeds, _, err := h.headToHead(ctx, w.Model, name, w.Name())
@@ -390,7 +390,7 @@ func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error)
 // compared with it, once the reference worker has answered; unchecked
 // says it had not within the admission wait.
 func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
-	t, _, err := h.workerTarget(w.Name())
+	t, _, err := h.checks.workerTarget(w.Name())
 	if err != nil {
 		return false, err
 	}
@@ -418,9 +418,9 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 		if err != nil {
 			return false
 		}
-		h.mu.Lock()
-		rw, known := h.workers[refWorker]
-		h.mu.Unlock()
+		h.state.mu.Lock()
+		rw, known := h.state.workers[refWorker]
+		h.state.mu.Unlock()
 		if !r.Pinned && r.Source != refWorker {
 			return false // taken from another worker (an older rule, or another reference node)
 		}
@@ -436,9 +436,9 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 	// still coming, so its model's others wait for it (bounded) rather
 	// than pass unchecked because of, say, a port another process took.
 	refComing := func() bool {
-		h.mu.Lock()
-		defer h.mu.Unlock()
-		rw, ok := h.workers[refWorker]
+		h.state.mu.Lock()
+		defer h.state.mu.Unlock()
+		rw, ok := h.state.workers[refWorker]
 		return ok && (coming(rw) || rw.State == fleet.WorkerFailed)
 	}
 	deadline := time.Now().Add(h.admissionWait())
@@ -498,13 +498,13 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 	// Workers judged against an older reference (or none) are judged
 	// again when it changed; those still coming read the new one themselves.
 	changed := err != nil || old.Source != w.Name() || !bytes.Equal(old.Shape, data)
-	h.mu.Lock()
-	for name, o := range h.workers {
+	h.state.mu.Lock()
+	for name, o := range h.state.workers {
 		if r, ok := h.speeds[name]; ok && o.Model == w.Model && r.shape == 2 && r.started.Equal(o.StartedAt) {
 			changed = true // admitted before any reference answered
 		}
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
 	h.refMu.Unlock()
 	if err != nil {
@@ -576,24 +576,24 @@ func (h *Hub) rejudge(ctx context.Context, model, skip string, onlyRejected bool
 	if err != nil {
 		return []string{err.Error()}
 	}
-	m, ok := h.model(model)
+	m, ok := h.state.model(model)
 	if !ok {
 		return nil
 	}
 	var names []string
-	h.mu.Lock()
-	for name, w := range h.workers {
+	h.state.mu.Lock()
+	for name, w := range h.state.workers {
 		if w.Model == model && name != skip {
 			names = append(names, name)
 		}
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	sort.Strings(names)
 	var lines []string
 	for _, name := range names {
-		h.mu.Lock()
-		w := h.workers[name]
-		h.mu.Unlock()
+		h.state.mu.Lock()
+		w := h.state.workers[name]
+		h.state.mu.Unlock()
 		if line := h.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
 			lines = append(lines, line)
 		}
@@ -619,7 +619,7 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	default:
 		return ""
 	}
-	t, _, err := h.workerTarget(name)
+	t, _, err := h.checks.workerTarget(name)
 	if err != nil {
 		return name + ": " + err.Error()
 	}
@@ -635,16 +635,16 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	}
 	verdict := h.compareShape(name, w.Model, refWorker, ref, got)
 	if verdict == nil {
-		h.mu.Lock()
+		h.state.mu.Lock()
 		if r, ok := h.speeds[name]; ok && r.shape == 2 {
 			r.shape = 1
 			h.speeds[name] = r
 		}
-		h.mu.Unlock()
+		h.state.mu.Unlock()
 	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
-		speed, err := h.measureSpeed(ctx, name)
+		speed, err := h.checks.measureSpeed(ctx, name)
 		if err != nil {
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {
@@ -673,13 +673,13 @@ func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
 		refWorker := node + "/" + m.ID
 		h.onEvent(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
 		h.detached.goDetached(ctx, func(ctx context.Context) {
-			h.mu.Lock()
-			w, ok := h.workers[refWorker]
-			h.mu.Unlock()
+			h.state.mu.Lock()
+			w, ok := h.state.workers[refWorker]
+			h.state.mu.Unlock()
 			if !ok || w.PID == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected) {
 				return
 			}
-			t, _, err := h.workerTarget(refWorker)
+			t, _, err := h.checks.workerTarget(refWorker)
 			if err != nil {
 				return
 			}

@@ -25,11 +25,11 @@ func hubWith(t *testing.T, peers []peer) (*Hub, fleet.Worker) {
 	t.Helper()
 	h := newHub(t, Options{})
 	launched := time.Now().Add(-time.Minute)
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.state.mu.Lock()
+	defer h.state.mu.Unlock()
 	for _, p := range peers {
 		w := fleet.Worker{Node: p.node, Model: "m", State: p.state, Drained: p.drained, StartedAt: launched}
-		h.workers[w.Name()] = w
+		h.state.workers[w.Name()] = w
 		if p.tokS > 0 {
 			r := speedRecord{tokS: p.tokS, started: launched, shape: p.shape}
 			if p.stale {
@@ -39,7 +39,7 @@ func hubWith(t *testing.T, peers []peer) (*Hub, fleet.Worker) {
 		}
 	}
 	w := fleet.Worker{Node: "a", Model: "m", State: fleet.WorkerProbation, StartedAt: launched}
-	h.workers[w.Name()] = w
+	h.state.workers[w.Name()] = w
 	return h, w
 }
 

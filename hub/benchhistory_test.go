@@ -28,7 +28,7 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 			t.Fatalf("run %d: %v", i, err)
 		}
 	}
-	if err := h.loadBenchRuns(ctx); err != nil {
+	if err := h.checks.loadBenchRuns(ctx); err != nil {
 		t.Fatal(err)
 	}
 	var found bool
@@ -45,7 +45,7 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 	if !found {
 		t.Fatalf("no %s in the snapshot", ultraWorker)
 	}
-	runs, err := h.BenchHistory(ctx, actors[viewer.Name], "ultra", 2)
+	runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "ultra", 2)
 	if err != nil || len(runs) != 2 || runs[0].Split != sweep.SplitAgent || runs[1].Split != sweep.SplitChat || runs[1].Levels[0].TotalTokPerSec != 60 {
 		t.Fatalf("BenchHistory(ultra, 2) = %+v, %v; want the agent run then the newer chat one", runs, err)
 	}
@@ -81,7 +81,7 @@ func TestBenchHistoryOfAModel(t *testing.T) {
 		}
 	}
 	for _, name := range []string{"qwen3-4b", "qwen3"} {
-		runs, err := h.BenchHistory(ctx, actors[viewer.Name], name, 10)
+		runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], name, 10)
 		if err != nil {
 			t.Fatalf("BenchHistory(%s): %v", name, err)
 		}
@@ -93,10 +93,10 @@ func TestBenchHistoryOfAModel(t *testing.T) {
 			t.Errorf("BenchHistory(%s) = %q, want %q: the model's runs, newest first", name, targets, want)
 		}
 	}
-	if runs, err := h.BenchHistory(ctx, actors[viewer.Name], "qwen3-4b", 1); err != nil || len(runs) != 1 || runs[0].Target != "max" {
+	if runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "qwen3-4b", 1); err != nil || len(runs) != 1 || runs[0].Target != "max" {
 		t.Errorf("BenchHistory(qwen3-4b, 1) = %+v, %v; want only the newest run", runs, err)
 	}
-	if _, err := h.BenchHistory(ctx, actors[viewer.Name], "nope", 10); err == nil || !strings.Contains(err.Error(), "bench --history MODEL") {
+	if _, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "nope", 10); err == nil || !strings.Contains(err.Error(), "bench --history MODEL") {
 		t.Errorf("BenchHistory(nope) = %v; want an error that names what it accepts", err)
 	}
 }

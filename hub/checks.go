@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"slices"
@@ -18,6 +19,7 @@ import (
 	"fleet/bench"
 	"fleet/bench/shape"
 	"fleet/bench/sweep"
+	"fleet/nodes"
 	"fleet/router"
 	"fleet/router/reasoning"
 	"fleet/store"
@@ -31,24 +33,50 @@ const (
 	defaultTolerance     = 0.5
 )
 
+// Checks runs the measurements of workers: the shape and bench commands,
+// and the shape and speed probes admission takes. The hub composes one; it
+// reads the fleet from the hub's mirror and teaches the router what it
+// measured.
+type Checks struct {
+	state  *mirror
+	store  *store.Store
+	log    *slog.Logger
+	router *router.Router
+	mgr    *nodes.Manager
+	guard  *guard
+	// running bounds each user's shape and bench runs (see limits.go).
+	running userChecks
+	// refMu serialises reading and retaking a model's reference shape
+	// (shared with admission).
+	refMu *sync.Mutex
+	// event records an event of the fleet; routerAddr is where the router
+	// listens once the hub runs.
+	event      func(fleet.Event)
+	routerAddr func() string
+	// rejudge and referenceWorker are admission's (admission.go): pinning a
+	// reference shape re-judges the workers it rejected.
+	rejudge         func(ctx context.Context, model, skip string, onlyRejected bool) []string
+	referenceWorker func(ctx context.Context, model string) (string, error)
+}
+
 // workerTarget is a bench target that talks to one worker directly,
 // bypassing the scheduler, through its node's transport (an SSH tunnel for a
 // remote node).
-func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
-	h.mu.Lock()
-	w, ok := h.workers[name]
-	h.mu.Unlock()
+func (ck *Checks) workerTarget(name string) (bench.Target, fleet.Worker, error) {
+	ck.state.mu.Lock()
+	w, ok := ck.state.workers[name]
+	ck.state.mu.Unlock()
 	if !ok {
-		resolved, err := h.resolve([]string{name})
+		resolved, err := ck.state.resolve([]string{name})
 		if err != nil {
 			return bench.Target{}, w, err
 		}
 		if len(resolved) != 1 {
 			return bench.Target{}, w, fmt.Errorf("%s names %d workers (%s); name one as NODE/MODEL", name, len(resolved), strings.Join(resolved, ", "))
 		}
-		h.mu.Lock()
-		w = h.workers[resolved[0]]
-		h.mu.Unlock()
+		ck.state.mu.Lock()
+		w = ck.state.workers[resolved[0]]
+		ck.state.mu.Unlock()
 	}
 	// Any worker whose engine runs can be looked at, a rejected one
 	// included: that is what its engine is kept up for.
@@ -63,7 +91,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		}
 		return bench.Target{}, w, fmt.Errorf("worker %s is %s and its engine is not answering%s; wait until it is ready (see 'workers')", w.Name(), w.State, why)
 	}
-	dial := h.mgr.Dialer(w.Node)
+	dial := ck.mgr.Dialer(w.Node)
 	// Checks are occasional: no keep-alive, so a per-call client leaves no
 	// idle connection (or SSH channel) behind.
 	var rt http.RoundTripper = &http.Transport{
@@ -72,7 +100,7 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 	}
 	// With a normalisation mode on the model, checks see the shape the
 	// router's clients get, not the engine's raw one.
-	if m, ok := h.model(w.Model); ok && m.Reasoning != "" {
+	if m, ok := ck.state.model(w.Model); ok && m.Reasoning != "" {
 		mode, err := reasoning.ParseMode(m.Reasoning)
 		if err != nil {
 			return bench.Target{}, w, fmt.Errorf("model %s: %w", m.ID, err)
@@ -80,39 +108,39 @@ func (h *Hub) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		rt = router.NormalisingTransport(rt, mode)
 	}
 	// The router counts these requests as the worker's load.
-	client := &http.Client{Transport: h.router.CountingTransport(rt, w.Name())}
+	client := &http.Client{Transport: ck.router.CountingTransport(rt, w.Name())}
 	return bench.Target{
 		Name:       w.Node,
 		BaseURL:    fmt.Sprintf("http://127.0.0.1:%d/v1", w.Port),
-		Model:      h.servedName(w),
+		Model:      ck.state.servedName(w),
 		HTTPClient: client,
 	}, w, nil
 }
 
 // Shape sends two workers the same shape requests and diffs their response shapes.
-func (h *Hub) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
-	act, err := h.guard.authorize(u, fleet.ActionShape, a+" "+b)
+func (ck *Checks) Shape(ctx context.Context, u fleet.User, a, b string) (r shape.Report, err error) {
+	act, err := ck.guard.authorize(u, fleet.ActionShape, a+" "+b)
 	if err != nil {
 		return r, err
 	}
-	done, err := h.checks.start(u, string(act.Name))
+	done, err := ck.running.start(u, string(act.Name))
 	if err != nil {
 		return r, err
 	}
 	defer done()
-	err = h.guard.run(u, act, a+" "+b, func() (string, error) {
-		r, err = h.shape(ctx, a, b)
+	err = ck.guard.run(u, act, a+" "+b, func() (string, error) {
+		r, err = ck.shape(ctx, a, b)
 		return "", err
 	})
 	return r, err
 }
 
-func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
+func (ck *Checks) shape(ctx context.Context, a, b string) (shape.Report, error) {
 	var shapes [2]shape.Shape
 	var errs [2]error
 	var wg sync.WaitGroup
 	for i, name := range []string{a, b} {
-		t, _, err := h.workerTarget(name)
+		t, _, err := ck.workerTarget(name)
 		if err != nil {
 			return shape.Report{}, err
 		}
@@ -132,42 +160,42 @@ func (h *Hub) shape(ctx context.Context, a, b string) (shape.Report, error) {
 }
 
 // ShapeAll checks every ready worker of a model against its reference shape.
-func (h *Hub) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []shape.Report, err error) {
-	act, err := h.guard.authorize(u, fleet.ActionShapeAll, model)
+func (ck *Checks) ShapeAll(ctx context.Context, u fleet.User, model string) (rs []shape.Report, err error) {
+	act, err := ck.guard.authorize(u, fleet.ActionShapeAll, model)
 	if err != nil {
 		return nil, err
 	}
-	done, err := h.checks.start(u, string(act.Name))
+	done, err := ck.running.start(u, string(act.Name))
 	if err != nil {
 		return nil, err
 	}
 	defer done()
-	err = h.guard.run(u, act, model, func() (string, error) {
-		rs, err = h.shapeAll(ctx, model)
+	err = ck.guard.run(u, act, model, func() (string, error) {
+		rs, err = ck.shapeAll(ctx, model)
 		return "", err
 	})
 	return rs, err
 }
 
-func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error) {
-	ref, err := h.referenceShape(ctx, model)
+func (ck *Checks) shapeAll(ctx context.Context, model string) ([]shape.Report, error) {
+	ref, err := ck.referenceShape(ctx, model)
 	if err != nil {
 		return nil, err
 	}
 	// The pool is the ready, undrained workers; a full Snapshot would also
 	// read events and router figures this does not need.
 	var pool []string
-	h.mu.Lock()
-	for name, w := range h.workers {
+	ck.state.mu.Lock()
+	for name, w := range ck.state.workers {
 		if w.Model == model && w.State == fleet.WorkerReady && !w.Drained {
 			pool = append(pool, name)
 		}
 	}
-	h.mu.Unlock()
+	ck.state.mu.Unlock()
 	slices.Sort(pool)
 	var reports []shape.Report
 	for _, name := range pool {
-		t, _, err := h.workerTarget(name)
+		t, _, err := ck.workerTarget(name)
 		if err != nil {
 			return nil, err
 		}
@@ -182,25 +210,25 @@ func (h *Hub) shapeAll(ctx context.Context, model string) ([]shape.Report, error
 
 // PinShape makes a worker's current shape its model's reference. An admin's
 // attempt is audited whether or not it got as far as the worker.
-func (h *Hub) PinShape(ctx context.Context, u fleet.User, worker string) (msg string, err error) {
-	act, err := h.guard.authorize(u, fleet.ActionShapePin, worker)
+func (ck *Checks) PinShape(ctx context.Context, u fleet.User, worker string) (msg string, err error) {
+	act, err := ck.guard.authorize(u, fleet.ActionShapePin, worker)
 	if err != nil {
 		return "", err
 	}
-	done, err := h.checks.start(u, string(act.Name))
+	done, err := ck.running.start(u, string(act.Name))
 	if err != nil {
 		return "", err
 	}
 	defer done()
-	err = h.guard.run(u, act, worker, func() (string, error) {
-		msg, err = h.pinShape(ctx, worker)
+	err = ck.guard.run(u, act, worker, func() (string, error) {
+		msg, err = ck.pinShape(ctx, worker)
 		return "", err
 	})
 	return msg, err
 }
 
-func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
-	t, w, err := h.workerTarget(worker)
+func (ck *Checks) pinShape(ctx context.Context, worker string) (string, error) {
+	t, w, err := ck.workerTarget(worker)
 	if err != nil {
 		return "", err
 	}
@@ -214,20 +242,20 @@ func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	}
 	// The pin holds until the reference node's worker runs another command
 	// line: its argv now is recorded with the pin.
-	refWorker, err := h.referenceWorker(ctx, w.Model)
+	refWorker, err := ck.referenceWorker(ctx, w.Model)
 	if err != nil {
 		return "", err
 	}
-	h.mu.Lock()
-	argv := h.workers[refWorker].Argv
-	h.mu.Unlock()
-	h.refMu.Lock()
-	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: argv})
-	h.refMu.Unlock()
+	ck.state.mu.Lock()
+	argv := ck.state.workers[refWorker].Argv
+	ck.state.mu.Unlock()
+	ck.refMu.Lock()
+	err = ck.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: argv})
+	ck.refMu.Unlock()
 	if err != nil {
 		return "", err
 	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model + "; every worker of the model is judged again"})
+	ck.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model + "; every worker of the model is judged again"})
 	until := fmt.Sprintf("pinned until %s runs another command line; a new command line on %s retakes it with its new shape", refWorker, w.Name())
 	if w.Name() == refWorker {
 		until = fmt.Sprintf("pinned until %s runs another command line", refWorker)
@@ -235,14 +263,14 @@ func (h *Hub) pinShape(ctx context.Context, worker string) (string, error) {
 	msg := fmt.Sprintf("the reference shape of %s is now %s's (%s)", w.Model, w.Name(), until)
 	// Every worker, the ready ones too: one model serving two shapes is
 	// what the reference is there to prevent.
-	if lines := h.rejudge(ctx, w.Model, "", false); len(lines) > 0 {
+	if lines := ck.rejudge(ctx, w.Model, "", false); len(lines) > 0 {
 		msg += "\nre-judged the model's workers:\n  " + strings.Join(lines, "\n  ")
 	}
 	return msg, nil
 }
 
-func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, error) {
-	r, err := h.store.Reference(ctx, model)
+func (ck *Checks) referenceShape(ctx context.Context, model string) (shape.Shape, error) {
+	r, err := ck.store.Reference(ctx, model)
 	if err != nil {
 		return shape.Shape{}, fmt.Errorf("model %s has no reference shape yet (its reference worker sets it; or run 'shape pin WORKER'): %w", model, err)
 	}
@@ -255,14 +283,14 @@ func (h *Hub) referenceShape(ctx context.Context, model string) (shape.Shape, er
 
 // Bench runs a closed-loop concurrency sweep against a worker (directly) or
 // a model (through the router), stores the result and feeds the samples.
-func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.BenchOptions, progress io.Writer) (sweep.Result, error) {
-	a, err := h.guard.authorize(u, fleet.ActionBench, target)
+func (ck *Checks) Bench(ctx context.Context, u fleet.User, target string, o fleet.BenchOptions, progress io.Writer) (sweep.Result, error) {
+	a, err := ck.guard.authorize(u, fleet.ActionBench, target)
 	if err != nil {
 		return sweep.Result{}, err
 	}
-	done, err := h.checks.start(u, string(a.Name))
+	done, err := ck.running.start(u, string(a.Name))
 	if err != nil {
-		h.guard.refuse(u, a.Name, target, "refused: "+err.Error())
+		ck.guard.refuse(u, a.Name, target, "refused: "+err.Error())
 		return sweep.Result{}, err
 	}
 	defer done()
@@ -270,19 +298,19 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.Be
 	// worker is the stored run's key: the worker measured, or the model's
 	// key for a run through the router, so `bench --history MODEL` finds it.
 	worker, viaRouter := "", false
-	if id, ok := h.modelID(target); ok {
-		t = bench.Target{Name: target + " via router", BaseURL: "http://" + h.routerAddr() + "/v1", Model: target}
+	if id, ok := ck.state.modelID(target); ok {
+		t = bench.Target{Name: target + " via router", BaseURL: "http://" + ck.routerAddr() + "/v1", Model: target}
 		worker, viaRouter = routerBenchKey(id), true
 	} else {
 		var w fleet.Worker
 		var err error
-		if t, w, err = h.workerTarget(target); err != nil {
-			h.guard.failed(u, a, target, err)
+		if t, w, err = ck.workerTarget(target); err != nil {
+			ck.guard.failed(u, a, target, err)
 			return sweep.Result{}, err
 		}
 		worker = w.Name()
 	}
-	opts := sweep.Options{Levels: o.Levels, Split: o.Split, Turns: o.Turns, RequestsPerLevel: o.Requests, OutputTokens: o.Tokens, Logger: h.log}
+	opts := sweep.Options{Levels: o.Levels, Split: o.Split, Turns: o.Turns, RequestsPerLevel: o.Requests, OutputTokens: o.Tokens, Logger: ck.log}
 	if progress != nil {
 		opts.Progress = func(done, total int) {
 			const width = 30
@@ -294,25 +322,25 @@ func (h *Hub) Bench(ctx context.Context, u fleet.User, target string, o fleet.Be
 		}
 	}
 	var res sweep.Result
-	if err := h.guard.run(u, a, target, func() (_ string, err error) {
+	if err := ck.guard.run(u, a, target, func() (_ string, err error) {
 		res, err = sweep.Sweep(ctx, t, opts)
 		return "", err
 	}); err != nil {
 		return res, err
 	}
 	if data, err := json.Marshal(res); err == nil {
-		if err := h.store.AddBenchRun(ctx, worker, data); err != nil {
-			h.log.Warn("could not store the bench run", "target", worker, "err", err)
+		if err := ck.store.AddBenchRun(ctx, worker, data); err != nil {
+			ck.log.Warn("could not store the bench run", "target", worker, "err", err)
 		}
 	}
 	if !viaRouter {
-		if err := h.store.AddSamples(ctx, res.Samples(worker)); err != nil {
-			h.log.Warn("could not store bench samples", "worker", worker, "err", err)
+		if err := ck.store.AddSamples(ctx, res.Samples(worker)); err != nil {
+			ck.log.Warn("could not store bench samples", "worker", worker, "err", err)
 		}
-		h.seedSpeed(worker, res)
-		h.mu.Lock()
-		h.bench[benchKey{worker, splitOf(res)}] = summarise(res)
-		h.mu.Unlock()
+		ck.seedSpeed(worker, res)
+		ck.state.mu.Lock()
+		ck.state.bench[benchKey{worker, splitOf(res)}] = summarise(res)
+		ck.state.mu.Unlock()
 	}
 	return res, nil
 }
@@ -337,17 +365,17 @@ const MaxBenchHistory = 200
 // worker stands for it; a NODE/MODEL name is taken as it is, so the runs of
 // a worker that has left the fleet can still be read), or a model (an
 // alias too): its runs through the router and its current workers' runs.
-func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
+func (ck *Checks) BenchHistory(ctx context.Context, u fleet.User, target string, limit int) ([]sweep.Result, error) {
 	var out []sweep.Result
-	err := h.guard.do(u, fleet.ActionBenchHistory, target, func() (string, error) {
-		keys, err := h.benchKeys(target)
+	err := ck.guard.do(u, fleet.ActionBenchHistory, target, func() (string, error) {
+		keys, err := ck.benchKeys(target)
 		if err != nil {
 			return "", err
 		}
 		limit = min(max(limit, 1), MaxBenchHistory)
 		var runs []store.BenchRun
 		for _, k := range keys {
-			rs, err := h.store.BenchRuns(ctx, k, limit)
+			rs, err := ck.store.BenchRuns(ctx, k, limit)
 			if err != nil {
 				return "", err
 			}
@@ -359,7 +387,7 @@ func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, lim
 		for _, r := range runs {
 			var res sweep.Result
 			if err := json.Unmarshal(r.Run, &res); err != nil {
-				h.log.Warn("skipping an unreadable stored bench run", "target", r.Worker, "id", r.ID, "err", err)
+				ck.log.Warn("skipping an unreadable stored bench run", "target", r.Worker, "id", r.ID, "err", err)
 				continue
 			}
 			res.Split = splitOf(res)
@@ -373,22 +401,22 @@ func (h *Hub) BenchHistory(ctx context.Context, u fleet.User, target string, lim
 // benchKeys are the keys under which the runs of a bench target are
 // stored: a worker's name, or a model's runs through the router
 // (routerBenchKey) and the names of the model's workers.
-func (h *Hub) benchKeys(target string) ([]string, error) {
+func (ck *Checks) benchKeys(target string) ([]string, error) {
 	if strings.Contains(target, "/") {
 		return []string{target}, nil
 	}
-	if id, ok := h.modelID(target); ok {
+	if id, ok := ck.state.modelID(target); ok {
 		keys := []string{routerBenchKey(id)}
-		h.mu.Lock()
-		for name, w := range h.workers {
+		ck.state.mu.Lock()
+		for name, w := range ck.state.workers {
 			if w.Model == id {
 				keys = append(keys, name)
 			}
 		}
-		h.mu.Unlock()
+		ck.state.mu.Unlock()
 		return keys, nil
 	}
-	names, err := h.resolve([]string{target})
+	names, err := ck.state.resolve([]string{target})
 	if err != nil {
 		return nil, fmt.Errorf("%w; or name a model (bench --history MODEL)", err)
 	}
@@ -422,27 +450,27 @@ func summarise(res sweep.Result) benchSummary {
 }
 
 // loadBenchRuns reads each worker's latest stored sweep at start.
-func (h *Hub) loadBenchRuns(ctx context.Context) error {
-	runs, err := h.store.LatestBenchRuns(ctx)
+func (ck *Checks) loadBenchRuns(ctx context.Context) error {
+	runs, err := ck.store.LatestBenchRuns(ctx)
 	if err != nil {
 		return err
 	}
 	for _, r := range runs {
 		var res sweep.Result
 		if err := json.Unmarshal(r.Run, &res); err != nil {
-			h.log.Warn("skipping an unreadable stored bench run", "worker", r.Worker, "id", r.ID, "err", err)
+			ck.log.Warn("skipping an unreadable stored bench run", "worker", r.Worker, "id", r.ID, "err", err)
 			continue
 		}
-		h.bench[benchKey{r.Worker, splitOf(res)}] = summarise(res)
+		ck.state.bench[benchKey{r.Worker, splitOf(res)}] = summarise(res)
 	}
 	return nil
 }
 
 // modelID is the ID of the model that name (an ID or an alias) names.
-func (h *Hub) modelID(name string) (string, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, m := range h.models {
+func (ms *mirror) modelID(name string) (string, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, m := range ms.models {
 		if m.Serves(name) {
 			return m.ID, true
 		}
@@ -450,10 +478,10 @@ func (h *Hub) modelID(name string) (string, bool) {
 	return "", false
 }
 
-func (h *Hub) model(id string) (fleet.Model, bool) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	for _, m := range h.models {
+func (ms *mirror) model(id string) (fleet.Model, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, m := range ms.models {
 		if m.ID == id {
 			return m, true
 		}
@@ -469,8 +497,8 @@ const speedSamples = 3
 // measureSpeed is a worker's admission speed figure: the median of
 // speedSamples single-request decode speeds on a warm engine (see
 // sampleSpeeds).
-func (h *Hub) measureSpeed(ctx context.Context, worker string) (float64, error) {
-	speeds, _, err := h.sampleSpeeds(ctx, worker)
+func (ck *Checks) measureSpeed(ctx context.Context, worker string) (float64, error) {
+	speeds, _, err := ck.sampleSpeeds(ctx, worker)
 	if err != nil {
 		return 0, err
 	}
@@ -486,10 +514,10 @@ func (h *Hub) measureSpeed(ctx context.Context, worker string) (float64, error) 
 // sample of one is taken beside one of the others; it returns each worker's
 // median, and teaches the router's speed model the median request. On an
 // error, failed is the index of the worker whose measurement failed.
-func (h *Hub) sampleSpeeds(ctx context.Context, workers ...string) (medians []float64, failed int, _ error) {
+func (ck *Checks) sampleSpeeds(ctx context.Context, workers ...string) (medians []float64, failed int, _ error) {
 	targets := make([]bench.Target, len(workers))
 	for i, name := range workers {
-		t, _, err := h.workerTarget(name)
+		t, _, err := ck.workerTarget(name)
 		if err != nil {
 			return nil, i, err
 		}
@@ -511,7 +539,7 @@ func (h *Hub) sampleSpeeds(ctx context.Context, workers ...string) (medians []fl
 	for i, rs := range runs {
 		slices.SortFunc(rs, func(a, b sweep.Result) int { return cmp.Compare(tokPerSec(a), tokPerSec(b)) })
 		median := rs[len(rs)/2]
-		h.seedSpeed(workers[i], median)
+		ck.seedSpeed(workers[i], median)
 		medians[i] = tokPerSec(median)
 	}
 	return medians, -1, nil
@@ -541,7 +569,7 @@ func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
 // seedSpeed hands a bench result to the router's speed model: one point per
 // concurrency level, so the scheduler knows the worker's curve before
 // traffic teaches it.
-func (h *Hub) seedSpeed(worker string, res sweep.Result) {
+func (ck *Checks) seedSpeed(worker string, res sweep.Result) {
 	var points []router.SpeedPoint
 	for _, l := range res.Levels {
 		if l.Requests == l.Failed || l.TPOT.Mean <= 0 {
@@ -554,5 +582,5 @@ func (h *Hub) seedSpeed(worker string, res sweep.Result) {
 			ITL:          time.Duration(l.TPOT.Mean * float64(time.Millisecond)),
 		})
 	}
-	h.router.SeedSpeed(worker, points...)
+	ck.router.SeedSpeed(worker, points...)
 }

@@ -85,10 +85,10 @@ func TestWorkerTargetByEngineState(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			w := tt.w
 			w.Node, w.Model = "max", "qwen3-4b"
-			h.mu.Lock()
-			h.workers[w.Name()] = w
-			h.mu.Unlock()
-			_, _, err := h.workerTarget("max")
+			h.state.mu.Lock()
+			h.state.workers[w.Name()] = w
+			h.state.mu.Unlock()
+			_, _, err := h.checks.workerTarget("max")
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Errorf("not reachable: %v", err)
@@ -109,9 +109,9 @@ func TestMemoryRejectionAndNodesTableAgree(t *testing.T) {
 	p := fleet.Platform{OS: "linux", Arch: "amd64", MemTotalBytes: 64 << 30, MemFreeBytes: 40 << 30,
 		GPUs: []fleet.GPU{{Name: "NVIDIA GeForce RTX 4090", MemTotalMiB: 24564, MemFreeMiB: 22835}}}
 	// As a probe reports it.
-	h.mu.Lock()
-	node := h.nodes["rig"]
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	node := h.state.nodes["rig"]
+	h.state.mu.Unlock()
 	node.Platform, node.ProbedAt, node.State = &p, time.Now(), fleet.NodeUp
 	h.onNode(node)
 	rejection := checkMemory(fleet.Worker{Node: "rig", Model: "big"}, fleet.Model{ID: "big", MemoryGB: 30}, node, 0)

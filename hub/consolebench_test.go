@@ -45,10 +45,10 @@ func TestConsoleBenchEndsWithTheHub(t *testing.T) {
 			h.Close()
 		}
 	})
-	h.mu.Lock()
-	model := h.models[0].ID
+	h.state.mu.Lock()
+	model := h.state.models[0].ID
 	h.httpAddr = strings.TrimPrefix(srv.URL, "http://")
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 
 	msg, err := h.ConsoleSource(operator).Do(t.Context(), console.Action{Kind: fleet.ActionBench, Targets: []string{model}})
 	if err != nil {

@@ -140,15 +140,17 @@ type Commands func(ctx context.Context, api API, u fleet.User, args []string, st
 
 // API is what the command tree and the console call: the hub's own
 // commands and those of the parts it composes, each answered by the part
-// that owns it (users and keys by Admin, usage and key limits by Ledger).
+// that owns it (users and keys by Admin, usage and key limits by Ledger, shape
+// and bench by Checks).
 type API struct {
 	*Hub
 	*Admin
 	*Ledger
+	*Checks
 }
 
 // API is the hub with the parts it composes, for the command tree.
-func (h *Hub) API() API { return API{Hub: h, Admin: h.admin, Ledger: h.ledger} }
+func (h *Hub) API() API { return API{Hub: h, Admin: h.admin, Ledger: h.ledger, Checks: h.checks} }
 
 // Hub is the running fleet hub.
 type Hub struct {
@@ -158,28 +160,24 @@ type Hub struct {
 	mgr    *nodes.Manager
 	router *router.Router
 
-	mu sync.Mutex
 	// saveMu orders the writes of worker rows (recordWorker).
-	saveMu  sync.Mutex
-	workers map[string]fleet.Worker // by worker name, as the manager last reported
-	nodes   map[string]fleet.Node
-	models  []fleet.Model
-	// placements are the declared ones: a placed worker the manager has not
-	// reported yet is one the router waits for.
-	placements []fleet.Placement
-	// bench is each worker's latest bench sweep of each split, kept here so snapshots
-	// (twice a second per console) never parse stored runs.
-	bench map[benchKey]benchSummary
+	saveMu sync.Mutex
+	// state is the hub's copy of the fleet as the node manager last
+	// reported it (state.go); its lock also guards speeds.
+	state *mirror
+	// checks runs shape and bench checks and the speed measurements
+	// admission takes (checks.go).
+	checks *Checks
+	// mu guards httpAddr, started and lanName.
+	mu sync.Mutex
 
 	samples chan fleet.Sample
 	// refMu serialises reading and retaking a model's reference shape.
 	refMu sync.Mutex
-	// checks bounds each user's shape and bench runs (see limits.go).
-	checks userChecks
-	// speeds are admission speed measurements, by worker (guarded by mu).
+	// speeds are admission speed measurements, by worker (guarded by state.mu).
 	speeds map[string]speedRecord
 	// duels holds, per model, the turn of the one pair of its workers being
-	// measured against each other (headToHead; the map guarded by mu).
+	// measured against each other (headToHead; the map guarded by state.mu).
 	duels map[string]chan struct{}
 	// httpAddr is where the router listens, once Run has bound it, and
 	// started when (for `status`).
@@ -256,13 +254,15 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	h := &Hub{
-		opts:    opts,
-		log:     opts.Logger,
-		store:   st,
-		guard:   &guard{store: st, log: opts.Logger},
-		workers: map[string]fleet.Worker{},
-		nodes:   map[string]fleet.Node{},
-		bench:   map[benchKey]benchSummary{},
+		opts:  opts,
+		log:   opts.Logger,
+		store: st,
+		guard: &guard{store: st, log: opts.Logger},
+		state: &mirror{
+			workers: map[string]fleet.Worker{},
+			nodes:   map[string]fleet.Node{},
+			bench:   map[benchKey]benchSummary{},
+		},
 		speeds:  map[string]speedRecord{},
 		duels:   map[string]chan struct{}{},
 		samples: make(chan fleet.Sample, 4096),
@@ -330,6 +330,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = rt
+	h.checks = &Checks{state: h.state, store: st, log: opts.Logger, router: rt, guard: h.guard, refMu: &h.refMu,
+		event: h.onEvent, routerAddr: h.routerAddr, rejudge: h.rejudge, referenceWorker: h.referenceWorker}
 	h.ledger.router = rt
 	if err := h.ledger.loadKeyLimits(ctx); err != nil {
 		return nil, err
@@ -394,15 +396,16 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		OnNodeSuspect:   h.onNodeSuspect,
 		OnEvent:         h.onEvent,
 	})
+	h.checks.mgr = h.mgr
 	f, err := st.LoadFleet(ctx)
 	if err != nil {
 		return nil, err
 	}
 	for _, n := range f.Nodes {
-		h.nodes[n.Name] = n
+		h.state.nodes[n.Name] = n
 	}
-	h.models = f.Models
-	h.placements = f.Placements
+	h.state.models = f.Models
+	h.state.placements = f.Placements
 	for _, m := range f.Models {
 		// At zero before the first verdict, so a dashboard shows 0.
 		h.admissions.WithLabelValues(m.ID, "admitted")
@@ -421,9 +424,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		if w.State != fleet.WorkerStopped && w.State != fleet.WorkerRejected {
 			w.State, w.Reason = fleet.WorkerStarting, "checking the engine recorded before the hub restarted"
 		}
-		h.workers[w.Name()] = w
+		h.state.workers[w.Name()] = w
 	}
-	if err := h.loadBenchRuns(ctx); err != nil {
+	if err := h.checks.loadBenchRuns(ctx); err != nil {
 		return nil, err
 	}
 	h.mgr.SetDesired(f)

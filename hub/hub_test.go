@@ -145,9 +145,9 @@ func seededHub(t *testing.T) (*Hub, map[string]fleet.User) {
 	if len(actors) != 5 {
 		t.Fatalf("seeded users %v, want vic, olga and ada", stored)
 	}
-	h.mu.Lock()
-	restored := len(h.workers)
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	restored := len(h.state.workers)
+	h.state.mu.Unlock()
 	if restored != 2 {
 		t.Fatalf("the reopened hub restored %d workers, want 2", restored)
 	}
@@ -223,11 +223,11 @@ func state(t *testing.T, h *Hub) string {
 	for _, w := range workers {
 		fmt.Fprintf(&b, "stored worker %s drained=%v\n", w.Name(), w.Drained)
 	}
-	h.mu.Lock()
-	for _, name := range slices.Sorted(maps.Keys(h.workers)) {
-		fmt.Fprintf(&b, "hub worker %s drained=%v\n", name, h.workers[name].Drained)
+	h.state.mu.Lock()
+	for _, name := range slices.Sorted(maps.Keys(h.state.workers)) {
+		fmt.Fprintf(&b, "hub worker %s drained=%v\n", name, h.state.workers[name].Drained)
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	if _, err := h.store.Reference(ctx, "qwen3-4b"); err == nil {
 		b.WriteString("reference shape of qwen3-4b set\n")
 	}
@@ -354,19 +354,19 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}},
 		// shape sends load to workers: an operator's, as in the console.
 		{"shape", "shape", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Shape(ctx, u, "nope", ultraWorker)
+			_, err := h.checks.Shape(ctx, u, "nope", ultraWorker)
 			return err
 		}},
 		{"shape all", "shape --all", fleet.RoleOperator, false, failsWith("model qwen3-4b has no reference shape yet"), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.ShapeAll(ctx, u, "qwen3-4b")
+			_, err := h.checks.ShapeAll(ctx, u, "qwen3-4b")
 			return err
 		}},
 		{"shape pin", "shape pin", fleet.RoleAdmin, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.PinShape(ctx, u, "nope")
+			_, err := h.checks.PinShape(ctx, u, "nope")
 			return err
 		}},
 		{"bench", "bench", fleet.RoleOperator, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.Bench(ctx, u, "nope", fleet.BenchOptions{}, nil)
+			_, err := h.checks.Bench(ctx, u, "nope", fleet.BenchOptions{}, nil)
 			return err
 		}},
 		{"status", "status", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
@@ -378,7 +378,7 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}},
 		// Past bench runs are read from the store: anyone may list them.
 		{"bench history", "bench --history", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.BenchHistory(ctx, u, ultraWorker, 10)
+			_, err := h.checks.BenchHistory(ctx, u, ultraWorker, 10)
 			return err
 		}},
 		// An engine's log can hold prompts: an operator's.

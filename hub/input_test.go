@@ -39,10 +39,10 @@ func ownedFlagFleet(t *testing.T) string {
 
 // hubNodes is what the running hub (not only the store) believes the nodes are.
 func hubNodes(h *Hub) []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+	h.state.mu.Lock()
+	defer h.state.mu.Unlock()
 	var names []string
-	for name := range h.nodes {
+	for name := range h.state.nodes {
 		names = append(names, name)
 	}
 	slices.Sort(names)

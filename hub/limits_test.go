@@ -72,11 +72,11 @@ func TestSecretsRedactedForNonAdmins(t *testing.T) {
 	}
 	// A worker started with the key on its command line, as the manager
 	// reports one.
-	h.mu.Lock()
-	h.workers["ultra/qwen3-4b"] = fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady,
+	h.state.mu.Lock()
+	h.state.workers["ultra/qwen3-4b"] = fleet.Worker{Node: "ultra", Model: "qwen3-4b", Engine: fleet.EngineLlamaCpp, State: fleet.WorkerReady,
 		Argv:       []string{"llama-server", "--api-key", "sk-s3cr3t-key", "--port", "18000"},
 		LaunchArgv: []string{"sh", "-c", "s", "start", "d", "env", "HF_TOKEN=hf_s3cr3t_value", "fleet", "sim", "--api-key=sk-s3cr3t-key"}}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	for _, u := range []fleet.User{viewer, operator, admin} {
 		exported, err := h.Export(t.Context(), u)
 		if err != nil {
@@ -180,7 +180,7 @@ func TestChecksLimitedPerUser(t *testing.T) {
 	ada, vic := actors[admin.Name], actors[viewer.Name]
 	var dones []func()
 	for range MaxChecksPerUser {
-		done, err := h.checks.start(ada, "bench")
+		done, err := h.checks.running.start(ada, "bench")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -189,10 +189,13 @@ func TestChecksLimitedPerUser(t *testing.T) {
 	ctx := t.Context()
 	const refusal = "already has 2 shape or bench runs going (the limit per user); wait for one to finish"
 	calls := map[string]func(u fleet.User) error{
-		"shape":       func(u fleet.User) error { _, err := h.Shape(ctx, u, "ultra", "max"); return err },
-		"shape --all": func(u fleet.User) error { _, err := h.ShapeAll(ctx, u, "qwen3-4b"); return err },
-		"shape pin":   func(u fleet.User) error { _, err := h.PinShape(ctx, u, "ultra"); return err },
-		"bench":       func(u fleet.User) error { _, err := h.Bench(ctx, u, "ultra", fleet.BenchOptions{}, nil); return err },
+		"shape":       func(u fleet.User) error { _, err := h.checks.Shape(ctx, u, "ultra", "max"); return err },
+		"shape --all": func(u fleet.User) error { _, err := h.checks.ShapeAll(ctx, u, "qwen3-4b"); return err },
+		"shape pin":   func(u fleet.User) error { _, err := h.checks.PinShape(ctx, u, "ultra"); return err },
+		"bench": func(u fleet.User) error {
+			_, err := h.checks.Bench(ctx, u, "ultra", fleet.BenchOptions{}, nil)
+			return err
+		},
 	}
 	for what, call := range calls {
 		err := call(ada)
@@ -207,12 +210,12 @@ func TestChecksLimitedPerUser(t *testing.T) {
 	}
 	dones[0]()
 	dones[0]() // ending twice frees one slot, not two
-	done, err := h.checks.start(ada, "shape")
+	done, err := h.checks.running.start(ada, "shape")
 	if err != nil {
 		t.Fatalf("a freed slot was not reusable: %v", err)
 	}
 	defer done()
-	if _, err := h.checks.start(ada, "shape"); err == nil {
+	if _, err := h.checks.running.start(ada, "shape"); err == nil {
 		t.Errorf("a slot ended twice was freed twice")
 	}
 }

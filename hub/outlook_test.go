@@ -10,7 +10,7 @@ import (
 // workers are on their way (a placement the manager has not reported yet
 // is pending) and which cannot serve.
 func TestOutlookCountsPlacedWorkers(t *testing.T) {
-	h := &Hub{
+	h := &mirror{
 		placements: []fleet.Placement{
 			{Model: "a", Node: "n1"}, {Model: "a", Node: "n2"}, {Model: "a", Node: "n3"},
 			{Model: "b", Node: "n1"}, {Model: "b", Node: "n2"},
@@ -49,7 +49,7 @@ func TestOutlookCountsPlacedWorkers(t *testing.T) {
 // prompt too long for the ready ones waits for one that holds it; ready
 // and stopped workers do not count.
 func TestOutlookSaysTheComingContext(t *testing.T) {
-	h := &Hub{
+	h := &mirror{
 		models: []fleet.Model{{ID: "a", Context: 16384}, {ID: "b", Context: 8192}},
 		placements: []fleet.Placement{
 			{Model: "a", Node: "n1", Context: 4096}, {Model: "a", Node: "n2"}, {Model: "a", Node: "n3", Context: 2048},

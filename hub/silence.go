@@ -14,14 +14,14 @@ const linkCheckTimeout = 2 * time.Second
 // keepalive; reason "" when it answers again) to the router for each of
 // the node's workers.
 func (h *Hub) onNodeSuspect(node, reason string) {
-	h.mu.Lock()
+	h.state.mu.Lock()
 	var names []string
-	for name, w := range h.workers {
+	for name, w := range h.state.workers {
 		if w.Node == node {
 			names = append(names, name)
 		}
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	for _, name := range names {
 		h.router.SetSuspect(name, reason)
 	}
@@ -33,9 +33,9 @@ func (h *Hub) onNodeSuspect(node, reason string) {
 // every one of its workers gets no new requests until it answers
 // (onNodeSuspect).
 func (h *Hub) checkWorkerNode(worker string) {
-	h.mu.Lock()
-	w, ok := h.workers[worker]
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	w, ok := h.state.workers[worker]
+	h.state.mu.Unlock()
 	if !ok {
 		return
 	}

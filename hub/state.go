@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
 
 	"fleet"
@@ -20,6 +21,23 @@ import (
 	"fleet/router"
 	"fleet/store"
 )
+
+// mirror is the hub's copy of the fleet: the workers and nodes as the node
+// manager last reported them, and the models and placements as declared.
+// The node manager's callbacks (onWorker, onNode, …) write it; snapshots,
+// the checks and admission read it.
+type mirror struct {
+	mu      sync.Mutex
+	workers map[string]fleet.Worker // by worker name, as the manager last reported
+	nodes   map[string]fleet.Node
+	models  []fleet.Model
+	// placements are the declared ones: a placed worker the manager has not
+	// reported yet is one the router waits for.
+	placements []fleet.Placement
+	// bench is each worker's latest bench sweep of each split, kept here so snapshots
+	// (twice a second per console) never parse stored runs.
+	bench map[benchKey]benchSummary
+}
 
 func (h *Hub) onWorker(w fleet.Worker) {
 	if err := h.recordWorker(context.Background(), w); err != nil {
@@ -35,12 +53,12 @@ func (h *Hub) recordWorker(ctx context.Context, w fleet.Worker) error {
 	w = sanitizeWorker(w)
 	h.saveMu.Lock()
 	defer h.saveMu.Unlock()
-	h.mu.Lock()
-	if old, ok := h.workers[w.Name()]; ok {
+	h.state.mu.Lock()
+	if old, ok := h.state.workers[w.Name()]; ok {
 		w.Drained = old.Drained // the drain flag is the hub's, not the manager's
 	}
-	h.workers[w.Name()] = w
-	h.mu.Unlock()
+	h.state.workers[w.Name()] = w
+	h.state.mu.Unlock()
 	defer h.syncRouter()
 	saved, err := h.store.SaveWorker(ctx, w)
 	if errors.Is(err, store.ErrNotFound) {
@@ -52,12 +70,12 @@ func (h *Hub) recordWorker(ctx context.Context, w fleet.Worker) error {
 	if err != nil {
 		return err
 	}
-	h.mu.Lock()
-	if cur, ok := h.workers[w.Name()]; ok {
+	h.state.mu.Lock()
+	if cur, ok := h.state.workers[w.Name()]; ok {
 		cur.ID = saved.ID
-		h.workers[w.Name()] = cur
+		h.state.workers[w.Name()] = cur
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	return nil
 }
 
@@ -67,11 +85,11 @@ func (h *Hub) recordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 	w = sanitizeWorker(w)
 	h.saveMu.Lock()
 	defer h.saveMu.Unlock()
-	h.mu.Lock()
-	if old, ok := h.workers[w.Name()]; ok {
+	h.state.mu.Lock()
+	if old, ok := h.state.workers[w.Name()]; ok {
 		w.Drained = old.Drained
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	return h.store.RecordLaunch(ctx, w)
 }
 
@@ -108,9 +126,9 @@ func sanitizeNode(n fleet.Node) fleet.Node {
 }
 
 func (h *Hub) onWorkerRemoved(w fleet.Worker) {
-	h.mu.Lock()
-	delete(h.workers, w.Name())
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	delete(h.state.workers, w.Name())
+	h.state.mu.Unlock()
 	if err := h.store.DeleteWorker(context.Background(), w.Node, w.Model); err != nil && !errors.Is(err, store.ErrNotFound) {
 		h.log.Warn("could not forget a removed worker", "worker", w.Name(), "err", err)
 	}
@@ -122,14 +140,14 @@ func (h *Hub) onWorkerRemoved(w fleet.Worker) {
 
 func (h *Hub) onNode(n fleet.Node) {
 	n = sanitizeNode(n)
-	h.mu.Lock()
-	if _, declared := h.nodes[n.Name]; !declared {
+	h.state.mu.Lock()
+	if _, declared := h.state.nodes[n.Name]; !declared {
 		// A node that left the fleet, kept connected only to stop its engines.
-		h.mu.Unlock()
+		h.state.mu.Unlock()
 		return
 	}
-	h.nodes[n.Name] = n
-	h.mu.Unlock()
+	h.state.nodes[n.Name] = n
+	h.state.mu.Unlock()
 	ctx := context.Background()
 	if n.Platform != nil {
 		if err := h.store.SetNodeProbe(ctx, n.Name, *n.Platform, n.ProbedAt); err != nil {
@@ -153,17 +171,17 @@ func (h *Hub) onEvent(e fleet.Event) {
 
 // syncRouter hands the router the ready set, with drained workers marked.
 func (h *Hub) syncRouter() {
-	h.mu.Lock()
+	h.state.mu.Lock()
 	var bs []router.Backend
 	var drained []string
-	for name, w := range h.workers {
+	for name, w := range h.state.workers {
 		if w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining {
 			continue
 		}
 		bs = append(bs, router.Backend{
 			Name:       name,
 			Model:      w.Model,
-			ServedName: h.servedNameLocked(w),
+			ServedName: h.state.servedNameLocked(w),
 			Engine:     w.Engine,
 			Addr:       net.JoinHostPort("127.0.0.1", fmt.Sprint(w.Port)),
 			Dial:       h.mgr.Dialer(w.Node),
@@ -174,8 +192,8 @@ func (h *Hub) syncRouter() {
 			drained = append(drained, name)
 		}
 	}
-	outlook := h.outlookLocked()
-	h.mu.Unlock()
+	outlook := h.state.outlookLocked()
+	h.state.mu.Unlock()
 	h.router.SetBackendsAndOutlook(bs, outlook)
 	for _, name := range drained {
 		h.router.Drain(name)
@@ -186,14 +204,14 @@ func (h *Hub) syncRouter() {
 // their way and which cannot serve: a placement whose worker the manager
 // has not reported yet is pending, and a worker stopped on its way to a
 // restart (not held by 'fleet stop') is coming back.
-func (h *Hub) outlookLocked() map[string]router.Outlook {
+func (ms *mirror) outlookLocked() map[string]router.Outlook {
 	states := map[string][]fleet.WorkerState{}
 	// The largest context of a model's coming workers, so that a request
 	// too long for its ready workers waits for one that holds it.
 	comingContext := map[string]int{}
-	for _, p := range h.placements {
+	for _, p := range ms.placements {
 		state := fleet.WorkerPending
-		if w, ok := h.workers[p.Node+"/"+p.Model]; ok {
+		if w, ok := ms.workers[p.Node+"/"+p.Model]; ok {
 			state = w.State
 			if state == fleet.WorkerStopped && !w.Held {
 				state = fleet.WorkerStarting
@@ -201,8 +219,8 @@ func (h *Hub) outlookLocked() map[string]router.Outlook {
 		}
 		states[p.Model] = append(states[p.Model], state)
 		if router.Coming(state) {
-			if i := slices.IndexFunc(h.models, func(m fleet.Model) bool { return m.ID == p.Model }); i >= 0 {
-				comingContext[p.Model] = max(comingContext[p.Model], p.ContextOf(h.models[i]))
+			if i := slices.IndexFunc(ms.models, func(m fleet.Model) bool { return m.ID == p.Model }); i >= 0 {
+				comingContext[p.Model] = max(comingContext[p.Model], p.ContextOf(ms.models[i]))
 			}
 		}
 	}
@@ -215,16 +233,16 @@ func (h *Hub) outlookLocked() map[string]router.Outlook {
 	return out
 }
 
-func (h *Hub) servedName(w fleet.Worker) string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.servedNameLocked(w)
+func (ms *mirror) servedName(w fleet.Worker) string {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	return ms.servedNameLocked(w)
 }
 
 // servedNameLocked is the name w's engine answers to, which the router and
 // the checks send it (an Ollama tag differs from the model ID).
-func (h *Hub) servedNameLocked(w fleet.Worker) string {
-	for _, m := range h.models {
+func (ms *mirror) servedNameLocked(w fleet.Worker) string {
+	for _, m := range ms.models {
 		if m.ID == w.Model {
 			return enginectl.ServedName(m, w.Engine)
 		}
@@ -243,23 +261,23 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 	for _, s := range h.router.Stats() {
 		stats[s.Name] = s
 	}
-	h.mu.Lock()
-	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.models), EnginePorts: h.enginePorts()}
-	for _, n := range h.nodes {
+	h.state.mu.Lock()
+	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.state.models), EnginePorts: h.enginePorts()}
+	for _, n := range h.state.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}
-	for name, w := range h.workers {
+	for name, w := range h.state.workers {
 		v := fleet.WorkerView{Worker: w, Host: "?", GPU: "?"}
 		if w.Drained && w.State == fleet.WorkerReady {
 			v.State = fleet.WorkerDraining // ready ⇄ draining: the hub's drain flag is the state people see
 		}
-		if n, ok := h.nodes[w.Node]; ok && n.Platform != nil {
+		if n, ok := h.state.nodes[w.Node]; ok && n.Platform != nil {
 			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
 		}
-		if b, ok := h.bench[benchKey{name, sweep.SplitChat}]; ok {
+		if b, ok := h.state.bench[benchKey{name, sweep.SplitChat}]; ok {
 			v.Bench, v.BenchAt = b.points, b.at
 		}
-		if b, ok := h.bench[benchKey{name, sweep.SplitAgent}]; ok {
+		if b, ok := h.state.bench[benchKey{name, sweep.SplitAgent}]; ok {
 			v.AgentBench, v.AgentBenchAt = b.points, b.at
 		}
 		if s, ok := stats[name]; ok {
@@ -273,7 +291,7 @@ func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
 		}
 		snap.Workers = append(snap.Workers, v)
 	}
-	h.mu.Unlock()
+	h.state.mu.Unlock()
 	sort.Slice(snap.Nodes, func(i, j int) bool { return snap.Nodes[i].Name < snap.Nodes[j].Name })
 	sort.Slice(snap.Workers, func(i, j int) bool { return snap.Workers[i].Name() < snap.Workers[j].Name() })
 	if evs, err := h.store.Events(ctx, "", 0, 100); err == nil {
@@ -291,38 +309,38 @@ func listOrNone(names []string) string {
 
 // resolve turns names typed by an operator into worker names: a node name is
 // every worker on it; NODE/MODEL is one worker; "all" is every worker.
-func (h *Hub) resolve(targets []string) ([]string, error) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
+func (ms *mirror) resolve(targets []string) ([]string, error) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
 	var out []string
 	for _, t := range targets {
 		if t == "all" {
-			if len(h.workers) == 0 {
+			if len(ms.workers) == 0 {
 				return nil, errors.New("the fleet has no workers yet; place a model in the fleet file")
 			}
-			for name := range h.workers {
+			for name := range ms.workers {
 				out = append(out, name)
 			}
 			continue
 		}
-		if _, ok := h.workers[t]; ok {
+		if _, ok := ms.workers[t]; ok {
 			out = append(out, t)
 			continue
 		}
 		var found bool
-		for name, w := range h.workers {
+		for name, w := range ms.workers {
 			if w.Node == t {
 				out = append(out, name)
 				found = true
 			}
 		}
 		if !found {
-			known := make([]string, 0, len(h.workers))
-			for name := range h.workers {
+			known := make([]string, 0, len(ms.workers))
+			for name := range ms.workers {
 				known = append(known, name)
 			}
 			sort.Strings(known)
-			if _, isNode := h.nodes[t]; isNode {
+			if _, isNode := ms.nodes[t]; isNode {
 				return nil, fmt.Errorf("node %q has no workers yet; place a model on it in the fleet file (known workers: %s)", t, listOrNone(known))
 			}
 			return nil, fmt.Errorf("no worker or node named %q; known workers: %s", t, listOrNone(known))

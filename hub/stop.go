@@ -82,9 +82,9 @@ func (h *Hub) stopWorker(ctx context.Context, name string) (string, error) {
 	h.fault("stop.drained")
 	err = h.mgr.StopWorker(ctx, name)
 	// The router's drain served the stop; an operator's own drain stays.
-	h.mu.Lock()
-	drained := h.workers[name].Drained
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	drained := h.state.workers[name].Drained
+	h.state.mu.Unlock()
 	if !drained {
 		h.router.Undrain(name)
 	}
@@ -98,9 +98,9 @@ func (h *Hub) startWorker(ctx context.Context, name string) (string, error) {
 	if err := h.mgr.StartWorker(ctx, name); err != nil {
 		return "", fmt.Errorf("starting %s: %w", name, err)
 	}
-	h.mu.Lock()
-	w := h.workers[name]
-	h.mu.Unlock()
+	h.state.mu.Lock()
+	w := h.state.workers[name]
+	h.state.mu.Unlock()
 	return fmt.Sprintf("started %s: %s, PID %d", name, w.State, w.PID), nil
 }
 

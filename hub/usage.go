@@ -227,16 +227,16 @@ func (c *hubCollector) Describe(ch chan<- *prometheus.Desc) {
 }
 
 func (c *hubCollector) Collect(ch chan<- prometheus.Metric) {
-	c.h.mu.Lock()
-	workers := make([]fleet.Worker, 0, len(c.h.workers))
-	for _, w := range c.h.workers {
+	c.h.state.mu.Lock()
+	workers := make([]fleet.Worker, 0, len(c.h.state.workers))
+	for _, w := range c.h.state.workers {
 		workers = append(workers, w)
 	}
-	nodes := make([]fleet.Node, 0, len(c.h.nodes))
-	for _, n := range c.h.nodes {
+	nodes := make([]fleet.Node, 0, len(c.h.state.nodes))
+	for _, n := range c.h.state.nodes {
 		nodes = append(nodes, n)
 	}
-	c.h.mu.Unlock()
+	c.h.state.mu.Unlock()
 	for _, w := range workers {
 		for _, s := range workerStates {
 			ch <- prometheus.MustNewConstMetric(c.workerDesc, prometheus.GaugeValue, b2f(w.State == s), w.Node, w.Name(), w.Model, string(w.Engine), string(s))
