@@ -318,7 +318,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 		}
 		h.mgr.SetDesired(applied)
 		h.syncRouter()
-		h.referencesMoved(ctx, cur, applied)
+		h.admission.referencesMoved(ctx, cur, applied)
 	}
 	if plan.Empty() {
 		return "no changes\n", nil

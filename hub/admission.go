@@ -5,15 +5,20 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log/slog"
 	"math"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"fleet"
 	"fleet/bench/shape"
 	"fleet/nodes"
+	"fleet/router"
 	"fleet/store"
 )
 
@@ -21,6 +26,35 @@ import (
 // model's reference worker and for a peer measured faster whose shape is
 // being checked.
 const defaultAdmissionWait = 2 * time.Minute
+
+// admission judges the workers leaving probation: the memory gate before a
+// launch, then the response shape against the model's reference and the
+// speed against the model's other workers, and re-judging when a
+// reference moves. The hub composes one; it reads the fleet from the hub's
+// mirror and measures through the Checks.
+type admission struct {
+	state    *mirror
+	store    *store.Store
+	log      *slog.Logger
+	router   *router.Router
+	mgr      *nodes.Manager
+	checks   *Checks
+	detached *background
+	// refMu serialises reading and retaking a model's reference shape
+	// (shared with the Checks).
+	refMu *sync.Mutex
+	// wait bounds how long a worker on probation waits (Options.AdmissionWait).
+	wait time.Duration
+	// event records an event of the fleet.
+	event func(fleet.Event)
+	// admissions counts the verdicts on /metrics.
+	admissions *prometheus.CounterVec
+	// speeds are admission speed measurements, by worker (guarded by state.mu).
+	speeds map[string]speedRecord
+	// duels holds, per model, the turn of the one pair of its workers being
+	// measured against each other (headToHead; the map guarded by state.mu).
+	duels map[string]chan struct{}
+}
 
 // speedRecord is a worker's admission measurement for one launch.
 type speedRecord struct {
@@ -32,9 +66,9 @@ type speedRecord struct {
 	shape int
 }
 
-func (h *Hub) admissionWait() time.Duration {
-	if h.opts.AdmissionWait > 0 {
-		return h.opts.AdmissionWait
+func (adm *admission) admissionWait() time.Duration {
+	if adm.wait > 0 {
+		return adm.wait
 	}
 	return defaultAdmissionWait
 }
@@ -68,8 +102,8 @@ func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
 // what the node, probed just before, has usable, less what launches on it
 // that passed their gate hold until their engines are up. A worker that
 // fails it never starts an engine.
-func (h *Hub) gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
-	m, ok := h.state.model(w.Model)
+func (adm *admission) gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
+	m, ok := adm.state.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
@@ -107,57 +141,57 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 // so far. A peer that is not measured yet does not hold it up: a slower one
 // is judged when it is measured, and a faster one judges the ready workers
 // again when it is admitted.
-func (h *Hub) admit(ctx context.Context, w fleet.Worker) error {
-	m, ok := h.state.model(w.Model)
+func (adm *admission) admit(ctx context.Context, w fleet.Worker) error {
+	m, ok := adm.state.model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	speed, err := h.checks.measureSpeed(ctx, w.Name())
+	speed, err := adm.checks.measureSpeed(ctx, w.Name())
 	if err != nil {
-		h.recordSpeed(w, 0, -1)
+		adm.recordSpeed(w, 0, -1)
 		return fmt.Errorf("speed: %w", err)
 	}
-	h.recordSpeed(w, speed, 0)
+	adm.recordSpeed(w, speed, 0)
 	// Against the workers measured so far first: a worker already too slow
 	// for them need not have its shape measured. Not on the reference
 	// worker: its shape is the reference however fast it is.
-	if ref, err := h.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
-		if speed, err = h.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true}); err != nil {
-			h.recordSpeed(w, speed, -1)
+	if ref, err := adm.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
+		if speed, err = adm.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true}); err != nil {
+			adm.recordSpeed(w, speed, -1)
 			return err
 		}
 	}
-	unchecked, err := h.checkShape(ctx, w)
+	unchecked, err := adm.checkShape(ctx, w)
 	if err != nil {
-		h.recordSpeed(w, speed, -1)
+		adm.recordSpeed(w, speed, -1)
 		return err
 	}
 	if unchecked {
-		h.recordSpeed(w, speed, 2)
+		adm.recordSpeed(w, speed, 2)
 	} else {
-		h.recordSpeed(w, speed, 1)
+		adm.recordSpeed(w, speed, 1)
 	}
-	if speed, err = h.checkSpeed(ctx, w, m, speed); err != nil {
+	if speed, err = adm.checkSpeed(ctx, w, m, speed); err != nil {
 		return err
 	}
-	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudgeSlower(ctx, w, m, speed) })
+	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudgeSlower(ctx, w, m, speed) })
 	return nil
 }
 
-func (h *Hub) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
-	h.state.mu.Lock()
-	h.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
-	h.state.mu.Unlock()
+func (adm *admission) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
+	adm.state.mu.Lock()
+	adm.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
+	adm.state.mu.Unlock()
 }
 
 // updateSpeed replaces a worker's recorded figure with a fresher one. A
 // ready worker with none (adopted after a hub restart, or forced) gets one,
 // so it is not measured again for every newcomer.
-func (h *Hub) updateSpeed(worker string, tokS float64) {
-	h.state.mu.Lock()
-	defer h.state.mu.Unlock()
-	o := h.state.workers[worker]
-	r, ok := h.speeds[worker]
+func (adm *admission) updateSpeed(worker string, tokS float64) {
+	adm.state.mu.Lock()
+	defer adm.state.mu.Unlock()
+	o := adm.state.workers[worker]
+	r, ok := adm.speeds[worker]
 	switch {
 	case ok && r.started.Equal(o.StartedAt):
 		r.tokS = tokS
@@ -166,7 +200,7 @@ func (h *Hub) updateSpeed(worker string, tokS float64) {
 	default:
 		return
 	}
-	h.speeds[worker] = r
+	adm.speeds[worker] = r
 }
 
 func tolerance(m fleet.Model) float64 {
@@ -181,35 +215,35 @@ func tolerance(m fleet.Model) float64 {
 // peers measured fast enough to reject w whose shape is still being
 // checked: they set the bar if it passes. Peers not measured yet do not
 // hold it up, so a starved node cannot stall the others' start.
-func (h *Hub) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
+func (adm *admission) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
 	var waiting []string
 	settled := func() bool {
-		waiting = h.fasterPending(w, speed, tolerance(m))
+		waiting = adm.fasterPending(w, speed, tolerance(m))
 		return len(waiting) == 0
 	}
-	if !waitUntil(ctx, time.Now().Add(h.admissionWait()), settled) {
+	if !waitUntil(ctx, time.Now().Add(adm.admissionWait()), settled) {
 		if ctx.Err() != nil {
 			return speed, ctx.Err()
 		}
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
-			strings.Join(waiting, ", "), h.admissionWait())})
+		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
+			strings.Join(waiting, ", "), adm.admissionWait())})
 	}
-	return h.speedVerdict(ctx, w, m, speed, speedCheck{final: true})
+	return adm.speedVerdict(ctx, w, m, speed, speedCheck{final: true})
 }
 
 // fasterPending lists, sorted, the peers of w on probation measured in
 // this launch fast enough to reject w at speed (speed below tol of theirs)
 // whose shape has no verdict yet: if it passes they set w's bar. A peer not
 // measured yet, or slower, is not listed.
-func (h *Hub) fasterPending(w fleet.Worker, speed, tol float64) []string {
+func (adm *admission) fasterPending(w fleet.Worker, speed, tol float64) []string {
 	var names []string
-	h.state.mu.Lock()
-	defer h.state.mu.Unlock()
-	for name, o := range h.state.workers {
+	adm.state.mu.Lock()
+	defer adm.state.mu.Unlock()
+	for name, o := range adm.state.workers {
 		if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
 			continue
 		}
-		if r, ok := h.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
+		if r, ok := adm.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
 			names = append(names, name)
 		}
 	}
@@ -222,18 +256,18 @@ func (h *Hub) fasterPending(w fleet.Worker, speed, tol float64) []string {
 // router's estimate) and the peers on probation measured in this launch
 // whose shape did not fail. A ready worker with no figure at all counts as
 // the fastest, so that it is measured before w is judged against it.
-func (h *Hub) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
+func (adm *admission) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
 	estimates := map[string]float64{}
-	for _, s := range h.router.Stats() {
+	for _, s := range adm.router.Stats() {
 		estimates[s.Name] = s.TokPerSec
 	}
-	h.state.mu.Lock()
-	defer h.state.mu.Unlock()
-	for name, o := range h.state.workers {
+	adm.state.mu.Lock()
+	defer adm.state.mu.Unlock()
+	for name, o := range adm.state.workers {
 		if o.Model != w.Model || name == w.Name() {
 			continue
 		}
-		r, ok := h.speeds[name]
+		r, ok := adm.speeds[name]
 		measured := ok && !o.StartedAt.IsZero() && r.started.Equal(o.StartedAt) && r.tokS > 0
 		var figure float64
 		switch {
@@ -272,12 +306,12 @@ type speedCheck struct {
 // best worker is measured again right after w (a fresh figure of w), or
 // both are, interleaved, and w is rejected only if its median is still
 // below the bar. It returns w's latest figure.
-func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, v speedCheck) (float64, error) {
+func (adm *admission) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, v speedCheck) (float64, error) {
 	tol := tolerance(m)
-	best, bestSpeed := h.bestMeasured(w)
+	best, bestSpeed := adm.bestMeasured(w)
 	if best == "" || speed >= tol*bestSpeed {
 		if v.final {
-			h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
+			adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
 		}
 		return speed, nil
 	}
@@ -285,10 +319,10 @@ func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, s
 	var failed int
 	var err error
 	if v.fresh {
-		speeds, failed, err = h.headToHead(ctx, w.Model, best)
+		speeds, failed, err = adm.headToHead(ctx, w.Model, best)
 		speeds, failed = append([]float64{speed}, speeds...), failed+1
 	} else {
-		speeds, failed, err = h.headToHead(ctx, w.Model, w.Name(), best)
+		speeds, failed, err = adm.headToHead(ctx, w.Model, w.Name(), best)
 	}
 	switch {
 	case err != nil && failed == 0:
@@ -296,13 +330,13 @@ func (h *Hub) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, s
 	case err != nil:
 		// Nothing to judge against: the best worker went away or stopped
 		// answering. A faster worker admitted later judges w again.
-		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s after it (%v); judged against the workers that answer", best, err)})
+		adm.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s after it (%v); judged against the workers that answer", best, err)})
 		return speed, nil
 	}
 	speed, bestSpeed = speeds[0], speeds[1]
-	h.updateSpeed(w.Name(), speed)
-	h.updateSpeed(best, bestSpeed)
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
+	adm.updateSpeed(w.Name(), speed)
+	adm.updateSpeed(best, bestSpeed)
+	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
 	if speed < tol*bestSpeed {
 		return speed, fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speed, tol*100, best, bestSpeed, speedSamples, w.Name())
@@ -321,59 +355,59 @@ func bestNote(model, best string, bestSpeed, speed float64) string {
 // headToHead measures workers of model with sampleSpeeds, one such
 // measurement per model at a time, so that two verdicts do not load the
 // same best worker at once and slow it for both.
-func (h *Hub) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
-	h.state.mu.Lock()
-	turn, ok := h.duels[model]
+func (adm *admission) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
+	adm.state.mu.Lock()
+	turn, ok := adm.duels[model]
 	if !ok {
 		turn = make(chan struct{}, 1)
-		h.duels[model] = turn
+		adm.duels[model] = turn
 	}
-	h.state.mu.Unlock()
+	adm.state.mu.Unlock()
 	select {
 	case turn <- struct{}{}:
 	case <-ctx.Done():
 		return nil, 0, ctx.Err()
 	}
 	defer func() { <-turn }()
-	return h.checks.sampleSpeeds(ctx, workers...)
+	return adm.checks.sampleSpeeds(ctx, workers...)
 }
 
 // rejudgeSlower rejects the ready workers of w's model that a newly
 // admitted w shows to be too slow, such as one admitted first when nothing
 // could be compared. Each is measured again beside w before it is judged.
-func (h *Hub) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
+func (adm *admission) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
 	tol := tolerance(m)
 	var slower []string
-	h.state.mu.Lock()
-	for name, o := range h.state.workers {
-		if r, ok := h.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
+	adm.state.mu.Lock()
+	for name, o := range adm.state.workers {
+		if r, ok := adm.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
 			slower = append(slower, name)
 		}
 	}
-	h.state.mu.Unlock()
+	adm.state.mu.Unlock()
 	sort.Strings(slower)
 	for _, name := range slower {
-		speeds, _, err := h.headToHead(ctx, w.Model, name, w.Name())
+		speeds, _, err := adm.headToHead(ctx, w.Model, name, w.Name())
 		if err != nil {
-			h.log.Info("could not measure a slower worker beside a new one", "worker", name, "new", w.Name(), "err", err)
+			adm.log.Info("could not measure a slower worker beside a new one", "worker", name, "new", w.Name(), "err", err)
 			continue
 		}
-		h.updateSpeed(name, speeds[0])
-		h.updateSpeed(w.Name(), speeds[1])
+		adm.updateSpeed(name, speeds[0])
+		adm.updateSpeed(w.Name(), speeds[1])
 		if speeds[0] >= tol*speeds[1] {
 			continue
 		}
 		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speeds[0], tol*100, speeds[1], w.Name(), speedSamples, name)
-		if err := h.mgr.Judge(ctx, name, verdict); err != nil {
-			h.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
+		if err := adm.mgr.Judge(ctx, name, verdict); err != nil {
+			adm.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
 		}
 	}
 }
 
 // referenceWorker names the worker whose shape is model's reference.
-func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error) {
-	f, err := h.store.LoadFleet(ctx)
+func (adm *admission) referenceWorker(ctx context.Context, model string) (string, error) {
+	f, err := adm.store.LoadFleet(ctx)
 	if err != nil {
 		return "", err
 	}
@@ -389,8 +423,8 @@ func (h *Hub) referenceWorker(ctx context.Context, model string) (string, error)
 // still runs the command line the pin was made with; every other worker is
 // compared with it, once the reference worker has answered; unchecked
 // says it had not within the admission wait.
-func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
-	t, _, err := h.checks.workerTarget(w.Name())
+func (adm *admission) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
+	t, _, err := adm.checks.workerTarget(w.Name())
 	if err != nil {
 		return false, err
 	}
@@ -398,13 +432,13 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 	if err != nil {
 		return false, fmt.Errorf("shape: probing: %w", err)
 	}
-	refWorker, err := h.referenceWorker(ctx, w.Model)
+	refWorker, err := adm.referenceWorker(ctx, w.Model)
 	if err != nil {
 		return false, fmt.Errorf("shape: %w", err)
 	}
-	retake := h.retakePin
+	retake := adm.retakePin
 	if w.Name() == refWorker {
-		retake = h.retakeReference
+		retake = adm.retakeReference
 	}
 	if retaken, err := retake(ctx, w, got); err != nil || retaken {
 		return false, err
@@ -412,15 +446,15 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 
 	var ref store.Reference
 	usable := func() bool {
-		h.refMu.Lock()
-		defer h.refMu.Unlock()
-		r, err := h.store.Reference(ctx, w.Model)
+		adm.refMu.Lock()
+		defer adm.refMu.Unlock()
+		r, err := adm.store.Reference(ctx, w.Model)
 		if err != nil {
 			return false
 		}
-		h.state.mu.Lock()
-		rw, known := h.state.workers[refWorker]
-		h.state.mu.Unlock()
+		adm.state.mu.Lock()
+		rw, known := adm.state.workers[refWorker]
+		adm.state.mu.Unlock()
 		if !r.Pinned && r.Source != refWorker {
 			return false // taken from another worker (an older rule, or another reference node)
 		}
@@ -436,24 +470,24 @@ func (h *Hub) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _
 	// still coming, so its model's others wait for it (bounded) rather
 	// than pass unchecked because of, say, a port another process took.
 	refComing := func() bool {
-		h.state.mu.Lock()
-		defer h.state.mu.Unlock()
-		rw, ok := h.state.workers[refWorker]
+		adm.state.mu.Lock()
+		defer adm.state.mu.Unlock()
+		rw, ok := adm.state.workers[refWorker]
 		return ok && (coming(rw) || rw.State == fleet.WorkerFailed)
 	}
-	deadline := time.Now().Add(h.admissionWait())
+	deadline := time.Now().Add(adm.admissionWait())
 	if !waitUntil(ctx, deadline, func() bool { return usable() || !refComing() }) && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
 	if ref.Shape == nil && !usable() {
-		h.onEvent(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
+		adm.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
 		return true, nil
 	}
-	return false, h.compareShape(w.Name(), w.Model, refWorker, ref, got)
+	return false, adm.compareShape(w.Name(), w.Model, refWorker, ref, got)
 }
 
 // compareShape judges got against a stored reference.
-func (h *Hub) compareShape(worker, model, refWorker string, r store.Reference, got shape.Shape) error {
+func (adm *admission) compareShape(worker, model, refWorker string, r store.Reference, got shape.Shape) error {
 	var ref shape.Shape
 	if err := json.Unmarshal(r.Shape, &ref); err != nil {
 		return fmt.Errorf("shape: the stored reference of %s is unreadable (run 'shape pin WORKER'): %w", model, err)
@@ -464,7 +498,7 @@ func (h *Hub) compareShape(worker, model, refWorker string, r store.Reference, g
 	}
 	ok, report := shape.Matches(ref, got)
 	if !ok {
-		h.onEvent(fleet.Event{Level: "error", Subject: worker, Message: "admission shape differs from the reference of " + model + " (" + from + "):\n" + report.Text(100, false)})
+		adm.event(fleet.Event{Level: "error", Subject: worker, Message: "admission shape differs from the reference of " + model + " (" + from + "):\n" + report.Text(100, false)})
 		var what []string
 		for _, d := range report.Differences {
 			if d.Material {
@@ -473,49 +507,49 @@ func (h *Hub) compareShape(worker, model, refWorker string, r store.Reference, g
 		}
 		return fmt.Errorf("shape: differs from %s's reference (%s): %s (see 'events --subject %s' for the diff)", model, from, strings.Join(what, "; "), worker)
 	}
-	h.onEvent(fleet.Event{Level: "info", Subject: worker, Message: "admission shape: same as the reference of " + model + " (" + from + ")"})
+	adm.event(fleet.Event{Level: "info", Subject: worker, Message: "admission shape: same as the reference of " + model + " (" + from + ")"})
 	return nil
 }
 
 // retakeReference makes the reference worker's shape its model's reference,
 // unless a pin made with its current command line holds; it reports whether
 // it did. Every other worker of the model is then judged again.
-func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+func (adm *admission) retakeReference(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
 	data, err := json.Marshal(got)
 	if err != nil {
 		return false, err
 	}
-	h.refMu.Lock()
-	old, err := h.store.Reference(ctx, w.Model)
+	adm.refMu.Lock()
+	old, err := adm.store.Reference(ctx, w.Model)
 	switch {
 	case err != nil && !isNotFound(err):
-		h.refMu.Unlock()
+		adm.refMu.Unlock()
 		return false, fmt.Errorf("shape: %w", err)
 	case err == nil && old.Pinned && slices.Equal(old.Argv, w.Argv):
-		h.refMu.Unlock()
+		adm.refMu.Unlock()
 		return false, nil // the pin holds: judged against it like any worker
 	}
 	// Workers judged against an older reference (or none) are judged
 	// again when it changed; those still coming read the new one themselves.
 	changed := err != nil || old.Source != w.Name() || !bytes.Equal(old.Shape, data)
-	h.state.mu.Lock()
-	for name, o := range h.state.workers {
-		if r, ok := h.speeds[name]; ok && o.Model == w.Model && r.shape == 2 && r.started.Equal(o.StartedAt) {
+	adm.state.mu.Lock()
+	for name, o := range adm.state.workers {
+		if r, ok := adm.speeds[name]; ok && o.Model == w.Model && r.shape == 2 && r.started.Equal(o.StartedAt) {
 			changed = true // admitted before any reference answered
 		}
 	}
-	h.state.mu.Unlock()
-	err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
-	h.refMu.Unlock()
+	adm.state.mu.Unlock()
+	err = adm.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
+	adm.refMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("shape: storing the reference: %w", err)
 	}
 	if !changed {
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
+		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
 		return true, nil
 	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
-	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudge(ctx, w.Model, w.Name(), false) })
+	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
+	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }
 
@@ -524,15 +558,15 @@ func (h *Hub) retakeReference(ctx context.Context, w fleet.Worker, got shape.Sha
 // relaunched with a new command line, it is not judged against its old
 // self. It reports whether w is that worker; when its shape changed, every
 // other worker of the model is judged again.
-func (h *Hub) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+func (adm *admission) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
 	data, err := json.Marshal(got)
 	if err != nil {
 		return false, err
 	}
-	h.refMu.Lock()
-	old, err := h.store.Reference(ctx, w.Model)
+	adm.refMu.Lock()
+	old, err := adm.store.Reference(ctx, w.Model)
 	if err != nil || !old.Pinned || old.Source != w.Name() {
-		h.refMu.Unlock()
+		adm.refMu.Unlock()
 		if err != nil && !isNotFound(err) {
 			return false, fmt.Errorf("shape: %w", err)
 		}
@@ -549,18 +583,18 @@ func (h *Hub) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (b
 	if changed {
 		// Argv stays the reference worker's: its new command line still
 		// ends the pin.
-		err = h.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: old.Argv})
+		err = adm.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: old.Argv})
 	}
-	h.refMu.Unlock()
+	adm.refMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("shape: storing the pinned reference: %w", err)
 	}
 	if !changed {
-		h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
+		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
 		return true, nil
 	}
-	h.onEvent(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: pinned worker of " + w.Model + ", it retakes the pinned reference with its new shape; the model's other workers are judged again"})
-	h.detached.goDetached(ctx, func(ctx context.Context) { h.rejudge(ctx, w.Model, w.Name(), false) })
+	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: pinned worker of " + w.Model + ", it retakes the pinned reference with its new shape; the model's other workers are judged again"})
+	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }
 
@@ -571,55 +605,55 @@ func (h *Hub) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (b
 // stopped is launched again to be judged. Workers still coming judge
 // themselves against the reference they find. It returns one line per
 // worker.
-func (h *Hub) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
-	refWorker, err := h.referenceWorker(ctx, model)
+func (adm *admission) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
+	refWorker, err := adm.referenceWorker(ctx, model)
 	if err != nil {
 		return []string{err.Error()}
 	}
-	m, ok := h.state.model(model)
+	m, ok := adm.state.model(model)
 	if !ok {
 		return nil
 	}
 	var names []string
-	h.state.mu.Lock()
-	for name, w := range h.state.workers {
+	adm.state.mu.Lock()
+	for name, w := range adm.state.workers {
 		if w.Model == model && name != skip {
 			names = append(names, name)
 		}
 	}
-	h.state.mu.Unlock()
+	adm.state.mu.Unlock()
 	sort.Strings(names)
 	var lines []string
 	for _, name := range names {
-		h.state.mu.Lock()
-		w := h.state.workers[name]
-		h.state.mu.Unlock()
-		if line := h.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
+		adm.state.mu.Lock()
+		w := adm.state.workers[name]
+		adm.state.mu.Unlock()
+		if line := adm.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
 			lines = append(lines, line)
 		}
 	}
 	return lines
 }
 
-func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
+func (adm *admission) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
 	name := w.Name()
 	switch {
 	case w.State == fleet.WorkerRejected && strings.HasPrefix(w.Reason, "memory:"):
 		return "" // judged before launch, not by its shape
 	case w.State == fleet.WorkerRejected && w.PID == 0:
-		h.detached.goDetached(ctx, func(ctx context.Context) {
-			if err := h.mgr.StartWorker(ctx, name); err != nil {
-				h.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
+		adm.detached.goDetached(ctx, func(ctx context.Context) {
+			if err := adm.mgr.StartWorker(ctx, name); err != nil {
+				adm.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
 			}
 		})
-		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
+		adm.event(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
 		return name + ": its engine was down, launching it to judge it"
 	case w.State == fleet.WorkerRejected:
 	case w.State == fleet.WorkerReady && !onlyRejected:
 	default:
 		return ""
 	}
-	t, _, err := h.checks.workerTarget(name)
+	t, _, err := adm.checks.workerTarget(name)
 	if err != nil {
 		return name + ": " + err.Error()
 	}
@@ -627,32 +661,32 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 	if err != nil {
 		return fmt.Sprintf("%s: probing: %v", name, err)
 	}
-	h.refMu.Lock()
-	ref, err := h.store.Reference(ctx, w.Model)
-	h.refMu.Unlock()
+	adm.refMu.Lock()
+	ref, err := adm.store.Reference(ctx, w.Model)
+	adm.refMu.Unlock()
 	if err != nil {
 		return name + ": " + err.Error()
 	}
-	verdict := h.compareShape(name, w.Model, refWorker, ref, got)
+	verdict := adm.compareShape(name, w.Model, refWorker, ref, got)
 	if verdict == nil {
-		h.state.mu.Lock()
-		if r, ok := h.speeds[name]; ok && r.shape == 2 {
+		adm.state.mu.Lock()
+		if r, ok := adm.speeds[name]; ok && r.shape == 2 {
 			r.shape = 1
-			h.speeds[name] = r
+			adm.speeds[name] = r
 		}
-		h.state.mu.Unlock()
+		adm.state.mu.Unlock()
 	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
-		speed, err := h.checks.measureSpeed(ctx, name)
+		speed, err := adm.checks.measureSpeed(ctx, name)
 		if err != nil {
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {
-			h.recordSpeed(w, speed, 1)
-			_, verdict = h.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true, final: true})
+			adm.recordSpeed(w, speed, 1)
+			_, verdict = adm.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true, final: true})
 		}
 	}
-	if err := h.mgr.Judge(ctx, name, verdict); err != nil {
+	if err := adm.mgr.Judge(ctx, name, verdict); err != nil {
 		return name + ": " + err.Error()
 	}
 	if verdict != nil {
@@ -664,37 +698,37 @@ func (h *Hub) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, ref
 // referencesMoved retakes the reference of each model whose reference node
 // an apply changed, from the new reference worker if its engine answers
 // (else it does so when it is admitted), and judges the others again.
-func (h *Hub) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
+func (adm *admission) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
 	for _, m := range after.Models {
 		node := after.ReferenceNode(m.ID)
 		if node == "" || node == before.ReferenceNode(m.ID) {
 			continue
 		}
 		refWorker := node + "/" + m.ID
-		h.onEvent(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
-		h.detached.goDetached(ctx, func(ctx context.Context) {
-			h.state.mu.Lock()
-			w, ok := h.state.workers[refWorker]
-			h.state.mu.Unlock()
+		adm.event(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
+		adm.detached.goDetached(ctx, func(ctx context.Context) {
+			adm.state.mu.Lock()
+			w, ok := adm.state.workers[refWorker]
+			adm.state.mu.Unlock()
 			if !ok || w.PID == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected) {
 				return
 			}
-			t, _, err := h.checks.workerTarget(refWorker)
+			t, _, err := adm.checks.workerTarget(refWorker)
 			if err != nil {
 				return
 			}
 			got, err := shape.MeasureWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 			if err != nil {
-				h.onEvent(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+				adm.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
 				return
 			}
-			if _, err := h.retakeReference(ctx, w, got); err != nil {
-				h.onEvent(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+			if _, err := adm.retakeReference(ctx, w, got); err != nil {
+				adm.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
 				return
 			}
 			if w.State == fleet.WorkerRejected {
 				// Rejected against the old reference, it is the new one.
-				h.rejudgeOne(ctx, w, m, refWorker, true)
+				adm.rejudgeOne(ctx, w, m, refWorker, true)
 			}
 		})
 	}

@@ -35,7 +35,7 @@ func hubWith(t *testing.T, peers []peer) (*Hub, fleet.Worker) {
 			if p.stale {
 				r.started = launched.Add(-time.Hour)
 			}
-			h.speeds[w.Name()] = r
+			h.admission.speeds[w.Name()] = r
 		}
 	}
 	w := fleet.Worker{Node: "a", Model: "m", State: fleet.WorkerProbation, StartedAt: launched}
@@ -68,7 +68,7 @@ func TestFasterPending(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h, w := hubWith(t, tt.peers)
-			if got := h.fasterPending(w, 40, 0.5); !slices.Equal(got, tt.want) {
+			if got := h.admission.fasterPending(w, 40, 0.5); !slices.Equal(got, tt.want) {
 				t.Errorf("waits for %v, want %v", got, tt.want)
 			}
 		})
@@ -110,7 +110,7 @@ func TestBestMeasured(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			h, w := hubWith(t, tt.peers)
-			if best, speed := h.bestMeasured(w); best != tt.best || speed != tt.bestSpeed {
+			if best, speed := h.admission.bestMeasured(w); best != tt.best || speed != tt.bestSpeed {
 				t.Errorf("best %q at %v, want %q at %v", best, speed, tt.best, tt.bestSpeed)
 			}
 		})

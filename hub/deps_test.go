@@ -2,8 +2,12 @@ package hub
 
 import (
 	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"io"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -70,4 +74,61 @@ func TestLayers(t *testing.T) {
 			t.Errorf("%s imports fleet/cli; only the binary may (pass what it needs down, as hub.Options.Commands does)", pkg)
 		}
 	}
+}
+
+// TestHubComposes: the hub composes parts that own their state (guard,
+// mirror, Checks, admission, Admin, Ledger, pruner) instead of knowing
+// everything itself. Counted from the source: the methods declared on Hub,
+// and no embedded field that would promote a part's methods into Hub's.
+func TestHubComposes(t *testing.T) {
+	const maxMethods = 50
+	fset := token.NewFileSet()
+	names, err := filepath.Glob("*.go")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var methods []string
+	for _, name := range names {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			switch d := d.(type) {
+			case *ast.FuncDecl:
+				if d.Recv != nil && receiverType(d.Recv.List[0].Type) == "Hub" {
+					methods = append(methods, d.Name.Name)
+				}
+			case *ast.GenDecl:
+				for _, s := range d.Specs {
+					ts, ok := s.(*ast.TypeSpec)
+					if !ok || ts.Name.Name != "Hub" {
+						continue
+					}
+					for _, field := range ts.Type.(*ast.StructType).Fields.List {
+						if len(field.Names) == 0 {
+							t.Errorf("Hub embeds %s, which promotes its methods into Hub's; hold it in a named field", receiverType(field.Type))
+						}
+					}
+				}
+			}
+		}
+	}
+	if len(methods) > maxMethods {
+		slices.Sort(methods)
+		t.Errorf("Hub has %d methods, more than %d: move the ones a part owns to that part\n%s", len(methods), maxMethods, strings.Join(methods, " "))
+	}
+}
+
+func receiverType(e ast.Expr) string {
+	if s, ok := e.(*ast.StarExpr); ok {
+		e = s.X
+	}
+	if id, ok := e.(*ast.Ident); ok {
+		return id.Name
+	}
+	return ""
 }

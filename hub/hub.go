@@ -174,11 +174,8 @@ type Hub struct {
 	samples chan fleet.Sample
 	// refMu serialises reading and retaking a model's reference shape.
 	refMu sync.Mutex
-	// speeds are admission speed measurements, by worker (guarded by state.mu).
-	speeds map[string]speedRecord
-	// duels holds, per model, the turn of the one pair of its workers being
-	// measured against each other (headToHead; the map guarded by state.mu).
-	duels map[string]chan struct{}
+	// admission judges workers leaving probation (admission.go).
+	admission *admission
 	// httpAddr is where the router listens, once Run has bound it, and
 	// started when (for `status`).
 	httpAddr string
@@ -195,9 +192,8 @@ type Hub struct {
 	detached *background
 	// admin answers the user, key and audit-trail commands (admin.go);
 	// ledger keeps the keys' usage and limits (usage.go).
-	admin      *Admin
-	ledger     *Ledger
-	admissions *prometheus.CounterVec
+	admin  *Admin
+	ledger *Ledger
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -263,8 +259,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			nodes:   map[string]fleet.Node{},
 			bench:   map[benchKey]benchSummary{},
 		},
-		speeds:  map[string]speedRecord{},
-		duels:   map[string]chan struct{}{},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,
 
@@ -301,7 +295,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	// changes nothing.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newHubCollector(h))
-	h.admissions = newAdmissions(reg)
+	admissions := newAdmissions(reg)
 	rt, err := router.New(router.Options{
 		Logger:       opts.Logger.With("component", "router"),
 		Registerer:   reg,
@@ -331,7 +325,12 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	h.router = rt
 	h.checks = &Checks{state: h.state, store: st, log: opts.Logger, router: rt, guard: h.guard, refMu: &h.refMu,
-		event: h.onEvent, routerAddr: h.routerAddr, rejudge: h.rejudge, referenceWorker: h.referenceWorker}
+		event: h.onEvent, routerAddr: h.routerAddr}
+	h.admission = &admission{state: h.state, store: st, log: opts.Logger, router: rt, checks: h.checks, detached: h.detached,
+		refMu: &h.refMu, wait: opts.AdmissionWait, event: h.onEvent, admissions: admissions,
+		speeds: map[string]speedRecord{},
+		duels:  map[string]chan struct{}{}}
+	h.checks.rejudge, h.checks.referenceWorker = h.admission.rejudge, h.admission.referenceWorker
 	h.ledger.router = rt
 	if err := h.ledger.loadKeyLimits(ctx); err != nil {
 		return nil, err
@@ -385,8 +384,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			}
 			return p.Mimic
 		},
-		Gate:            h.gate,
-		Admit:           h.admitCounted,
+		Gate:            h.admission.gate,
+		Admit:           h.admission.admitCounted,
 		RejectedGrace:   opts.RejectedGrace,
 		PortMin:         h.enginePorts().Min,
 		PortMax:         h.enginePorts().Max,
@@ -396,7 +395,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		OnNodeSuspect:   h.onNodeSuspect,
 		OnEvent:         h.onEvent,
 	})
-	h.checks.mgr = h.mgr
+	h.checks.mgr, h.admission.mgr = h.mgr, h.mgr
 	f, err := st.LoadFleet(ctx)
 	if err != nil {
 		return nil, err
@@ -408,8 +407,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	h.state.placements = f.Placements
 	for _, m := range f.Models {
 		// At zero before the first verdict, so a dashboard shows 0.
-		h.admissions.WithLabelValues(m.ID, "admitted")
-		h.admissions.WithLabelValues(m.ID, "rejected")
+		h.admission.admissions.WithLabelValues(m.ID, "admitted")
+		h.admission.admissions.WithLabelValues(m.ID, "rejected")
 	}
 	if err := h.router.SetModels(f.Models); err != nil {
 		return nil, err

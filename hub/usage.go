@@ -267,15 +267,15 @@ func newAdmissions(reg prometheus.Registerer) *prometheus.CounterVec {
 }
 
 // admitCounted is admit, counted on /metrics.
-func (h *Hub) admitCounted(ctx context.Context, w fleet.Worker) error {
-	err := h.admit(ctx, w)
+func (adm *admission) admitCounted(ctx context.Context, w fleet.Worker) error {
+	err := adm.admit(ctx, w)
 	switch {
 	case err == nil:
-		h.admissions.WithLabelValues(w.Model, "admitted").Inc()
+		adm.admissions.WithLabelValues(w.Model, "admitted").Inc()
 	case errors.Is(err, context.Canceled):
 		// The hub is stopping: no verdict.
 	default:
-		h.admissions.WithLabelValues(w.Model, "rejected").Inc()
+		adm.admissions.WithLabelValues(w.Model, "rejected").Inc()
 	}
 	return err
 }
