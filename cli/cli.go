@@ -31,13 +31,15 @@ type Hub interface {
 	// Authorize refuses, and audits the refusal of, an action (a name in
 	// fleet.Actions) that u may not do.
 	Authorize(ctx context.Context, u fleet.User, action fleet.ActionName, target string) error
-	Snapshot(ctx context.Context) fleet.Snapshot
+	// Snapshot and Events are the fleet and its events as u may see them
+	// (redacted by the hub for all but admins).
+	Snapshot(ctx context.Context, u fleet.User) fleet.Snapshot
 	// Act does a per-worker action (fleet.Action.PerWorker: drain,
 	// undrain, restart, stop, start) to the named workers or nodes.
 	Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targets []string) (string, error)
 	Apply(ctx context.Context, u fleet.User, filename string, data []byte, dryRun bool) (string, error)
 	Export(ctx context.Context, u fleet.User) ([]byte, error)
-	Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error)
+	Events(ctx context.Context, u fleet.User, subject string, afterID int64, limit int) ([]fleet.Event, error)
 	Audit(ctx context.Context, u fleet.User, limit int) ([]fleet.AuditEntry, error)
 	AddUser(ctx context.Context, u fleet.User, nu fleet.User) error
 	RemoveUser(ctx context.Context, u fleet.User, name string) error
@@ -195,14 +197,10 @@ func Walk(root *cobra.Command, f func(c *cobra.Command, a fleet.Action)) {
 // Attach adds the hub commands to root, so the local binary can offer the
 // same tree next to its own serve/sim commands.
 func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
-	// snapshot is the fleet as u may see it: secrets (recipe env values,
-	// --api-key values) only for admins, who can set them.
+	// snapshot is the fleet as u may see it (the hub redacts it for all
+	// but admins).
 	snapshot := func(ctx context.Context) fleet.Snapshot {
-		s := h.Snapshot(ctx)
-		if !u.Role.Allows(fleet.RoleAdmin) {
-			s = fleet.RedactSnapshot(s)
-		}
-		return s
+		return h.Snapshot(ctx, u)
 	}
 	var asJSON bool
 	jsonFlag := func(c *cobra.Command) *cobra.Command {
@@ -395,13 +393,9 @@ func eventsCmd(h Hub, u fleet.User) *cobra.Command {
 			ctx := c.Context()
 			var after int64
 			for {
-				evs, err := h.Events(ctx, subject, after, limit)
+				evs, err := h.Events(ctx, u, subject, after, limit)
 				if err != nil {
 					return err
-				}
-				if !u.Role.Allows(fleet.RoleAdmin) {
-					// Engines' and installers' lines may carry credentials.
-					evs = fleet.RedactEvents(evs)
 				}
 				for _, e := range evs {
 					if asJSON {

@@ -48,7 +48,7 @@ func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action fleet.Action
 
 var errDenied = errors.New("permission denied: drain needs the operator role; you (v) are viewer")
 
-func (f *fakeHub) Snapshot(context.Context) fleet.Snapshot {
+func (f *fakeHub) Snapshot(context.Context, fleet.User) fleet.Snapshot {
 	if f.workers != nil {
 		return fleet.Snapshot{Workers: f.workers}
 	}
@@ -71,7 +71,7 @@ func (f *fakeHub) Apply(_ context.Context, _ fleet.User, name string, data []byt
 func (f *fakeHub) Export(context.Context, fleet.User) ([]byte, error) {
 	return []byte("nodes: []\n"), nil
 }
-func (f *fakeHub) Events(_ context.Context, subject string, _ int64, _ int) ([]fleet.Event, error) {
+func (f *fakeHub) Events(_ context.Context, _ fleet.User, subject string, _ int64, _ int) ([]fleet.Event, error) {
 	f.subjects = append(f.subjects, subject)
 	return nil, nil
 }

@@ -95,7 +95,7 @@ func TestActionWithoutAuditDoesNotHappen(t *testing.T) {
 
 func workerView(t *testing.T, h *Hub, name string) fleet.WorkerView {
 	t.Helper()
-	for _, w := range h.Snapshot(t.Context()).Workers {
+	for _, w := range h.snapshot(t.Context()).Workers {
 		if w.Name() == name {
 			return w
 		}

@@ -32,7 +32,7 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 		t.Fatal(err)
 	}
 	var found bool
-	for _, w := range h.Snapshot(ctx).Workers {
+	for _, w := range h.snapshot(ctx).Workers {
 		if w.Name() != ultraWorker {
 			continue
 		}

@@ -22,10 +22,7 @@ func (h *Hub) ConsoleSource(u fleet.User) console.Source { return consoleSource{
 
 func (s consoleSource) Snapshot() fleet.Snapshot {
 	ctx := context.Background()
-	snap := s.h.Snapshot(ctx)
-	if !s.u.Role.Allows(fleet.RoleAdmin) {
-		snap = fleet.RedactSnapshot(snap)
-	}
+	snap := s.h.Snapshot(ctx, s.u)
 	if s.u.Role.Allows(fleet.ActionRole(fleet.ActionAudit)) {
 		s.h.guard.flushRefusals()
 		if audit, err := s.h.store.Audit(ctx, 100); err == nil {

@@ -187,7 +187,7 @@ func TestActUnknownNames(t *testing.T) {
 			if !slices.Equal(drained, tt.drained) {
 				t.Errorf("after Act(%s, %q) the drained workers are %v, want %v", tt.kind, tt.targets, drained, tt.drained)
 			}
-			snap := h.Snapshot(t.Context())
+			snap := h.snapshot(t.Context())
 			for _, w := range snap.Workers {
 				want := slices.Contains(tt.drained, w.Name())
 				// Restored workers are starting until checked, so only a

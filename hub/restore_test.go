@@ -11,7 +11,7 @@ import (
 // a client reading it would be sent to a router with no worker yet.
 func TestRestoredWorkersAreNotReadyBeforeTheirCheck(t *testing.T) {
 	h, _ := seededHub(t) // ultra and max were stored ready
-	snap := h.Snapshot(t.Context())
+	snap := h.snapshot(t.Context())
 	if len(snap.Workers) != 2 {
 		t.Fatalf("restored workers %+v, want ultra's and max's", snap.Workers)
 	}

@@ -255,8 +255,9 @@ func (h *Hub) enginePorts() fleet.PortRange {
 	return h.opts.EnginePorts.Or(fleet.DefaultEnginePorts)
 }
 
-// Snapshot is the fleet as the console shows it now.
-func (h *Hub) Snapshot(ctx context.Context) fleet.Snapshot {
+// snapshot is the whole fleet now, unredacted: for the hub itself; a user
+// gets Snapshot.
+func (h *Hub) snapshot(ctx context.Context) fleet.Snapshot {
 	stats := map[string]router.BackendStats{}
 	for _, s := range h.router.Stats() {
 		stats[s.Name] = s
@@ -351,8 +352,26 @@ func (ms *mirror) resolve(targets []string) ([]string, error) {
 }
 
 // Events lists recent events, oldest first.
-func (h *Hub) Events(ctx context.Context, subject string, afterID int64, limit int) ([]fleet.Event, error) {
-	return h.store.Events(ctx, subject, afterID, limit)
+func (h *Hub) Events(ctx context.Context, u fleet.User, subject string, afterID int64, limit int) ([]fleet.Event, error) {
+	evs, err := h.store.Events(ctx, subject, afterID, limit)
+	if !u.Role.Allows(fleet.RoleAdmin) {
+		// Engines' and installers' lines may carry credentials.
+		evs = fleet.RedactEvents(evs)
+	}
+	return evs, err
+}
+
+// Snapshot is the fleet as u may see it: secrets (recipe env values,
+// --api-key values, credentials quoted in a reason) only for admins, who can
+// set them. What leaves the hub for a user is redacted here, for the
+// command tree and the console alike (and Audit, Export, Logs, the
+// console's texts likewise), so no frontend applies the rule itself.
+func (h *Hub) Snapshot(ctx context.Context, u fleet.User) fleet.Snapshot {
+	snap := h.snapshot(ctx)
+	if !u.Role.Allows(fleet.RoleAdmin) {
+		snap = fleet.RedactSnapshot(snap)
+	}
+	return snap
 }
 
 // WorkerLog returns the last lines of a worker's engine log.

@@ -31,7 +31,7 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error)
 				st.Keys++
 			}
 		}
-		snap := h.Snapshot(ctx)
+		snap := h.snapshot(ctx)
 		h.mu.Lock()
 		started, addr, lan := h.started, h.httpAddr, h.lanName
 		h.mu.Unlock()
