@@ -6,10 +6,10 @@ import (
 	"time"
 )
 
-// The hub's answers that are more than one of the types above: what
-// `fleet status` shows and what a bench run is asked to measure. They live
-// here, below the hub and the CLI, so the CLI speaks the hub's vocabulary
-// and the hub never imports the CLI.
+// What `fleet status` shows and what a bench run is asked to measure: the
+// hub answers and is asked in these types, so they live here, below the hub
+// and the CLI; the CLI speaks the hub's vocabulary and the hub never
+// imports the CLI.
 
 // MaxFleetFileBytes is the most `apply` reads; longer input is refused
 // whole, never cut.

@@ -2,10 +2,14 @@
 // running fleet hub, and offers the actions (drain, restart, apply, …) that
 // the console, SSH exec and the local CLI all call. Roles are enforced and
 // audited here, on the server side, by one table (fleet.Actions) and one
-// function (do, in actions.go). The files split by job: hub.go runs and
-// wires, state.go mirrors the fleet, actions.go and stop.go act,
-// admission.go admits, checks.go measures (shape, bench), admin.go keeps
-// users, keys and the audit trail.
+// guard (audit.go; do, in actions.go), and what leaves the hub for a user
+// is redacted here. The Hub composes parts that own their state: the guard,
+// the mirror of the fleet (state.go), Checks (checks.go: shape, bench),
+// admission (admission.go), Admin (admin.go: users, keys, the audit
+// trail), Ledger (usage.go: usage, key limits) and the pruner
+// (retention.go); hub.go runs and wires them, actions.go and stop.go act.
+// The command tree is given to the hub (Options.Commands) and calls it
+// through API, the hub with its parts.
 package hub
 
 import (
