@@ -518,3 +518,19 @@ func TestLocalAdmin(t *testing.T) {
 		})
 	}
 }
+
+// TestExecWithoutCommands: the hub does not import the command tree, it is
+// given it (Options.Commands); a hub opened without one refuses every
+// command line with an exit status and says what is missing, rather than
+// crashing on a nil function.
+func TestExecWithoutCommands(t *testing.T) {
+	h := newHub(t, Options{})
+	h.opts.Commands = nil
+	var stdout, stderr strings.Builder
+	if code := h.Exec(t.Context(), admin, []string{"workers"}, nil, &stdout, &stderr); code != 1 {
+		t.Errorf("Exec without a command tree = %d, want 1", code)
+	}
+	if !strings.Contains(stderr.String(), "Options.Commands") || stdout.Len() != 0 {
+		t.Errorf("stdout %q, stderr %q; want nothing on stdout and the missing Options.Commands named", stdout.String(), stderr.String())
+	}
+}
