@@ -104,16 +104,20 @@ func (r *Router) SetSuspect(name, reason string) {
 		r.hedge.suspect = map[string]suspicion{}
 	}
 	r.hedge.suspect[name] = suspicion{reason: reason}
-	victims := r.takeBackLocked(name, reason)
+	victims := r.takeBackLocked(name, reason, false)
 	r.mu.Unlock()
 	r.log.Warn("worker suspect: no new requests", "backend", name, "reason", reason, "taken_back", victims)
 }
 
 // takeBackLocked cancels the requests waiting for a first byte from name,
-// if another worker of their model can take them.
-func (r *Router) takeBackLocked(name, why string) int {
+// if another worker of their model can take them; with spareHedged, not
+// those taken back once already.
+func (r *Router) takeBackLocked(name, why string, spareHedged bool) int {
 	n := 0
 	for w := range r.hedge.waiting[name] {
+		if _, again := r.hedge.hedged[w.client]; spareHedged && again {
+			continue
+		}
 		if r.alternativeLocked(w.f, time.Now()) && w.takeBack(&errNoFirstByte{backend: name, why: why}) {
 			r.markHedgedLocked(w.client)
 			n++
@@ -285,7 +289,12 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 		if s, ok := r.hedge.suspect[name]; !ok || !s.until.IsZero() {
 			r.hedge.suspect[name] = suspicion{reason: why, until: now.Add(r.opts.Cooldown)}
 		}
-		taken = r.takeBackLocked(name, why)
+		// The requests already taken back once were promised to wait
+		// here as long as it takes: another request's deadline says
+		// nothing new about them, and taking them again leaves them
+		// no worker they have not tried (503 on a fleet of live but
+		// loaded workers).
+		taken = r.takeBackLocked(name, why, true)
 	}
 	r.mu.Unlock()
 	r.log.Warn("request got no first byte in time", "backend", name, "deadline", deadline, "taken_back", taken)

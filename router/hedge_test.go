@@ -239,6 +239,48 @@ func TestHedgeTakesARequestBackOnce(t *testing.T) {
 	}
 }
 
+// A request taken back once is not taken back again when another request
+// on its second worker misses its own deadline: it was promised to wait as
+// long as it takes there. Both workers are slow; the first request misses
+// its deadline on a and goes to b, then the second, sent to b a little
+// later, misses its own. Taking the first along with it left it no worker
+// it had not tried, and it was answered 503 on a fleet of two live workers
+// (a real llama-server routing run on a loaded machine, issue 21).
+func TestHedgedRequestIsNotTakenBackAgain(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	slow := func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-time.After(2*hedgeFloor + 500*time.Millisecond):
+			okJSON(w, req)
+		case <-req.Context().Done():
+		}
+	}
+	_, a := startBackend(t, "a/qwen3-4b", 4, slow)
+	_, b := startBackend(t, "b/qwen3-4b", 4, slow)
+	var rt atomic.Pointer[Router]
+	// As the hub does when the worker's node answers its keepalive.
+	r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, OnNoFirstByte: func(b string) { rt.Load().SetSuspect(b, "") }}, a, b)
+	rt.Store(r)
+	var wg sync.WaitGroup
+	for i := range 2 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			// Round-robin sends the first to a, the second to b, whose
+			// deadline falls after the first has moved there.
+			time.Sleep(time.Duration(i) * 200 * time.Millisecond)
+			resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+			body, _ := io.ReadAll(resp.Body)
+			resp.Body.Close()
+			if resp.StatusCode != 200 {
+				t.Errorf("request %d: status %d: %s", i, resp.StatusCode, body)
+			}
+		}()
+	}
+	wg.Wait()
+}
+
 // A healthy worker whose first long prompt takes longer than short prompts
 // taught is not hedged: its prefill rate, learned from short prompts only,
 // is their fixed cost spread over few tokens. Both workers take 1.2 s to a
