@@ -281,6 +281,38 @@ func TestHedgedRequestIsNotTakenBackAgain(t *testing.T) {
 	wg.Wait()
 }
 
+// A request taken back for want of a first byte is not a failure of its
+// worker: the suspicion already keeps new requests off it, as a hint a
+// request may still wait on. Counted as failures, two or three take-backs
+// from a worker that was only loaded cooled it outright, and a request
+// taken back from the other worker meanwhile had nowhere to go: 503 on two
+// live real llama-servers on a loaded machine (issue 21). With a threshold
+// of one failure, one take-back used to cool the slow worker.
+func TestTakenBackIsNotAFailure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	_, slow := startBackend(t, "a/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case <-time.After(2*hedgeFloor + 500*time.Millisecond):
+			okJSON(w, req)
+		case <-req.Context().Done():
+		}
+	})
+	_, fast := startBackend(t, "b/qwen3-4b", 4, okJSON)
+	r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, FailureThreshold: 1, Cooldown: time.Minute}, slow, fast)
+	resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("status %d: %s", resp.StatusCode, body)
+	}
+	for _, st := range r.Stats() {
+		if st.Name == slow.Name && st.Cooling {
+			t.Errorf("%s cooled down after a request was taken back from it; a take-back makes it suspect, not failed", st.Name)
+		}
+	}
+}
+
 // A healthy worker whose first long prompt takes longer than short prompts
 // taught is not hedged: its prefill rate, learned from short prompts only,
 // is their fixed cost spread over few tokens. Both workers take 1.2 s to a

@@ -435,7 +435,14 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			return forwardResult{}
 		}
 		refused := errors.Is(err, syscall.ECONNREFUSED)
-		r.recordFailure(b, refused, err)
+		// A request taken back for want of a first byte left its worker
+		// suspect (hedge.go), a hint requests may still wait on;
+		// counted as a failure it would cool a worker that is only
+		// loaded, and leave the requests taken back from the other
+		// worker nowhere to go.
+		if _, takenBack := errors.AsType[*errNoFirstByte](err); !takenBack {
+			r.recordFailure(b, refused, err)
+		}
 		return forwardResult{retry: true, dial: isDialError(err), err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
 	}
 	defer resp.Body.Close()
