@@ -140,6 +140,9 @@ type chatAnswer struct {
 		CacheN   int     `json:"cache_n"`
 		PromptN  int     `json:"prompt_n"`
 		PromptMs float64 `json:"prompt_ms"`
+		// PredictedMs is the engine's decode time: a non-streamed
+		// answer's time to first token is its latency less this.
+		PredictedMs float64 `json:"predicted_ms"`
 	} `json:"timings"`
 }
 
