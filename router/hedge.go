@@ -50,6 +50,9 @@ type hedgeState struct {
 	// waits as long as it takes, so a prompt slower than predicted
 	// everywhere is answered late rather than refused after the retries.
 	hedged map[context.Context]struct{}
+	// answered is when each worker last sent a first byte, of any
+	// request: a worker that answers others is loaded, not silent.
+	answered map[string]time.Time
 }
 
 // firstByteWait is one request waiting for its first byte.
@@ -251,6 +254,12 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 	if len(r.hedge.waiting[name]) == 0 {
 		delete(r.hedge.waiting, name)
 	}
+	if err == nil && (len(first) > 0 || firstErr == io.EOF) {
+		if r.hedge.answered == nil {
+			r.hedge.answered = map[string]time.Time{}
+		}
+		r.hedge.answered[name] = time.Now()
+	}
 	r.mu.Unlock()
 	if !wait.state.CompareAndSwap(0, 1) {
 		// Taken back: whatever came, it came too late to be used.
@@ -274,13 +283,25 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 // first byte within deadline, makes that worker suspect for a cooldown,
 // takes back its other requests that wait for a first byte too, and asks
 // the hub to check the worker's node. With no other worker to go to, the
-// request keeps waiting.
+// request keeps waiting. A worker that sent a first byte of another
+// request within the deadline is not silent but loaded (a starved machine,
+// a queue of long prefills): the request waits another deadline there.
 func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 	f := wait.f
 	name := f.b.cfg.Name
 	why := fmt.Sprintf("no first byte within %s", deadline.Round(time.Millisecond))
 	now := time.Now()
 	r.mu.Lock()
+	if wait.state.Load() != 0 {
+		r.mu.Unlock() // its first byte came meanwhile
+		return
+	}
+	if at, ok := r.hedge.answered[name]; ok && now.Sub(at) < deadline {
+		r.mu.Unlock()
+		r.log.Debug("request got no first byte in time from a worker that answers others; waiting longer", "backend", name, "deadline", deadline)
+		time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
+		return
+	}
 	taken := 0
 	if r.alternativeLocked(f, now) {
 		if r.hedge.suspect == nil {

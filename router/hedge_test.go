@@ -313,6 +313,61 @@ func TestTakenBackIsNotAFailure(t *testing.T) {
 	}
 }
 
+// A worker that keeps answering other requests is loaded, not silent: a
+// request of its that goes past its deadline waits there rather than being
+// taken back. On two real llama-servers on a starved machine (issue 21) the
+// hedge took back a dozen turns a run from workers answering every second,
+// computed their prompts twice and sent them where their conversation was
+// not. Each worker answers short requests at once and one long request
+// after about three deadlines; short requests keep coming on both.
+func TestLoadedWorkerIsNotHedged(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+	defer cancel()
+	var long atomic.Int32
+	h := func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		if strings.Contains(string(body), "long") {
+			long.Add(1)
+			select {
+			case <-time.After(3*hedgeFloor + 200*time.Millisecond):
+			case <-req.Context().Done():
+				return
+			}
+		}
+		okJSON(w, req)
+	}
+	_, a := startBackend(t, "a/qwen3-4b", 4, h)
+	_, b := startBackend(t, "b/qwen3-4b", 4, h)
+	_, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, Cooldown: time.Minute}, a, b)
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8,"messages":[{"role":"user","content":"long"}]}`)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			t.Errorf("long request: status %d: %s", resp.StatusCode, body)
+		}
+		close(done)
+	}()
+	for {
+		select {
+		case <-done:
+			wg.Wait()
+			if n := long.Load(); n != 1 {
+				t.Errorf("the long request reached %d workers, want 1: its worker answered others all along", n)
+			}
+			return
+		case <-time.After(100 * time.Millisecond):
+		}
+		resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+		io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+}
+
 // A healthy worker whose first long prompt takes longer than short prompts
 // taught is not hedged: its prefill rate, learned from short prompts only,
 // is their fixed cost spread over few tokens. Both workers take 1.2 s to a
