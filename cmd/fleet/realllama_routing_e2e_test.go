@@ -40,14 +40,17 @@ import (
 // at half speed). What prefix routing must win is the large prefill: each
 // session reads realLlamaRead bytes of files at turn 1, and from then on
 // exactly one worker holds them. A turn sent to the other worker computes
-// them again, ten times a small turn's tokens, while the worker holding
+// them again, fifteen times a small turn's tokens, while the worker holding
 // them frees a slot in about a small turn's time; `fleet` waits for it,
 // `fleet-no-prefix`, blind to the prefix, sends most sessions' later turns
-// there at least once. So, by construction and over the whole run,
-// `fleet`'s hit ratio must be realLlamaMargin above `fleet-no-prefix`'s; a
-// run of both with prefix routing off puts them level (docs/measurements.md). The turns'
-// TTFT, the engines' prefill time and how often a read was computed again
-// are logged per policy, not asserted (timing on a shared machine).
+// there at least once. So, over the whole run, `fleet`'s hit ratio must be
+// realLlamaMargin above `fleet-no-prefix`'s. The turns' TTFT, the engines'
+// prefill time, how often a read was computed again and how many requests
+// the hedge took back are logged per policy, not asserted. On a starved
+// machine (load above 20 on 2 cores) the hedge still takes back 6 to 12
+// turns a policy, which computes reads on both workers unseen by the
+// engines' usage, and the comparison does not hold there
+// (docs/measurements.md).
 func TestRealLlamaRoutingCacheHit(t *testing.T) {
 	bin := llamatest.Binary(t)
 	if testing.Short() {
@@ -106,8 +109,9 @@ const (
 	realLlamaStagger = 400 * time.Millisecond
 	// realLlamaMargin is how far above `fleet-no-prefix`'s cache hit
 	// ratio `fleet`'s must be over the whole run: a read computed again
-	// is about a sixth of a session's prompt tokens; in N runs the gap
-	// was G1 to G2 points (docs/measurements.md).
+	// is about 3 points of the run's prompt tokens, and `fleet-no-prefix`
+	// computed 2 to 6 of them again in the runs measured, fewer the more
+	// turns the hedge took back (docs/measurements.md).
 	realLlamaMargin = 0.05
 )
 
