@@ -97,11 +97,18 @@ const (
 	realLlamaSessions = 6 // on 2 workers x realLlamaSlots
 	realLlamaSlots    = 2 // per engine
 	realLlamaTurns    = 5
-	realLlamaKinds    = 2    // agent kinds, each with its own system prompt
-	realLlamaSystem   = 400  // bytes of an agent kind's system prompt (one token per byte)
-	realLlamaTask     = 600  // bytes of a session's task, plus 8 per session number
-	realLlamaRead     = 3000 // bytes of files read, the tool result of turn 1
-	realLlamaToolOut  = 200  // bytes of every later tool result
+	realLlamaKinds    = 2   // agent kinds, each with its own system prompt
+	realLlamaSystem   = 400 // bytes of an agent kind's system prompt (one token per byte)
+	// realLlamaTask is bytes of a session's task, plus 8 per session
+	// number: with the system prompt, a first turn of at least 512 of the
+	// router's tokens, which teaches each worker its long-prompt prefill
+	// rate before the reads. With 600 the reads were each worker's first
+	// long prompts, priced by the hedge at 1,000 tok/s, faster than this
+	// one-thread engine goes; the hedge still took back 6 to 12 turns a
+	// policy with 1,800 on a loaded machine (docs/measurements.md).
+	realLlamaTask    = 1800
+	realLlamaRead    = 3000 // bytes of files read, the tool result of turn 1
+	realLlamaToolOut = 200  // bytes of every later tool result
 	// An agent's tool time between turns, drawn uniformly.
 	realLlamaThinkMin = 50 * time.Millisecond
 	realLlamaThinkMax = 600 * time.Millisecond
