@@ -407,8 +407,13 @@ func BenchmarkStreams64Instant(b *testing.B) {
 // BenchmarkSmallRPS sends small non-streamed requests from 8 clients at
 // once, direct, through a bare reverse proxy and through the router in
 // turn, and reports the requests per second of each beside direct.
-func BenchmarkSmallRPS(b *testing.B) {
-	const clients, each = 8, 50
+func BenchmarkSmallRPS(b *testing.B) { benchSmallRPS(b, 8, 50) }
+
+// BenchmarkSmallRPS64 is BenchmarkSmallRPS with 64 clients on 64
+// connections: where requests contend for the router's locks.
+func BenchmarkSmallRPS64(b *testing.B) { benchSmallRPS(b, 64, 10) }
+
+func benchSmallRPS(b *testing.B, clients, each int) {
 	direct, proxy, routed := benchTargets(b, okJSON, clients, "")
 	c := benchClient(clients)
 	rps := func(base string) float64 {
@@ -425,7 +430,7 @@ func BenchmarkSmallRPS(b *testing.B) {
 			})
 		}
 		wg.Wait()
-		return clients * each / time.Since(start).Seconds()
+		return float64(clients*each) / time.Since(start).Seconds()
 	}
 	for _, base := range []string{direct, proxy, routed} {
 		rps(base)
