@@ -1,12 +1,10 @@
 package router
 
 import (
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"sync"
-	"time"
 )
 
 // The router holds each request body in memory from its first byte until
@@ -134,22 +132,4 @@ func (h *holdingReader) Read(p []byte) (int, error) {
 		}
 	}
 	return n, err
-}
-
-// answerBodyRefusal writes a refusal of the budget, in the request's API
-// shape; it reports false for any other error.
-func (r *Router) answerBodyRefusal(w http.ResponseWriter, err error) bool {
-	var e *bodyRefusal
-	if !errors.As(err, &e) {
-		return false
-	}
-	var retry time.Duration
-	if e.retryAfter {
-		retry = r.opts.RetryAfter
-	}
-	// What the client still sends is not read: hang up after the answer.
-	w.Header().Set("Connection", "close")
-	r.countStatus("", "", e.status)
-	writeError(w, e.status, e.typ, e.code, "", e.msg, retry)
-	return true
 }

@@ -179,7 +179,8 @@ func (r *Router) metricsHandler() http.Handler {
 	h := promhttp.HandlerFor(gatherers, promhttp.HandlerOpts{ErrorHandling: promhttp.ContinueOnError, ErrorLog: slogPrinter{r}})
 	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		if r.opts.Keys != nil && !(r.opts.MetricsOpenLoopback && fleet.IsLoopbackAddr(req.RemoteAddr)) {
-			if _, ok := r.authorize(w, req); !ok {
+			if _, err := r.authorize(w, req); err != nil {
+				r.answer(w, err)
 				return
 			}
 		}

@@ -232,20 +232,19 @@ func resetString(d time.Duration) string {
 
 // admitKey applies name's limits to one request to path for model (its
 // metric label): it sets the rate-limit headers on w and, when a limit is
-// met, answers 429 and returns false. A request that spends tokens holds
+// met, returns the 429 to answer. A request that spends tokens holds
 // reserve of them until it ends: the caller settles the reservation.
 // Counting tokens (endpointSpec.countsTokens) is refused by the requests
 // limit only.
-func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reserve int64) (reservation, bool) {
+func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reserve int64) (reservation, *answerError) {
 	v, rv := r.limits.admit(name, time.Now(), !endpointTable[path].countsTokens, reserve)
 	for k, vs := range v.header {
 		w.Header()[k] = vs
 	}
 	if !v.limited {
-		return rv, true
+		return rv, nil
 	}
 	r.metrics.keyLimited.WithLabelValues(v.which).Inc()
-	r.countStatus(model, "", http.StatusTooManyRequests)
 	msg := fmt.Sprintf("this API key's limit of %s requests a minute is spent; retry in %s", w.Header().Get("x-ratelimit-limit-requests"), resetString(v.retryAfter))
 	switch {
 	case v.which == "tokens" && v.inFlight:
@@ -256,6 +255,6 @@ func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reser
 	case v.which == "tokens":
 		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is spent; it renews in %s, or ask an admin to raise it (`fleet key limit`)", w.Header().Get("x-ratelimit-limit-tokens"), resetString(v.retryAfter))
 	}
-	writeError(w, http.StatusTooManyRequests, errTypeRateLimit, codeKeyRateLimit, "", msg, max(v.retryAfter, time.Second))
-	return rv, false
+	return rv, &answerError{status: http.StatusTooManyRequests, model: model, typ: errTypeRateLimit, code: codeKeyRateLimit, msg: msg,
+		retryAfter: max(v.retryAfter, time.Second)}
 }

@@ -8,8 +8,6 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"slices"
-	"strconv"
 	"sync"
 	"syscall"
 	"time"
@@ -29,7 +27,8 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 		writeError(w, http.StatusMethodNotAllowed, errTypeInvalidRequest, codeMethodNotAllows, "", "use GET /v1/models", 0)
 		return
 	}
-	if _, ok := r.authorize(w, req); !ok {
+	if _, err := r.authorize(w, req); err != nil {
+		r.answer(w, err)
 		return
 	}
 	type card struct {
@@ -76,40 +75,6 @@ func (r *Router) resolveLocked(name string) (string, bool) {
 		}
 	}
 	return "", false
-}
-
-// authorize checks the API key when the router has a KeyVerifier. A refusal
-// is counted under the model the request names (refusedModel).
-func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, bool) {
-	if r.opts.Keys == nil {
-		return "", true
-	}
-	auth := req.Header.Get("Authorization")
-	key, ok := cutPrefixFold(auth, "Bearer ")
-	if !ok || key == "" {
-		// Anthropic's clients send the key as x-api-key.
-		key = req.Header.Get("X-Api-Key")
-	}
-	if key == "" {
-		r.countStatus(r.refusedModel(w, req), "", http.StatusUnauthorized)
-		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
-			"no API key: send \"Authorization: Bearer KEY\" or \"x-api-key: KEY\" (an admin creates one with `fleet key create NAME`)", 0)
-		return "", false
-	}
-	name, valid, err := r.opts.Keys.VerifyAPIKey(req.Context(), key)
-	if err != nil {
-		r.log.Error("api key check failed", "err", err)
-		r.countStatus(r.refusedModel(w, req), "", http.StatusInternalServerError)
-		writeError(w, http.StatusInternalServerError, errTypeServer, "", "", "the router could not check the API key; retry, and tell the operator if it persists", 0)
-		return "", false
-	}
-	if !valid {
-		r.countStatus(r.refusedModel(w, req), "", http.StatusUnauthorized)
-		writeError(w, http.StatusUnauthorized, errTypeAuthentication, codeInvalidAPIKey, "",
-			"the API key is not valid (revoked or mistyped); ask an admin for a key (`fleet key create NAME`)", 0)
-		return "", false
-	}
-	return name, true
 }
 
 // refusedPeekBytes bounds what is read of a refused request's body to find
@@ -174,171 +139,6 @@ func cutPrefixFold(s, prefix string) (string, bool) {
 }
 
 func equalFold(a, b string) bool { return bytes.EqualFold([]byte(a), []byte(b)) }
-
-func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
-	arrived := time.Now()
-	path := req.URL.Path
-	if api := apiOf(path); api != apiOpenAI {
-		// Every error this request gets is in its API's shape.
-		w = &apiWriter{ResponseWriter: w, api: api}
-	}
-	if req.Method != http.MethodPost {
-		writeError(w, http.StatusMethodNotAllowed, errTypeInvalidRequest, codeMethodNotAllows, "",
-			fmt.Sprintf("%s takes POST with a JSON body", req.URL.Path), 0)
-		return
-	}
-	key, ok := r.authorize(w, req)
-	if !ok {
-		return
-	}
-	hold := &bodyHold{r: r, key: key}
-	defer hold.release()
-	body, err := r.readBody(w, req, hold)
-	if err != nil {
-		if r.answerBodyRefusal(w, err) {
-			return
-		}
-		var tooBig *http.MaxBytesError
-		if errors.As(err, &tooBig) {
-			r.countStatus("", "", http.StatusRequestEntityTooLarge)
-			writeError(w, http.StatusRequestEntityTooLarge, errTypeInvalidRequest, codeBodyTooLarge, "",
-				fmt.Sprintf("request body is over the router's limit of %d bytes; send a smaller request", r.opts.MaxBodyBytes), 0)
-			return
-		}
-		if errors.Is(err, errBodyTimeout) {
-			r.countStatus("", "", http.StatusRequestTimeout)
-			writeError(w, http.StatusRequestTimeout, errTypeInvalidRequest, codeBodyTimeout, "",
-				fmt.Sprintf("the request body did not arrive within %s; send it at once after the headers", r.opts.BodyTimeout), 0)
-			return
-		}
-		r.log.Debug("reading request body failed", "err", err)
-		r.countStatus("", "", 499)
-		return
-	}
-	info, err := parseRequest(body)
-	n := 0
-	if err == nil {
-		n, err = choiceCount(path, body)
-	}
-	if err != nil {
-		var rerr *requestError
-		errors.As(err, &rerr)
-		r.countStatus("", "", http.StatusBadRequest)
-		writeError(w, http.StatusBadRequest, errTypeInvalidRequest, rerr.code, rerr.param, rerr.msg, 0)
-		return
-	}
-	r.mu.Lock()
-	model, known := r.resolveLocked(info.Model)
-	// Context fit is judged on what the client may ask for (max_tokens is
-	// a promise the worker must hold), the schedule on what it usually gets.
-	job := Job{PromptTokens: info.PromptTokens, NeedContext: needContext(info.PromptTokens, info.MaxTokens), Prefix: info.Prefix}
-	if known {
-		job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
-	}
-	mode := r.normalisationLocked(model, req.URL.Path)
-	choices := n
-	if endpointTable[path].noCompletion {
-		choices = 0
-	}
-	reserve := reserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContextLocked(model))
-	r.mu.Unlock()
-	if !known {
-		r.countStatus(unknownModel, "", http.StatusNotFound)
-		writeError(w, http.StatusNotFound, errTypeInvalidRequest, codeModelNotFound, "model",
-			fmt.Sprintf("the model %q does not exist here; GET /v1/models lists the models this fleet serves", info.Model), 0)
-		return
-	}
-	// The key's limits are judged once the model is known, so a refusal is
-	// counted under it; the tokens reserved are held until the request
-	// ends, however it ends.
-	held, ok := r.admitKey(w, key, path, model, reserve)
-	defer r.limits.settle(held)
-	if !ok {
-		return
-	}
-	// Workers whose engine does not serve the path (or n choices) are left
-	// out from the start (endpoints.go).
-	excluded, serr := r.endpointExclusions(model, path, n)
-	if serr != nil {
-		r.answerSchedError(w, req, model, serr, nil)
-		return
-	}
-	var lastErr error
-	retries := 0
-	for attempt := 0; ; attempt++ {
-		f, err := r.acquire(req.Context(), model, job, excluded)
-		if err != nil {
-			r.answerSchedError(w, req, model, err, lastErr)
-			return
-		}
-		res := r.forward(w, req, f, body, &call{info: info, mode: mode, key: key, arrived: arrived, path: path, n: n})
-		if !res.retry {
-			return
-		}
-		excluded = append(excluded, f.b.cfg.Name)
-		if res.notServed {
-			// Learnt, not failed: another worker may serve the path,
-			// uncounted; if none does, say so.
-			r.log.Info("worker does not serve the endpoint; trying another", "worker", f.b.cfg.Name, "path", path)
-			more, serr := r.endpointExclusions(model, path, n)
-			if serr != nil {
-				r.answerSchedError(w, req, model, serr, nil)
-				return
-			}
-			for _, name := range more {
-				if !slices.Contains(excluded, name) {
-					excluded = append(excluded, name)
-				}
-			}
-			continue
-		}
-		lastErr = res.err
-		if !r.mayRetry(res, &retries) {
-			r.countStatus(model, f.b.cfg.Name, http.StatusBadGateway)
-			writeError(w, http.StatusBadGateway, errTypeServer, codeUpstreamFailed, "",
-				fmt.Sprintf("%d worker(s) of model %q failed before answering (last: %v); retry later", attempt+1, model, lastErr), r.opts.RetryAfter)
-			return
-		}
-		r.metrics.retries.WithLabelValues(model).Inc()
-		r.log.Info("retrying request on another worker", "model", model, "failed", f.b.cfg.Name, "attempt", attempt+1, "err", res.err)
-	}
-}
-
-func (r *Router) answerSchedError(w http.ResponseWriter, req *http.Request, model string, err, lastErr error) {
-	var serr *schedError
-	if !errors.As(err, &serr) {
-		// The client went away while queued: nobody to answer.
-		r.countStatus(model, "", 499)
-		return
-	}
-	msg := serr.msg
-	if lastErr != nil {
-		msg += fmt.Sprintf(" (a worker failed before answering: %v)", lastErr)
-	}
-	var retry time.Duration
-	if serr.retryAfter {
-		retry = r.opts.RetryAfter
-	}
-	r.countStatus(model, "", serr.status)
-	writeError(w, serr.status, serr.typ, serr.code, "", msg, retry)
-}
-
-func (r *Router) countStatus(model, backend string, status int) {
-	r.metrics.requests.WithLabelValues(model, backend, strconv.Itoa(status)).Inc()
-}
-
-// call is one client request on its way through the router: what it
-// asked for, by whom, and when it arrived.
-type call struct {
-	info requestInfo
-	mode reasoning.Mode
-	// key names the client's API key, "" when the router takes none.
-	key     string
-	arrived time.Time
-	path    string
-	// n is the choices asked for (1 where the endpoint has none).
-	n int
-}
 
 // upstream is the chain of round trippers (transport.go) that one attempt
 // of c goes through to f's worker; m meters the answer as the engine sent
@@ -431,8 +231,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	if err != nil {
 		r.release(f, nil)
 		if ctx.Err() != nil {
-			r.countStatus(f.model, b.cfg.Name, 499)
-			return forwardResult{}
+			return forwardResult{answer: clientGone(f.model, b.cfg.Name)}
 		}
 		refused := errors.Is(err, syscall.ECONNREFUSED)
 		// A request taken back for want of a first byte left its worker

@@ -23,6 +23,9 @@ type forwardResult struct {
 	// notServed: the worker's engine does not serve the path.
 	notServed bool
 	err       error
+	// answer ends the request with this answer instead (the client went
+	// away before the worker answered).
+	answer *answerError
 }
 
 // mayRetry applies the rules to a failed attempt; retries counts the
