@@ -135,29 +135,6 @@ func (r *Router) suspectLocked(name string, now time.Time) bool {
 	return ok && (s.until.IsZero() || now.Before(s.until))
 }
 
-// withoutSuspectsLocked drops suspect workers from the candidates, unless
-// that would leave none: a suspicion is a hint, and a request better waits
-// on a suspect worker than is refused.
-func (r *Router) withoutSuspectsLocked(cands []Candidate, backs []*backend, now time.Time) ([]Candidate, []*backend) {
-	keep := 0
-	for _, b := range backs {
-		if !r.suspectLocked(b.cfg.Name, now) {
-			keep++
-		}
-	}
-	if keep == 0 || keep == len(backs) {
-		return cands, backs
-	}
-	c2, b2 := cands[:0], backs[:0]
-	for i, b := range backs {
-		if !r.suspectLocked(b.cfg.Name, now) {
-			c2 = append(c2, cands[i])
-			b2 = append(b2, b)
-		}
-	}
-	return c2, b2
-}
-
 // alternativeLocked reports whether a worker other than f's could take
 // f's request now.
 func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
@@ -165,14 +142,9 @@ func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
 		if b == f.b || b.cfg.Model != f.model || b.cfg.Name == f.b.cfg.Name {
 			continue
 		}
-		if b.cfg.Context > 0 && f.job.NeedContext > b.cfg.Context {
-			continue
+		if ok, _ := r.memberLocked(b, now).available(now, f.job); ok {
+			return true
 		}
-		w := r.workerLocked(b.cfg.Name)
-		if w.drained || r.suspectLocked(b.cfg.Name, now) || w.cooling() {
-			continue
-		}
-		return true
 	}
 	return false
 }

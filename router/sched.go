@@ -64,51 +64,122 @@ func (w *worker) advanceArea(now time.Time) {
 	w.areaAt = now
 }
 
-// candidatesLocked lists the backends a job may go to. It also reports why
-// there are none: no ready backend for the model, or none with the context.
-// A job too long for every serving worker waits for a drained or coming one
-// that holds it; only when no worker that is or can become ready holds it
-// is it refused for its length.
+// member is one worker of the ready set as selection sees it: its engine's
+// configuration and connections (backend), what the router remembers of it
+// (worker), and whether it is suspect (hedge.go).
+type member struct {
+	b       *backend
+	w       *worker
+	suspect bool
+}
+
+func (r *Router) memberLocked(b *backend, now time.Time) member {
+	return member{b: b, w: r.workerLocked(b.cfg.Name), suspect: r.suspectLocked(b.cfg.Name, now)}
+}
+
+// Why a member is not available.
+const (
+	whyDrained = "drained"
+	whyContext = "context too small"
+	whyCooling = "cooling down after failures"
+	whySuspect = "suspect"
+)
+
+// available is the one rule of whether m may take job now, and if not,
+// why: not while drained, nor when its context cannot hold what the job
+// may ask for, nor while it cools down after failures, nor while suspect.
+// A suspicion is a hint: selection falls back to suspect members when no
+// other is available, as a request better waits on a suspect worker than
+// is refused. The endpoints a worker's engine does not serve are left out
+// per request (route, endpoints.go).
+func (m member) available(now time.Time, job Job) (ok bool, why string) {
+	switch {
+	case m.w.drained:
+		return false, whyDrained
+	case !m.fits(job):
+		return false, whyContext
+	case m.w.cooling():
+		return false, whyCooling
+	case m.suspect:
+		return false, whySuspect
+	}
+	return true, ""
+}
+
+func (m member) fits(job Job) bool { return m.b.cfg.Context <= 0 || job.NeedContext <= m.b.cfg.Context }
+
+// candidate is what selection scores of an available member.
+func (r *Router) candidateLocked(m member, job Job, now time.Time) Candidate {
+	c := Candidate{Name: m.b.cfg.Name, InFlight: m.w.load(now), Slots: m.w.slots(m.b.cfg.Slots, now), Speed: m.w.speed}
+	c.Cached, _ = m.w.prefix.Predict(job)
+	if !c.free() {
+		c.NextFree = r.nextFreeLocked(m.b, m.w, job, c.InFlight, c.Slots, now)
+	}
+	return c
+}
+
+// memberTally counts a model's members by why they cannot take a job, for
+// the answer when none can.
+type memberTally struct {
+	serving, fitting, drained, drainedFitting, largest int
+}
+
+func (t *memberTally) add(m member, job Job, why string) {
+	if why == whyDrained {
+		t.drained++
+		if m.fits(job) {
+			t.drainedFitting++
+		}
+		return
+	}
+	t.serving++
+	t.largest = max(t.largest, m.b.cfg.Context)
+	if why != whyContext {
+		t.fitting++
+	}
+}
+
+// candidatesLocked lists the backends a job may go to: the model's
+// available members not excluded, or the suspect ones when there are no
+// others. When there are none, it says why (noCandidateLocked).
 func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
-	serving, fitting, drained, drainedFitting, largest := 0, 0, 0, 0, 0
-	cands, backs := buf[:0], bs[:0]
+	var t memberTally
+	var sbuf [8]*backend
+	cands, backs, suspects := buf[:0], bs[:0], sbuf[:0]
 	for _, b := range r.backends {
 		if b.cfg.Model != model {
 			continue
 		}
-		w := r.workerLocked(b.cfg.Name)
-		fits := b.cfg.Context <= 0 || job.NeedContext <= b.cfg.Context
-		if w.drained {
-			drained++
-			if fits {
-				drainedFitting++
-			}
-			continue
+		m := r.memberLocked(b, now)
+		ok, why := m.available(now, job)
+		t.add(m, job, why)
+		switch {
+		case slices.Contains(excluded, b.cfg.Name):
+		case ok:
+			cands = append(cands, r.candidateLocked(m, job, now))
+			backs = append(backs, b)
+		case why == whySuspect:
+			suspects = append(suspects, b)
 		}
-		serving++
-		largest = max(largest, b.cfg.Context)
-		if !fits {
-			continue
-		}
-		fitting++
-		if slices.Contains(excluded, b.cfg.Name) {
-			continue
-		}
-		if w.cooling() {
-			continue
-		}
-		c := Candidate{Name: b.cfg.Name, InFlight: w.load(now), Slots: w.slots(b.cfg.Slots, now), Speed: w.speed}
-		c.Cached, _ = w.prefix.Predict(job)
-		if !c.free() {
-			c.NextFree = r.nextFreeLocked(b, w, job, c.InFlight, c.Slots, now)
-		}
-		cands = append(cands, c)
-		backs = append(backs, b)
 	}
-	cands, backs = r.withoutSuspectsLocked(cands, backs, now)
+	if len(cands) == 0 {
+		for _, b := range suspects {
+			cands = append(cands, r.candidateLocked(r.memberLocked(b, now), job, now))
+			backs = append(backs, b)
+		}
+	}
 	if len(cands) > 0 {
 		return cands, backs, nil
 	}
+	return nil, nil, r.noCandidateLocked(model, job, t)
+}
+
+// noCandidateLocked says why no worker of model can take job now: no ready
+// backend for the model, or none with the context. A job too long for
+// every serving worker waits for a drained or coming one that holds it;
+// only when no worker that is or can become ready holds it is it refused
+// for its length.
+func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedError {
 	o := r.outlooks[model]
 	comingFitting := 0
 	if o.ComingContext <= 0 || job.NeedContext <= o.ComingContext {
@@ -117,24 +188,24 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 		comingFitting = o.Coming
 	}
 	switch {
-	case serving == 0 && drained == 0 && o.Coming == 0:
-		return nil, nil, r.noWorkerLocked(model)
-	case fitting == 0 && drainedFitting == 0 && comingFitting == 0:
-		return nil, nil, &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
+	case t.serving == 0 && t.drained == 0 && o.Coming == 0:
+		return r.noWorkerLocked(model)
+	case t.fitting == 0 && t.drainedFitting == 0 && comingFitting == 0:
+		return &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
 			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no worker of %q that is ready or can become ready holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
 				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, r.largestContextLocked(model))}
-	case serving == 0:
+	case t.serving == 0:
 		// Workers on their way, or draining ones an undrain or a restart
 		// brings back, are worth waiting for.
-		return nil, nil, waitForWorker(model, o.Coming, drained)
-	case fitting == 0:
+		return waitForWorker(model, o.Coming, t.drained)
+	case t.fitting == 0:
 		// Only a drained or coming worker holds it: the job waits for
 		// one, as for a busy worker, while shorter ones are served.
-		return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true, wait: true, alone: true,
+		return &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true, wait: true, alone: true,
 			msg: fmt.Sprintf("the request needs about %d tokens and no ready worker of %q holds that many (the largest ready context is %d); it waits for a worker that does (%s)",
-				job.NeedContext, model, largest, comingText(comingFitting, drainedFitting))}
+				job.NeedContext, model, t.largest, comingText(comingFitting, t.drainedFitting))}
 	}
-	return nil, nil, &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
+	return &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
 }
 
@@ -219,7 +290,14 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 	}
 	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
 	r.mu.Unlock()
+	return r.await(ctx, model, job, excluded, q, wt)
+}
 
+// await waits for wt's slot in q (a dispatch sends it), until the queue
+// times out or ctx ends; job and excluded are the request's as it queued
+// (a dispatch rewrites wt's under the lock).
+func (r *Router) await(ctx context.Context, model string, job Job, excluded []string, q *queue, wt *waiter) (*flight, error) {
+	now := wt.enqueued
 	timer := time.NewTimer(r.opts.QueueTimeout)
 	defer timer.Stop()
 	var cause error
