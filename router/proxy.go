@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -9,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"sync"
-	"syscall"
 	"time"
 
 	"fleet"
@@ -190,79 +190,14 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	b := f.b
 	defer r.forgetIfGone(b)
 	ctx := req.Context()
-	u := b.base
-	u.Path = req.URL.Path
-	u.RawQuery = req.URL.RawQuery
-	out := &http.Request{
-		Method:     http.MethodPost,
-		URL:        &u,
-		Proto:      "HTTP/1.1",
-		ProtoMajor: 1,
-		ProtoMinor: 1,
-		Header:     make(http.Header, len(req.Header)),
-		// net/http sends a bytes.Reader (NopCloser'd) with the headers in
-		// one write; a body type it does not know costs a second write.
-		Body:          io.NopCloser(bytes.NewReader(body)),
-		ContentLength: int64(len(body)),
-		Host:          b.cfg.Addr,
-	}
-	out = out.WithContext(ctx)
-	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	for k, v := range req.Header {
-		out.Header[k] = v
-	}
-	if r.opts.Keys != nil {
-		// The router's key is not the engine's business.
-		out.Header.Del("Authorization")
-		out.Header.Del("X-Api-Key")
-	}
-	// The meter reads the engine's bytes as they come: an engine asked for
-	// gzip could answer in it, and escape usage counting and key limits.
-	out.Header.Del("Accept-Encoding")
-	// llama-server closes a kept-alive connection after a stream without
-	// saying so; a request sent on it at once meets EOF before any answer.
-	// An idempotency key with no value (never sent) lets the transport
-	// send it again on a new connection then, as it does a GET.
-	out.Header["X-Idempotency-Key"] = nil
-
+	out := r.outbound(req, b, body)
 	m := newMeter(false) // meterTransport learns whether it is a stream
 	sent := time.Now()
 	resp, err := r.upstream(f, c, m).RoundTrip(out)
-	if err != nil {
-		r.release(f, nil)
-		if ctx.Err() != nil {
-			return forwardResult{answer: clientGone(f.model, b.cfg.Name)}
-		}
-		refused := errors.Is(err, syscall.ECONNREFUSED)
-		// A request taken back for want of a first byte left its worker
-		// suspect (hedge.go), a hint requests may still wait on;
-		// counted as a failure it would cool a worker that is only
-		// loaded, and leave the requests taken back from the other
-		// worker nowhere to go.
-		if _, takenBack := errors.AsType[*errNoFirstByte](err); !takenBack {
-			r.recordFailure(b, refused, err)
-		}
-		return forwardResult{retry: true, dial: isDialError(err), err: fmt.Errorf("%s: %w", b.cfg.Name, err)}
+	if res, failed := r.classify(f, req, resp, err); failed {
+		return res
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNotImplemented {
-		// An engine that does not serve the path is not failing: it is
-		// remembered, and another worker may serve it (endpoints.go).
-		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		if notServedAnswer(resp.StatusCode, snippet) {
-			r.release(f, nil)
-			r.learnNotServed(b, req.URL.Path)
-			return forwardResult{retry: true, notServed: true, err: fmt.Errorf("%s does not serve %s: %s", b.cfg.Name, req.URL.Path, bytes.TrimSpace(snippet))}
-		}
-		resp.Body = readCloser{io.MultiReader(bytes.NewReader(snippet), resp.Body), resp.Body}
-	}
-	if resp.StatusCode >= 500 {
-		// Nothing reached the client yet, so another worker may answer.
-		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
-		r.release(f, nil)
-		r.recordFailure(b, false, fmt.Errorf("status %s", resp.Status))
-		return forwardResult{retry: true, err: fmt.Errorf("%s answered %s: %s", b.cfg.Name, resp.Status, bytes.TrimSpace(snippet))}
-	}
 
 	h := w.Header()
 	for k, v := range resp.Header {
@@ -280,6 +215,72 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	// read's flush, not in a write of their own: the hedge has waited for
 	// the worker's first byte already, so that read does not wait.
 	rc := http.NewResponseController(w)
+	streamErr, clientErr, deadlines := r.copyAnswer(ctx, w, rc, resp, sse)
+	end := time.Now()
+
+	status := r.endStatus(f, c, w, m, resp, sse, streamErr, clientErr)
+	if deadlines && clientErr == nil {
+		// The server's last write (the end of a chunked body) gets a
+		// deadline too; net/http lifts it once the response is done, so
+		// the next request on the connection starts with none.
+		_ = rc.SetWriteDeadline(time.Now().Add(r.opts.WriteTimeout))
+	}
+	// A success cut short (the client left, or the worker failed) still
+	// spent the tokens the engine made before it ended.
+	cut := status != resp.StatusCode && resp.StatusCode < 400 && !m.firstRead.IsZero()
+	r.finish(f, c, m, sent, end, status, cut)
+	if streamErr != nil && !sse {
+		// A JSON body cut short cannot be mended: cut the connection so
+		// the client sees the failure instead of a truncated body.
+		panic(http.ErrAbortHandler)
+	}
+	return forwardResult{}
+}
+
+// outbound is the request to b's engine: the client's, with the body read
+// whole and the headers that are not the engine's business left out.
+func (r *Router) outbound(req *http.Request, b *backend, body []byte) *http.Request {
+	u := b.base
+	u.Path = req.URL.Path
+	u.RawQuery = req.URL.RawQuery
+	out := &http.Request{
+		Method:     http.MethodPost,
+		URL:        &u,
+		Proto:      "HTTP/1.1",
+		ProtoMajor: 1,
+		ProtoMinor: 1,
+		Header:     make(http.Header, len(req.Header)),
+		// net/http sends a bytes.Reader (NopCloser'd) with the headers in
+		// one write; a body type it does not know costs a second write.
+		Body:          io.NopCloser(bytes.NewReader(body)),
+		ContentLength: int64(len(body)),
+		Host:          b.cfg.Addr,
+	}
+	out = out.WithContext(req.Context())
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	for k, v := range req.Header {
+		out.Header[k] = v
+	}
+	if r.opts.Keys != nil {
+		// The router's key is not the engine's business.
+		out.Header.Del("Authorization")
+		out.Header.Del("X-Api-Key")
+	}
+	// The meter reads the engine's bytes as they come: an engine asked for
+	// gzip could answer in it, and escape usage counting and key limits.
+	out.Header.Del("Accept-Encoding")
+	// llama-server closes a kept-alive connection after a stream without
+	// saying so; a request sent on it at once meets EOF before any answer.
+	// An idempotency key with no value (never sent) lets the transport
+	// send it again on a new connection then, as it does a GET.
+	out.Header["X-Idempotency-Key"] = nil
+	return out
+}
+
+// copyAnswer copies the engine's answer to the client, read by read; it
+// returns the engine's error (streamErr) or the client's (clientErr) that
+// ended it early, and whether write deadlines are in force.
+func (r *Router) copyAnswer(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, resp *http.Response, sse bool) (streamErr, clientErr error, deadlines bool) {
 	// Every write may block for WriteTimeout at most: a client that reads
 	// nothing fills the connection's buffers, and would else hold the
 	// engine's slot for as long as the engine has tokens to give. The
@@ -287,7 +288,7 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	// reading is cut, however long the answer; a writer without deadlines
 	// (a recorder) has none.
 	stall := r.opts.WriteTimeout
-	deadlines := stall > 0
+	deadlines = stall > 0
 
 	// Each read of the chain is one read of the upstream: what it brought
 	// leaves in one flush, so events that arrived together leave together
@@ -295,7 +296,6 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 	bufp := bufPool.Get().(*[]byte)
 	defer bufPool.Put(bufp)
 	buf := *bufp
-	var streamErr, clientErr error
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
@@ -327,44 +327,34 @@ func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, bo
 			break
 		}
 	}
-	end := time.Now()
+	return streamErr, clientErr, deadlines
+}
 
-	status := resp.StatusCode
+// endStatus is the status an answer that reached the client is counted
+// under: the engine's, or 499 when the client stopped reading, or 502 when
+// the engine failed mid-answer (a stream then gets an error event).
+func (r *Router) endStatus(f *flight, c *call, w http.ResponseWriter, m *meter, resp *http.Response, sse bool, streamErr, clientErr error) int {
+	b := f.b
 	switch {
 	case clientErr != nil:
-		status = 499
 		if errors.Is(clientErr, os.ErrDeadlineExceeded) {
 			// Closing the engine's answer (deferred) cancels its request
 			// and frees its slot.
 			r.metrics.writeTimeouts.WithLabelValues(f.model).Inc()
 			r.log.Info("client read nothing of its answer for the write timeout: cut, engine request cancelled",
-				"model", f.model, "backend", b.cfg.Name, "write_timeout", stall, "key", c.key)
+				"model", f.model, "backend", b.cfg.Name, "write_timeout", r.opts.WriteTimeout, "key", c.key)
 		}
+		return statusClientGone
 	case streamErr != nil:
-		status = 502
 		r.recordFailure(b, false, streamErr)
 		r.log.Warn("backend failed mid-response", "backend", b.cfg.Name, "err", streamErr)
 		if sse {
 			_, _ = w.Write(sseErrorEventFor(w, m.seq, fmt.Sprintf("worker %s failed mid-stream: %v; the answer is incomplete, retry the request", b.cfg.Name, streamErr)))
-			_ = rc.Flush()
+			_ = http.NewResponseController(w).Flush()
 		}
+		return http.StatusBadGateway
 	}
-	if deadlines && clientErr == nil {
-		// The server's last write (the end of a chunked body) gets a
-		// deadline too; net/http lifts it once the response is done, so
-		// the next request on the connection starts with none.
-		_ = rc.SetWriteDeadline(time.Now().Add(stall))
-	}
-	// A success cut short (the client left, or the worker failed) still
-	// spent the tokens the engine made before it ended.
-	cut := status != resp.StatusCode && resp.StatusCode < 400 && !m.firstRead.IsZero()
-	r.finish(f, c, m, sent, end, status, cut)
-	if streamErr != nil && !sse {
-		// A JSON body cut short cannot be mended: cut the connection so
-		// the client sees the failure instead of a truncated body.
-		panic(http.ErrAbortHandler)
-	}
-	return forwardResult{}
+	return resp.StatusCode
 }
 
 // finish records how a request that reached a worker ended, whatever the

@@ -1,6 +1,13 @@
 package router
 
-import "errors"
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"syscall"
+)
 
 // The retry rules, in one place. A request may go to another worker only
 // while nothing of an answer has reached its client:
@@ -54,4 +61,50 @@ func (e *dialError) Unwrap() error { return e.err }
 func isDialError(err error) bool {
 	var d *dialError
 	return errors.As(err, &d)
+}
+
+// classify judges an attempt's round trip before anything of its answer
+// reached the client: the client gone, the worker unreachable or failing
+// (a 5xx), or its engine not serving the path are ended here (failed), the
+// flight released and the worker's failure recorded; any other answer is
+// the client's (resp, with its body intact).
+func (r *Router) classify(f *flight, req *http.Request, resp *http.Response, err error) (res forwardResult, failed bool) {
+	b := f.b
+	if err != nil {
+		r.release(f, nil)
+		if req.Context().Err() != nil {
+			return forwardResult{answer: clientGone(f.model, b.cfg.Name)}, true
+		}
+		refused := errors.Is(err, syscall.ECONNREFUSED)
+		// A request taken back for want of a first byte left its worker
+		// suspect (hedge.go), a hint requests may still wait on;
+		// counted as a failure it would cool a worker that is only
+		// loaded, and leave the requests taken back from the other
+		// worker nowhere to go.
+		if _, takenBack := errors.AsType[*errNoFirstByte](err); !takenBack {
+			r.recordFailure(b, refused, err)
+		}
+		return forwardResult{retry: true, dial: isDialError(err), err: fmt.Errorf("%s: %w", b.cfg.Name, err)}, true
+	}
+	if resp.StatusCode == http.StatusNotFound || resp.StatusCode == http.StatusNotImplemented {
+		// An engine that does not serve the path is not failing: it is
+		// remembered, and another worker may serve it (endpoints.go).
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if notServedAnswer(resp.StatusCode, snippet) {
+			r.release(f, nil)
+			r.learnNotServed(b, req.URL.Path)
+			resp.Body.Close()
+			return forwardResult{retry: true, notServed: true, err: fmt.Errorf("%s does not serve %s: %s", b.cfg.Name, req.URL.Path, bytes.TrimSpace(snippet))}, true
+		}
+		resp.Body = readCloser{io.MultiReader(bytes.NewReader(snippet), resp.Body), resp.Body}
+	}
+	if resp.StatusCode >= 500 {
+		// Nothing reached the client yet, so another worker may answer.
+		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		r.release(f, nil)
+		r.recordFailure(b, false, fmt.Errorf("status %s", resp.Status))
+		resp.Body.Close()
+		return forwardResult{retry: true, err: fmt.Errorf("%s answered %s: %s", b.cfg.Name, resp.Status, bytes.TrimSpace(snippet))}, true
+	}
+	return forwardResult{}, false
 }
