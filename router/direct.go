@@ -19,7 +19,7 @@ func (r *Router) HoldSlot(worker string) (release func()) {
 	var f *flight
 	for _, b := range r.backends {
 		if b.cfg.Name == worker {
-			f = r.takeLocked(b, b.cfg.Model, Job{OutputTokens: r.expectedOutputLocked(b.cfg.Model, 0)}, now)
+			f = r.takeLocked(b, b.cfg.Model, Job{OutputTokens: r.outputs.expected(b.cfg.Model, 0)}, now)
 			break
 		}
 	}

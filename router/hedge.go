@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -39,9 +40,16 @@ type suspicion struct {
 	until time.Time
 }
 
-// hedgeState is guarded by Router.mu.
+// hedgeState is the hedge's: the suspicions, guarded by Router.mu as
+// selection reads them (member.available), and the requests waiting for a
+// first byte, with their own lock (taken after Router.mu where both are).
 type hedgeState struct {
 	suspect map[string]suspicion
+	waits   firstByteWaits
+}
+
+type firstByteWaits struct {
+	mu sync.Mutex
 	// waiting holds, per worker, the requests sent to it that have no
 	// first byte yet.
 	waiting map[string]map[*firstByteWait]struct{}
@@ -116,13 +124,16 @@ func (r *Router) SetSuspect(name, reason string) {
 // if another worker of their model can take them; with spareHedged, not
 // those taken back once already.
 func (r *Router) takeBackLocked(name, why string, spareHedged bool) int {
+	ws := &r.hedge.waits
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
 	n := 0
-	for w := range r.hedge.waiting[name] {
-		if _, again := r.hedge.hedged[w.client]; spareHedged && again {
+	for w := range ws.waiting[name] {
+		if _, again := ws.hedged[w.client]; spareHedged && again {
 			continue
 		}
 		if r.alternativeLocked(w.f, time.Now()) && w.takeBack(&errNoFirstByte{backend: name, why: why}) {
-			r.markHedgedLocked(w.client)
+			ws.markHedgedLocked(w.client)
 			n++
 		}
 	}
@@ -195,16 +206,9 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 	ctx, cancel := context.WithCancelCause(out.Context())
 	wait := &firstByteWait{f: f, client: out.Context(), cancel: cancel}
 	r.mu.Lock()
-	if r.hedge.waiting == nil {
-		r.hedge.waiting = map[string]map[*firstByteWait]struct{}{}
-	}
-	if r.hedge.waiting[name] == nil {
-		r.hedge.waiting[name] = map[*firstByteWait]struct{}{}
-	}
-	r.hedge.waiting[name][wait] = struct{}{}
 	deadline := r.hedgeDeadlineLocked(f, c)
-	_, again := r.hedge.hedged[wait.client]
 	r.mu.Unlock()
+	again := r.hedge.waits.add(name, wait)
 	var timer *time.Timer
 	if !again {
 		timer = time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
@@ -221,18 +225,7 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 	if timer != nil {
 		timer.Stop()
 	}
-	r.mu.Lock()
-	delete(r.hedge.waiting[name], wait)
-	if len(r.hedge.waiting[name]) == 0 {
-		delete(r.hedge.waiting, name)
-	}
-	if err == nil && (len(first) > 0 || firstErr == io.EOF) {
-		if r.hedge.answered == nil {
-			r.hedge.answered = map[string]time.Time{}
-		}
-		r.hedge.answered[name] = time.Now()
-	}
-	r.mu.Unlock()
+	r.hedge.waits.remove(name, wait, err == nil && (len(first) > 0 || firstErr == io.EOF))
 	if !wait.state.CompareAndSwap(0, 1) {
 		// Taken back: whatever came, it came too late to be used.
 		if resp != nil {
@@ -268,7 +261,7 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 		r.mu.Unlock() // its first byte came meanwhile
 		return
 	}
-	if at, ok := r.hedge.answered[name]; ok && now.Sub(at) < deadline {
+	if r.hedge.waits.answeredWithin(name, now, deadline) {
 		r.mu.Unlock()
 		r.log.Debug("request got no first byte in time from a worker that answers others; waiting longer", "backend", name, "deadline", deadline)
 		time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
@@ -296,20 +289,62 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 	}
 }
 
+// add registers wait on the named worker; again says its client request
+// was taken back by a hedge before.
+func (ws *firstByteWaits) add(name string, wait *firstByteWait) (again bool) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.waiting == nil {
+		ws.waiting = map[string]map[*firstByteWait]struct{}{}
+	}
+	if ws.waiting[name] == nil {
+		ws.waiting[name] = map[*firstByteWait]struct{}{}
+	}
+	ws.waiting[name][wait] = struct{}{}
+	_, again = ws.hedged[wait.client]
+	return again
+}
+
+// remove ends wait on the named worker; answered says its first byte
+// came (or its answer ended).
+func (ws *firstByteWaits) remove(name string, wait *firstByteWait, answered bool) {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	delete(ws.waiting[name], wait)
+	if len(ws.waiting[name]) == 0 {
+		delete(ws.waiting, name)
+	}
+	if answered {
+		if ws.answered == nil {
+			ws.answered = map[string]time.Time{}
+		}
+		ws.answered[name] = time.Now()
+	}
+}
+
+// answeredWithin reports whether the named worker sent a first byte, of
+// any request, within d before now.
+func (ws *firstByteWaits) answeredWithin(name string, now time.Time, d time.Duration) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	at, ok := ws.answered[name]
+	return ok && now.Sub(at) < d
+}
+
 // markHedgedLocked remembers that the client request of ctx was taken
 // back by a hedge, until the request ends.
-func (r *Router) markHedgedLocked(ctx context.Context) {
-	if _, ok := r.hedge.hedged[ctx]; ok {
+func (ws *firstByteWaits) markHedgedLocked(ctx context.Context) {
+	if _, ok := ws.hedged[ctx]; ok {
 		return
 	}
-	if r.hedge.hedged == nil {
-		r.hedge.hedged = map[context.Context]struct{}{}
+	if ws.hedged == nil {
+		ws.hedged = map[context.Context]struct{}{}
 	}
-	r.hedge.hedged[ctx] = struct{}{}
+	ws.hedged[ctx] = struct{}{}
 	context.AfterFunc(ctx, func() {
-		r.mu.Lock()
-		delete(r.hedge.hedged, ctx)
-		r.mu.Unlock()
+		ws.mu.Lock()
+		delete(ws.hedged, ctx)
+		ws.mu.Unlock()
 	})
 }
 

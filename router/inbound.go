@@ -241,9 +241,7 @@ func (r *Router) resolve(c *call) (reserve int64, known bool) {
 	if endpointTable[c.path].noCompletion {
 		choices = 0
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	model, known := r.resolveLocked(info.Model)
+	model, known := r.modelID(info.Model)
 	// Context fit is judged on what the client may ask for (max_tokens is
 	// a promise the worker must hold), the schedule on what it usually gets.
 	c.job = Job{PromptTokens: info.PromptTokens, NeedContext: needContext(info.PromptTokens, info.MaxTokens), Prefix: info.Prefix}
@@ -251,9 +249,9 @@ func (r *Router) resolve(c *call) (reserve int64, known bool) {
 		return 0, false
 	}
 	c.model = model
-	c.job.OutputTokens = r.expectedOutputLocked(model, info.MaxTokens)
-	c.mode = r.normalisationLocked(model, c.path)
-	return reserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContextLocked(model)), true
+	c.job.OutputTokens = r.outputs.expected(model, info.MaxTokens)
+	c.mode = r.catalog.normalisation(model, c.path)
+	return reserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContext(model)), true
 }
 
 // attempts is stage 4: a worker is acquired and sent the request until one

@@ -21,15 +21,6 @@ const maxRewriteBody = 32 << 20
 // the stream, which then passes through as the engine sent it.
 const maxSSELine = 1 << 20
 
-// normalisationLocked is the shape path's answers from model are rewritten
-// to, Off for every endpoint but chat completions.
-func (r *Router) normalisationLocked(model, path string) reasoning.Mode {
-	if path != chatPath {
-		return reasoning.Off
-	}
-	return r.modes[model]
-}
-
 // rewritable reports whether a response can be normalised: a success the
 // router can read as plain text. Errors are passed on as the engine wrote
 // them, and a compressed body (an engine that compresses despite the router

@@ -480,9 +480,7 @@ func TestSetModelsRejectsUnknownReasoning(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), `"idle-model"`) || !strings.Contains(err.Error(), "inline") {
 		t.Fatalf("error %v: want one naming the model and the accepted values", err)
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if id, ok := r.resolveLocked("qwen3"); !ok || id != "qwen3-4b" || r.normalisationLocked(id, chatPath) != reasoning.Inline {
-		t.Errorf("a rejected SetModels changed the router: qwen3 → %q %v, mode %q", id, ok, r.normalisationLocked(id, chatPath))
+	if id, ok := r.modelID("qwen3"); !ok || id != "qwen3-4b" || r.catalog.normalisation(id, chatPath) != reasoning.Inline {
+		t.Errorf("a rejected SetModels changed the router: qwen3 → %q %v, mode %q", id, ok, r.catalog.normalisation(id, chatPath))
 	}
 }

@@ -60,6 +60,7 @@ func OutlookOf(states []fleet.WorkerState) Outlook {
 func (r *Router) SetOutlook(byModel map[string]Outlook) {
 	r.mu.Lock()
 	r.outlooks = maps.Clone(byModel)
+	r.publishReachLocked()
 	models := r.queuedModelsLocked()
 	r.mu.Unlock()
 	for _, m := range models {

@@ -37,8 +37,8 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 		Created int64  `json:"created"`
 		OwnedBy string `json:"owned_by"`
 	}
-	r.mu.Lock()
-	data := make([]card, 0, len(r.models))
+	models := r.catalog.list()
+	data := make([]card, 0, len(models))
 	seen := map[string]bool{}
 	addCard := func(id string) {
 		if !seen[id] {
@@ -46,12 +46,13 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 			data = append(data, card{ID: id, Object: "model", OwnedBy: "fleet"})
 		}
 	}
-	for _, m := range r.models {
+	for _, m := range models {
 		addCard(m.ID)
 		for _, a := range m.Aliases {
 			addCard(a)
 		}
 	}
+	r.mu.Lock()
 	for _, b := range r.backends {
 		addCard(b.cfg.Model)
 	}
@@ -61,20 +62,6 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 		Object string `json:"object"`
 		Data   []card `json:"data"`
 	}{"list", data})
-}
-
-// resolveLocked maps a requested name to a model ID. Models known only from a
-// backend (no SetModels yet) resolve to themselves.
-func (r *Router) resolveLocked(name string) (string, bool) {
-	if id, ok := r.names[name]; ok {
-		return id, true
-	}
-	for _, b := range r.backends {
-		if b.cfg.Model == name {
-			return name, true
-		}
-	}
-	return "", false
 }
 
 // refusedPeekBytes bounds what is read of a refused request's body to find
@@ -95,9 +82,7 @@ func (r *Router) refusedModel(w http.ResponseWriter, req *http.Request) string {
 		defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
 	}
 	name := namedModel(io.LimitReader(req.Body, refusedPeekBytes))
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if id, ok := r.resolveLocked(name); ok && name != "" {
+	if id, ok := r.modelID(name); ok && name != "" {
 		return id
 	}
 	return unknownModel
@@ -383,8 +368,8 @@ func (r *Router) finish(f *flight, c *call, m *meter, sent, end time.Time, statu
 	r.recordUsage(f, c, m, end)
 }
 
-// observe adds a served answer's times to the worker's metrics and the
-// histories the console shows.
+// observe adds a served answer's times to the worker's metrics; release
+// adds them to the histories the console shows.
 func (r *Router) observe(f *flight, t answerTimes) {
 	if t.clientTTFT > 0 {
 		f.b.observers.ttft.Observe(t.clientTTFT.Seconds())
@@ -392,17 +377,6 @@ func (r *Router) observe(f *flight, t answerTimes) {
 	f.b.observers.e2e.Observe(t.e2e.Seconds())
 	if t.itl > 0 {
 		f.b.observers.itl.Observe(t.itl.Seconds())
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.workerLocked(f.b.cfg.Name)
-	// The worker's own TTFT, from the moment it was sent the request: a
-	// wait in the router's queue is the fleet's, not the worker's.
-	if t.backendTTFT > 0 {
-		w.ttftHistory.add(ms(t.backendTTFT))
-	}
-	if t.itl > 0 {
-		w.itlHistory.add(ms(t.itl))
 	}
 }
 

@@ -295,11 +295,13 @@ type Router struct {
 	policy   Policy
 	handler  http.Handler
 
-	mu     sync.Mutex
-	models []fleet.Model
-	names  map[string]string // ID or alias → model ID
-	// modes holds the models whose responses are normalised; absent is Off.
-	modes    map[string]reasoning.Mode
+	// The parts, each with its own lock (catalog.go lists them).
+	catalog catalog
+	reach   atomic.Pointer[reach]
+	outputs outputEstimates
+	// mu guards the pool and the scheduler: the fields from here to
+	// hedge, and each backend's mutable fields.
+	mu       sync.Mutex
 	backends []*backend // the ready set, in the order given
 	workers  map[string]*worker
 	queues   map[string]*queue // by model ID
@@ -310,9 +312,6 @@ type Router struct {
 	// WaitIdle can sleep without polling.
 	changed chan struct{}
 	rng     *rand.Rand
-	// outputs is a per-model running estimate of output tokens, for
-	// requests that do not say max_tokens.
-	outputs map[string]*estimate
 	hedge   hedgeState
 	// limits are the API keys' limits and what each spent (keylimits.go).
 	limits keyLimits
@@ -335,11 +334,9 @@ func New(opts Options) (*Router, error) {
 	r := &Router{
 		opts:    opts,
 		log:     opts.Logger,
-		names:   map[string]string{},
 		workers: map[string]*worker{},
 		queues:  map[string]*queue{},
 		changed: make(chan struct{}),
-		outputs: map[string]*estimate{},
 	}
 	reg := opts.Registerer
 	if reg == nil {
@@ -413,11 +410,7 @@ func (r *Router) SetModels(models []fleet.Model) error {
 	for _, m := range models {
 		r.metrics.initModel(m.ID)
 	}
-	r.mu.Lock()
-	r.models = slices.Clone(models)
-	r.names = names
-	r.modes = modes
-	r.mu.Unlock()
+	r.catalog.set(models, names, modes)
 	for id, mode := range modes {
 		r.log.Info("normalising reasoning in chat completions", "model", id, "shape", string(mode))
 	}
@@ -478,6 +471,7 @@ func (r *Router) setBackendsLocked(bs []Backend) {
 		b.gone.Store(true) // under r.mu: a request ending now sees it
 	}
 	r.backends = next
+	r.publishReachLocked()
 	models := r.queuedModelsLocked()
 	r.mu.Unlock()
 	// Removed backends: close their idle connections now; busy ones close

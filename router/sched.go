@@ -193,7 +193,7 @@ func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedE
 	case t.fitting == 0 && t.drainedFitting == 0 && comingFitting == 0:
 		return &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
 			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no worker of %q that is ready or can become ready holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
-				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, r.largestContextLocked(model))}
+				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, r.largestContext(model))}
 	case t.serving == 0:
 		// Workers on their way, or draining ones an undrain or a restart
 		// brings back, are worth waiting for.
@@ -207,19 +207,6 @@ func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedE
 	}
 	return &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 		msg: fmt.Sprintf("every worker of model %q is failing or was already tried for this request; retry later", model)}
-}
-
-// largestContextLocked is the largest context among model's workers that
-// are in the ready set (drained and cooling ones included) or coming (the
-// model's Outlook); 0 when none says its context.
-func (r *Router) largestContextLocked(model string) int {
-	largest := r.outlooks[model].ComingContext
-	for _, b := range r.backends {
-		if b.cfg.Model == model {
-			largest = max(largest, b.cfg.Context)
-		}
-	}
-	return largest
 }
 
 // nextFreeLocked predicts when a slot frees for job on a full backend that
@@ -423,8 +410,8 @@ type outcome struct {
 	cache promptCache
 }
 
-// release ends a flight, teaches the speed model what it saw and lets the
-// next queued request have the slot.
+// release ends a flight, teaches the speed model and the worker's
+// histories what it saw and lets the next queued request have the slot.
 func (r *Router) release(f *flight, o *outcome) {
 	now := time.Now()
 	r.mu.Lock()
@@ -438,32 +425,27 @@ func (r *Router) release(f *flight, o *outcome) {
 	delete(f.b.active, f)
 	f.b.observers.inFlight.Dec()
 	if o != nil && o.ok {
+		// The worker's own TTFT, from the moment it was sent the request:
+		// a wait in the router's queue is the fleet's, not the worker's.
+		if o.ttft > 0 {
+			w.ttftHistory.add(ms(o.ttft))
+		}
+		if o.itl > 0 {
+			w.itlHistory.add(ms(o.itl))
+		}
 		w.speed.Observe(f.startConcurrency, mean, r.observeCacheLocked(w, f, o.cache), o.ttft, o.itl)
 		if o.outputTokens > 0 {
-			est := r.outputs[f.model]
-			if est == nil {
-				est = &estimate{}
-				r.outputs[f.model] = est
-			}
-			est.add(float64(o.outputTokens))
+			r.outputs.add(f.model, o.outputTokens)
 		}
 	}
 	close(r.changed)
 	r.changed = make(chan struct{})
+	// The freed slot goes to the queue in the same hold of the lock.
+	if q := r.queues[f.model]; q != nil {
+		r.dispatchLocked(f.model, q, now)
+		r.metrics.queueDepth.WithLabelValues(f.model).Set(float64(q.Len()))
+	}
 	r.mu.Unlock()
-	r.dispatch(f.model)
-}
-
-// expectedOutputLocked is the output length the scheduler plans for.
-func (r *Router) expectedOutputLocked(model string, maxTokens int) int {
-	usual := 256.0
-	if est := r.outputs[model]; est != nil && est.n > 0 {
-		usual = est.v
-	}
-	if maxTokens > 0 && float64(maxTokens) < usual {
-		return maxTokens
-	}
-	return int(usual)
 }
 
 // recordFailure counts a backend failure; a refused connection, or
