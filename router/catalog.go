@@ -20,7 +20,7 @@ import (
 //     must see at one instant;
 //   - outputs (here): the per-model estimates of output tokens;
 //   - the hedge's requests waiting for a first byte (hedge.go);
-//   - key limits (keylimits.go), engine metrics (enginemetrics.go) and the
+//   - key limits (keylimit/), engine metrics (enginemetrics.go) and the
 //     request bodies in flight (bodymem.go).
 // Where two are held at once, Router.mu is taken first.
 

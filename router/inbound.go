@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"fleet/router/keylimit"
 	"fleet/router/reasoning"
 )
 
@@ -46,7 +47,7 @@ type call struct {
 	model    string
 	job      Job
 	excluded []string
-	held     reservation
+	held     keylimit.Reservation
 	body     []byte
 }
 
@@ -86,7 +87,7 @@ func (r *Router) serveInference(w http.ResponseWriter, req *http.Request) {
 	}
 	hold := &bodyHold{r: r}
 	defer hold.release()
-	defer func() { r.limits.settle(c.held) }()
+	defer func() { r.limits.Settle(c.held) }()
 
 	err := r.admit(w, req, c)
 	if err == nil {
@@ -251,7 +252,7 @@ func (r *Router) resolve(c *call) (reserve int64, known bool) {
 	c.model = model
 	c.job.OutputTokens = r.outputs.expected(model, info.MaxTokens)
 	c.mode = r.catalog.normalisation(model, c.path)
-	return reserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContext(model)), true
+	return keylimit.ReserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContext(model)), true
 }
 
 // attempts is stage 4: a worker is acquired and sent the request until one

@@ -2,233 +2,23 @@ package router
 
 import (
 	"fmt"
-	"math"
 	"net/http"
-	"strconv"
-	"sync"
 	"time"
 
 	"fleet"
+	"fleet/router/keylimit"
 )
 
-// keyLimits enforces each API key's optional limits: requests per minute as
-// a token bucket (a full minute's worth may come at once, then one per
-// 60/N s), and tokens per UTC day. A request's tokens are known only after
-// it, so each one reserves what it may spend when it is admitted (reserve)
-// and gives the reservation back when it ends, however it ends (settle),
-// while its real tokens are spent: a request is refused once the day's
-// tokens spent and reserved reach the limit, so parallel requests cannot
-// cross it by more than one request's reservation. State is kept only for
-// keys that have a limit, which come from the key table: a client cannot
-// grow it.
-type keyLimits struct {
-	mu    sync.Mutex
-	state map[string]*keyState
-}
-
-type keyState struct {
-	fleet.KeyLimits
-	// bucket is the requests the key may still send now; at when it was.
-	bucket float64
-	at     time.Time
-	// day is the UTC day (days since 1970) used counts the tokens of.
-	day  int64
-	used int64
-	// reserved is what the key's requests in flight may still spend.
-	reserved int64
-}
-
-// reservation is what one request holds of its key's day until it ends.
-type reservation struct {
-	s *keyState
-	n int64
-}
-
-// noOutputBound is what a request reserves for its answer when it sets no
-// max_tokens and no worker of its model says how large its context is (a
-// worker's context bounds what an engine can make).
-const noOutputBound = 4096
-
-// reserveFor is what a request may spend: its prompt (the estimate) and
-// choices answers of max_tokens each (0 choices: an endpoint that makes no
-// answer, such as embeddings); without max_tokens, what the engine may make
-// at most, the largest context among the model's workers less the prompt
-// (noOutputBound when no context is known). An answer never passes the
-// largest context either way, and the sum saturates: a max_tokens of
-// 2^63-1 reserves the whole day, it does not overflow.
-func reserveFor(promptTokens, maxTokens, choices, largestContext int) int64 {
-	prompt, out := int64(promptTokens), int64(maxTokens)
-	switch {
-	case largestContext > 0:
-		room := int64(max(largestContext-promptTokens, 0))
-		if out == 0 || out > room {
-			out = room
-		}
-	case out == 0:
-		out = noOutputBound
-	}
-	if choices <= 0 || out == 0 {
-		return prompt
-	}
-	if out > (math.MaxInt64-prompt)/int64(choices) {
-		return math.MaxInt64
-	}
-	return prompt + out*int64(choices)
-}
-
-func utcDay(t time.Time) int64 { return t.Unix() / 86400 }
-
-// SetKeyLimits replaces every key's limits; keys absent or with zero
-// limits have none. A key keeps its spent requests and tokens across calls.
-func (r *Router) SetKeyLimits(limits map[string]fleet.KeyLimits) {
-	kl := &r.limits
-	kl.mu.Lock()
-	defer kl.mu.Unlock()
-	next := make(map[string]*keyState, len(limits))
-	now := time.Now()
-	for name, l := range limits {
-		if l.RequestsPerMinute <= 0 && l.TokensPerDay <= 0 {
-			continue
-		}
-		s, ok := kl.state[name]
-		if !ok {
-			s = &keyState{bucket: float64(l.RequestsPerMinute), at: now, day: utcDay(now)}
-		}
-		if l.RequestsPerMinute > 0 {
-			s.bucket = min(s.bucket, float64(l.RequestsPerMinute))
-		}
-		s.KeyLimits = l
-		next[name] = s
-	}
-	kl.state = next
-}
+// SetKeyLimits replaces every key's limits (keylimit.Book.Set); keys
+// absent or with zero limits have none. A key keeps its spent requests and
+// tokens across calls.
+func (r *Router) SetKeyLimits(limits map[string]fleet.KeyLimits) { r.limits.Set(limits) }
 
 // SeedKeyTokens sets how many tokens each key spent on the UTC day of day
 // (the hub reads today's back from its store at start and on every limit
 // change). The store lags by the usage not yet written, so a key keeps a
 // larger count the router made that day.
-func (r *Router) SeedKeyTokens(day time.Time, used map[string]int64) {
-	kl := &r.limits
-	kl.mu.Lock()
-	defer kl.mu.Unlock()
-	today := utcDay(day)
-	for name, n := range used {
-		if s, ok := kl.state[name]; ok {
-			if s.day == today {
-				n = max(n, s.used)
-			}
-			s.day, s.used = today, n
-		}
-	}
-}
-
-// spend counts a finished request's tokens against its key's day.
-func (kl *keyLimits) spend(name string, tokens int64, at time.Time) {
-	if name == "" {
-		return
-	}
-	kl.mu.Lock()
-	defer kl.mu.Unlock()
-	s, ok := kl.state[name]
-	if !ok || s.TokensPerDay <= 0 {
-		return
-	}
-	if d := utcDay(at); d != s.day {
-		s.day, s.used = d, 0
-	}
-	s.used += tokens
-}
-
-// limitVerdict is what admitting one request of a key says: the headers
-// OpenAI clients read, and when refused, which limit and for how long.
-type limitVerdict struct {
-	limited    bool
-	which      string // "requests" or "tokens"
-	retryAfter time.Duration
-	// inFlight says the tokens refused are not spent but reserved by the
-	// key's requests in flight: they come back as those end.
-	inFlight bool
-	header   http.Header
-}
-
-// judgeTokensLocked judges a request of s against the day's tokens at now
-// (refusing it, when tokens says it spends some, once what is spent and
-// reserved reaches the limit) and sets the token headers.
-func (s *keyState) judgeTokensLocked(v *limitVerdict, now time.Time, tokens bool) {
-	tpd := s.TokensPerDay
-	if d := utcDay(now); d != s.day {
-		s.day, s.used = d, 0
-	}
-	reset := time.Unix((s.day+1)*86400, 0).Sub(now)
-	if s.used+s.reserved >= tpd && !v.limited && tokens {
-		v.limited, v.which, v.retryAfter = true, "tokens", reset
-		v.inFlight = s.used < tpd
-	}
-	v.header.Set("x-ratelimit-limit-tokens", strconv.FormatInt(tpd, 10))
-	v.header.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(max(tpd-s.used-s.reserved, 0), 10))
-	v.header.Set("x-ratelimit-reset-tokens", resetString(reset))
-}
-
-// settle gives a request's reservation back; what it really spent was
-// counted by spend.
-func (kl *keyLimits) settle(rv reservation) {
-	if rv.s == nil {
-		return
-	}
-	kl.mu.Lock()
-	defer kl.mu.Unlock()
-	rv.s.reserved -= rv.n
-}
-
-// admit takes one request from name's allowance at now. spends says the
-// request spends tokens, so it is judged against the day's tokens and, when
-// admitted, reserves n of them until it ends (settle); a reservation of more
-// than the whole day holds the whole day.
-func (kl *keyLimits) admit(name string, now time.Time, spends bool, n int64) (limitVerdict, reservation) {
-	var v limitVerdict
-	var rv reservation
-	if name == "" {
-		return v, rv
-	}
-	kl.mu.Lock()
-	defer kl.mu.Unlock()
-	s, ok := kl.state[name]
-	if !ok {
-		return v, rv
-	}
-	v.header = http.Header{}
-	if rpm := s.RequestsPerMinute; rpm > 0 {
-		perSec := float64(rpm) / 60
-		s.bucket = min(float64(rpm), s.bucket+now.Sub(s.at).Seconds()*perSec)
-		s.at = now
-		if s.bucket < 1 {
-			v.limited, v.which = true, "requests"
-			v.retryAfter = time.Duration((1 - s.bucket) / perSec * float64(time.Second))
-		}
-	}
-	if s.TokensPerDay > 0 {
-		s.judgeTokensLocked(&v, now, spends)
-		if !v.limited && spends {
-			rv = reservation{s: s, n: min(max(n, 0), s.TokensPerDay)}
-			s.reserved += rv.n
-		}
-	}
-	if rpm := s.RequestsPerMinute; rpm > 0 {
-		if !v.limited {
-			s.bucket--
-		}
-		v.header.Set("x-ratelimit-limit-requests", strconv.Itoa(rpm))
-		v.header.Set("x-ratelimit-remaining-requests", strconv.Itoa(int(math.Floor(max(s.bucket, 0)))))
-		v.header.Set("x-ratelimit-reset-requests", resetString(time.Duration((float64(rpm)-s.bucket)/(float64(rpm)/60)*float64(time.Second))))
-	}
-	return v, rv
-}
-
-// resetString spells a wait as OpenAI's x-ratelimit-reset-* headers do
-// ("1s", "6m0s"), rounded up to the second.
-func resetString(d time.Duration) string {
-	return max(d, 0).Round(time.Second).String()
-}
+func (r *Router) SeedKeyTokens(day time.Time, used map[string]int64) { r.limits.SeedTokens(day, used) }
 
 // admitKey applies name's limits to one request to path for model (its
 // metric label): it sets the rate-limit headers on w and, when a limit is
@@ -236,25 +26,25 @@ func resetString(d time.Duration) string {
 // reserve of them until it ends: the caller settles the reservation.
 // Counting tokens (endpointSpec.countsTokens) is refused by the requests
 // limit only.
-func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reserve int64) (reservation, *answerError) {
-	v, rv := r.limits.admit(name, time.Now(), !endpointTable[path].countsTokens, reserve)
-	for k, vs := range v.header {
+func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reserve int64) (keylimit.Reservation, *answerError) {
+	v, rv := r.limits.Admit(name, time.Now(), !endpointTable[path].countsTokens, reserve)
+	for k, vs := range v.Header {
 		w.Header()[k] = vs
 	}
-	if !v.limited {
+	if !v.Limited {
 		return rv, nil
 	}
-	r.metrics.keyLimited.WithLabelValues(v.which).Inc()
-	msg := fmt.Sprintf("this API key's limit of %s requests a minute is spent; retry in %s", w.Header().Get("x-ratelimit-limit-requests"), resetString(v.retryAfter))
+	r.metrics.keyLimited.WithLabelValues(v.Which).Inc()
+	msg := fmt.Sprintf("this API key's limit of %s requests a minute is spent; retry in %s", w.Header().Get("x-ratelimit-limit-requests"), keylimit.ResetString(v.RetryAfter))
 	switch {
-	case v.which == "tokens" && v.inFlight:
+	case v.Which == "tokens" && v.InFlight:
 		// The day is not spent: its rest is held by this key's requests
 		// in flight, which give back what they do not use as they end.
-		v.retryAfter = r.opts.RetryAfter
+		v.RetryAfter = r.opts.RetryAfter
 		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is reserved by its requests in flight (each holds its prompt and max_tokens until it ends); retry in a few seconds, or send a lower max_tokens", w.Header().Get("x-ratelimit-limit-tokens"))
-	case v.which == "tokens":
-		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is spent; it renews in %s, or ask an admin to raise it (`fleet key limit`)", w.Header().Get("x-ratelimit-limit-tokens"), resetString(v.retryAfter))
+	case v.Which == "tokens":
+		msg = fmt.Sprintf("this API key's limit of %s tokens a day (UTC) is spent; it renews in %s, or ask an admin to raise it (`fleet key limit`)", w.Header().Get("x-ratelimit-limit-tokens"), keylimit.ResetString(v.RetryAfter))
 	}
 	return rv, &answerError{status: http.StatusTooManyRequests, model: model, typ: errTypeRateLimit, code: codeKeyRateLimit, msg: msg,
-		retryAfter: max(v.retryAfter, time.Second)}
+		retryAfter: max(v.RetryAfter, time.Second)}
 }

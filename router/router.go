@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/router/keylimit"
 	"fleet/router/reasoning"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -313,8 +314,8 @@ type Router struct {
 	changed chan struct{}
 	rng     *rand.Rand
 	hedge   hedgeState
-	// limits are the API keys' limits and what each spent (keylimits.go).
-	limits keyLimits
+	// limits are the API keys' limits and what each spent (keylimit/).
+	limits keylimit.Book
 	// engines holds each worker's last engine metrics (enginemetrics.go).
 	engines engineMetrics
 	// bodies is the request bodies held in flight (bodymem.go).

@@ -41,7 +41,7 @@ func (r *Router) recordUsage(f *flight, c *call, m *meter, end time.Time) {
 	f.b.observers.tokens.prompt.Add(float64(u.PromptTokens))
 	f.b.observers.tokens.cached.Add(float64(u.CachedTokens))
 	f.b.observers.tokens.completion.Add(float64(u.CompletionTokens))
-	r.limits.spend(u.Key, int64(u.PromptTokens+u.CompletionTokens), end)
+	r.limits.Spend(u.Key, int64(u.PromptTokens+u.CompletionTokens), end)
 	if r.opts.OnUsage != nil {
 		r.opts.OnUsage(u)
 	}

@@ -1,0 +1,232 @@
+// Package keylimit enforces each API key's optional limits for the router:
+// requests per minute and tokens per UTC day, with the tokens of requests
+// in flight reserved. It knows nothing of HTTP routing: the router asks it
+// to Admit a request, Settle the request's reservation when it ends, and
+// Spend the tokens it used.
+package keylimit
+
+import (
+	"math"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"fleet"
+)
+
+// Book enforces each API key's optional limits: requests per minute as
+// a token bucket (a full minute's worth may come at once, then one per
+// 60/N s), and tokens per UTC day. A request's tokens are known only after
+// it, so each one reserves what it may spend when it is admitted (reserve)
+// and gives the reservation back when it ends, however it ends (Settle),
+// while its real tokens are spent: a request is refused once the day's
+// tokens spent and reserved reach the limit, so parallel requests cannot
+// cross it by more than one request's reservation. State is kept only for
+// keys that have a limit, which come from the key table: a client cannot
+// grow it.
+type Book struct {
+	mu    sync.Mutex
+	state map[string]*keyState
+}
+
+type keyState struct {
+	fleet.KeyLimits
+	// bucket is the requests the key may still send now; at when it was.
+	bucket float64
+	at     time.Time
+	// day is the UTC day (days since 1970) used counts the tokens of.
+	day  int64
+	used int64
+	// reserved is what the key's requests in flight may still spend.
+	reserved int64
+}
+
+// Reservation is what one request holds of its key's day until it ends.
+type Reservation struct {
+	s *keyState
+	n int64
+}
+
+// NoOutputBound is what a request reserves for its answer when it sets no
+// max_tokens and no worker of its model says how large its context is (a
+// worker's context bounds what an engine can make).
+const NoOutputBound = 4096
+
+// ReserveFor is what a request may spend: its prompt (the estimate) and
+// choices answers of max_tokens each (0 choices: an endpoint that makes no
+// answer, such as embeddings); without max_tokens, what the engine may make
+// at most, the largest context among the model's workers less the prompt
+// (NoOutputBound when no context is known). An answer never passes the
+// largest context either way, and the sum saturates: a max_tokens of
+// 2^63-1 reserves the whole day, it does not overflow.
+func ReserveFor(promptTokens, maxTokens, choices, largestContext int) int64 {
+	prompt, out := int64(promptTokens), int64(maxTokens)
+	switch {
+	case largestContext > 0:
+		room := int64(max(largestContext-promptTokens, 0))
+		if out == 0 || out > room {
+			out = room
+		}
+	case out == 0:
+		out = NoOutputBound
+	}
+	if choices <= 0 || out == 0 {
+		return prompt
+	}
+	if out > (math.MaxInt64-prompt)/int64(choices) {
+		return math.MaxInt64
+	}
+	return prompt + out*int64(choices)
+}
+
+func utcDay(t time.Time) int64 { return t.Unix() / 86400 }
+
+// Set replaces every key's limits; keys absent or with zero limits have
+// none. A key keeps its spent requests and tokens across calls.
+func (kl *Book) Set(limits map[string]fleet.KeyLimits) {
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	next := make(map[string]*keyState, len(limits))
+	now := time.Now()
+	for name, l := range limits {
+		if l.RequestsPerMinute <= 0 && l.TokensPerDay <= 0 {
+			continue
+		}
+		s, ok := kl.state[name]
+		if !ok {
+			s = &keyState{bucket: float64(l.RequestsPerMinute), at: now, day: utcDay(now)}
+		}
+		if l.RequestsPerMinute > 0 {
+			s.bucket = min(s.bucket, float64(l.RequestsPerMinute))
+		}
+		s.KeyLimits = l
+		next[name] = s
+	}
+	kl.state = next
+}
+
+// SeedTokens sets how many tokens each key spent on the UTC day of day.
+// The store it comes from lags by the usage not yet written, so a key
+// keeps a larger count made that day.
+func (kl *Book) SeedTokens(day time.Time, used map[string]int64) {
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	today := utcDay(day)
+	for name, n := range used {
+		if s, ok := kl.state[name]; ok {
+			if s.day == today {
+				n = max(n, s.used)
+			}
+			s.day, s.used = today, n
+		}
+	}
+}
+
+// Spend counts a finished request's tokens against its key's day.
+func (kl *Book) Spend(name string, tokens int64, at time.Time) {
+	if name == "" {
+		return
+	}
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	s, ok := kl.state[name]
+	if !ok || s.TokensPerDay <= 0 {
+		return
+	}
+	if d := utcDay(at); d != s.day {
+		s.day, s.used = d, 0
+	}
+	s.used += tokens
+}
+
+// Verdict is what admitting one request of a key says: the headers
+// OpenAI clients read, and when refused, which limit and for how long.
+type Verdict struct {
+	Limited    bool
+	Which      string // "requests" or "tokens"
+	RetryAfter time.Duration
+	// InFlight says the tokens refused are not spent but reserved by the
+	// key's requests in flight: they come back as those end.
+	InFlight bool
+	Header   http.Header
+}
+
+// judgeTokensLocked judges a request of s against the day's tokens at now
+// (refusing it, when tokens says it spends some, once what is spent and
+// reserved reaches the limit) and sets the token headers.
+func (s *keyState) judgeTokensLocked(v *Verdict, now time.Time, tokens bool) {
+	tpd := s.TokensPerDay
+	if d := utcDay(now); d != s.day {
+		s.day, s.used = d, 0
+	}
+	reset := time.Unix((s.day+1)*86400, 0).Sub(now)
+	if s.used+s.reserved >= tpd && !v.Limited && tokens {
+		v.Limited, v.Which, v.RetryAfter = true, "tokens", reset
+		v.InFlight = s.used < tpd
+	}
+	v.Header.Set("x-ratelimit-limit-tokens", strconv.FormatInt(tpd, 10))
+	v.Header.Set("x-ratelimit-remaining-tokens", strconv.FormatInt(max(tpd-s.used-s.reserved, 0), 10))
+	v.Header.Set("x-ratelimit-reset-tokens", ResetString(reset))
+}
+
+// Settle gives a request's reservation back; what it really spent was
+// counted by Spend.
+func (kl *Book) Settle(rv Reservation) {
+	if rv.s == nil {
+		return
+	}
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	rv.s.reserved -= rv.n
+}
+
+// Admit takes one request from name's allowance at now. spends says the
+// request spends tokens, so it is judged against the day's tokens and, when
+// admitted, reserves n of them until it ends (Settle); a reservation of more
+// than the whole day holds the whole day.
+func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict, Reservation) {
+	var v Verdict
+	var rv Reservation
+	if name == "" {
+		return v, rv
+	}
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	s, ok := kl.state[name]
+	if !ok {
+		return v, rv
+	}
+	v.Header = http.Header{}
+	if rpm := s.RequestsPerMinute; rpm > 0 {
+		perSec := float64(rpm) / 60
+		s.bucket = min(float64(rpm), s.bucket+now.Sub(s.at).Seconds()*perSec)
+		s.at = now
+		if s.bucket < 1 {
+			v.Limited, v.Which = true, "requests"
+			v.RetryAfter = time.Duration((1 - s.bucket) / perSec * float64(time.Second))
+		}
+	}
+	if s.TokensPerDay > 0 {
+		s.judgeTokensLocked(&v, now, spends)
+		if !v.Limited && spends {
+			rv = Reservation{s: s, n: min(max(n, 0), s.TokensPerDay)}
+			s.reserved += rv.n
+		}
+	}
+	if rpm := s.RequestsPerMinute; rpm > 0 {
+		if !v.Limited {
+			s.bucket--
+		}
+		v.Header.Set("x-ratelimit-limit-requests", strconv.Itoa(rpm))
+		v.Header.Set("x-ratelimit-remaining-requests", strconv.Itoa(int(math.Floor(max(s.bucket, 0)))))
+		v.Header.Set("x-ratelimit-reset-requests", ResetString(time.Duration((float64(rpm)-s.bucket)/(float64(rpm)/60)*float64(time.Second))))
+	}
+	return v, rv
+}
+
+// ResetString spells a wait as OpenAI's x-ratelimit-reset-* headers do
+// ("1s", "6m0s"), rounded up to the second.
+func ResetString(d time.Duration) string {
+	return max(d, 0).Round(time.Second).String()
+}

@@ -1,0 +1,97 @@
+package keylimit
+
+import (
+	"math"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// The token bucket refills at the limit's pace, and the day's tokens renew
+// at the next UTC midnight.
+func TestKeyLimitsRefill(t *testing.T) {
+	kl := &Book{}
+	kl.Set(map[string]fleet.KeyLimits{"a": {RequestsPerMinute: 60, TokensPerDay: 100}})
+	now := time.Date(2026, 11, 30, 23, 59, 0, 0, time.UTC)
+	kl.state["a"].at = now
+	for i := range 60 {
+		if v := admitOne(kl, "a", now); v.Limited {
+			t.Fatalf("request %d of a full bucket refused", i+1)
+		}
+	}
+	v := admitOne(kl, "a", now)
+	if !v.Limited || v.Which != "requests" || v.RetryAfter != time.Second {
+		t.Fatalf("61st request: %+v, want refused for 1 s", v)
+	}
+	if v := admitOne(kl, "a", now.Add(time.Second)); v.Limited {
+		t.Errorf("a second later one request is back, but it was refused: %+v", v)
+	}
+	kl.Spend("a", 100, now)
+	v = admitOne(kl, "a", now.Add(10*time.Second))
+	if !v.Limited || v.Which != "tokens" || v.RetryAfter != 50*time.Second {
+		t.Errorf("after the day's tokens: %+v, want refused until midnight (50 s)", v)
+	}
+	if v := admitOne(kl, "a", now.Add(61*time.Second)); v.Limited {
+		t.Errorf("a new UTC day, still refused: %+v", v)
+	}
+	kl.SeedTokens(now.Add(62*time.Second), map[string]int64{"a": 100, "ghost": 5})
+	if v := admitOne(kl, "a", now.Add(62*time.Second)); !v.Limited {
+		t.Errorf("seeded with the day's tokens, admitted: %+v", v)
+	}
+	if _, ok := kl.state["ghost"]; ok {
+		t.Error("a key without limits got state")
+	}
+}
+
+// The hub seeds the day's tokens from its store whenever a key's limits
+// change, and the store lags the router by the usage not yet written: a
+// seed lower than what the router counted today must not forget the rest.
+func TestSeedKeyTokensKeepsWhatTheRouterCounted(t *testing.T) {
+	kl := &Book{}
+	kl.Set(map[string]fleet.KeyLimits{"a": {TokensPerDay: 1000}})
+	now := time.Now()
+	kl.Spend("a", 300, now)
+	kl.SeedTokens(now, map[string]int64{"a": 200}) // 100 still on their way to the store
+	if got := admitOne(kl, "a", now).Header.Get("x-ratelimit-remaining-tokens"); got != "700" {
+		t.Errorf("remaining tokens %s after a lagging seed, want 700", got)
+	}
+	kl.SeedTokens(now, map[string]int64{"a": 400}) // a restarted hub knows more
+	if got := admitOne(kl, "a", now).Header.Get("x-ratelimit-remaining-tokens"); got != "600" {
+		t.Errorf("remaining tokens %s after a seed above the count, want 600", got)
+	}
+}
+
+// admitOne is one request of name at now that spends tokens, ended at once:
+// its reservation is given back.
+func admitOne(kl *Book, name string, now time.Time) Verdict {
+	v, rv := kl.Admit(name, now, true, 0)
+	kl.Settle(rv)
+	return v
+}
+
+// What a request reserves of its key's day: its prompt and max_tokens, never
+// more than the largest context can make, a fixed bound when neither says,
+// and no overflow for a max_tokens of 2^63-1.
+func TestReserveFor(t *testing.T) {
+	for _, c := range []struct {
+		name                             string
+		prompt, maxTokens, choices, ctxt int
+		want                             int64
+	}{
+		{"max_tokens within the context", 100, 500, 1, 4096, 600},
+		{"max_tokens past the context", 100, 10000, 1, 4096, 4096},
+		{"no max_tokens: what the context leaves", 100, 0, 1, 4096, 4096},
+		{"a prompt past the context", 5000, 0, 1, 4096, 5000},
+		{"no max_tokens, no context known", 100, 0, 1, 0, 100 + NoOutputBound},
+		{"max_tokens, no context known", 100, 700, 1, 0, 800},
+		{"n=3 answers", 100, 500, 3, 4096, 1600},
+		{"an endpoint that makes no answer", 100, 500, 0, 4096, 100},
+		{"max_tokens of 2^63-1", 100, math.MaxInt, 1, 0, math.MaxInt64},
+		{"n of 2^63-1", 100, 500, math.MaxInt, 4096, math.MaxInt64},
+	} {
+		if got := ReserveFor(c.prompt, c.maxTokens, c.choices, c.ctxt); got != c.want {
+			t.Errorf("%s: ReserveFor(%d, %d, %d, %d) = %d, want %d", c.name, c.prompt, c.maxTokens, c.choices, c.ctxt, got, c.want)
+		}
+	}
+}
