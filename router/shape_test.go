@@ -6,6 +6,7 @@ import (
 	"go/token"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -41,6 +42,71 @@ func TestLongRouterMethodsAreFound(t *testing.T) {
 	if len(long) != 1 || long[0].name != "x.go: (*Router).over" || long[0].lines != 61 {
 		t.Fatalf("long methods = %+v, want only over at 61 lines", long)
 	}
+}
+
+// TestErrorsAreAnsweredInOnePlace holds the inbound path to one place that
+// counts and writes a request's error (answer, inbound.go) and one that
+// counts a forwarded request's end (finish): a stage returns its error
+// rather than writing it, so no count-then-write pair can drift apart
+// again. writeError is also the error of the two endpoints outside the
+// inbound path (GET /v1/models, an unknown URL).
+func TestErrorsAreAnsweredInOnePlace(t *testing.T) {
+	allowed := map[string][]string{
+		"writeError":  {"answer", "serveModels", "routes"},
+		"countStatus": {"answer", "finish"},
+	}
+	for callee, callers := range callersIn(t, ".", "writeError", "countStatus") {
+		for _, caller := range callers {
+			if !slices.Contains(allowed[callee], caller) {
+				t.Errorf("%s calls %s: return an *answerError for answer to write and count instead", caller, callee)
+			}
+		}
+	}
+}
+
+// callersIn maps each of names to the functions of dir's non-test files
+// that call it.
+func callersIn(t *testing.T, dir string, names ...string) map[string][]string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string][]string{}
+	fset := token.NewFileSet()
+	for _, path := range files {
+		if strings.HasSuffix(path, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, d := range f.Decls {
+			fn, ok := d.(*ast.FuncDecl)
+			if !ok || fn.Body == nil {
+				continue
+			}
+			ast.Inspect(fn.Body, func(n ast.Node) bool {
+				call, ok := n.(*ast.CallExpr)
+				if !ok {
+					return true
+				}
+				var name string
+				switch f := call.Fun.(type) {
+				case *ast.Ident:
+					name = f.Name
+				case *ast.SelectorExpr:
+					name = f.Sel.Name
+				}
+				if slices.Contains(names, name) {
+					out[name] = append(out[name], fn.Name.Name)
+				}
+				return true
+			})
+		}
+	}
+	return out
 }
 
 type longMethod struct {
