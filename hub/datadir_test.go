@@ -5,7 +5,6 @@ import (
 	"errors"
 	"io/fs"
 	"log/slog"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -201,19 +200,15 @@ func TestBadDatabaseURLIsRefusedWithoutItsPassword(t *testing.T) {
 // yet keeps two hubs from both driving the nodes.
 func TestHubStateInPostgreSQL(t *testing.T) {
 	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
-	u, err := url.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword("fleet", password)
+	dbURL := pgtest.URLWithPassword(t, password)
 	dir := t.TempDir()
 	var logs bytes.Buffer
-	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: u.String(), Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: dbURL, Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := t.TempDir()
-	if _, err := openHub(t, Options{DataDir: other, DatabaseURL: u.String(), FleetFile: "/nonexistent"}); !errors.Is(err, store.ErrOtherHub) ||
+	if _, err := openHub(t, Options{DataDir: other, DatabaseURL: dbURL, FleetFile: "/nonexistent"}); !errors.Is(err, store.ErrOtherHub) ||
 		!strings.Contains(err.Error(), "stop that hub, or give this one another database") {
 		t.Errorf("a second hub on the database: %v, want it refused as another hub's", err)
 	}
@@ -235,16 +230,16 @@ func TestHubStateInPostgreSQL(t *testing.T) {
 	// an admin moves it there (fleet-id --move, with the database's URL);
 	// then the fleet is there.
 	moved := t.TempDir()
-	_, err = openHub(t, Options{DataDir: moved, DatabaseURL: u.String()})
+	_, err = openHub(t, Options{DataDir: moved, DatabaseURL: dbURL})
 	if !errors.Is(err, ErrCopiedDatabase) || !strings.Contains(err.Error(), "`FLEET_DATABASE_URL=URL fleet --data "+moved+" fleet-id --move`") ||
 		strings.Contains(err.Error(), password) {
 		t.Fatalf("a hub on the database from another data dir: %v; want it refused as a copy, told how to move", err)
 	}
-	out, err := Identity(t.Context(), moved, u.String(), false, true, false)
+	out, err := Identity(t.Context(), moved, dbURL, false, true, false)
 	if err != nil || !strings.Contains(out, "moved here from "+dir) {
 		t.Fatalf("fleet-id --move on PostgreSQL: %q, %v", out, err)
 	}
-	h2, err := openHub(t, Options{DataDir: moved, DatabaseURL: u.String()})
+	h2, err := openHub(t, Options{DataDir: moved, DatabaseURL: dbURL})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -3,7 +3,6 @@ package hub
 import (
 	"errors"
 	"io/fs"
-	neturl "net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -161,16 +160,11 @@ func TestFirstKeyWithoutAHub(t *testing.T) {
 // another data dir, nothing is written behind its back.
 func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
 	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
-	u, err := neturl.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = neturl.UserPassword("fleet", password)
-	url := u.String()
+	url := pgtest.URLWithPassword(t, password)
 	dir := t.TempDir()
 	// The refusal says how to make the key for this database, and does not
 	// repeat the password of the command line it quotes.
-	_, err = openHub(t, Options{DataDir: dir, DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true,
+	_, err := openHub(t, Options{DataDir: dir, DatabaseURL: url, HTTPAddr: "127.0.0.1:0", RequireKeys: true,
 		CommandLine: []string{"serve", "--require-keys", "--database-url", url}})
 	if err == nil || !strings.Contains(err.Error(), "FLEET_DATABASE_URL=URL fleet key create NAME --data") || strings.Contains(err.Error(), password) {
 		t.Fatalf("a hub requiring keys on a database without one: %v; want told to make one with FLEET_DATABASE_URL, without the password", err)

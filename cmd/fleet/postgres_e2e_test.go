@@ -3,7 +3,6 @@ package main
 import (
 	"errors"
 	"io/fs"
-	"net/url"
 	"os"
 	"path/filepath"
 	"strings"
@@ -22,12 +21,7 @@ import (
 // SQLite database and no output shows the URL's password.
 func TestDemoOnPostgreSQLServesAndAdoptsAfterRestart(t *testing.T) {
 	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
-	u, err := url.Parse(pgtest.URL(t))
-	if err != nil {
-		t.Fatal(err)
-	}
-	u.User = url.UserPassword("fleet", password)
-	dbURL := u.String()
+	dbURL := pgtest.URLWithPassword(t, password)
 	data := t.TempDir()
 	port := freePort(t)
 

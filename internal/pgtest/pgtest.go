@@ -76,3 +76,16 @@ func URL(t testing.TB) string {
 	u.RawQuery = q.Encode()
 	return u.String()
 }
+
+// URLWithPassword is URL with user fleet and password in it: the test
+// cluster trusts its socket and ignores the password, so a test can plant
+// one and check that no output shows it.
+func URLWithPassword(t testing.TB, password string) string {
+	t.Helper()
+	u, err := url.Parse(URL(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	u.User = url.UserPassword("fleet", password)
+	return u.String()
+}
