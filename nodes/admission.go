@@ -111,7 +111,7 @@ func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t 
 		x.Engine, x.Argv, x.LaunchArgv, x.Simulated, x.Context, x.Slots = w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots
 	})
 	if !again {
-		m.event("warn", ws.name, fmt.Sprintf("rejected before launch, no engine started: %v (checked again every %s)", gerr, m.opts.ProbeInterval))
+		m.workerEvent(ws, "warn", fmt.Sprintf("rejected before launch, no engine started: %v (checked again every %s)", gerr, m.opts.ProbeInterval))
 	}
 	return gateError{gerr}
 }
@@ -125,15 +125,18 @@ func (m *Manager) applyVerdict(ws *workerState) error {
 	if ws.proc.PID == 0 {
 		return fmt.Errorf("worker %s is %s and its engine is not running: nothing to judge", ws.name, ws.w.State)
 	}
+	if !m.leads(ws, "verdict") {
+		return fmt.Errorf("worker %s: not judged: %w", ws.name, ErrNotLeading)
+	}
 	switch {
 	case verdict != nil && (ws.w.State == fleet.WorkerReady || ws.w.State == fleet.WorkerDraining):
 		ws.rejectedAt = time.Now()
 		m.setState(ws, fleet.WorkerRejected, verdict.Error())
-		m.event("warn", ws.name, fmt.Sprintf("rejected on re-judgement: %v; its engine stays up for %s to be looked at, then stops", verdict, m.opts.RejectedGrace))
+		m.workerEvent(ws, "warn", fmt.Sprintf("rejected on re-judgement: %v; its engine stays up for %s to be looked at, then stops", verdict, m.opts.RejectedGrace))
 	case verdict == nil && ws.w.State == fleet.WorkerRejected:
 		ws.rejectedAt = time.Time{}
 		m.setState(ws, fleet.WorkerReady, "")
-		m.event("info", ws.name, "admitted on re-judgement")
+		m.workerEvent(ws, "info", "admitted on re-judgement")
 	case verdict != nil && ws.w.State == fleet.WorkerRejected:
 		if ws.w.Reason != verdict.Error() {
 			m.setState(ws, fleet.WorkerRejected, verdict.Error())
@@ -158,11 +161,11 @@ func (m *Manager) stopRejected(ctx context.Context, ws *workerState) {
 		}
 	})
 	if err != nil {
-		m.event("warn", ws.name, fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
+		m.workerEvent(ws, "warn", fmt.Sprintf("rejected for %s, but its engine PID %d would not stop: %v", m.opts.RejectedGrace, pid, err))
 		return
 	}
 	ws.parked = true
-	m.event("info", ws.name, fmt.Sprintf("%s: engine PID %d stopped; `fleet start %s` launches and judges it again, `fleet admit --force %s` launches it unchecked",
+	m.workerEvent(ws, "info", fmt.Sprintf("%s: engine PID %d stopped; `fleet start %s` launches and judges it again, `fleet admit --force %s` launches it unchecked",
 		note, pid, ws.name, ws.name))
 }
 

@@ -24,7 +24,7 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 		return false, err
 	}
 	if !ok {
-		m.event("info", ws.name, fmt.Sprintf("engine PID %d is no longer running its command; launching a new one", proc.PID))
+		m.workerEvent(ws, "info", fmt.Sprintf("engine PID %d is no longer running its command; launching a new one", proc.PID))
 		return false, nil
 	}
 	if w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected {
@@ -41,7 +41,7 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 		}
 		// It is ours (Adopt checked its argv) but does not serve: stop it so
 		// the relaunch does not run beside it.
-		m.event("warn", ws.name, fmt.Sprintf("engine PID %d runs but does not serve (%v); stopping it and launching a new one", proc.PID, err))
+		m.workerEvent(ws, "warn", fmt.Sprintf("engine PID %d runs but does not serve (%v); stopping it and launching a new one", proc.PID, err))
 		if serr := m.stopEngine(ctx, ws, ""); serr != nil {
 			return false, serr
 		}
@@ -53,7 +53,7 @@ func (m *Manager) adopt(ctx context.Context, ws *workerState, node fleet.Node, t
 		state, reason = fleet.WorkerRejected, w.Reason
 	}
 	m.setState(ws, state, reason)
-	m.event("info", ws.name, fmt.Sprintf("adopted running engine PID %d on port %d", proc.PID, w.Port))
+	m.workerEvent(ws, "info", fmt.Sprintf("adopted running engine PID %d on port %d", proc.PID, w.Port))
 	return true, nil
 }
 
@@ -100,6 +100,6 @@ func (m *Manager) resolveLaunch(ctx context.Context, ws *workerState, node fleet
 	proc.StartedAt = time.Now()
 	ws.proc = proc
 	m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt })
-	m.event("warn", ws.name, fmt.Sprintf("found engine PID %d of launch %d, started just before the hub stopped and not recorded then; it is checked now, not launched twice", proc.PID, w.Launch))
+	m.workerEvent(ws, "warn", fmt.Sprintf("found engine PID %d of launch %d, started just before the hub stopped and not recorded then; it is checked now, not launched twice", proc.PID, w.Launch))
 	return nil
 }

@@ -47,7 +47,7 @@ func (m *Manager) watchDownload(ctx context.Context, ws *workerState, t Transpor
 			})
 			if tenth := math.Floor(pct / 10); tenth != lastTenth {
 				lastTenth = tenth
-				m.event("info", ws.name, "download: "+line)
+				m.workerEvent(ws, "info", "download: "+line)
 			}
 		}
 	}()

@@ -68,6 +68,13 @@ func (m *Manager) desiredCommand(ws *workerState, node fleet.Node, t Transport) 
 // process answers, then the admission check.
 func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, t Transport) error {
 	eo := m.engineOptions()
+	// Each act below (admission, install, clearing the port, the launch's
+	// record, the start, the verdict) asks first whether this hub still
+	// leads: one that lost its lease while busy here stops short.
+	notLeading := func() error { return fmt.Errorf("worker %s: not launched: %w", ws.name, ErrNotLeading) }
+	if !m.leads(ws, "admission check") {
+		return notLeading()
+	}
 	port, err := m.allocatePort(ws, node)
 	if err != nil {
 		return err
@@ -97,10 +104,13 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		return err
 	}
 	if !installed {
+		if !m.leads(ws, "install") {
+			return notLeading()
+		}
 		m.setState(ws, fleet.WorkerInstalling, "")
 		ictx, cancel := context.WithTimeout(ctx, m.opts.InstallTimeout)
 		if script, err := enginectl.InstallCommand(spec); err == nil {
-			m.event("info", ws.name, "install command: "+script)
+			m.workerEvent(ws, "info", "install command: "+script)
 		}
 		lastPct, lastTenth := 0.0, 0.0
 		// Whole percents only: installers redraw their bars far more
@@ -116,7 +126,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		}
 		lw := &lineEvents{
 			emit: func(line string) {
-				m.event("info", ws.name, "install: "+line)
+				m.workerEvent(ws, "info", "install: "+line)
 				setPct(line)
 			},
 			// A bar redrawn in place (curl, pip, tqdm) is an event at
@@ -124,7 +134,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 			redraw: func(bar string) {
 				if setPct(bar) && math.Floor(lastPct/10) != lastTenth {
 					lastTenth = math.Floor(lastPct / 10)
-					m.event("info", ws.name, "install: "+bar)
+					m.workerEvent(ws, "info", "install: "+bar)
 				}
 			},
 		}
@@ -137,6 +147,10 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		}
 	}
 
+	// CheckPort stops a stale engine of ours that holds the port.
+	if !m.leads(ws, "clear the port") {
+		return notLeading()
+	}
 	owner, err := enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
 	// A remote node's ports cannot be test-bound from the hub, so a port
 	// fleet just picked may turn out to belong to an unrelated service, and
@@ -152,7 +166,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		if tries == 16 {
 			break
 		}
-		m.event("warn", ws.name, err.Error()+"; leaving it alone and taking another port")
+		m.workerEvent(ws, "warn", err.Error()+"; leaving it alone and taking another port")
 		if port, err = m.allocatePort(ws, node); err != nil {
 			return err
 		}
@@ -165,10 +179,13 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		m.update(ws, func(w *fleet.Worker) {
 			w.Port, w.Argv, w.LaunchArgv = port, cmd.Argv, cmd.LaunchArgv
 		})
+		if !m.leads(ws, "clear the port") {
+			return notLeading()
+		}
 		owner, err = enginectl.CheckPort(ctx, t, port, cmd.Bin, eo...)
 	}
 	if owner.Message != "" {
-		m.event("warn", ws.name, owner.Message)
+		m.workerEvent(ws, "warn", owner.Message)
 	}
 	if err != nil {
 		return err
@@ -181,6 +198,11 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	spec.Owner = enginectl.Owner{FleetID: m.opts.FleetID, Launch: ws.w.Launch}
 	m.mu.Unlock()
 	m.fault("launch.recorded")
+	if !m.leads(ws, "launch") {
+		// Recorded, not started: the next leader looks for it, finds
+		// nothing, and launches.
+		return notLeading()
+	}
 	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
 	if err != nil {
 		// The engine may have started before the failure (a connection
@@ -198,7 +220,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	if cmd.Simulated {
 		note = fmt.Sprintf(" (simulated: runs %s)", strings.Join(cmd.LaunchArgv, " "))
 	}
-	m.event("info", ws.name, fmt.Sprintf("launched PID %d on port %d: %s%s", proc.PID, port, strings.Join(cmd.Argv, " "), note))
+	m.workerEvent(ws, "info", fmt.Sprintf("launched PID %d on port %d: %s%s", proc.PID, port, strings.Join(cmd.Argv, " "), note))
 
 	wait := m.readyTimeout(spec.Model, spec.Engine)
 	rctx, cancel := context.WithTimeout(ctx, wait)
@@ -216,7 +238,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		if ctx.Err() == nil {
 			// Ours, but not serving: it must not linger holding memory.
 			if serr := m.stopEngine(ctx, ws, ""); serr != nil {
-				m.event("warn", ws.name, fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
+				m.workerEvent(ws, "warn", fmt.Sprintf("stopping engine PID %d after it failed to become ready: %v", proc.PID, serr))
 			}
 		}
 		if errors.Is(err, enginectl.ErrNotOurs) || errors.Is(err, enginectl.ErrPortInUse) {
@@ -233,6 +255,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 	}
 
 	m.setState(ws, fleet.WorkerProbation, "")
+	if !m.leads(ws, "admission check") {
+		return fmt.Errorf("worker %s: engine PID %d not judged: %w", ws.name, proc.PID, ErrNotLeading)
+	}
 	if m.opts.Admit != nil && !ws.forced {
 		m.mu.Lock()
 		w := ws.w
@@ -243,12 +268,12 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 			}
 			ws.rejectedAt = time.Now()
 			m.setState(ws, fleet.WorkerRejected, err.Error())
-			m.event("warn", ws.name, fmt.Sprintf("rejected: %v; its engine stays up for %s to be looked at (shape, bench, logs), then stops", err, m.opts.RejectedGrace))
+			m.workerEvent(ws, "warn", fmt.Sprintf("rejected: %v; its engine stays up for %s to be looked at (shape, bench, logs), then stops", err, m.opts.RejectedGrace))
 			return nil
 		}
 	}
 	m.setState(ws, fleet.WorkerReady, "")
-	m.event("info", ws.name, fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
+	m.workerEvent(ws, "info", fmt.Sprintf("ready on port %d (PID %d)", port, proc.PID))
 	return nil
 }
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"time"
 
 	"fleet"
@@ -39,15 +40,28 @@ func (m *Manager) WorkerLog(ctx context.Context, name string, lines int, w io.Wr
 func (m *Manager) StreamWorkerLog(ctx context.Context, name string, lines int, follow bool, w io.Writer) error {
 	m.mu.Lock()
 	ws, ok := m.workers[name]
+	following := !m.leading
 	m.mu.Unlock()
-	if !ok {
+	var p fleet.Placement
+	switch {
+	case ok:
+		p = ws.placement
+	case following:
+		// A follower supervises no worker, but reaches its node all the
+		// same: the log is where the worker's name puts it.
+		node, model, found := strings.Cut(name, "/")
+		if !found {
+			return fmt.Errorf("no worker named %s: workers are named NODE/MODEL, see `fleet workers`", name)
+		}
+		p = fleet.Placement{Node: node, Model: model}
+	default:
 		return fmt.Errorf("no worker named %s", name)
 	}
-	node, t, _, up := m.nodeFor(ws)
+	node, t, _, up := m.nodeNamed(p.Node)
 	if !up {
 		return fmt.Errorf("node %s is %s; its logs cannot be read now", node.Name, node.State)
 	}
-	return tailLog(ctx, t, logPath(m.stateDir(t), node.Name, ws.placement.Model), lines, follow, w)
+	return tailLog(ctx, t, logPath(m.stateDir(t), node.Name, p.Model), lines, follow, w)
 }
 
 // tailLog runs tailScript on the node of t. A follow ends when ctx does:

@@ -115,6 +115,20 @@ type ManagerOptions struct {
 	// until `start`, `admit --force`, a re-judgement or a new command line.
 	// Default 10 minutes.
 	RejectedGrace time.Duration
+
+	// Following starts the manager as a follower (SetLeading): nodes are
+	// connected and probed, but no worker is supervised until
+	// SetLeading(true, known). false: it leads from the start, as a hub on
+	// SQLite always does.
+	Following bool
+	// StillLeading is asked immediately before each act on an engine or a
+	// node (launch, and its record; stop and kill, a stale engine's too;
+	// install; admission and verdict) and before each report of a worker:
+	// the hub answers whether its lease is still valid by its own monotonic
+	// clock. false: the act is not done, and the worker's supervisor ends,
+	// leaving its engine as it runs, until SetLeading starts a new term.
+	// nil: always leading.
+	StillLeading func() bool
 }
 
 func (o ManagerOptions) withDefaults() ManagerOptions {
@@ -169,7 +183,35 @@ type Manager struct {
 	lastLaunch atomic.Int64
 	holds      memoryHolds
 	wg         sync.WaitGroup
+
+	// leadMu serialises SetLeading. leading says whether this manager
+	// drives engines (under mu); term is its current leadership, started
+	// by sync once Run runs, nil while following.
+	leadMu  sync.Mutex
+	leading bool
+	term    *term
+	// removedPending are RestoreRemoved calls made while following, handed
+	// to the next term after its known workers.
+	removedPending []removedEngine
 }
+
+// term is one spell of leadership: the supervisors started in it run under
+// ctx, which ends (ErrNotLeading) when leadership is given up.
+type term struct {
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	wg     sync.WaitGroup
+}
+
+type removedEngine struct {
+	w    fleet.Worker
+	node fleet.Node
+}
+
+// ErrNotLeading is why a manager that is not (or no longer) the fleet's
+// leader did not act: it ends what its supervisors were doing, and answers
+// operator requests made to it.
+var ErrNotLeading = errors.New("this hub no longer leads the fleet, so it leaves engines as they run; the leading hub drives them (see `fleet status` for which hub leads)")
 
 type nodeState struct {
 	node      fleet.Node
@@ -189,8 +231,14 @@ type workerState struct {
 	w         fleet.Worker
 	proc      enginectl.Process
 	cancel    context.CancelCauseFunc
-	done      chan struct{}
-	poke      chan struct{}
+	// ctx ends every goroutine of the worker for good (quit): its term
+	// ended, or the hub's StillLeading said no before an act. Its cause is
+	// ErrNotLeading then, and nothing of the worker is reported any more.
+	ctx     context.Context
+	quit    context.CancelCauseFunc
+	quitLog sync.Once
+	done    chan struct{}
+	poke    chan struct{}
 	// persist orders the writes of the worker: one change is recorded (and
 	// reported) before the next is made, so a write computed earlier never
 	// lands after a later one, such as a hold.
@@ -235,6 +283,7 @@ func NewManager(opts ManagerOptions) *Manager {
 		wake:     make(chan struct{}, 1),
 
 		removedNodes: map[string]fleet.Node{},
+		leading:      !opts.Following,
 	}
 	m.lastLaunch.Store(opts.LastLaunch)
 	return m
@@ -266,14 +315,142 @@ func (m *Manager) Restore(ws []fleet.Worker) {
 // has it. Its engine is stopped, once the node is reachable, unless the
 // fleet places that worker again, in which case it is adopted like any
 // restored worker.
+//
+// On a following manager it is kept for the next SetLeading(true), which
+// hands it over after its known workers: a hub that takes the lead calls it
+// before SetLeading(true) so that no supervisor starts without it.
 func (m *Manager) RestoreRemoved(w fleet.Worker, node fleet.Node) {
 	m.mu.Lock()
+	if m.leading {
+		m.restoreRemovedLocked(w, node)
+	} else {
+		m.removedPending = append(m.removedPending, removedEngine{w: w, node: node})
+	}
+	m.mu.Unlock()
+	signal(m.wake)
+}
+
+func (m *Manager) restoreRemovedLocked(w fleet.Worker, node fleet.Node) {
 	if r, ok := m.restored[w.Name()]; !ok || r.PID == 0 {
 		m.restored[w.Name()] = w
 	}
 	m.removedNodes[node.Name] = node
+	raise(&m.lastLaunch, w.Launch)
+}
+
+// SetLeading makes this manager the fleet's leader or a follower. Nodes stay
+// connected and probed either way (Dialer, Scrape, CheckNode work for the
+// router and the console); only a leader supervises workers.
+//
+// SetLeading(true, known) starts a term of leadership from known, the
+// workers as the database has them now (they replace any Restore): every
+// recorded engine still running its recorded argv is adopted with its PID,
+// a launch recorded without a PID is looked for through its pid file, and
+// nothing that runs is restarted, as on a restarted hub. Called on a leading
+// manager, it ends the current term first and starts anew from known.
+//
+// SetLeading(false, nil) ends every supervisor without touching an engine,
+// even one mid-launch, mid-install or mid-stop: as a hub killed there, which
+// launches and stops are recorded to survive. When it returns, no goroutine
+// of the ended term acts on an engine or reports a worker, and Workers is
+// empty. It must not be called from a ManagerOptions callback, which it
+// waits for.
+func (m *Manager) SetLeading(leading bool, known []fleet.Worker) {
+	m.leadMu.Lock()
+	defer m.leadMu.Unlock()
+	m.endTerm()
+	m.mu.Lock()
+	m.leading = leading
+	if leading {
+		m.restored = map[string]fleet.Worker{}
+		for _, w := range known {
+			m.restored[w.Name()] = w
+			// Engines the previous leader launched carry serials this
+			// manager has not seen: they are the fleet's, not a newer
+			// copy's of its database.
+			raise(&m.lastLaunch, w.Launch)
+		}
+		for _, r := range m.removedPending {
+			m.restoreRemovedLocked(r.w, r.node)
+		}
+	}
+	m.removedPending = nil
 	m.mu.Unlock()
+	if leading {
+		m.logger.Info("leading the fleet: adopting its engines", "workers", len(known))
+	}
 	signal(m.wake)
+}
+
+// endTerm ends the current term of leadership, if any: its supervisors end
+// (ErrNotLeading) and are waited for, and the workers are forgotten.
+func (m *Manager) endTerm() {
+	m.mu.Lock()
+	t := m.term
+	m.term = nil
+	ended := m.workers
+	m.workers = map[string]*workerState{}
+	m.restored = map[string]fleet.Worker{}
+	m.removedNodes = map[string]fleet.Node{}
+	m.mu.Unlock()
+	if t == nil {
+		return
+	}
+	t.cancel(ErrNotLeading)
+	// A report that saw the term alive is made under the worker's persist
+	// lock: once each lock was free, none is in flight, and none starts.
+	for _, ws := range ended {
+		waitReports(ws)
+	}
+	t.wg.Wait()
+	m.logger.Info("no longer leading the fleet: engines are left as they run", "workers", len(ended))
+}
+
+// waitReports returns once no report of ws is in flight.
+func waitReports(ws *workerState) {
+	ws.persist.Lock()
+	defer ws.persist.Unlock()
+}
+
+// leads says whether the worker's supervisor may do act (a launch, a stop,
+// an install...) to its engine or node now: not once its term ended, nor
+// when the hub's StillLeading says the lease may have lapsed. Then the act
+// is not done and the worker's goroutines end, leaving the engine as it
+// runs; the caller returns ErrNotLeading.
+func (m *Manager) leads(ws *workerState, act string) bool {
+	if ws.ctx != nil && errors.Is(context.Cause(ws.ctx), ErrNotLeading) {
+		return false
+	}
+	if m.opts.StillLeading == nil || m.opts.StillLeading() {
+		return true
+	}
+	m.giveUp(ws, act)
+	return false
+}
+
+// giveUp ends the worker's goroutines for good because this hub may no
+// longer lead, saying so once.
+func (m *Manager) giveUp(ws *workerState, act string) {
+	ws.quitLog.Do(func() {
+		m.mu.Lock()
+		pid := ws.w.PID
+		m.mu.Unlock()
+		engine := "its engine"
+		if pid > 0 {
+			engine = fmt.Sprintf("engine PID %d", pid)
+		}
+		m.logger.Info("no longer the leader; leaving "+engine+" as it runs", "worker", ws.name, "pid", pid, "act", act)
+	})
+	if ws.quit != nil {
+		ws.quit(ErrNotLeading)
+	}
+}
+
+// reporting says whether what the worker's goroutines do may still be
+// reported: not once leadership was given up, which would have the hub
+// write with an epoch that is no longer its own.
+func (m *Manager) reporting(ws *workerState) bool {
+	return ws.ctx == nil || !errors.Is(context.Cause(ws.ctx), ErrNotLeading)
 }
 
 // Run reconciles until ctx ends. It leaves engines running when it returns:
@@ -410,6 +587,10 @@ func (m *Manager) requestWorker(ctx context.Context, name, what string) error {
 
 func (m *Manager) request(ctx context.Context, name, what string, with func(*workerState)) error {
 	m.mu.Lock()
+	if !m.leading {
+		m.mu.Unlock()
+		return fmt.Errorf("worker %s: %s not done: %w", name, what, ErrNotLeading)
+	}
 	ws, ok := m.workers[name]
 	if !ok || ws.retiring {
 		m.mu.Unlock()
@@ -512,7 +693,8 @@ func (m *Manager) stateDir(t Transport) string {
 	return m.opts.RemoteStateDir
 }
 
-// update changes the worker under the lock and reports it.
+// update changes the worker under the lock and reports it, while this
+// manager leads.
 func (m *Manager) update(ws *workerState, f func(w *fleet.Worker)) {
 	ws.persist.Lock()
 	defer ws.persist.Unlock()
@@ -520,9 +702,22 @@ func (m *Manager) update(ws *workerState, f func(w *fleet.Worker)) {
 	f(&ws.w)
 	w := ws.w
 	m.mu.Unlock()
-	if m.opts.OnWorker != nil {
+	if m.opts.OnWorker != nil && m.mayReport(ws) {
 		m.opts.OnWorker(w)
 	}
+}
+
+// mayReport says whether a change of the worker may be reported now (see
+// reporting); a hub whose StillLeading says no ends the worker's goroutines.
+func (m *Manager) mayReport(ws *workerState) bool {
+	if !m.reporting(ws) {
+		return false
+	}
+	if m.opts.StillLeading != nil && !m.opts.StillLeading() {
+		m.giveUp(ws, "report")
+		return false
+	}
+	return true
 }
 
 func (m *Manager) setState(ws *workerState, state fleet.WorkerState, reason string) {
@@ -532,6 +727,14 @@ func (m *Manager) setState(ws *workerState, state fleet.WorkerState, reason stri
 func (m *Manager) event(level, subject, msg string) {
 	if m.opts.OnEvent != nil {
 		m.opts.OnEvent(fleet.Event{At: time.Now(), Level: level, Subject: subject, Message: msg})
+	}
+}
+
+// workerEvent is an event about the worker, dropped once its goroutines
+// were ended for leadership given up.
+func (m *Manager) workerEvent(ws *workerState, level, msg string) {
+	if m.reporting(ws) {
+		m.event(level, ws.name, msg)
 	}
 }
 
@@ -549,12 +752,19 @@ func (m *Manager) fault(point string) {
 func (m *Manager) Hold(ctx context.Context, name string) error {
 	m.mu.Lock()
 	ws, ok := m.workers[name]
+	leading := m.leading
 	m.mu.Unlock()
+	if !leading {
+		return fmt.Errorf("worker %s: the stop was not recorded: %w", name, ErrNotLeading)
+	}
 	if !ok || ws.retiring {
 		return fmt.Errorf("no worker %s: workers are named NODE/MODEL, see `fleet workers`", name)
 	}
 	ws.persist.Lock()
 	defer ws.persist.Unlock()
+	if !m.mayReport(ws) {
+		return fmt.Errorf("worker %s: the stop was not recorded: %w", name, ErrNotLeading)
+	}
 	m.mu.Lock()
 	was := ws.w.Held
 	ws.w.Held = true
@@ -584,6 +794,11 @@ func (m *Manager) recordLaunch(ctx context.Context, ws *workerState) error {
 	w := ws.w
 	m.mu.Unlock()
 	w.State, w.Reason = fleet.WorkerStarting, ""
+	// A launch recorded is one the next leader looks for: none is recorded
+	// by a hub that may no longer lead.
+	if !m.leads(ws, "record launch") {
+		return fmt.Errorf("worker %s: not launched: %w", ws.name, ErrNotLeading)
+	}
 	if m.opts.RecordLaunch != nil {
 		saved, err := m.opts.RecordLaunch(ctx, w)
 		if err != nil {
@@ -596,7 +811,7 @@ func (m *Manager) recordLaunch(ctx context.Context, ws *workerState) error {
 	ws.w.State, ws.w.Reason, ws.w.Launch = w.State, w.Reason, w.Launch
 	w = ws.w
 	m.mu.Unlock()
-	if m.opts.OnWorker != nil {
+	if m.opts.OnWorker != nil && m.mayReport(ws) {
 		m.opts.OnWorker(w)
 	}
 	return nil

@@ -248,12 +248,17 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 
 // nodeFor returns the worker's node and transport when the node is up.
 func (m *Manager) nodeFor(ws *workerState) (fleet.Node, Transport, <-chan struct{}, bool) {
+	return m.nodeNamed(ws.placement.Node)
+}
+
+// nodeNamed returns the node and its transport, and whether it is up.
+func (m *Manager) nodeNamed(name string) (fleet.Node, Transport, <-chan struct{}, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	ns, ok := m.nodes[ws.placement.Node]
+	ns, ok := m.nodes[name]
 	if !ok {
 		never := make(chan struct{})
-		return fleet.Node{Name: ws.placement.Node, State: fleet.NodeUnknown, Reason: "node is not in the fleet"}, nil, never, false
+		return fleet.Node{Name: name, State: fleet.NodeUnknown, Reason: "node is not in the fleet"}, nil, never, false
 	}
 	up := ns.node.State == fleet.NodeUp && ns.transport != nil && ns.node.Platform != nil
 	return ns.node, ns.transport, ns.changed, up

@@ -20,6 +20,13 @@ func (m *Manager) sync(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	if m.leading && m.term == nil {
+		tctx, cancel := context.WithCancelCause(ctx)
+		m.term = &term{ctx: tctx, cancel: cancel}
+	}
+	// A follower supervises no worker: it keeps its nodes connected, for
+	// routing and the console, and leaves the engines to the leader.
+	lead := m.term
 	wantWorkers := map[string]fleet.Placement{}
 	for _, p := range m.desired.Placements {
 		name := p.Node + "/" + p.Model
@@ -75,6 +82,9 @@ func (m *Manager) sync(ctx context.Context) {
 	}
 	var orphans []fleet.Worker
 	for name, w := range m.restored {
+		if lead == nil {
+			break // kept for SetLeading(true), which replaces them anyway
+		}
 		if _, ok := wantWorkers[name]; ok {
 			continue
 		}
@@ -126,20 +136,23 @@ func (m *Manager) sync(ctx context.Context) {
 		}()
 	}
 
+	if lead == nil {
+		return
+	}
 	for name, p := range wantWorkers {
 		if _, ok := m.workers[name]; ok {
 			continue
 		}
 		ws := m.newWorkerState(name, p)
 		m.workers[name] = ws
-		m.startSupervisor(ctx, ws)
+		m.startSupervisor(lead, ws)
 	}
 	// Workers the store knew whose placement is gone: stop their engines.
 	for _, w := range orphans {
 		ws := m.newWorkerState(w.Name(), fleet.Placement{Node: w.Node, Model: w.Model, Engine: w.Engine})
 		ws.retiring = true
 		m.workers[w.Name()] = ws
-		m.startSupervisor(ctx, ws)
+		m.startSupervisor(lead, ws)
 		ws.cancel(errRemoved)
 	}
 }
@@ -166,16 +179,22 @@ func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
 	return ws
 }
 
-func (m *Manager) startSupervisor(ctx context.Context, ws *workerState) {
-	wctx, cancel := context.WithCancelCause(ctx)
-	ws.cancel = cancel
+// startSupervisor supervises ws in term t, then retires it if its placement
+// was removed (ws.cancel(errRemoved)). ws.quit ends both for good.
+func (m *Manager) startSupervisor(t *term, ws *workerState) {
+	qctx, quit := context.WithCancelCause(t.ctx)
+	wctx, cancel := context.WithCancelCause(qctx)
+	ws.ctx, ws.quit, ws.cancel = qctx, quit, cancel
 	m.wg.Add(1)
+	t.wg.Add(1)
 	go func() {
 		defer m.wg.Done()
+		defer t.wg.Done()
 		defer close(ws.done)
+		defer quit(nil)
 		m.supervise(wctx, ws)
-		if errors.Is(context.Cause(wctx), errRemoved) && ctx.Err() == nil {
-			m.retire(ctx, ws)
+		if errors.Is(context.Cause(wctx), errRemoved) && qctx.Err() == nil {
+			m.retire(qctx, ws)
 		}
 	}()
 }

@@ -21,15 +21,25 @@ const scrapeTimeout = 4 * time.Second
 // an error that wraps enginectl.ErrNoLoadSignal, which a periodic caller
 // should treat as "nothing to learn here" rather than a fault.
 func (m *Manager) Scrape(ctx context.Context, worker string) (enginectl.Load, error) {
-	w, t, err := m.scrapeTarget(worker)
+	w, err := m.supervised(worker)
 	if err != nil {
 		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", worker, err)
+	}
+	return m.ScrapeWorker(ctx, w)
+}
+
+// ScrapeWorker is Scrape of a worker as the caller knows it: a following
+// manager supervises no worker, and its hub knows them from the database.
+func (m *Manager) ScrapeWorker(ctx context.Context, w fleet.Worker) (enginectl.Load, error) {
+	t, err := m.servingTransport(w)
+	if err != nil {
+		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", w.Name(), err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
 	defer cancel()
 	l, err := enginectl.Scrape(ctx, t, w.Port, w.Engine)
 	if err != nil {
-		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", worker, err)
+		return enginectl.Load{}, fmt.Errorf("scrape %s: %w", w.Name(), err)
 	}
 	return l, nil
 }
@@ -38,45 +48,57 @@ func (m *Manager) Scrape(ctx context.Context, worker string) (enginectl.Load, er
 // node's transport, as Scrape reaches it. An engine without one returns an
 // error wrapping enginectl.ErrNoMetrics.
 func (m *Manager) EngineMetrics(ctx context.Context, worker string) (fleet.Worker, []byte, error) {
-	w, t, err := m.scrapeTarget(worker)
+	w, err := m.supervised(worker)
 	if err != nil {
 		return w, nil, fmt.Errorf("engine metrics of %s: %w", worker, err)
+	}
+	text, err := m.WorkerMetrics(ctx, w)
+	return w, text, err
+}
+
+// WorkerMetrics is EngineMetrics of a worker as the caller knows it (see
+// ScrapeWorker).
+func (m *Manager) WorkerMetrics(ctx context.Context, w fleet.Worker) ([]byte, error) {
+	t, err := m.servingTransport(w)
+	if err != nil {
+		return nil, fmt.Errorf("engine metrics of %s: %w", w.Name(), err)
 	}
 	ctx, cancel := context.WithTimeout(ctx, scrapeTimeout)
 	defer cancel()
 	text, err := enginectl.MetricsText(ctx, t, w.Port, w.Engine)
 	if err != nil {
-		return w, nil, fmt.Errorf("engine metrics of %s: %w", worker, err)
+		return nil, fmt.Errorf("engine metrics of %s: %w", w.Name(), err)
 	}
-	return w, text, nil
+	return text, nil
 }
 
-// scrapeTarget is a serving worker and its node's transport.
-func (m *Manager) scrapeTarget(worker string) (fleet.Worker, Transport, error) {
+// supervised is the worker this manager supervises under that name.
+func (m *Manager) supervised(worker string) (fleet.Worker, error) {
 	m.mu.Lock()
+	defer m.mu.Unlock()
 	ws, ok := m.workers[worker]
-	var w fleet.Worker
-	var ns *nodeState
-	if ok {
-		w = ws.w
-		ns = m.nodes[ws.placement.Node]
+	if !ok || ws.retiring {
+		return fleet.Worker{}, fmt.Errorf("no such worker; workers are named NODE/MODEL, see `fleet workers`")
 	}
+	return ws.w, nil
+}
+
+// servingTransport is the transport of a serving worker's node.
+func (m *Manager) servingTransport(w fleet.Worker) (Transport, error) {
+	m.mu.Lock()
 	var t Transport
 	var node fleet.Node
-	if ns != nil {
+	if ns, ok := m.nodes[w.Node]; ok {
 		t, node = ns.transport, ns.node
 	}
 	m.mu.Unlock()
-
 	switch {
-	case !ok || ws.retiring:
-		return w, nil, fmt.Errorf("no such worker; workers are named NODE/MODEL, see `fleet workers`")
 	case w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining && w.State != fleet.WorkerProbation:
-		return w, nil, fmt.Errorf("the worker is %s, so no engine of it is serving; scrape it once it is ready", w.State)
+		return nil, fmt.Errorf("the worker is %s, so no engine of it is serving; scrape it once it is ready", w.State)
 	case w.Port <= 0:
-		return w, nil, fmt.Errorf("the worker has no engine port yet")
+		return nil, fmt.Errorf("the worker has no engine port yet")
 	case t == nil || node.State != fleet.NodeUp:
-		return w, nil, fmt.Errorf("node %s is not connected: %s", w.Node, cmp.Or(node.Reason, string(node.State), "not probed yet"))
+		return nil, fmt.Errorf("node %s is not connected: %s", w.Node, cmp.Or(node.Reason, string(node.State), "not probed yet"))
 	}
-	return w, t, nil
+	return t, nil
 }

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -28,13 +29,26 @@ func (m *Manager) stopEngineAnd(ctx context.Context, ws *workerState, record fun
 		if !up || t == nil {
 			return fmt.Errorf("worker %s: cannot stop engine PID %d: node %s is not reachable", ws.name, ws.proc.PID, ws.placement.Node)
 		}
+		if !m.leads(ws, "stop") {
+			return fmt.Errorf("worker %s: engine PID %d not stopped: %w", ws.name, ws.proc.PID, ErrNotLeading)
+		}
+		// A stop outlasts a hub's shutdown, but not leadership given up:
+		// that leaves the engine as a hub killed mid-stop does, to the next
+		// leader (a held worker's stop is recorded, and done again).
 		sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.opts.StopGrace+30*time.Second)
 		defer cancel()
+		if ws.ctx != nil {
+			defer context.AfterFunc(ws.ctx, func() {
+				if errors.Is(context.Cause(ws.ctx), ErrNotLeading) {
+					cancel()
+				}
+			})()
+		}
 		if err := enginectl.Stop(sctx, t, ws.proc, m.opts.StopGrace, m.engineOptions()...); err != nil {
 			return fmt.Errorf("worker %s: %w", ws.name, err)
 		}
 		m.fault("stop.signalled")
-		m.event("info", ws.name, fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
+		m.workerEvent(ws, "info", fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
 		ws.proc = enginectl.Process{}
 	}
 	m.update(ws, func(w *fleet.Worker) {
@@ -86,7 +100,7 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 			}
 			if ws.w.Reason != reason {
 				m.setState(ws, fleet.WorkerFailed, reason)
-				m.event("warn", ws.name, reason)
+				m.workerEvent(ws, "warn", reason)
 			}
 			attempt = 0
 			select {
@@ -124,7 +138,7 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 			return
 		}
 		wait := m.opts.restartBackoff(attempt)
-		m.event("error", ws.name, fmt.Sprintf("placement removed but its engine would not stop: %v; trying again in %s", err, wait.Round(time.Second)))
+		m.workerEvent(ws, "error", fmt.Sprintf("placement removed but its engine would not stop: %v; trying again in %s", err, wait.Round(time.Second)))
 		select {
 		case <-ctx.Done():
 			return
@@ -140,8 +154,8 @@ func (m *Manager) retire(ctx context.Context, ws *workerState) {
 	}
 	w := ws.w
 	m.mu.Unlock()
-	m.event("info", ws.name, "placement removed: worker stopped and forgotten")
-	if m.opts.OnWorkerRemoved != nil {
+	m.workerEvent(ws, "info", "placement removed: worker stopped and forgotten")
+	if m.opts.OnWorkerRemoved != nil && m.mayReport(ws) {
 		m.opts.OnWorkerRemoved(w)
 	}
 	signal(m.wake)

@@ -63,7 +63,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 		m.update(ws, func(w *fleet.Worker) { w.State, w.Reason, w.Restarts = fleet.WorkerFailed, reason, w.Restarts+1 })
 		wait := m.opts.restartBackoff(failures)
 		backoffUntil = time.Now().Add(wait)
-		m.event("error", ws.name, fmt.Sprintf("%s; relaunching in %s (attempt %d)", reason, wait.Round(time.Second), failures))
+		m.workerEvent(ws, "error", fmt.Sprintf("%s; relaunching in %s (attempt %d)", reason, wait.Round(time.Second), failures))
 	}
 
 	// resume is set after a request that left a running engine as it was:
@@ -113,14 +113,16 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			switch {
 			case ws.w.State != fleet.WorkerRejected:
 				err = fmt.Errorf("worker %s is %s, not rejected: nothing to admit", ws.name, ws.w.State)
+			case !m.leads(ws, "admit"):
+				err = fmt.Errorf("worker %s: not admitted: %w", ws.name, ErrNotLeading)
 			case ws.proc.PID > 0:
 				m.setState(ws, fleet.WorkerReady, "")
-				m.event("warn", ws.name, "admitted by an operator despite its failed admission check")
+				m.workerEvent(ws, "warn", "admitted by an operator despite its failed admission check")
 				resume = true
 			default:
 				// Rejected before its engine started, or its engine was
 				// stopped since: launch it without the checks.
-				m.event("warn", ws.name, "launching without admission checks, by an operator's admit --force")
+				m.workerEvent(ws, "warn", "launching without admission checks, by an operator's admit --force")
 				ws.forced, ws.parked, backoffUntil = true, false, time.Time{}
 				pending, waiters = waiters, nil
 			}
@@ -149,7 +151,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 				continue
 			}
 			ws.parked = false
-			m.event("info", ws.name, "the desired command line changed; launching the rejected worker again to judge it")
+			m.workerEvent(ws, "info", "the desired command line changed; launching the rejected worker again to judge it")
 		}
 		node, t, changed, up := m.nodeFor(ws)
 		if !up && node.State == fleet.NodeUnknown {
@@ -184,7 +186,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			if err := m.stopHeld(ctx, ws, t); err != nil {
 				failures++
 				wait := m.opts.restartBackoff(failures)
-				m.event("warn", ws.name, fmt.Sprintf("%v; trying again in %s", err, wait.Round(time.Second)))
+				m.workerEvent(ws, "warn", fmt.Sprintf("%v; trying again in %s", err, wait.Round(time.Second)))
 				m.sleep(ctx, ws, changed, wait)
 			}
 			continue
@@ -249,7 +251,7 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			var lost *portLostError
 			if errors.As(err, &lost) && portLosses < maxPortLosses {
 				portLosses++
-				m.event("warn", ws.name, err.Error()+"; launching again on another port")
+				m.workerEvent(ws, "warn", err.Error()+"; launching again on another port")
 				continue
 			}
 			portLosses = 0
@@ -288,12 +290,12 @@ func (m *Manager) supervise(ctx context.Context, ws *workerState) {
 			m.markNodeSuspect(node.Name)
 			why := fmt.Sprintf("node %s unreachable: %s; its engine will be adopted when the node returns", node.Name, reason)
 			m.setState(ws, fleet.WorkerFailed, why)
-			m.event("error", ws.name, "left the ready set: "+why)
+			m.workerEvent(ws, "error", "left the ready set: "+why)
 		case outcomeExpired:
 			m.stopRejected(ctx, ws)
 		case outcomeChanged:
 			ws.forced = false // a new command line is judged anew
-			m.event("info", ws.name, "the desired command line changed ("+reason+"); restarting the engine with the new one")
+			m.workerEvent(ws, "info", "the desired command line changed ("+reason+"); restarting the engine with the new one")
 			if err := m.stopEngine(ctx, ws, "restarting with the new command line"); err != nil {
 				fail(fmt.Sprintf("stopping engine PID %d for its new command line: %v", ws.proc.PID, err))
 			}
