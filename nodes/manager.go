@@ -390,6 +390,13 @@ func (m *Manager) endTerm() {
 	m.term = nil
 	ended := m.workers
 	m.workers = map[string]*workerState{}
+	for _, ws := range ended {
+		// A request its supervisor had not taken yet is not carried out.
+		for _, c := range ws.waiters {
+			c <- fmt.Errorf("worker %s: %s not done: %w", ws.name, ws.request, ErrNotLeading)
+		}
+		ws.request, ws.waiters = "", nil
+	}
 	m.restored = map[string]fleet.Worker{}
 	m.removedNodes = map[string]fleet.Node{}
 	m.mu.Unlock()
