@@ -33,6 +33,9 @@ func TestHelperApplyProcess(t *testing.T) {
 		open = OpenPostgres
 	}
 	s, err := open(context.Background(), target)
+	if err == nil && s.Clustered() {
+		err = leadForTest(context.Background(), s)
+	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "helper: open:", err)
 		os.Exit(3)

@@ -40,6 +40,18 @@ type dialect struct {
 	jsonField func(column, key string) string
 	// unique and foreignKey classify a constraint violation.
 	unique, foreignKey func(error) bool
+	// nowNanos is the database's clock in Unix nanoseconds: the lease and
+	// the hubs' heartbeats are timed by it, never by a hub's clock.
+	nowNanos string
+	// fence, when set, runs first in a write about workers, launches or
+	// pending stops with the writer's lease epoch as its one argument; it
+	// fails (notLeader) unless that epoch holds the lease.
+	fence string
+	// notLeader tells fence's refusal from other errors.
+	notLeader func(error) bool
+	// notify, when set, announces a change to the other hubs with its two
+	// arguments, the channel and the payload, when the transaction commits.
+	notify string
 }
 
 var sqliteDialect = dialect{
@@ -58,6 +70,9 @@ var sqliteDialect = dialect{
 		var se sqlite3.Error
 		return errors.As(err, &se) && se.ExtendedCode == sqlite3.ErrConstraintForeignKey
 	},
+	// 'now' has milliseconds in SQLite; one hub on one file needs no more.
+	nowNanos:  `CAST((julianday('now') - 2440587.5) * 86400000000000 AS INTEGER)`,
+	notLeader: func(error) bool { return false },
 }
 
 var postgresDialect = dialect{
@@ -76,6 +91,12 @@ var postgresDialect = dialect{
 	},
 	unique:     func(err error) bool { return pgCode(err) == "23505" },
 	foreignKey: func(err error) bool { return pgCode(err) == "23503" },
+	// clock_timestamp, not now(): now() is the transaction's start, which
+	// may be a wait on the writer lock ago.
+	nowNanos:  `CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)`,
+	fence:     `SELECT fleet_fence(?)`,
+	notLeader: func(err error) bool { return pgCode(err) == "FL001" },
+	notify:    `SELECT pg_notify(?, ?)`,
 }
 
 func pgCode(err error) string {

@@ -2,11 +2,13 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
 	"fleet/internal/pgtest"
@@ -46,9 +48,25 @@ func forEachDialect(t *testing.T, fn func(t *testing.T, db testDB)) {
 	t.Run("postgres", func(t *testing.T) {
 		url := pgtest.URL(t)
 		fn(t, testDB{name: "postgres", target: url, open: func(ctx context.Context, opts ...Option) (*Store, error) {
-			return OpenPostgres(ctx, url, opts...)
+			s, err := OpenPostgres(ctx, url, opts...)
+			if err != nil {
+				return nil, err
+			}
+			return s, leadForTest(ctx, s)
 		}})
 	})
+}
+
+// leadForTest makes s write as the leader would, holding the lease for the
+// length of any test (every store a test opens shares the holder).
+func leadForTest(ctx context.Context, s *Store) error {
+	l, err := s.ClaimLease(ctx, "store test", time.Hour)
+	if err != nil || !l.Leader {
+		s.Close()
+		return fmt.Errorf("claim the lease for the test: %+v, %v", l, err)
+	}
+	s.SetEpoch(l.Epoch)
+	return nil
 }
 
 func TestRebind(t *testing.T) {

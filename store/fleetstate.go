@@ -166,7 +166,10 @@ func (s *Store) ApplyFleet(ctx context.Context, f fleet.Fleet) error {
 	if pause == nil {
 		pause = func(string) {}
 	}
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelFleet}, func(tx *txn) error {
+		if err := tx.notify(ctx, ChannelWorkers, ""); err != nil {
+			return err
+		}
 		if err := recordPendingStops(ctx, tx, f); err != nil {
 			return err
 		}
@@ -385,7 +388,7 @@ func (s *Store) Nodes(ctx context.Context) ([]fleet.Node, error) {
 
 // updateNode runs one UPDATE on a node and turns "no row" into ErrNotFound.
 func (s *Store) updateNode(ctx context.Context, what, name, query string, args ...any) error {
-	return s.execOne(ctx, fmt.Sprintf("set %s of node %s", what, name), fmt.Sprintf("node %q", name),
+	return s.changeOne(ctx, change{channel: ChannelFleet, payload: name}, fmt.Sprintf("set %s of node %s", what, name), fmt.Sprintf("node %q", name),
 		"; `fleet nodes` lists the declared ones", query, append(args, name)...)
 }
 

@@ -61,7 +61,8 @@ func OpenPostgres(ctx context.Context, databaseURL string, opts ...Option) (*Sto
 			"check that the server runs and the URL's host, port, user, password and database are right",
 			shown, at, cfg.User, cfg.Database, hide(err))
 	}
-	return open(ctx, db, &postgresDialect, shown, "is the PostgreSQL server still up?", opts)
+	listen := cfg.Copy()
+	return open(ctx, db, &postgresDialect, shown, "is the PostgreSQL server still up?", append(opts, func(s *Store) { s.pgConfig = listen }))
 }
 
 // secretsOf returns a function that writes an error of the driver with the
@@ -122,5 +123,18 @@ func (s *Store) ClaimDatabase(ctx context.Context) error {
 		return fmt.Errorf("%w (%s); nothing was changed: stop that hub, or give this one another database (several hubs on one database are not supported yet)", ErrOtherHub, s.path)
 	}
 	s.claim = conn
+	// Until the hubs take turns by the lease, the one hub the claim lets in
+	// holds the lease for good and writes with its epoch.
+	l, err := s.ClaimLease(ctx, onlyHub, 100*365*24*time.Hour)
+	if err != nil {
+		return fmt.Errorf("claim database %s for this hub: %w", s.path, err)
+	}
+	if !l.Leader {
+		return fmt.Errorf("%w (%s): hub %s holds the leader's lease; nothing was changed: stop that hub, or give this one another database", ErrOtherHub, s.path, l.Holder)
+	}
+	s.SetEpoch(l.Epoch)
 	return nil
 }
+
+// onlyHub holds the lease for the one hub ClaimDatabase lets in.
+const onlyHub = "the only hub"

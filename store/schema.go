@@ -223,4 +223,44 @@ CREATE TABLE fleet_identity (
 INSERT INTO fleet_identity (id, fleet_id) VALUES (1, lower(hex(randomblob(16))));
 ALTER TABLE workers ADD COLUMN launch INTEGER NOT NULL DEFAULT 0;
 `,
+	// 9: several hubs on one database (PostgreSQL; SQLite has the tables
+	// too, for one hub that always leads). hubs: each hub's row, kept by its
+	// heartbeat. lease: one row, the leader's, with an epoch that grows by
+	// one each time the lease changes hands; every write about workers,
+	// launches and pending stops carries the writer's epoch and PostgreSQL
+	// refuses a stale one (fleet_fence). actions: an operator's action asked
+	// on a follower, carried out by the leader. Times are the database's
+	// clock, never a hub's.
+	`
+CREATE TABLE hubs (
+	name         TEXT PRIMARY KEY,
+	instance     TEXT NOT NULL,
+	started_at   INTEGER NOT NULL,
+	heartbeat_at INTEGER NOT NULL,
+	http_addr    TEXT NOT NULL DEFAULT '',
+	ssh_addr     TEXT NOT NULL DEFAULT '',
+	version      TEXT NOT NULL DEFAULT ''
+);
+CREATE TABLE lease (
+	id         INTEGER PRIMARY KEY CHECK (id = 1),
+	holder     TEXT NOT NULL DEFAULT '',
+	epoch      INTEGER NOT NULL DEFAULT 0,
+	expires_at INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO lease (id) VALUES (1);
+CREATE TABLE actions (
+	id           INTEGER PRIMARY KEY,
+	hub          TEXT NOT NULL,
+	user_name    TEXT NOT NULL,
+	action       TEXT NOT NULL,
+	target       TEXT NOT NULL DEFAULT '',
+	args         TEXT NOT NULL DEFAULT '{}',
+	state        TEXT NOT NULL DEFAULT 'pending',
+	result       TEXT NOT NULL DEFAULT '',
+	epoch        INTEGER NOT NULL DEFAULT 0,
+	requested_at INTEGER NOT NULL,
+	done_at      INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX actions_pending ON actions (state, id);
+`,
 }

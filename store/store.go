@@ -14,7 +14,10 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
+
+	"github.com/jackc/pgx/v5"
 
 	_ "github.com/mattn/go-sqlite3" // the "sqlite3" driver
 )
@@ -37,6 +40,14 @@ type Store struct {
 	now    func() time.Time
 	// claim is the connection holding ClaimDatabase's lock, nil without.
 	claim *sql.Conn
+	// epoch is the lease epoch this hub writes with (SetEpoch).
+	epoch atomic.Int64
+	// pgConfig is how to open another connection to the PostgreSQL server
+	// (Listen's); nil on SQLite.
+	pgConfig *pgx.ConnConfig
+	// listening, when set, is told the server process of each connection
+	// Listen makes (a test kills it there).
+	listening func(pid uint32)
 
 	// applyPause, when set, is called inside ApplyFleet's transaction after
 	// each step ("nodes", "models", "placements", "workers") and after the

@@ -153,7 +153,7 @@ func (s *Store) SetAPIKeyLimits(ctx context.Context, name string, l fleet.KeyLim
 	if l.RequestsPerMinute < 0 || l.TokensPerDay < 0 {
 		return fmt.Errorf("set limits of API key %s: a limit cannot be negative (0 removes it); nothing changed", name)
 	}
-	return s.execOne(ctx, "set limits of API key "+name, "live API key "+name, "; `fleet key list` shows the keys",
+	return s.changeOne(ctx, change{channel: ChannelKeys, payload: name}, "set limits of API key "+name, "live API key "+name, "; `fleet key list` shows the keys",
 		`UPDATE api_keys SET requests_per_minute = ?, tokens_per_day = ? WHERE name = ? AND revoked = 0`,
 		l.RequestsPerMinute, l.TokensPerDay, name)
 }

@@ -143,7 +143,7 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("create API key %s: %w", name, err)
 	}
 	key := APIKeyPrefix + base64.RawURLEncoding.EncodeToString(secret)
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{channel: ChannelKeys, payload: name}, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE name = ? AND revoked != 0`, name); err != nil {
 			return err
 		}
@@ -204,6 +204,6 @@ func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
 
 // RevokeAPIKey stops a router key from working; it stays listed as revoked.
 func (s *Store) RevokeAPIKey(ctx context.Context, name string) error {
-	return s.execOne(ctx, "revoke API key "+name, "live API key "+name, "",
+	return s.changeOne(ctx, change{channel: ChannelKeys, payload: name}, "revoke API key "+name, "live API key "+name, "",
 		`UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked = 0`, s.now().UnixNano(), name)
 }

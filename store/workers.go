@@ -74,7 +74,7 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 		return fleet.Worker{}, fmt.Errorf("save worker %q: a worker needs both a node and a model", w.Name())
 	}
 	var saved fleet.Worker
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
 		var err error
 		saved, err = saveWorkerTx(ctx, tx, w)
 		return err
@@ -121,7 +121,7 @@ func saveWorkerTx(ctx context.Context, tx *txn, w fleet.Worker) (fleet.Worker, e
 // It returns the worker as stored.
 func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
 	var saved fleet.Worker
-	err := s.inTx(ctx, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
 		if err := tx.QueryRowContext(ctx, `UPDATE fleet_identity SET launches = launches + 1 RETURNING launches`).Scan(&w.Launch); err != nil {
 			return err
 		}
@@ -140,6 +140,6 @@ func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker,
 
 // DeleteWorker forgets the worker of model on node.
 func (s *Store) DeleteWorker(ctx context.Context, node, model string) error {
-	return s.execOne(ctx, "delete worker "+node+"/"+model, "worker "+node+"/"+model,
+	return s.changeOne(ctx, change{fenced: true, channel: ChannelWorkers, payload: node + "/" + model}, "delete worker "+node+"/"+model, "worker "+node+"/"+model,
 		"; `fleet workers` lists the existing ones", `DELETE FROM workers WHERE node = ? AND model = ?`, node, model)
 }
