@@ -162,13 +162,18 @@ type HubInfo struct {
 	// HTTPAddr and SSHAddr are where the hub serves the router and the
 	// console; Version is its fleet version.
 	HTTPAddr, SSHAddr, Version string
+	// Home is where the hub keeps its data dir, HOST:PATH. A hub holds its
+	// data dir's lock while it runs, so a hub that holds it now may take
+	// over a name registered with the same Home: that instance is dead
+	// (kill -9 and a restart need not wait HubStaleAfter).
+	Home string
 }
 
 // RegisterHub records h as a running hub of the fleet, named h.Name. It
 // refuses (ErrHubNameTaken) a name whose row another instance heartbeated
-// within HubStaleAfter: two live hubs with one name would be one in every
-// list. On SQLite, where the data dir's lock already keeps one hub, the
-// name is always taken over.
+// within HubStaleAfter from another Home: two live hubs with one name would
+// be one in every list. The caller holds h.Home's data dir lock. On SQLite,
+// where that lock already keeps one hub, the name is always taken over.
 func (s *Store) RegisterHub(ctx context.Context, h HubInfo) error {
 	if h.Name == "" || h.Instance == "" {
 		return errors.New("register hub: no hub name or instance given; give the hub a name with --hub-name")
@@ -178,12 +183,14 @@ func (s *Store) RegisterHub(ctx context.Context, h HubInfo) error {
 		stale = 0
 	}
 	now := s.db.d.nowNanos
-	res, err := s.db.ExecContext(ctx, `INSERT INTO hubs (name, instance, started_at, heartbeat_at, http_addr, ssh_addr, version)
-		VALUES (?, ?, `+now+`, `+now+`, ?, ?, ?)
+	res, err := s.db.ExecContext(ctx, `INSERT INTO hubs (name, instance, started_at, heartbeat_at, http_addr, ssh_addr, version, home)
+		VALUES (?, ?, `+now+`, `+now+`, ?, ?, ?, ?)
 		ON CONFLICT (name) DO UPDATE SET instance = excluded.instance, started_at = excluded.started_at,
-			heartbeat_at = excluded.heartbeat_at, http_addr = excluded.http_addr, ssh_addr = excluded.ssh_addr, version = excluded.version
-		WHERE hubs.instance = excluded.instance OR hubs.heartbeat_at <= excluded.heartbeat_at - ?`,
-		h.Name, h.Instance, h.HTTPAddr, h.SSHAddr, h.Version, stale)
+			heartbeat_at = excluded.heartbeat_at, http_addr = excluded.http_addr, ssh_addr = excluded.ssh_addr,
+			version = excluded.version, home = excluded.home
+		WHERE hubs.instance = excluded.instance OR (hubs.home = excluded.home AND hubs.home <> '')
+			OR hubs.heartbeat_at <= excluded.heartbeat_at - ?`,
+		h.Name, h.Instance, h.HTTPAddr, h.SSHAddr, h.Version, h.Home, stale)
 	if err != nil {
 		return fmt.Errorf("register hub %s in %s: %w", h.Name, s.path, err)
 	}
@@ -198,8 +205,8 @@ func (s *Store) RegisterHub(ctx context.Context, h HubInfo) error {
 	}
 	for _, o := range hubs {
 		if o.Name == h.Name {
-			return fmt.Errorf("register hub %s: %w: it heartbeated %s ago from %s (started %s); nothing was started: give this hub another --hub-name, or stop that one (a hub that died frees its name %s after its last heartbeat)",
-				h.Name, ErrHubNameTaken, o.HeartbeatAge.Round(time.Millisecond), o.HTTPAddr, o.StartedAt.Format(time.RFC3339), HubStaleAfter)
+			return fmt.Errorf("register hub %s: %w: it heartbeated %s ago from %s, router %s (started %s); nothing was started: give this hub another --hub-name, or stop that one (a hub that died frees its name %s after its last heartbeat)",
+				h.Name, ErrHubNameTaken, o.HeartbeatAge.Round(time.Millisecond), o.Home, o.HTTPAddr, o.StartedAt.Format(time.RFC3339), HubStaleAfter)
 		}
 	}
 	return fmt.Errorf("register hub %s: %w (it left while this one registered); try again", h.Name, ErrHubNameTaken)
@@ -237,10 +244,10 @@ func (s *Store) Hubs(ctx context.Context) ([]HubInfo, error) {
 			h                HubInfo
 			started, beat, a int64
 		)
-		err := r.Scan(&h.Name, &h.Instance, &started, &beat, &a, &h.HTTPAddr, &h.SSHAddr, &h.Version)
+		err := r.Scan(&h.Name, &h.Instance, &started, &beat, &a, &h.HTTPAddr, &h.SSHAddr, &h.Version, &h.Home)
 		h.StartedAt, h.HeartbeatAt, h.HeartbeatAge = fromUnixNano(started), fromUnixNano(beat), time.Duration(a)
 		return h, err
-	}, `SELECT name, instance, started_at, heartbeat_at, `+s.db.d.nowNanos+` - heartbeat_at, http_addr, ssh_addr, version FROM hubs ORDER BY name`)
+	}, `SELECT name, instance, started_at, heartbeat_at, `+s.db.d.nowNanos+` - heartbeat_at, http_addr, ssh_addr, version, home FROM hubs ORDER BY name`)
 }
 
 // Lease is the leader's lease as ClaimLease or ReadLease found it.

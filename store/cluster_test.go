@@ -210,7 +210,7 @@ func TestTwoHubsWithOneNameAreRefused(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
 		ctx := context.Background()
 		s := db.openTest(t)
-		first := HubInfo{Name: "hub-1", Instance: "i1", HTTPAddr: "10.0.0.1:8080", SSHAddr: "10.0.0.1:2222", Version: "v1"}
+		first := HubInfo{Name: "hub-1", Instance: "i1", HTTPAddr: "10.0.0.1:8080", SSHAddr: "10.0.0.1:2222", Version: "v1", Home: "a:/var/lib/fleet"}
 		if err := s.RegisterHub(ctx, first); err != nil {
 			t.Fatal(err)
 		}
@@ -220,7 +220,7 @@ func TestTwoHubsWithOneNameAreRefused(t *testing.T) {
 		if err := s.RegisterHub(ctx, HubInfo{Name: "hub-2", Instance: "i2"}); err != nil {
 			t.Fatal(err)
 		}
-		second := HubInfo{Name: "hub-1", Instance: "i3"}
+		second := HubInfo{Name: "hub-1", Instance: "i3", Home: "b:/var/lib/fleet"}
 		err := s.RegisterHub(ctx, second)
 		if db.name == "sqlite" {
 			if err != nil {
@@ -254,7 +254,15 @@ func TestTwoHubsWithOneNameAreRefused(t *testing.T) {
 		if err := s.HubHeartbeat(ctx, "hub-1", "i1"); !errors.Is(err, ErrHubNameTaken) {
 			t.Fatalf("heartbeat of the instance whose name was taken: %v", err)
 		}
-		if err := s.UnregisterHub(ctx, "hub-1", "i3"); err != nil {
+		// Restarted from the same data dir (whose lock it holds): the old
+		// instance is dead, however recent its heartbeat.
+		if err := s.RegisterHub(ctx, HubInfo{Name: "hub-1", Instance: "i4", Home: "b:/var/lib/fleet"}); err != nil {
+			t.Fatalf("registering again from the same home: %v", err)
+		}
+		if err := s.RegisterHub(ctx, HubInfo{Name: "hub-1", Instance: "i5", Home: "c:/var/lib/fleet"}); !errors.Is(err, ErrHubNameTaken) {
+			t.Fatalf("registering from another home: %v", err)
+		}
+		if err := s.UnregisterHub(ctx, "hub-1", "i4"); err != nil {
 			t.Fatal(err)
 		}
 		if hubs, err := s.Hubs(ctx); err != nil || len(hubs) != 1 {

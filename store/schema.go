@@ -239,7 +239,8 @@ CREATE TABLE hubs (
 	heartbeat_at INTEGER NOT NULL,
 	http_addr    TEXT NOT NULL DEFAULT '',
 	ssh_addr     TEXT NOT NULL DEFAULT '',
-	version      TEXT NOT NULL DEFAULT ''
+	version      TEXT NOT NULL DEFAULT '',
+	home         TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE lease (
 	id         INTEGER PRIMARY KEY CHECK (id = 1),

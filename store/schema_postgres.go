@@ -223,7 +223,8 @@ CREATE TABLE hubs (
 	heartbeat_at BIGINT NOT NULL,
 	http_addr    TEXT NOT NULL DEFAULT '',
 	ssh_addr     TEXT NOT NULL DEFAULT '',
-	version      TEXT NOT NULL DEFAULT ''
+	version      TEXT NOT NULL DEFAULT '',
+	home         TEXT NOT NULL DEFAULT ''
 );
 CREATE TABLE lease (
 	id         BIGINT PRIMARY KEY CHECK (id = 1),
