@@ -765,6 +765,16 @@ type Snapshot struct {
 	// EnginePorts are the hub's engine ports (serve --engine-ports), which
 	// nodes without ports: of their own use.
 	EnginePorts PortRange `json:"engine_ports,omitzero"`
+	// Hub is the hub answering, its role and the leader's name, when
+	// several hubs share the fleet's PostgreSQL database (nil on SQLite).
+	Hub *HubRole `json:"hub,omitempty"`
+}
+
+// HubRole is which hub answers and whether it leads.
+type HubRole struct {
+	Name   string `json:"name"`
+	Role   string `json:"role"`
+	Leader string `json:"leader"`
 }
 
 // IsLoopbackAddr reports whether a listen address (host:port) is reachable

@@ -54,6 +54,27 @@ type HubStatus struct {
 	Nodes   []StateCount  `json:"nodes"`
 	Workers []StateCount  `json:"workers"`
 	Models  []ModelStatus `json:"models"`
+	// Hub is this hub's name (serve --hub-name), HubRole "leader" (it
+	// drives the nodes) or "follower", Leader the leading hub's name (""
+	// when none holds the lease). A hub on SQLite is the leader always.
+	Hub     string `json:"hub"`
+	HubRole string `json:"hub_role"`
+	Leader  string `json:"leader"`
+	// Hubs are the hubs sharing the PostgreSQL database, with their last
+	// heartbeats (none on SQLite).
+	Hubs []HubView `json:"hubs,omitempty"`
+}
+
+// HubView is one hub of a fleet of several, as status shows it.
+type HubView struct {
+	Name string `json:"name"`
+	Role string `json:"role"`
+	// HeartbeatAgeSeconds is how long ago it last heartbeated, by the
+	// database's clock.
+	HeartbeatAgeSeconds float64 `json:"heartbeat_age_s"`
+	Router              string  `json:"router,omitempty"`
+	Console             string  `json:"console,omitempty"`
+	Version             string  `json:"version,omitempty"`
 }
 
 // StateCount is how many nodes or workers are in one state, and which.

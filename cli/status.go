@@ -53,6 +53,19 @@ func printStatus(w io.Writer, st fleet.HubStatus) error {
 		up += ", state in " + st.Database
 	}
 	fmt.Fprintf(tw, "hub\tfleet %s, %s\n", st.Version, up)
+	if len(st.Hubs) > 0 {
+		leader := "no hub leads: none holds the lease, so actions are refused"
+		if st.Leader != "" {
+			leader = "leader " + st.Leader
+		}
+		fmt.Fprintf(tw, "this hub\t%s, %s (%s)\n", st.Hub, st.HubRole, leader)
+		var hubs []string
+		for _, o := range st.Hubs {
+			hubs = append(hubs, fmt.Sprintf("%s %s, heartbeat %s ago", o.Name, o.Role,
+				time.Duration(o.HeartbeatAgeSeconds*float64(time.Second)).Round(100*time.Millisecond)))
+		}
+		fmt.Fprintf(tw, "hubs\t%d: %s\n", len(st.Hubs), strings.Join(hubs, "; "))
+	}
 	router := st.Router
 	if router == "" {
 		router = "not listening yet"

@@ -118,8 +118,20 @@ func (m *Model) renderTitle() string {
 			ready++
 		}
 	}
-	right := fmt.Sprintf("%d/%d ready · %s (%s) · %s ",
-		ready, len(m.snap.Workers), m.opts.User.Name, m.opts.User.Role, m.opts.Now().Format("15:04:05"))
+	hub := ""
+	if hr := m.snap.Hub; hr != nil {
+		// Several hubs: which one this is, and who drives the nodes.
+		switch {
+		case hr.Role == "leader":
+			hub = hr.Name + " leader · "
+		case hr.Leader != "":
+			hub = hr.Name + " follower of " + hr.Leader + " · "
+		default:
+			hub = hr.Name + " follower, no leader · "
+		}
+	}
+	right := fmt.Sprintf("%d/%d ready · %s%s (%s) · %s ",
+		ready, len(m.snap.Workers), hub, m.opts.User.Name, m.opts.User.Role, m.opts.Now().Format("15:04:05"))
 	left := tabs.String()
 	gap := m.width - ansi.StringWidth(left) - ansi.StringWidth(right)
 	if gap < 1 {

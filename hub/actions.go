@@ -15,6 +15,7 @@ import (
 	"fleet/enginectl"
 	"fleet/fleetfile"
 	"fleet/nodes"
+	"fleet/store"
 )
 
 // authorize looks the action up in the table (fleet.Actions) and refuses,
@@ -116,7 +117,7 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targ
 	var msgs []string
 	for _, name := range names {
 		err := h.guard.run(u, a, name, func() (string, error) {
-			msg, err := op(ctx, name)
+			msg, err := h.cluster.onLeader(ctx, u, kind, name, nil, func() (string, error) { return op(ctx, name) })
 			if err == nil {
 				msgs = append(msgs, msg)
 			}
@@ -253,7 +254,13 @@ func (h *Hub) Apply(ctx context.Context, u fleet.User, filename string, data []b
 		action = fleet.ActionApplyDryRun
 	}
 	err = h.guard.do(u, action, filename, func() (string, error) {
-		plan, err = h.apply(ctx, filename, data, dryRun)
+		if dryRun {
+			plan, err = h.apply(ctx, filename, data, true)
+			return "", err
+		}
+		plan, err = h.cluster.onLeader(ctx, u, action, filename, applyArgs{File: filename, Data: data}, func() (string, error) {
+			return h.apply(ctx, filename, data, false)
+		})
 		return "", err
 	})
 	return plan, err
@@ -370,10 +377,8 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 	}
 	for _, name := range names {
 		err := h.guard.run(u, a, name, func() (string, error) {
-			if err := h.mgr.ForceAdmit(ctx, name); err != nil {
-				return "", fmt.Errorf("admitting %s: %w", name, err)
-			}
-			return "", nil
+			_, err := h.cluster.onLeader(ctx, u, a.Name, name, nil, func() (string, error) { return "", forceAdmit(ctx, h.mgr, name) })
+			return "", err
 		})
 		if err != nil {
 			return "", err
@@ -388,22 +393,38 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 // a reinstalled machine after the hub refused its changed key.
 func (h *Hub) TrustNode(ctx context.Context, u fleet.User, node string) (string, error) {
 	err := h.guard.do(u, fleet.ActionNodeTrust, node, func() (string, error) {
-		n, err := h.store.Node(ctx, node)
-		if err != nil {
-			return "", err
-		}
-		if err := h.store.SetNodeHostKey(ctx, node, ""); err != nil {
-			return "", err
-		}
-		h.mgr.RetryNode(node)
-		if n.HostKey == "" {
-			return "was none pinned", nil
-		}
-		return "was " + nodes.HostKeyFingerprint(n.HostKey), nil
+		return h.cluster.onLeader(ctx, u, fleet.ActionNodeTrust, node, nil, func() (string, error) {
+			return clearHostKey(ctx, h.store, h.mgr, node)
+		})
 	})
 	if err != nil {
 		return "", err
 	}
 	h.onEvent(fleet.Event{Level: "warn", Subject: node, Message: u.Name + " cleared the pinned host key; the next connection pins the key the node presents"})
 	return fmt.Sprintf("node %s: pinned host key cleared; connecting again now, and that connection records the new one", node), nil
+}
+
+// forceAdmit admits a worker over its failed admission check.
+func forceAdmit(ctx context.Context, mgr *nodes.Manager, name string) error {
+	if err := mgr.ForceAdmit(ctx, name); err != nil {
+		return fmt.Errorf("admitting %s: %w", name, err)
+	}
+	return nil
+}
+
+// clearHostKey forgets node's pinned host key and connects again, which
+// pins the key the node presents now; it says which key was pinned.
+func clearHostKey(ctx context.Context, st *store.Store, mgr *nodes.Manager, node string) (string, error) {
+	n, err := st.Node(ctx, node)
+	if err != nil {
+		return "", err
+	}
+	if err := st.SetNodeHostKey(ctx, node, ""); err != nil {
+		return "", err
+	}
+	mgr.RetryNode(node)
+	if n.HostKey == "" {
+		return "was none pinned", nil
+	}
+	return "was " + nodes.HostKeyFingerprint(n.HostKey), nil
 }

@@ -83,9 +83,9 @@ func (ad *Admin) CreateKey(ctx context.Context, u fleet.User, name string) (key 
 // dataDir while no hub runs there: the first key of a hub that requires
 // keys, which will not start without one. The database is the data dir's,
 // or PostgreSQL's at databaseURL when it is set, as serve opens it. It
-// holds the data dir's lock (and, on PostgreSQL, the database's claim)
-// while it writes, so it is refused while a hub holds either (a command
-// then goes through that hub's control socket), and it is audited as the
+// holds the data dir's lock while it writes, and on PostgreSQL it is refused
+// while any hub heartbeats on the database, so it is refused while a hub
+// runs (a command then goes through that hub), and it is audited as the
 // local admin's, as the control socket's commands are.
 // A failure to record the outcome after the key was made is told on warn.
 func CreateKeyWithoutHub(ctx context.Context, dataDir, databaseURL, name string, warn io.Writer) (key string, err error) {
@@ -109,6 +109,9 @@ func CreateKeyWithoutHub(ctx context.Context, dataDir, databaseURL, name string,
 		return "", err
 	}
 	defer st.Close()
+	if err := refuseLiveHubs(ctx, st); err != nil {
+		return "", err
+	}
 	id, err := st.BeginAudit(ctx, auditEntry(LocalAdmin(), fleet.ActionKeyCreate, name, auditStarted))
 	if err != nil {
 		return "", fmt.Errorf("key create %s was not done: its audit line could not be written (%w); nothing was changed. "+

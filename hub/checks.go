@@ -57,6 +57,9 @@ type Checks struct {
 	// reference shape re-judges the workers it rejected.
 	rejudge         func(ctx context.Context, model, skip string, onlyRejected bool) []string
 	referenceWorker func(ctx context.Context, model string) (string, error)
+	// onLeader runs an action that changes the fleet on the leading hub
+	// (cluster.onLeader).
+	onLeader func(ctx context.Context, u fleet.User, action fleet.ActionName, target string, args any, local func() (string, error)) (string, error)
 }
 
 // workerTarget is a bench target that talks to one worker directly,
@@ -221,7 +224,7 @@ func (ck *Checks) PinShape(ctx context.Context, u fleet.User, worker string) (ms
 	}
 	defer done()
 	err = ck.guard.run(u, act, worker, func() (string, error) {
-		msg, err = ck.pinShape(ctx, worker)
+		msg, err = ck.onLeader(ctx, u, act.Name, worker, nil, func() (string, error) { return ck.pinShape(ctx, worker) })
 		return "", err
 	})
 	return msg, err

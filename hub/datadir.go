@@ -96,12 +96,6 @@ func openStore(ctx context.Context, opts Options) (*store.Store, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%w; or leave --database-url and $FLEET_DATABASE_URL unset to keep the state in the data dir", err)
 		}
-		// Before anything is applied: a hub refused because another runs
-		// on the database must leave that hub's fleet as it was.
-		if err := st.ClaimDatabase(ctx); err != nil {
-			st.Close()
-			return nil, err
-		}
 		opts.Logger.Info("state in PostgreSQL; the data dir keeps "+DataDirHolds, "database", st.Path(), "data", opts.DataDir)
 		return st, nil
 	}

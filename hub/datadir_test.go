@@ -195,23 +195,33 @@ func TestBadDatabaseURLIsRefusedWithoutItsPassword(t *testing.T) {
 // TestHubStateInPostgreSQL: with a database URL the fleet lives in
 // PostgreSQL (the next hub on the same database finds the demo there), the
 // data dir holds no SQLite database, and the URL's password is in no log
-// line nor in status. While a hub runs, a second one on the same database,
-// from another data dir, is refused before it changes anything: nothing
-// yet keeps two hubs from both driving the nodes.
+// line nor in status. While a hub runs, a second one with its name, from
+// another data dir, is refused before it changes anything; with a name of
+// its own it joins the fleet as a follower of the first. Every hub's data
+// dir is the fleet's: none is refused as a copy.
 func TestHubStateInPostgreSQL(t *testing.T) {
 	const password = "s3cret-pw" // the test cluster trusts its socket: any password goes
 	dbURL := pgtest.URLWithPassword(t, password)
 	dir := t.TempDir()
 	var logs bytes.Buffer
-	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: dbURL, Demo: true, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	h, err := openHub(t, Options{DataDir: dir, DatabaseURL: dbURL, Demo: true, HubName: "first", Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	if err != nil {
 		t.Fatal(err)
 	}
 	other := t.TempDir()
-	if _, err := openHub(t, Options{DataDir: other, DatabaseURL: dbURL, FleetFile: "/nonexistent"}); !errors.Is(err, store.ErrOtherHub) ||
-		!strings.Contains(err.Error(), "stop that hub, or give this one another database") {
-		t.Errorf("a second hub on the database: %v, want it refused as another hub's", err)
+	if _, err := openHub(t, Options{DataDir: other, DatabaseURL: dbURL, HubName: "first", FleetFile: "/nonexistent"}); !errors.Is(err, store.ErrHubNameTaken) ||
+		!strings.Contains(err.Error(), "give this hub another --hub-name") {
+		t.Errorf("a second hub named first on the database: %v, want it refused for its name", err)
 	}
+	second, err := openHub(t, Options{DataDir: other, DatabaseURL: dbURL, HubName: "second", Demo: true})
+	if err != nil {
+		t.Fatalf("a second hub with a name of its own, the same demo: %v", err)
+	}
+	st2, err := second.Status(t.Context(), LocalAdmin())
+	if err != nil || st2.Hub != "second" || st2.HubRole != RoleFollower || st2.Leader != "first" || len(st2.Hubs) != 2 {
+		t.Errorf("the second hub's status: %+v, %v; want a follower of first, two hubs", st2, err)
+	}
+	second.Close()
 	st, err := h.Status(t.Context(), LocalAdmin())
 	h.Close()
 	if err != nil {
@@ -226,15 +236,9 @@ func TestHubStateInPostgreSQL(t *testing.T) {
 	if _, err := os.Stat(filepath.Join(dir, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("a SQLite database was made in the data dir: %v", err)
 	}
-	// Another data dir on the same database is the fleet's home only once
-	// an admin moves it there (fleet-id --move, with the database's URL);
-	// then the fleet is there.
+	// The fleet's home can still be moved (fleet-id --move, with the
+	// database's URL) once no hub runs; then the fleet is there.
 	moved := t.TempDir()
-	_, err = openHub(t, Options{DataDir: moved, DatabaseURL: dbURL})
-	if !errors.Is(err, ErrCopiedDatabase) || !strings.Contains(err.Error(), "`FLEET_DATABASE_URL=URL fleet --data "+moved+" fleet-id --move`") ||
-		strings.Contains(err.Error(), password) {
-		t.Fatalf("a hub on the database from another data dir: %v; want it refused as a copy, told how to move", err)
-	}
 	out, err := Identity(t.Context(), moved, dbURL, false, true, false)
 	if err != nil || !strings.Contains(out, "moved here from "+dir) {
 		t.Fatalf("fleet-id --move on PostgreSQL: %q, %v", out, err)
@@ -246,6 +250,9 @@ func TestHubStateInPostgreSQL(t *testing.T) {
 	defer h2.Close()
 	f, err := h2.store.LoadFleet(t.Context())
 	if err != nil || len(f.Nodes) != 3 {
-		t.Fatalf("the second hub on the database finds %d nodes (%v), want the demo's 3", len(f.Nodes), err)
+		t.Fatalf("the next hub on the database finds %d nodes (%v), want the demo's 3", len(f.Nodes), err)
+	}
+	if _, err := Identity(t.Context(), t.TempDir(), dbURL, false, true, false); !errors.Is(err, store.ErrOtherHub) {
+		t.Errorf("fleet-id --move while a hub runs on the database: %v; want it refused", err)
 	}
 }

@@ -131,6 +131,12 @@ type Options struct {
 	// (a launch recorded, an engine started, a stop accepted, ...): the
 	// crash tests' hub kills itself at one (FLEET_CRASH_AT). nil in use.
 	Fault func(point string)
+	// HubName names this hub among the hubs sharing a PostgreSQL database
+	// ("" = the host name); two live hubs with one name are refused.
+	HubName string
+	// LeaseTTL is how long the leader's lease lasts unrenewed on
+	// PostgreSQL (0 = DefaultLeaseTTL; at least MinLeaseTTL).
+	LeaseTTL time.Duration
 	// Commands runs one command line (SSH exec, the control socket)
 	// against this hub; cmd/fleet passes the command tree (cli.Run). It is
 	// given, not imported, so that the hub stays below the CLI it serves.
@@ -198,6 +204,9 @@ type Hub struct {
 	// ledger keeps the keys' usage and limits (usage.go).
 	admin  *Admin
 	ledger *Ledger
+	// cluster is this hub's part in a fleet of several hubs on one
+	// PostgreSQL database: the lease, leading or following (cluster.go).
+	cluster *cluster
 }
 
 // LocalAdmin is who acts through the control socket: the hub's own OS user.
@@ -268,6 +277,19 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 
 		detached: newBackground(),
 	}
+	if h.cluster, err = newCluster(h, st, opts); err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			h.cluster.leave()
+		}
+	}()
+	// Before the fleet file: a hub refused for its name changes nothing,
+	// and one that takes the lease now may apply it.
+	if err := h.cluster.register(ctx, opts.HTTPAddr, opts.SSHAddr, opts.Version); err != nil {
+		return nil, err
+	}
 	h.pruner = newPruner(st, opts.Logger, h.guard, opts)
 	h.ledger = &Ledger{guard: h.guard, store: st, log: opts.Logger}
 	h.admin = &Admin{guard: h.guard, store: st, ledger: h.ledger}
@@ -323,13 +345,14 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		// Tokens per key, model and worker, batched to SQLite (usage.go).
 		OnUsage:             h.ledger.usage.add,
 		MetricsOpenLoopback: opts.MetricsOpenLoopback,
+		Health:              h.cluster.health,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = rt
 	h.checks = &Checks{state: h.state, store: st, log: opts.Logger, router: rt, guard: h.guard, refMu: &h.refMu,
-		event: h.onEvent, routerAddr: h.routerAddr}
+		event: h.onEvent, routerAddr: h.routerAddr, onLeader: h.cluster.onLeader}
 	h.admission = &admission{state: h.state, store: st, log: opts.Logger, router: rt, checks: h.checks, detached: h.detached,
 		refMu: &h.refMu, wait: opts.AdmissionWait, event: h.onEvent, admissions: admissions,
 		speeds: map[string]speedRecord{},
@@ -346,11 +369,11 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, fmt.Errorf("reading the fleet file: %w", err)
 		}
 		if _, err := h.apply(ctx, filepath.Base(opts.FleetFile), data, false); err != nil {
-			return nil, err
+			return nil, h.cluster.startApplyError("--fleet "+opts.FleetFile, err)
 		}
 	case opts.Demo:
 		if _, err := h.apply(ctx, "demo fleet", fleetfile.Demo, false); err != nil {
-			return nil, err
+			return nil, h.cluster.startApplyError("--demo", err)
 		}
 	}
 	identity, err := st.Identity(ctx)
@@ -398,6 +421,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		OnNode:          h.onNode,
 		OnNodeSuspect:   h.onNodeSuspect,
 		OnEvent:         h.onEvent,
+		// On PostgreSQL a hub leads only while it holds the lease.
+		Following:    h.cluster.on,
+		StillLeading: h.cluster.stillLeading,
 	})
 	h.checks.mgr, h.admission.mgr = h.mgr, h.mgr
 	f, err := st.LoadFleet(ctx)
@@ -421,10 +447,13 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if err != nil {
 		return nil, err
 	}
+	_, leader := h.cluster.role()
 	for _, w := range known {
 		// What the store says is history until the node manager has checked
 		// the engine: a worker is not shown (or routed to) as ready before.
-		if w.State != fleet.WorkerStopped && w.State != fleet.WorkerRejected {
+		// Unless another hub leads the fleet now: then it is the leader's
+		// word, and this hub routes by it at once.
+		if w.State != fleet.WorkerStopped && w.State != fleet.WorkerRejected && (leader == "" || leader == h.cluster.name) {
 			w.State, w.Reason = fleet.WorkerStarting, "checking the engine recorded before the hub restarted"
 		}
 		h.state.workers[w.Name()] = w
@@ -433,9 +462,12 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	h.mgr.SetDesired(f)
-	h.mgr.Restore(known)
-	if err := h.restorePendingStops(ctx, f); err != nil {
-		return nil, err
+	if !h.cluster.on {
+		// On PostgreSQL the workers are handed over when this hub leads.
+		h.mgr.Restore(known)
+		if err := h.restorePendingStops(ctx, f); err != nil {
+			return nil, err
+		}
 	}
 	h.syncRouter()
 	return h, nil
@@ -515,6 +547,7 @@ func installSelf(dataDir string) (string, error) {
 // Close releases the database. Engines keep running: a hub that stops must
 // not take the fleet down with it.
 func (h *Hub) Close() error {
+	h.cluster.leave()
 	h.detached.close()
 	h.guard.flushRefusals()
 	err := h.store.Close()
@@ -604,6 +637,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	h.mu.Lock()
 	h.httpAddr, h.started = ln.Addr().String(), time.Now()
 	h.mu.Unlock()
+	spawn(func() { h.cluster.run(ctx, ln.Addr().String(), h.opts.SSHAddr, h.opts.Version) })
 	h.log.Info("hub running", "router", ln.Addr().String(), "data", h.opts.DataDir)
 	if ready != nil {
 		ready(ln.Addr().String())
@@ -613,6 +647,8 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	defer stop()
 	_ = srv.Shutdown(shutdown)
 	wg.Wait()
+	// After the node manager stopped: the lease goes to another hub at once.
+	h.cluster.leave()
 	select {
 	case err := <-errc:
 		return err
@@ -689,15 +725,14 @@ func (h *Hub) scrapeEngines(ctx context.Context, every time.Duration) {
 		case <-t.C:
 		}
 		var wg sync.WaitGroup
-		for _, w := range h.mgr.Workers() {
-			if w.State != fleet.WorkerReady {
-				continue
-			}
+		// The mirror's workers, not the manager's: a follower's manager
+		// supervises none, and its router needs the engines' load as much.
+		for _, w := range h.state.ready() {
 			wg.Add(1)
 			go func() { // one per worker: an unreachable node must not delay the others
 				defer wg.Done()
 				at := time.Now()
-				l, err := h.mgr.Scrape(ctx, w.Name())
+				l, err := h.mgr.ScrapeWorker(ctx, w)
 				if err != nil {
 					if !errors.Is(err, enginectl.ErrNoLoadSignal) && ctx.Err() == nil {
 						h.log.Debug("engine load scrape failed", "worker", w.Name(), "err", err)
@@ -709,7 +744,7 @@ func (h *Hub) scrapeEngines(ctx context.Context, every time.Duration) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				h.scrapeEngineMetrics(ctx, w.Name())
+				h.scrapeEngineMetrics(ctx, w)
 			}()
 		}
 		wg.Wait()

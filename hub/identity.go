@@ -32,10 +32,10 @@ var ErrCopiedDatabase = errors.New("the database belongs to another data dir")
 // this data dir, or that has none yet (it is claimed now). A copy of the
 // database in another dir names the same fleet and the same engines; a hub
 // on it would adopt, and stop, the engines of the hub it was copied from.
-// On PostgreSQL (databaseURL set) the home is still a data dir, since
-// simulated and local engines run from it: a hub on the same database from
-// another data dir is refused the same way, and fleet-id is run with the
-// database's URL in the environment.
+// On PostgreSQL (databaseURL set) several hubs share the database, each
+// with a data dir of its own, so a hub from another data dir is one more
+// hub of the same fleet, not a copy; the home stays the first hub's, for
+// fleet-id.
 func checkHome(ctx context.Context, st *store.Store, dir, databaseURL string) error {
 	home, err := dataHome(dir)
 	if err != nil {
@@ -45,11 +45,15 @@ func checkHome(ctx context.Context, st *store.Store, dir, databaseURL string) er
 	if err != nil {
 		return err
 	}
-	switch id.Home {
-	case home:
+	switch {
+	case id.Home == home:
 		return nil
-	case "":
+	case id.Home == "":
 		return st.ClaimHome(ctx, home)
+	case st.Clustered():
+		// Several hubs share the database, each from a data dir of its
+		// own: the database is the fleet's, not one dir's copy.
+		return nil
 	}
 	where, env := "the database in "+dir, ""
 	if databaseURL != "" {
@@ -86,6 +90,9 @@ func Identity(ctx context.Context, dataDir, databaseURL string, newFleet, move, 
 		return "", err
 	}
 	defer st.Close()
+	if err := refuseLiveHubs(ctx, st); err != nil {
+		return "", err
+	}
 	home, err := dataHome(dataDir)
 	if err != nil {
 		return "", err

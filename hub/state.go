@@ -39,6 +39,31 @@ type mirror struct {
 	bench map[benchKey]benchSummary
 }
 
+// ready lists the workers that serve (ready or draining), for scraping.
+func (ms *mirror) ready() []fleet.Worker {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	var out []fleet.Worker
+	for _, w := range ms.workers {
+		if w.State == fleet.WorkerReady || w.State == fleet.WorkerDraining {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// anyReady says whether the router has a worker to send requests to.
+func (ms *mirror) anyReady() bool {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, w := range ms.workers {
+		if w.State == fleet.WorkerReady && !w.Drained {
+			return true
+		}
+	}
+	return false
+}
+
 func (h *Hub) onWorker(w fleet.Worker) {
 	if err := h.recordWorker(context.Background(), w); err != nil {
 		h.log.Error("could not persist worker state", "worker", w.Name(), "state", w.State, "err", err)
@@ -148,6 +173,9 @@ func (h *Hub) onNode(n fleet.Node) {
 	}
 	h.state.nodes[n.Name] = n
 	h.state.mu.Unlock()
+	if !h.cluster.stillLeading() {
+		return // the leader records the nodes' state; this hub's link is its own
+	}
 	ctx := context.Background()
 	if n.Platform != nil {
 		if err := h.store.SetNodeProbe(ctx, n.Name, *n.Platform, n.ProbedAt); err != nil {
@@ -264,6 +292,10 @@ func (h *Hub) snapshot(ctx context.Context) fleet.Snapshot {
 	}
 	h.state.mu.Lock()
 	snap := fleet.Snapshot{At: time.Now(), Models: slices.Clone(h.state.models), EnginePorts: h.enginePorts()}
+	if h.cluster.on {
+		role, leader := h.cluster.role()
+		snap.Hub = &fleet.HubRole{Name: h.cluster.name, Role: role, Leader: leader}
+	}
 	for _, n := range h.state.nodes {
 		snap.Nodes = append(snap.Nodes, n)
 	}

@@ -73,6 +73,7 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error)
 			}
 		}
 		st.Nodes, st.Workers = fleet.CountStates(nodes, statusNodeOrder), fleet.CountStates(workers, statusWorkerOrder)
+		h.cluster.hubsStatus(ctx, &st)
 		st.Models = []fleet.ModelStatus{}
 		for _, m := range snap.Models {
 			st.Models = append(st.Models, fleet.ModelStatus{ID: m.ID, Aliases: m.Aliases, Context: m.Context, Ready: ready[m.ID], Workers: placed[m.ID]})

@@ -29,8 +29,9 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names
 		}
 		// A stop is accepted once its hold is durable, before any drain: a
 		// hub killed during the drains stops these engines when it starts
-		// again, instead of bringing them back.
-		if a.Name == "stop" {
+		// again, instead of bringing them back. On a follower the leader
+		// holds and stops each (cluster.carryOut).
+		if a.Name == "stop" && h.cluster.stillLeading() {
 			if err := h.mgr.Hold(ctx, name); err != nil {
 				errs[i] = fmt.Errorf("stopping %s: %w", name, err)
 				line.endErr(errs[i])
@@ -51,11 +52,12 @@ func (h *Hub) stopStart(ctx context.Context, u fleet.User, a fleet.Action, names
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			if a.Name == fleet.ActionStop {
-				msgs[i], errs[i] = h.stopWorker(ctx, name)
-			} else {
-				msgs[i], errs[i] = h.startWorker(ctx, name)
-			}
+			msgs[i], errs[i] = h.cluster.onLeader(ctx, u, a.Name, name, nil, func() (string, error) {
+				if a.Name == fleet.ActionStop {
+					return h.stopWorker(ctx, name)
+				}
+				return h.startWorker(ctx, name)
+			})
 			line.endErr(errs[i])
 		}()
 	}

@@ -282,9 +282,9 @@ func (adm *admission) admitCounted(ctx context.Context, w fleet.Worker) error {
 
 // scrapeEngineMetrics passes a worker's engine /metrics page to the router,
 // which serves it relabelled. An engine without one is nothing to report.
-func (h *Hub) scrapeEngineMetrics(ctx context.Context, worker string) {
-	at := time.Now()
-	w, text, err := h.mgr.EngineMetrics(ctx, worker)
+func (h *Hub) scrapeEngineMetrics(ctx context.Context, w fleet.Worker) {
+	at, worker := time.Now(), w.Name()
+	text, err := h.mgr.WorkerMetrics(ctx, w)
 	if err != nil {
 		if !errors.Is(err, enginectl.ErrNoMetrics) && ctx.Err() == nil {
 			h.log.Debug("engine metrics scrape failed", "worker", worker, "err", err)

@@ -125,6 +125,10 @@ type Options struct {
 	// MetricsOpenLoopback leaves /metrics open to loopback clients when
 	// Keys is set (a local Prometheus); others need a key as on /v1.
 	MetricsOpenLoopback bool
+	// Health answers /healthz: its status code and JSON body (nil: 200,
+	// {"status":"ok"}). A hub of several says its role there, and 503
+	// when it cannot route.
+	Health func() (code int, body []byte)
 }
 
 // KeyVerifier checks an API key; name identifies the key to the caller (it is
@@ -371,7 +375,13 @@ func (r *Router) routes() http.Handler {
 	mux.Handle("/metrics", r.metricsHandler())
 	mux.HandleFunc("/healthz", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"status":"ok"}`))
+		if r.opts.Health == nil {
+			_, _ = w.Write([]byte(`{"status":"ok"}`))
+			return
+		}
+		code, body := r.opts.Health()
+		w.WriteHeader(code)
+		_, _ = w.Write(body)
 	})
 	mux.HandleFunc("/", func(w http.ResponseWriter, req *http.Request) {
 		if strings.HasPrefix(req.URL.Path, messagesPath+"/") {

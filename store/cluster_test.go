@@ -430,24 +430,3 @@ func TestActionQueue(t *testing.T) {
 		}
 	})
 }
-
-// TestClaimDatabaseLeadsAlone: the one hub ClaimDatabase lets in writes
-// workers (it holds the lease), a hub restarted after a kill too.
-func TestClaimDatabaseLeadsAlone(t *testing.T) {
-	forEachDialect(t, func(t *testing.T, db testDB) {
-		ctx := context.Background()
-		for i := range 2 {
-			s := openFollower(t, db)
-			if err := s.ClaimDatabase(ctx); err != nil {
-				t.Fatalf("start %d: %v", i, err)
-			}
-			if err := s.ApplyFleet(ctx, fleetA()); err != nil {
-				t.Fatalf("start %d: apply: %v", i, err)
-			}
-			if _, err := s.SaveWorker(ctx, fleet.Worker{Node: "rig", Model: "qwen3-4b", Engine: fleet.EngineVLLM, State: fleet.WorkerReady, PID: 10 + i}); err != nil {
-				t.Fatalf("start %d: save: %v", i, err)
-			}
-			s.Close()
-		}
-	})
-}

@@ -30,9 +30,6 @@ type dialect struct {
 	// then queue one after another on any database, as SQLite's BEGIN
 	// IMMEDIATE makes them do on a file.
 	lockTx string
-	// hubLock, when set, is a query answering whether this session now
-	// holds the database for one hub (Store.ClaimDatabase).
-	hubLock string
 	// jsonStrings is a subquery giving one row per string of the JSON
 	// array bound to its one placeholder.
 	jsonStrings string
@@ -84,7 +81,6 @@ var postgresDialect = dialect{
 	// by the schema, so fleets sharing a database in different schemas do
 	// not queue on each other.
 	lockTx:      `SELECT pg_advisory_xact_lock(hashtext('fleet store ' || current_schema()))`,
-	hubLock:     `SELECT pg_try_advisory_lock(hashtext('fleet hub ' || current_schema()))`,
 	jsonStrings: `SELECT json_array_elements_text(CAST(? AS json))`,
 	jsonField: func(column, key string) string {
 		return `(CAST(` + column + ` AS json) ->> '` + key + `')`

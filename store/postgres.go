@@ -95,46 +95,6 @@ func secretsOf(databaseURL string) func(error) string {
 	}
 }
 
-// ErrOtherHub is wrapped when another hub already keeps its state in the
-// database.
-var ErrOtherHub = errors.New("another hub already keeps its state in this database")
-
-// ClaimDatabase makes this store's hub the only one on the database until
-// Close or the process ends. On SQLite it does nothing: the data dir's lock
-// (hub.lock) already guards the file. On PostgreSQL the data dir no longer
-// does, and two hubs on one database would both drive the nodes; the claim
-// is a session advisory lock on a connection kept for it, so the server
-// frees it when that connection ends, on kill -9 too.
-func (s *Store) ClaimDatabase(ctx context.Context) error {
-	if s.db.d.hubLock == "" || s.claim != nil {
-		return nil
-	}
-	conn, err := s.db.db.Conn(ctx)
-	if err != nil {
-		return fmt.Errorf("claim database %s for this hub: %w", s.path, err)
-	}
-	var got bool
-	if err := conn.QueryRowContext(ctx, s.db.d.hubLock).Scan(&got); err != nil {
-		conn.Close()
-		return fmt.Errorf("claim database %s for this hub: %w", s.path, err)
-	}
-	if !got {
-		conn.Close()
-		return fmt.Errorf("%w (%s); nothing was changed: stop that hub, or give this one another database (several hubs on one database are not supported yet)", ErrOtherHub, s.path)
-	}
-	s.claim = conn
-	// Until the hubs take turns by the lease, the one hub the claim lets in
-	// holds the lease for good and writes with its epoch.
-	l, err := s.ClaimLease(ctx, onlyHub, 100*365*24*time.Hour)
-	if err != nil {
-		return fmt.Errorf("claim database %s for this hub: %w", s.path, err)
-	}
-	if !l.Leader {
-		return fmt.Errorf("%w (%s): hub %s holds the leader's lease; nothing was changed: stop that hub, or give this one another database", ErrOtherHub, s.path, l.Holder)
-	}
-	s.SetEpoch(l.Epoch)
-	return nil
-}
-
-// onlyHub holds the lease for the one hub ClaimDatabase lets in.
-const onlyHub = "the only hub"
+// ErrOtherHub is wrapped when a change made without a hub is refused
+// because a hub runs on the database.
+var ErrOtherHub = errors.New("a hub runs on this database")

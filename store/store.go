@@ -38,8 +38,6 @@ type Store struct {
 	path   string
 	logger *slog.Logger
 	now    func() time.Time
-	// claim is the connection holding ClaimDatabase's lock, nil without.
-	claim *sql.Conn
 	// epoch is the lease epoch this hub writes with (SetEpoch).
 	epoch atomic.Int64
 	// pgConfig is how to open another connection to the PostgreSQL server
@@ -124,9 +122,6 @@ func open(ctx context.Context, db *sql.DB, d *dialect, path, cannotReach string,
 
 // Close releases the database.
 func (s *Store) Close() error {
-	if s.claim != nil {
-		s.claim.Close()
-	}
 	if err := s.db.db.Close(); err != nil {
 		return fmt.Errorf("close database %s: %w", s.path, err)
 	}

@@ -391,6 +391,8 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	c.Flags().BoolVar(&opts.Demo, "demo", false, "apply the built-in demo fleet: rig (8x RTX 3060, vLLM), ultra (M1 Ultra) and max (M4 Max, llama.cpp), simulated")
 	c.Flags().StringVar(&opts.FleetFile, "fleet", "", "apply this fleet file at start")
 	c.Flags().StringVar(&opts.DatabaseURL, "database-url", "", "keep the state in PostgreSQL, postgres://USER:PASSWORD@HOST:5432/DATABASE, instead of SQLite in the data dir (default: $"+databaseURLEnv+", which keeps the password out of the process list); the data dir still holds "+hub.DataDirHolds)
+	c.Flags().StringVar(&opts.HubName, "hub-name", "", "this hub's name among the hubs sharing one --database-url (default: the host name); two running hubs with one name are refused")
+	c.Flags().DurationVar(&opts.LeaseTTL, "lease-ttl", hub.DefaultLeaseTTL, "with --database-url: how long the leader's lease lasts unrenewed (renewed every 2s; the leader stops driving the nodes 2s before it expires, and another hub takes over once the database says it expired); at least "+hub.MinLeaseTTL.String())
 	c.Flags().DurationVar(&opts.Retention, "retention", hub.DefaultRetention, "how long request samples, usage minutes, events and the audit log's lines of repeated refusals are kept in the database (720h = 30 days; negative keeps them all); bench runs are always kept")
 	c.Flags().IntVar(&opts.AuditMaxRows, "audit-rows", hub.DefaultAuditMaxRows, "most lines the audit log keeps; past it the oldest lines of refusals go first, then the oldest of actions (negative: no cap)")
 	c.Flags().DurationVar(&opts.RejectedGrace, "rejected-grace", 10*time.Minute, "how long a worker rejected for speed or shape keeps its engine up to be looked at; then the engine stops")
