@@ -339,6 +339,11 @@ func (c *cluster) lead(ctx context.Context, epoch int64) {
 	c.mu.Lock()
 	c.leading, c.epoch = true, epoch
 	c.mu.Unlock()
+	// The leader records the nodes' state; what this hub saw while it
+	// followed goes in now.
+	for _, n := range c.h.state.nodeList() {
+		c.h.onNode(n)
+	}
 	if err := c.h.restorePendingStops(ctx, f); err != nil {
 		c.log.Error("could not hand over the engines of removed placements still to stop", "err", err)
 	}
@@ -663,8 +668,10 @@ func (c *cluster) setMirror(f fleet.Fleet, known []fleet.Worker) {
 	h.state.models, h.state.placements = f.Models, f.Placements
 	nodes := make(map[string]fleet.Node, len(f.Nodes))
 	for _, n := range f.Nodes {
-		if old, ok := h.state.nodes[n.Name]; ok && n.Platform == nil {
-			n.Platform = old.Platform
+		// What this hub's own link to the node says (its manager probes
+		// every node, leading or not) stands over the database's word.
+		if old, ok := h.state.nodes[n.Name]; ok && old.Address == n.Address {
+			n.Platform, n.ProbedAt, n.State, n.Reason = old.Platform, old.ProbedAt, old.State, old.Reason
 		}
 		nodes[n.Name] = n
 	}

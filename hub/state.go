@@ -52,6 +52,17 @@ func (ms *mirror) ready() []fleet.Worker {
 	return out
 }
 
+// nodeList is the nodes as this hub sees them.
+func (ms *mirror) nodeList() []fleet.Node {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	out := make([]fleet.Node, 0, len(ms.nodes))
+	for _, n := range ms.nodes {
+		out = append(out, n)
+	}
+	return out
+}
+
 // anyReady says whether the router has a worker to send requests to.
 func (ms *mirror) anyReady() bool {
 	ms.mu.Lock()
