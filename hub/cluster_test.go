@@ -1,0 +1,198 @@
+package hub
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+	"fleet/internal/pgtest"
+	"fleet/store"
+)
+
+// expireLease renews holder's lease for a nanosecond through st and waits
+// until the database's clock says it expired.
+func expireLease(t *testing.T, st *store.Store, holder string) {
+	t.Helper()
+	ctx := t.Context()
+	if l, err := st.ClaimLease(ctx, holder, time.Nanosecond); err != nil || !l.Leader {
+		t.Fatalf("renew %s's lease for 1ns: %+v, %v", holder, l, err)
+	}
+	for {
+		l, err := st.ReadLease(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if l.ValidFor <= 0 {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
+
+func openPGStore(t *testing.T, url string) *store.Store {
+	t.Helper()
+	st, err := store.OpenPostgres(t.Context(), url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	return st
+}
+
+// TestStaleLeaderCannotRecordALaunch: a leader whose lease another hub took
+// (after it expired by the database's clock) cannot record a launch, so it
+// starts no engine, and its next renewal makes it a follower.
+func TestStaleLeaderCannotRecordALaunch(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.cluster.renew(ctx)
+	if role, leader := h.cluster.role(); role != RoleLeader || leader != "a" || !h.cluster.stillLeading() {
+		t.Fatalf("after its first renewal the only hub is %s (leader %q)", role, leader)
+	}
+	w := fleet.Worker{Node: "rig", Model: "qwen3-4b", Engine: fleet.EngineVLLM, State: fleet.WorkerStarting}
+	if _, err := h.recordLaunch(ctx, w); err != nil {
+		t.Fatalf("the leader records a launch: %v", err)
+	}
+
+	other := openPGStore(t, url)
+	expireLease(t, other, "a")
+	if l, err := other.ClaimLease(ctx, "b", time.Hour); err != nil || !l.Leader {
+		t.Fatalf("b takes the expired lease: %+v, %v", l, err)
+	}
+	before, err := other.Identity(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.recordLaunch(ctx, w); !errors.Is(err, store.ErrNotLeader) || !strings.Contains(err.Error(), "nothing was started") {
+		t.Fatalf("the stale leader records a launch: %v; want ErrNotLeader, nothing started", err)
+	}
+	if after, err := other.Identity(ctx); err != nil || after.Launches != before.Launches {
+		t.Errorf("launch serials %d after the refused launch, %d before (%v)", after.Launches, before.Launches, err)
+	}
+	h.cluster.renew(ctx)
+	if role, leader := h.cluster.role(); role != RoleFollower || leader != "b" || h.cluster.stillLeading() || h.store.Epoch() != 0 {
+		t.Errorf("after its renewal the stale leader is %s (leader %q, epoch %d); want a follower of b", role, leader, h.store.Epoch())
+	}
+}
+
+// TestLeaderThatCannotRenewStopsLeading: a leader whose renewals do not get
+// through (another session holds the lease's row) stops leading once its
+// own clock says the lease is near its end, and leads again once they do.
+func TestLeaderThatCannotRenewStopsLeading(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a", LeaseTTL: MinLeaseTTL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.cluster.renew(ctx)
+	if !h.cluster.stillLeading() {
+		t.Fatal("the only hub does not lead after its first renewal")
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	tx, err := db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tx.ExecContext(ctx, `SELECT * FROM lease FOR UPDATE`); err != nil {
+		t.Fatal(err)
+	}
+	// Each renewal waits its 2 s and gives up; the lease's 5 s less the 2 s
+	// margin are over after the second.
+	for i := 0; i < 5 && h.cluster.stillLeading(); i++ {
+		h.cluster.renew(ctx)
+	}
+	if role, _ := h.cluster.role(); role != RoleFollower || h.store.Epoch() != 0 {
+		t.Fatalf("a leader that cannot renew is %s (epoch %d); want it following", role, h.store.Epoch())
+	}
+	if err := tx.Rollback(); err != nil {
+		t.Fatal(err)
+	}
+	h.cluster.renew(ctx)
+	if role, _ := h.cluster.role(); role != RoleLeader || !h.cluster.stillLeading() || h.store.Epoch() == 0 {
+		t.Errorf("once its renewal gets through the hub is %s (epoch %d); want it leading", role, h.store.Epoch())
+	}
+}
+
+// TestFollowerActionWithoutLeaderIsRefused: an action on a follower while no
+// hub holds the lease is refused at once, says so, is audited once as
+// failed, and changes nothing.
+func TestFollowerActionWithoutLeaderIsRefused(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	const name = "rig/qwen3-4b"
+	w := fleet.Worker{Node: "rig", Model: "qwen3-4b", Engine: fleet.EngineVLLM, State: fleet.WorkerReady, PID: 42}
+	if _, err := h.store.SaveWorker(ctx, w); err != nil { // at the epoch Open took
+		t.Fatal(err)
+	}
+	h.state.mu.Lock()
+	h.state.workers[name] = w
+	h.state.mu.Unlock()
+	expireLease(t, openPGStore(t, url), "a")
+
+	done := make(chan error, 1)
+	go func() {
+		_, err := h.Act(ctx, LocalAdmin(), fleet.ActionDrain, []string{name})
+		done <- err
+	}()
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("drain on a follower without a leader waits instead of being refused")
+	}
+	if !errors.Is(err, errNoLeader) || !strings.Contains(err.Error(), "nothing was done") {
+		t.Fatalf("drain without a leader: %v; want it refused, nothing done", err)
+	}
+	audit, err := h.store.Audit(ctx, 50)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var lines []fleet.AuditEntry
+	for _, e := range audit {
+		if e.Action == string(fleet.ActionDrain) {
+			lines = append(lines, e)
+		}
+	}
+	if len(lines) != 1 || lines[0].Target != name || !strings.Contains(lines[0].Outcome, "no hub holds the leader's lease") {
+		t.Errorf("audit of the refused drain: %+v; want one line saying why", lines)
+	}
+	if got, err := h.store.Worker(ctx, "rig", "qwen3-4b"); err != nil || got.Drained {
+		t.Errorf("the worker after the refused drain: %+v, %v; want it not drained", got, err)
+	}
+	if n := countActions(t, url); n != 0 {
+		t.Errorf("%d actions queued; want none", n)
+	}
+}
+
+func countActions(t *testing.T, url string) int {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	if err := db.QueryRowContext(context.Background(), `SELECT COUNT(*) FROM actions`).Scan(&n); err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
