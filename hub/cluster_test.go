@@ -196,3 +196,31 @@ func countActions(t *testing.T, url string) int {
 	}
 	return n
 }
+
+// TestHealthSaysRoleAndWhetherItCanRoute: /healthz's answer on PostgreSQL
+// names the hub and its role; 503 only when the hub knows no ready worker
+// and the database has not answered within the lease's time.
+func TestHealthSaysRoleAndWhetherItCanRoute(t *testing.T) {
+	url := pgtest.URL(t)
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	code, body := h.cluster.health()
+	if code != 200 || !strings.Contains(string(body), `"hub":"a"`) || !strings.Contains(string(body), `"role":"follower"`) {
+		t.Errorf("health of a hub that reached the database: %d %s", code, body)
+	}
+	h.cluster.mu.Lock()
+	h.cluster.dbSeen = time.Time{} // the database has not answered for long
+	h.cluster.mu.Unlock()
+	if code, body := h.cluster.health(); code != 503 || !strings.Contains(string(body), "cannot route") {
+		t.Errorf("health without a ready worker nor the database: %d %s; want 503", code, body)
+	}
+	h.state.mu.Lock()
+	h.state.workers["rig/qwen3-4b"] = fleet.Worker{Node: "rig", Model: "qwen3-4b", State: fleet.WorkerReady}
+	h.state.mu.Unlock()
+	if code, body := h.cluster.health(); code != 200 {
+		t.Errorf("health with a ready worker known, the database gone: %d %s; want 200 (it still routes)", code, body)
+	}
+}

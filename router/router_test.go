@@ -827,6 +827,23 @@ func TestHealthz(t *testing.T) {
 	}
 }
 
+// TestHealthzAsksTheHub: with Options.Health, /healthz answers what the hub
+// says (a hub of several: its role, or 503 when it cannot route).
+func TestHealthzAsksTheHub(t *testing.T) {
+	_, rsrv := startRouter(t, Options{Health: func() (int, []byte) {
+		return http.StatusServiceUnavailable, []byte(`{"status":"cannot route","role":"follower"}`)
+	}})
+	resp, err := http.Get(rsrv.URL + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusServiceUnavailable || string(body) != `{"status":"cannot route","role":"follower"}` || resp.Header.Get("Content-Type") != "application/json" {
+		t.Errorf("/healthz: %d %s %q", resp.StatusCode, body, resp.Header.Get("Content-Type"))
+	}
+}
+
 func TestSetBackendsUsesTheNewDial(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
 	defer cancel()
