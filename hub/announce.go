@@ -25,7 +25,12 @@ func (h *Hub) announce() (stop func()) {
 	h.mu.Lock()
 	h.lanName = a.Host
 	h.mu.Unlock()
-	return func() { _ = a.Close() }
+	return func() {
+		_ = a.Close()
+		h.mu.Lock()
+		h.lanName = ""
+		h.mu.Unlock()
+	}
 }
 
 // LANName is the console's announced name (e.g. "fleet.local"), or "" when

@@ -728,3 +728,31 @@ func signal(c chan struct{}) {
 	default:
 	}
 }
+
+// announceWhileServing announces the console by mDNS (announce) while this
+// hub can serve (its health is 200) and withdraws it while it cannot, so
+// that a name shared by several hubs leads to one that answers.
+func (c *cluster) announceWhileServing(ctx context.Context, announce func() (stop func())) {
+	var stop func()
+	t := time.NewTicker(leaseRenewEvery)
+	defer t.Stop()
+	for {
+		code, _ := c.health()
+		switch {
+		case code == 200 && stop == nil:
+			stop = announce()
+		case code != 200 && stop != nil:
+			c.log.Warn("this hub cannot route: its console is no longer announced by mDNS")
+			stop()
+			stop = nil
+		}
+		select {
+		case <-ctx.Done():
+			if stop != nil {
+				stop()
+			}
+			return
+		case <-t.C:
+		}
+	}
+}

@@ -608,7 +608,9 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			f()
 		}()
 	}
-	if console != nil {
+	if console != nil && h.cluster.on {
+		spawn(func() { h.cluster.announceWhileServing(ctx, h.announce) })
+	} else if console != nil {
 		defer h.announce()()
 		spawn(func() {
 			if err := console.ListenAndServe(ctx); err != nil && ctx.Err() == nil {
