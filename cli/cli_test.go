@@ -113,6 +113,8 @@ func (f *fakeHub) Status(context.Context, fleet.User) (fleet.HubStatus, error) {
 		Workers: fleet.CountStates(map[string]string{"ultra/qwen3-4b": "ready", "max/qwen3-4b": "installing", "rig/qwen3-4b": "failed"},
 			[]string{"ready", "installing", "failed"}),
 		Models: []fleet.ModelStatus{{ID: "qwen3-4b", Aliases: []string{"qwen"}, Context: 16384, Ready: 1, Workers: 3}},
+		Hub:    "hub2", HubRole: "follower", Leader: "hub1",
+		Hubs: []fleet.HubView{{Name: "hub1", Role: "leader", HeartbeatAgeSeconds: 0.7}, {Name: "hub2", Role: "follower", HeartbeatAgeSeconds: 1.84}},
 	}, nil
 }
 func (f *fakeHub) BenchHistory(_ context.Context, _ fleet.User, worker string, limit int) ([]sweep.Result, error) {
@@ -292,6 +294,8 @@ func TestStatusScreen(t *testing.T) {
 		"3: 2 up, 1 unreachable (rig)",
 		"3: 1 ready, 1 installing (max/qwen3-4b), 1 failed (rig/qwen3-4b)",
 		"qwen3-4b (qwen): 1/3 workers ready, context 16384",
+		"hub2, follower (leader hub1)",
+		"2: hub1 leader, heartbeat 700ms ago; hub2 follower, heartbeat 1.8s ago",
 	} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("status lacks %q:\n%s", want, out.String())
@@ -305,7 +309,7 @@ func TestStatusScreen(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &st); err != nil {
 		t.Fatal(err)
 	}
-	for _, key := range []string{"version", "data_dir", "database", "uptime_s", "router", "console", "nodes", "workers", "models", "keys"} {
+	for _, key := range []string{"version", "data_dir", "database", "uptime_s", "router", "console", "nodes", "workers", "models", "keys", "hub", "hub_role", "leader", "hubs"} {
 		if _, ok := st[key]; !ok {
 			t.Errorf("status --json lacks %q: %s", key, out.String())
 		}
