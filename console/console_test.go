@@ -695,3 +695,17 @@ func TestWorkerTableHasTheSharedColumns(t *testing.T) {
 		t.Errorf("max's Model cell is %q, want qwen3-4b:\n%s\n%s", cell, header, row)
 	}
 }
+
+// TestTitleSaysTheHubAndItsRole: with several hubs the title bar says which
+// hub this is and which leads; with one (SQLite) it says nothing of hubs.
+func TestTitleSaysTheHubAndItsRole(t *testing.T) {
+	src := consoletest.Demo()
+	h := newHarness(t, src, operator, 160, 30)
+	mustNotContain(t, strings.Split(h.screen(), "\n")[0], "leader", "follower")
+	src.SetHub(&fleet.HubRole{Name: "hub2", Role: "follower", Leader: "hub1"})
+	h = newHarness(t, src, operator, 160, 30)
+	mustContain(t, strings.Split(h.screen(), "\n")[0], "hub2 follower of hub1")
+	src.SetHub(&fleet.HubRole{Name: "hub2", Role: "follower"})
+	h = newHarness(t, src, operator, 160, 30)
+	mustContain(t, strings.Split(h.screen(), "\n")[0], "hub2 follower, no leader")
+}

@@ -276,3 +276,11 @@ func (s *Source) RefusedActions() []console.Action {
 	defer s.mu.Unlock()
 	return slices.Clone(s.refused)
 }
+
+// SetHub makes the snapshot say which hub answers, as a hub of several on
+// PostgreSQL does.
+func (s *Source) SetHub(r *fleet.HubRole) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.snap.Hub = r
+}
