@@ -224,3 +224,22 @@ func TestHealthSaysRoleAndWhetherItCanRoute(t *testing.T) {
 		t.Errorf("health with a ready worker known, the database gone: %d %s; want 200 (it still routes)", code, body)
 	}
 }
+
+// TestBadHubNameOrLeaseTTLIsRefused: a lease too short to renew before the
+// leader must stop, or a hub name with control characters, stops the start
+// with what to give instead.
+func TestBadHubNameOrLeaseTTLIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		opts Options
+		want string
+	}{
+		{Options{LeaseTTL: 3 * time.Second}, "--lease-ttl 3s is too short"},
+		{Options{HubName: "hub\x1b[2J"}, "--hub-name"},
+		{Options{HubName: strings.Repeat("h", 65)}, "at most 64"},
+	} {
+		_, err := openHub(t, tc.opts)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("Open(%+v): %v; want it refused saying %q", tc.opts, err, tc.want)
+		}
+	}
+}
