@@ -462,10 +462,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	h.mgr.SetDesired(f)
-	if !h.cluster.on || st.Epoch() != 0 {
-		// On PostgreSQL the workers are handed over when this hub leads
-		// (SetLeading); one that took the lease at start hands them over
-		// now too, as a restarted hub on SQLite does.
+	if !h.cluster.on {
+		// On PostgreSQL the workers are handed over when this hub leads.
 		h.mgr.Restore(known)
 		if err := h.restorePendingStops(ctx, f); err != nil {
 			return nil, err
