@@ -41,6 +41,7 @@ placements:
 `
 
 func TestAdmissionRejectsADifferentResponseShape(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := filepath.Join(t.TempDir(), "fleet.yaml")
 	if err := os.WriteFile(file, []byte(mismatchedShapes), 0o600); err != nil {
@@ -89,6 +90,7 @@ func TestAdmissionRejectsADifferentResponseShape(t *testing.T) {
 // With normalisation on the model, the same two engines answer in one shape
 // through the router, so both are admitted and the diff says so.
 func TestNormalisationMakesShapesEqual(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := filepath.Join(t.TempDir(), "fleet.yaml")
 	normalised := strings.Replace(mismatchedShapes, "    context: 16384\n", "    context: 16384\n    reasoning: inline\n", 1)
@@ -144,6 +146,7 @@ placements:
 // 2,284.5). Warmed up, and measured back to back with the ready one before
 // any rejection, the twin is admitted.
 func TestIdenticalWorkerAdmittedDespiteItsColdStart(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, twinFleet("b")))
 	if w := waitWorker(t, data, "b/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
@@ -237,6 +240,7 @@ func firstAnswer(addr string, start time.Time) (int, string, time.Duration) {
 // first answer, with and without the starved node, is logged (the issue's
 // figure); nothing is asserted about it.
 func TestStarvedNodeDoesNotStallTheColdStart(t *testing.T) {
+	t.Parallel()
 	for _, starved := range []bool{false, true} {
 		name := "without the starved node"
 		if starved {

@@ -228,6 +228,7 @@ func waitWorkers(t *testing.T, data string, within time.Duration, ok func([]flee
 // (`fleet fleet-id --new`), it runs its own engines and its `stop all`
 // leaves the first hub's alone.
 func TestHubOnACopiedDatabaseLeavesTheFirstHubsEngines(t *testing.T) {
+	t.Parallel()
 	first := t.TempDir()
 	startHub(t, first, freePort(t))
 	before := waitReady(t, first, 3, 60*time.Second)

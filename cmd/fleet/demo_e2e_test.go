@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -26,7 +27,19 @@ import (
 // fleetBin is the fleet binary built once for the end-to-end tests.
 var fleetBin string
 
+// e2eParallel is how many end-to-end tests marked t.Parallel run at once
+// when -parallel is not given. They spend their minutes waiting on hubs
+// and engines, not on the CPU, so Go's default (GOMAXPROCS, 2 on a CI
+// machine) would leave the machine idle for most of the package's run.
+const e2eParallel = 4
+
 func TestMain(m *testing.M) {
+	flag.Parse()
+	given := false
+	flag.Visit(func(f *flag.Flag) { given = given || f.Name == "test.parallel" })
+	if !given {
+		_ = flag.Set("test.parallel", strconv.Itoa(e2eParallel))
+	}
 	os.Exit(testbin.Main(m, "fleet-e2e-bin", func(dir string) (err error) {
 		fleetBin, err = testbin.Build(dir, "fleet", ".")
 		return err
@@ -226,6 +239,7 @@ func streamChat(t *testing.T, base string, maxTokens int) ([]string, []time.Time
 }
 
 func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
@@ -328,6 +342,7 @@ func requestsTo(t *testing.T, base, backend string) int {
 }
 
 func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http
@@ -377,6 +392,7 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 }
 
 func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	startHub(t, data, freePort(t))
 	ws := waitReady(t, data, 3, 30*time.Second)
@@ -430,6 +446,7 @@ func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
 }
 
 func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	// Open on the LAN with no key: refused before anything listens.
 	out, err := exec.Command(fleetBin, "--data", data, "serve", "--http", "0.0.0.0:0", "--ssh=").CombinedOutput()

@@ -21,6 +21,7 @@ import (
 // log and `logs -f` follows it until the client is interrupted, after which
 // no tail is left on the node; bash completes worker names from the hub.
 func TestEverydayCommands(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	port := freePort(t)
 	startHub(t, data, port)
@@ -114,6 +115,7 @@ func TestEverydayCommands(t *testing.T) {
 // (a real sshd) tails the log on the node through the hub's SSH connection,
 // and interrupting the client ends that tail on the node.
 func TestLogsFollowOnAnSSHNode(t *testing.T) {
+	t.Parallel()
 	f := startSSHFleet(t, "remote")
 	waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	followThenInterrupt(t, f.data, "remote/qwen3-4b", "remote-qwen3-4b.log", syscall.SIGINT)

@@ -40,6 +40,7 @@ func postChatNamed(t *testing.T, base, model string, stream bool) (int, []byte) 
 // served by all three workers (vLLM refuses names it does not serve), each
 // answer carrying the alias.
 func TestDemoAnswersTheFirstRequestAndEveryAlias(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t), "--policy", "round-robin")
 	base := "http://" + h.http
@@ -122,6 +123,7 @@ func allCarry(body []byte, model string) bool {
 // TestServeQueueFlags: the queue's bounds are serve flags, in --help, and a
 // negative one is refused before anything is created.
 func TestServeQueueFlags(t *testing.T) {
+	t.Parallel()
 	help, code := fleetCmd(t, t.TempDir(), "serve", "--help")
 	if code != 0 || !strings.Contains(help, "--queue-timeout") || !strings.Contains(help, "--queue-size") {
 		t.Errorf("serve --help (exit %d) does not show the queue flags:\n%s", code, help)
@@ -142,6 +144,7 @@ func TestServeQueueFlags(t *testing.T) {
 // a model drains, stops and relaunches, requests wait for it and are
 // served, instead of failing with 503.
 func TestRestartOfTheOnlyWorkerKeepsRequestsWaiting(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := filepath.Join(data, "fleet.yaml")
 	if err := os.WriteFile(file, []byte(`nodes:

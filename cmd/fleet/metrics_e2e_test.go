@@ -44,6 +44,7 @@ placements:
 // engine's series, relabelled; every metric the shipped Grafana dashboard
 // queries is among them.
 func TestUsageLimitsAndMetricsThroughTheHub(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := filepath.Join(data, "fleet.yaml")
 	if err := os.WriteFile(file, []byte(metricsFleet), 0o600); err != nil {

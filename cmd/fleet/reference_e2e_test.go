@@ -31,6 +31,7 @@ func judged(w fleet.WorkerView) bool {
 // rejected and left running. The memory gate now runs before the launch:
 // the worker is rejected with the figures and no engine ever starts.
 func TestMemoryGateRejectsBeforeLaunch(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := writeFleet(t, `nodes:
   - name: max
@@ -104,6 +105,7 @@ placements:
 }
 
 func TestMisconfiguredWorkerDoesNotDecideTheReference(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	file := writeFleet(t, storyFleet(""))
 	launchHub(t, data, freePort(t), "--fleet", file)
@@ -179,6 +181,7 @@ placements:
 // A changed recipe on the reference node retakes the reference, and the
 // model's other workers are judged again without a restart.
 func TestReferenceRecipeChangeRejudgesOthers(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, refFleet("")))
 	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
@@ -209,6 +212,7 @@ func TestReferenceRecipeChangeRejudgesOthers(t *testing.T) {
 // shape and shape pin work on a rejected worker whose engine runs, and a
 // pin re-judges the rejected workers at once.
 func TestShapePinRejudgesRejectedWorkers(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
 	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
@@ -244,6 +248,7 @@ func TestShapePinRejudgesRejectedWorkers(t *testing.T) {
 // pinned worker, relaunched with a new command line, retakes the pin with
 // its new shape, as a reference node does.
 func TestShapePinJudgesEveryWorkerAndFollowsThePinnedRecipe(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, storyFleet("")))
 	others := map[string]fleet.WorkerView{}
@@ -297,6 +302,7 @@ func TestShapePinJudgesEveryWorkerAndFollowsThePinnedRecipe(t *testing.T) {
 // A worker admitted first, with nothing to compare it with, is judged again
 // when a faster one arrives.
 func TestSlowFirstWorkerRejectedWhenAFasterOneArrives(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	const nodes = `nodes:
   - name: slow
@@ -340,6 +346,7 @@ placements:
 // Naming another reference node in the fleet file takes the reference from
 // that node's worker and judges the others again, without restarting any.
 func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
 	rig := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged)
@@ -373,6 +380,7 @@ func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
 // passes. Judged when it alone was measured, ultra "set the bar" and both
 // were admitted; now it waits for rig's measurement and is rejected.
 func TestColdStartJudgesAgainstPeers(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, `nodes:
   - name: ultra
@@ -410,6 +418,7 @@ placements:
 // then the engine stops while the worker stays rejected; shape then says the
 // engine is down, and admit --force launches it unchecked.
 func TestRejectedEngineStopsAfterTheGrace(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes), "--rejected-grace", "2s")
 	ultra := waitWorker(t, data, "ultra/qwen3-4b", "rejected", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })

@@ -73,6 +73,7 @@ type sdkStream struct {
 // it asked for (an alias, which the engines never hear); n = 2 is answered by
 // the vLLM worker, the only one that returns several choices.
 func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
+	t.Parallel()
 	node, sdks := npmSDKs(t)
 	data := t.TempDir()
 	port := freePort(t)

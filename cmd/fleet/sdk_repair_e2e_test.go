@@ -43,6 +43,7 @@ var repairCases = map[string]string{
 // the first ("request ended without sending any chunks") and returns a
 // message without role and a tool call without input on the second.
 func TestOfficialAnthropicSDKAcceptsRepairedStreams(t *testing.T) {
+	t.Parallel()
 	node, sdks := npmSDKs(t)
 	caseName := regexp.MustCompile(`case:(\w+)`)
 	worker := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {

@@ -34,6 +34,7 @@ func inFlight(t *testing.T, base, backend string) int {
 // router still counts those requests as the workers' load, so its
 // scheduler does not fill the slots they take.
 func TestShapeRequestsAreRouterLoad(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http

@@ -227,6 +227,7 @@ func openAIError(payload string) (msg string, ok bool) {
 // survives a kill -9 of the hub (adopted with the same PID, serving again),
 // and is stopped when an apply removes its placement.
 func TestSSHNodeLifecycle(t *testing.T) {
+	t.Parallel()
 	// A stranger (this test process) listens on the first free port of the
 	// engines' range, which the hub, unable to test-bind ports on a remote
 	// node, will pick: it must leave it alone and take another.
@@ -345,6 +346,7 @@ func containsEvent(evs []fleet.Event, sub string) bool {
 // TestSSHNodeChangedHostKeyIsRefused: the same address answering with
 // another host key is refused loudly until an admin trusts it.
 func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
+	t.Parallel()
 	f := startSSHFleet(t, "rekeyed")
 	w := waitWorker(t, f.data, "rekeyed/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	pinned := waitNode(t, f.data, "rekeyed", "pinned", 5*time.Second, func(n fleet.Node) bool { return n.HostKey != "" }).HostKey
@@ -409,6 +411,7 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 // through its tunnel. The client gets an OpenAI-shaped error, not a hang,
 // and the worker leaves the ready set.
 func TestSSHNodeLostMidStream(t *testing.T) {
+	t.Parallel()
 	f := startSSHFleet(t, "flaky")
 	w := waitWorker(t, f.data, "flaky/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 
@@ -471,6 +474,7 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 // listen beyond the node's loopback, and a stream in flight does not depend
 // on the node's sshd: it finishes whole after sshd is killed under it.
 func TestSSHNodeDirectEndpoint(t *testing.T) {
+	t.Parallel()
 	f := startSSHFleetVia(t, "direct", "direct")
 	w := waitWorker(t, f.data, "direct/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if got := strings.Join(w.Argv, " "); !strings.Contains(got, "--host 0.0.0.0 --port "+strconv.Itoa(w.Port)) {
@@ -508,6 +512,7 @@ func TestSSHNodeDirectEndpoint(t *testing.T) {
 // best ready worker does ~90 tok/s is rejected with both figures, until an
 // operator forces it in (audited).
 func TestAdmissionRejectsASlowWorker(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	const nodesFast = `nodes:
   - name: fast

@@ -54,6 +54,7 @@ func waitProbedSince(t *testing.T, data string, since time.Time, n int, within t
 // `fleet stop all` leaves no engine process, a restarted hub launches none,
 // and `fleet start all` brings the fleet back.
 func TestDemoStopAllStaysStoppedAcrossRestart(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
@@ -110,6 +111,7 @@ func TestDemoStopAllStaysStoppedAcrossRestart(t *testing.T) {
 // An empty fleet file removes the nodes and their placements together; their
 // engines are stopped, not left running untracked.
 func TestApplyEmptyFleetStopsEveryEngine(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	startHub(t, data, freePort(t))
 	waitReady(t, data, 3, 60*time.Second)
@@ -134,6 +136,7 @@ func TestApplyEmptyFleetStopsEveryEngine(t *testing.T) {
 // their engines, finds the pending stops when it starts again and carries
 // them out through the nodes as recorded, though the fleet no longer has them.
 func TestPendingStopsSurviveAHubKill(t *testing.T) {
+	t.Parallel()
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
@@ -183,6 +186,7 @@ func TestPendingStopsSurviveAHubKill(t *testing.T) {
 // the hub's books: across a hub restart, the hub reaches the node again by
 // the address and host key recorded with the pending stop, and stops it.
 func TestUnreachableRemovedNodeIsStoppedAfterAHubRestart(t *testing.T) {
+	t.Parallel()
 	f := startSSHFleet(t, "remote")
 	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if !alive(w.PID) {
