@@ -98,7 +98,7 @@ func TestNormalisationMakesShapesEqual(t *testing.T) {
 		t.Fatal(err)
 	}
 	h := launchHub(t, data, freePort(t), "--fleet", file)
-	waitReady(t, data, 2, 60*time.Second)
+	waitReady(t, data, 2, 120*time.Second)
 	out, code := fleetCmd(t, data, "shape", "rig", "ultra", "--json")
 	if code != 0 {
 		t.Fatalf("shape: exit %d: %s", code, out)
@@ -149,7 +149,7 @@ func TestIdenticalWorkerAdmittedDespiteItsColdStart(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, twinFleet("b")))
-	if w := waitWorker(t, data, "b/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+	if w := waitWorker(t, data, "b/qwen3-4b", "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
 		t.Fatalf("the only worker is %s (%q)", w.State, w.Reason)
 	}
 	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, twinFleet("b", "a"))); code != 0 {

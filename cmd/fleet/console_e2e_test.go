@@ -251,7 +251,7 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 	base := "http://" + h.http
 	ssh := sshClient{port: sshPort, knownHosts: filepath.Join(keys, "known_hosts")}
 
-	waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 
 	// The first connection records the host key; the admin comes from --admin-keys.
 	if out, errOut, code := ssh.run(t, adminKey, "accept-new", "whoami"); code != 0 || !strings.Contains(out, "(admin)") {

@@ -143,12 +143,12 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				waitKilled(t, h, tc.point)
 				tried++
 				launchHub(t, data, port)
-				ws := waitReady(t, data, 3, 90*time.Second)
+				ws := waitReady(t, data, 3, 120*time.Second)
 				checkEnginesTracked(t, data, ws)
 
 			case "stop", "drain":
 				h, arm := crashingHub(t, data, port, tc.point, "--demo")
-				waitReady(t, data, 3, 60*time.Second)
+				waitReady(t, data, 3, 120*time.Second)
 				arm()
 				if tc.scenario == "stop" {
 					fleetCmd(t, data, "stop", "all")
@@ -188,7 +188,7 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 
 			case "remove":
 				h, arm := crashingHub(t, data, port, tc.point, "--demo")
-				waitReady(t, data, 3, 60*time.Second)
+				waitReady(t, data, 3, 120*time.Second)
 				arm()
 				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra"), "apply", "-f", "-")
 				waitKilled(t, h, tc.point)
@@ -231,7 +231,7 @@ func TestHubOnACopiedDatabaseLeavesTheFirstHubsEngines(t *testing.T) {
 	t.Parallel()
 	first := t.TempDir()
 	startHub(t, first, freePort(t))
-	before := waitReady(t, first, 3, 60*time.Second)
+	before := waitReady(t, first, 3, 120*time.Second)
 
 	// A consistent copy, as SQLite's .backup makes it, while the first hub runs.
 	copied := t.TempDir()
@@ -273,7 +273,7 @@ func TestHubOnACopiedDatabaseLeavesTheFirstHubsEngines(t *testing.T) {
 		t.Fatalf("fleet-id --new: exit %d:\n%s", code, out)
 	}
 	launchHub(t, copied, port)
-	waitReady(t, copied, 3, 60*time.Second)
+	waitReady(t, copied, 3, 120*time.Second)
 	if out, code := fleetCmd(t, copied, "stop", "all"); code != 0 {
 		t.Fatalf("stop all on the copy: exit %d:\n%s", code, out)
 	}

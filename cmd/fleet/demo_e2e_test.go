@@ -261,7 +261,7 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
-	ws := waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 120*time.Second)
 	byNode := map[string]fleet.WorkerView{}
 	for _, w := range ws {
 		byNode[w.Node] = w
@@ -306,7 +306,7 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 
 	// The same command again adopts them: same PIDs, no second engine.
 	h2 := startHub(t, data, port)
-	ws = waitReady(t, data, 3, 30*time.Second)
+	ws = waitReady(t, data, 3, 120*time.Second)
 	for _, w := range ws {
 		if pids[w.Name()] != w.PID {
 			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])
@@ -346,7 +346,7 @@ func TestDemoEngineDeathLeavesReadySet(t *testing.T) {
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http
-	ws := waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 120*time.Second)
 	var ultra fleet.WorkerView
 	for _, w := range ws {
 		if w.Node == "ultra" {
@@ -395,7 +395,7 @@ func TestApplyRemovesAPlacementAndStopsItsEngine(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	startHub(t, data, freePort(t))
-	ws := waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 120*time.Second)
 	var maxPID int
 	for _, w := range ws {
 		if w.Node == "max" {
@@ -455,7 +455,7 @@ func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
 	}
 	port := freePort(t)
 	h := startHub(t, data, port)
-	waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	key, code := fleetCmd(t, data, "key", "create", "ci")
 	key = strings.TrimSpace(strings.Split(key, "\n")[0])
 	if code != 0 || !strings.HasPrefix(key, "fk-") {
@@ -464,7 +464,7 @@ func TestRouterRefusesToOpenWithoutKeysAndChecksThem(t *testing.T) {
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	h.cmd.Wait()
 	h = startHub(t, data, port, "--require-keys")
-	waitReady(t, data, 3, 30*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	body := `{"model":"qwen3-4b","max_tokens":4,"messages":[{"role":"user","content":"hi"}]}`
 	for _, tc := range []struct {
 		key  string

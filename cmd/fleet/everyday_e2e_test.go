@@ -25,7 +25,7 @@ func TestEverydayCommands(t *testing.T) {
 	data := t.TempDir()
 	port := freePort(t)
 	startHub(t, data, port)
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 
 	out, code := fleetCmd(t, data, "status", "--json")
 	if code != 0 {
@@ -117,7 +117,7 @@ func TestEverydayCommands(t *testing.T) {
 func TestLogsFollowOnAnSSHNode(t *testing.T) {
 	t.Parallel()
 	f := startSSHFleet(t, "remote")
-	waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	waitWorker(t, f.data, "remote/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	followThenInterrupt(t, f.data, "remote/qwen3-4b", "remote-qwen3-4b.log", syscall.SIGINT)
 }
 

@@ -310,7 +310,7 @@ func TestHostileViewer(t *testing.T) {
 	h := launchHub(t, data, httpPort, flags...)
 	base := "http://" + h.http
 	pid := h.cmd.Process.Pid
-	waitReady(t, data, 2, 60*time.Second)
+	waitReady(t, data, 2, 120*time.Second)
 
 	ssh := sshClient{port: sshPort, knownHosts: filepath.Join(keys, "known_hosts")}
 	if out, errOut, code := ssh.run(t, adminKey, "accept-new", "whoami"); code != 0 || !strings.Contains(out, "(admin)") {

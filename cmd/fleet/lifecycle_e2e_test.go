@@ -61,7 +61,7 @@ func TestDemoAnswersTheFirstRequestAndEveryAlias(t *testing.T) {
 		t.Fatalf("the first request, sent as the router opened, got %d: %s", status, body)
 	}
 
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	before := map[string]int{}
 	for _, w := range []string{"rig/qwen3-4b", "ultra/qwen3-4b", "max/qwen3-4b"} {
 		before[w] = requestsTo(t, base, w)
@@ -166,7 +166,7 @@ placements:
 	}
 	h := launchHub(t, data, freePort(t), "--fleet", file)
 	base := "http://" + h.http
-	before := waitReady(t, data, 1, 60*time.Second)[0]
+	before := waitReady(t, data, 1, 120*time.Second)[0]
 
 	restarted := make(chan string, 1)
 	go func() {

@@ -52,7 +52,7 @@ func TestUsageLimitsAndMetricsThroughTheHub(t *testing.T) {
 	}
 	port := freePort(t)
 	h := launchHub(t, data, port, "--fleet", file)
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	keys := map[string]string{}
 	for _, name := range []string{"ci", "bob"} {
 		out, code := fleetCmd(t, data, "key", "create", name)
@@ -70,7 +70,7 @@ func TestUsageLimitsAndMetricsThroughTheHub(t *testing.T) {
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	h.cmd.Wait()
 	h = launchHub(t, data, port, "--fleet", file, "--require-keys")
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	if out, _ := fleetCmd(t, data, "key", "list"); !strings.Contains(out, "ci") || !strings.Contains(out, "2") {
 		t.Errorf("key list does not show ci's limit:\n%s", out)
 	}

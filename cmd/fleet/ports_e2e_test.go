@@ -43,7 +43,7 @@ placements:
 	for node, want := range map[string]fleet.PortRange{"rig": hubPorts, "max": maxPorts} {
 		// Serving is enough: admission (the two sims differ in shape) is
 		// not what this is about.
-		w := waitWorker(t, data, node+"/qwen3-4b", "serving", 60*time.Second, func(w fleet.WorkerView) bool {
+		w := waitWorker(t, data, node+"/qwen3-4b", "serving", 120*time.Second, func(w fleet.WorkerView) bool {
 			return w.PID > 0 && (w.State == fleet.WorkerProbation || w.State == fleet.WorkerReady || w.State == fleet.WorkerRejected)
 		})
 		if w.Port < want.Min || w.Port > want.Max {

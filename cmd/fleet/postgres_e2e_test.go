@@ -26,7 +26,7 @@ func TestDemoOnPostgreSQLServesAndAdoptsAfterRestart(t *testing.T) {
 	port := freePort(t)
 
 	h := startHub(t, data, port, "--database-url", dbURL)
-	ws := waitReady(t, data, 3, 30*time.Second)
+	ws := waitReady(t, data, 3, 120*time.Second)
 	pids := map[string]int{}
 	for _, w := range ws {
 		pids[w.Name()] = w.PID
@@ -49,7 +49,7 @@ func TestDemoOnPostgreSQLServesAndAdoptsAfterRestart(t *testing.T) {
 	h.cmd.Wait()
 	t.Setenv("FLEET_DATABASE_URL", dbURL)
 	h2 := startHub(t, data, port)
-	ws = waitReady(t, data, 3, 30*time.Second)
+	ws = waitReady(t, data, 3, 120*time.Second)
 	for _, w := range ws {
 		if pids[w.Name()] != w.PID {
 			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])

@@ -48,7 +48,7 @@ placements:
     node: max
 `)
 	launchHub(t, data, freePort(t), "--fleet", file)
-	w := waitWorker(t, data, "max/big", "rejected", 60*time.Second, judged)
+	w := waitWorker(t, data, "max/big", "rejected", 120*time.Second, judged)
 	if w.State != fleet.WorkerRejected || !strings.Contains(w.Reason, "memory: big needs 90.0 GiB but max has 16.5 GiB usable") {
 		t.Fatalf("max/big is %s (%q), want rejected with the memory figures", w.State, w.Reason)
 	}
@@ -110,11 +110,11 @@ func TestMisconfiguredWorkerDoesNotDecideTheReference(t *testing.T) {
 	file := writeFleet(t, storyFleet(""))
 	launchHub(t, data, freePort(t), "--fleet", file)
 	for _, name := range []string{"rig/qwen3-4b", "max/qwen3-4b"} {
-		if w := waitWorker(t, data, name, "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+		if w := waitWorker(t, data, name, "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
 			t.Fatalf("%s is %s (%q): the correctly configured workers must be admitted", name, w.State, w.Reason)
 		}
 	}
-	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged)
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 120*time.Second, judged)
 	if metal.State != fleet.WorkerRejected || !strings.Contains(metal.Reason, "tool calls") || !strings.Contains(metal.Reason, "rig/qwen3-4b") {
 		t.Fatalf("metal is %s (%q), want rejected against rig's reference for its tool calls", metal.State, metal.Reason)
 	}
@@ -133,7 +133,7 @@ func TestMisconfiguredWorkerDoesNotDecideTheReference(t *testing.T) {
 	if out, code := fleetCmd(t, data, "apply", "-f", fixed); code != 0 {
 		t.Fatalf("apply the fixed recipe: exit %d:\n%s", code, out)
 	}
-	w := waitWorker(t, data, "metal/qwen3-4b", "ready with its new command line", 90*time.Second, func(w fleet.WorkerView) bool {
+	w := waitWorker(t, data, "metal/qwen3-4b", "ready with its new command line", 120*time.Second, func(w fleet.WorkerView) bool {
 		return w.State == fleet.WorkerReady && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
 	})
 	if w.PID == metal.PID {
@@ -184,20 +184,20 @@ func TestReferenceRecipeChangeRejudgesOthers(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, refFleet("")))
-	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
 		t.Fatalf("the reference worker is %s (%q)", w.State, w.Reason)
 	}
-	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged)
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 120*time.Second, judged)
 	if metal.State != fleet.WorkerRejected {
 		t.Fatalf("metal is %s (%q), want rejected: rig is the reference, whoever was ready first", metal.State, metal.Reason)
 	}
 	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, refFleet("--enable-auto-tool-choice, --tool-call-parser, hermes"))); code != 0 {
 		t.Fatalf("apply: exit %d:\n%s", code, out)
 	}
-	rig := waitWorker(t, data, "rig/qwen3-4b", "ready with its new recipe", 90*time.Second, func(w fleet.WorkerView) bool {
+	rig := waitWorker(t, data, "rig/qwen3-4b", "ready with its new recipe", 120*time.Second, func(w fleet.WorkerView) bool {
 		return w.State == fleet.WorkerReady && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
 	})
-	w := waitWorker(t, data, "metal/qwen3-4b", "admitted on re-judgement", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, data, "metal/qwen3-4b", "admitted on re-judgement", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if w.PID != metal.PID {
 		t.Errorf("metal was restarted (PID %d → %d); a re-judgement needs none", metal.PID, w.PID)
 	}
@@ -215,10 +215,10 @@ func TestShapePinRejudgesRejectedWorkers(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
-	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged); w.State != fleet.WorkerReady {
+	if w := waitWorker(t, data, "rig/qwen3-4b", "judged", 120*time.Second, judged); w.State != fleet.WorkerReady {
 		t.Fatalf("rig, the first node of the first placement, is %s (%q)", w.State, w.Reason)
 	}
-	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 90*time.Second, judged)
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 120*time.Second, judged)
 	if ultra.State != fleet.WorkerRejected {
 		t.Fatalf("ultra is %s (%q), want rejected for its reasoning field", ultra.State, ultra.Reason)
 	}
@@ -253,13 +253,13 @@ func TestShapePinJudgesEveryWorkerAndFollowsThePinnedRecipe(t *testing.T) {
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, storyFleet("")))
 	others := map[string]fleet.WorkerView{}
 	for _, name := range []string{"rig/qwen3-4b", "max/qwen3-4b"} {
-		w := waitWorker(t, data, name, "judged", 90*time.Second, judged)
+		w := waitWorker(t, data, name, "judged", 120*time.Second, judged)
 		if w.State != fleet.WorkerReady {
 			t.Fatalf("%s is %s (%q)", name, w.State, w.Reason)
 		}
 		others[name] = w
 	}
-	if metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 90*time.Second, judged); metal.State != fleet.WorkerRejected {
+	if metal := waitWorker(t, data, "metal/qwen3-4b", "judged", 120*time.Second, judged); metal.State != fleet.WorkerRejected {
 		t.Fatalf("metal is %s (%q), want rejected for its tool calls", metal.State, metal.Reason)
 	}
 	out, code := fleetCmd(t, data, "shape", "pin", "metal")
@@ -282,14 +282,14 @@ func TestShapePinJudgesEveryWorkerAndFollowsThePinnedRecipe(t *testing.T) {
 	if out, code := fleetCmd(t, data, "apply", "-f", writeFleet(t, storyFleet("--enable-auto-tool-choice, --tool-call-parser, hermes"))); code != 0 {
 		t.Fatalf("apply the fixed recipe: exit %d:\n%s", code, out)
 	}
-	metal := waitWorker(t, data, "metal/qwen3-4b", "judged with its new command line", 90*time.Second, func(w fleet.WorkerView) bool {
+	metal := waitWorker(t, data, "metal/qwen3-4b", "judged with its new command line", 120*time.Second, func(w fleet.WorkerView) bool {
 		return judged(w) && strings.Contains(strings.Join(w.Argv, " "), "--tool-call-parser hermes")
 	})
 	if metal.State != fleet.WorkerReady {
 		t.Fatalf("metal with its fixed recipe is %s (%q): judged against its own stale pin", metal.State, metal.Reason)
 	}
 	for name, before := range others {
-		w := waitWorker(t, data, name, "admitted again", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+		w := waitWorker(t, data, name, "admitted again", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 		if w.PID != before.PID {
 			t.Errorf("%s was restarted (PID %d → %d); a re-judgement needs none", name, before.PID, w.PID)
 		}
@@ -349,8 +349,8 @@ func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes))
-	rig := waitWorker(t, data, "rig/qwen3-4b", "judged", 90*time.Second, judged)
-	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 90*time.Second, judged)
+	rig := waitWorker(t, data, "rig/qwen3-4b", "judged", 120*time.Second, judged)
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "judged", 120*time.Second, judged)
 	if rig.State != fleet.WorkerReady || ultra.State != fleet.WorkerRejected {
 		t.Fatalf("rig %s, ultra %s (%q): want rig, the default reference, ready and ultra rejected", rig.State, ultra.State, ultra.Reason)
 	}
@@ -359,8 +359,8 @@ func TestApplyingANewReferenceNodeRejudges(t *testing.T) {
 	if code != 0 || !strings.Contains(out, "reference first placed node → ultra") {
 		t.Fatalf("apply: exit %d:\n%s", code, out)
 	}
-	u := waitWorker(t, data, "ultra/qwen3-4b", "admitted as the new reference", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
-	r := waitWorker(t, data, "rig/qwen3-4b", "rejected against ultra's shape", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
+	u := waitWorker(t, data, "ultra/qwen3-4b", "admitted as the new reference", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	r := waitWorker(t, data, "rig/qwen3-4b", "rejected against ultra's shape", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
 	if u.PID != ultra.PID || r.PID != rig.PID {
 		t.Errorf("engines restarted: ultra %d → %d, rig %d → %d", ultra.PID, u.PID, rig.PID, r.PID)
 	}
@@ -421,8 +421,8 @@ func TestRejectedEngineStopsAfterTheGrace(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	launchHub(t, data, freePort(t), "--fleet", writeFleet(t, mismatchedShapes), "--rejected-grace", "2s")
-	ultra := waitWorker(t, data, "ultra/qwen3-4b", "rejected", 90*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
-	stopped := waitWorker(t, data, "ultra/qwen3-4b", "rejected with its engine stopped", 60*time.Second, func(w fleet.WorkerView) bool {
+	ultra := waitWorker(t, data, "ultra/qwen3-4b", "rejected", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerRejected })
+	stopped := waitWorker(t, data, "ultra/qwen3-4b", "rejected with its engine stopped", 120*time.Second, func(w fleet.WorkerView) bool {
 		return w.State == fleet.WorkerRejected && w.PID == 0
 	})
 	for deadline := time.Now().Add(30 * time.Second); alive(ultra.PID); time.Sleep(100 * time.Millisecond) {
@@ -440,7 +440,7 @@ func TestRejectedEngineStopsAfterTheGrace(t *testing.T) {
 	if out, code := fleetCmd(t, data, "admit", "--force", "ultra"); code != 0 {
 		t.Fatalf("admit --force: exit %d:\n%s", code, out)
 	}
-	w := waitWorker(t, data, "ultra/qwen3-4b", "ready after admit --force", 60*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, data, "ultra/qwen3-4b", "ready after admit --force", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if !alive(w.PID) {
 		t.Errorf("ultra is ready without a live engine: PID %d", w.PID)
 	}

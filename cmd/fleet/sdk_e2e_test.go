@@ -78,7 +78,7 @@ func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	out, code := fleetCmd(t, data, "key", "create", "sdk")
 	key := strings.TrimSpace(strings.Split(out, "\n")[0])
 	if code != 0 || !strings.HasPrefix(key, "fk-") {
@@ -87,7 +87,7 @@ func TestOfficialSDKsStreamThroughTheRouter(t *testing.T) {
 	h.cmd.Process.Signal(syscall.SIGTERM)
 	h.cmd.Wait()
 	h = startHub(t, data, port, "--require-keys")
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 
 	// The script imports the SDKs by name: node finds them through a
 	// node_modules link beside it.

@@ -38,7 +38,7 @@ func TestShapeRequestsAreRouterLoad(t *testing.T) {
 	data := t.TempDir()
 	h := startHub(t, data, freePort(t))
 	base := "http://" + h.http
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 
 	cmd := exec.Command(fleetBin, "--data", data, "shape", "ultra", "max")
 	var out strings.Builder

@@ -64,7 +64,7 @@ func TestSilentNodeUnderLoad(t *testing.T) {
 	}
 	hub := launchHub(t, data, freePort(t), "--fleet", path, "--policy", "round-robin")
 	base := "http://" + hub.http
-	waitReady(t, data, 2, 90*time.Second)
+	waitReady(t, data, 2, 120*time.Second)
 	// Warm the speed model with a few answers from each worker.
 	client := &http.Client{}
 	for i := range 6 {

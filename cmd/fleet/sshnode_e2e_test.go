@@ -242,7 +242,7 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	strangerPort := stranger.Addr().(*net.TCPAddr).Port
 
 	f := startSSHFleet(t, "remote")
-	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	switch {
 	case w.Port == strangerPort:
 		t.Fatalf("the engine reports ready on port %d, which the stranger holds", w.Port)
@@ -302,7 +302,7 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	}
 	// …and the hub started again adopts it over SSH.
 	f.hub = startFleetHub(t, f.data, f.httpPort, f.file)
-	again := waitWorker(t, f.data, w.Name(), "ready again", 45*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
+	again := waitWorker(t, f.data, w.Name(), "ready again", 120*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
 	if again.PID != w.PID {
 		t.Errorf("after the hub restart: PID %d, was %d: restarted instead of adopted", again.PID, w.PID)
 	}
@@ -348,7 +348,7 @@ func containsEvent(evs []fleet.Event, sub string) bool {
 func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	t.Parallel()
 	f := startSSHFleet(t, "rekeyed")
-	w := waitWorker(t, f.data, "rekeyed/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, f.data, "rekeyed/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	pinned := waitNode(t, f.data, "rekeyed", "pinned", 5*time.Second, func(n fleet.Node) bool { return n.HostKey != "" }).HostKey
 
 	// The machine is "reinstalled": same port, another host key.
@@ -378,7 +378,7 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 	if !sawEvent {
 		t.Errorf("no error event about the changed host key")
 	}
-	waitWorker(t, f.data, w.Name(), "out of the ready set", 20*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	waitWorker(t, f.data, w.Name(), "out of the ready set", 120*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
 	if r := chatStream(f.base(), 4, 30*time.Second, nil); r.status == 200 {
 		t.Errorf("a request was served while the only node is refused: %d events", len(r.events))
 	}
@@ -389,7 +389,7 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 		t.Fatalf("node trust: exit %d: %s", code, out)
 	}
 	trusted := time.Now()
-	back := waitWorker(t, f.data, w.Name(), "ready after trust", 60*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
+	back := waitWorker(t, f.data, w.Name(), "ready after trust", 120*time.Second, func(x fleet.WorkerView) bool { return x.State == fleet.WorkerReady })
 	t.Logf("worker ready again %v after node trust", time.Since(trusted).Round(time.Millisecond))
 	if back.PID != w.PID {
 		t.Errorf("after trust: PID %d, want the adopted %d", back.PID, w.PID)
@@ -413,7 +413,7 @@ func TestSSHNodeChangedHostKeyIsRefused(t *testing.T) {
 func TestSSHNodeLostMidStream(t *testing.T) {
 	t.Parallel()
 	f := startSSHFleet(t, "flaky")
-	w := waitWorker(t, f.data, "flaky/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, f.data, "flaky/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 
 	// m4max-llamacpp decodes ~87 tok/s: 4000 tokens would take ~45 s.
 	var killed time.Time
@@ -449,7 +449,7 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 		t.Errorf("a cut stream ended with [DONE], as if complete")
 	}
 
-	gone := waitWorker(t, f.data, w.Name(), "out of the ready set", 30*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	gone := waitWorker(t, f.data, w.Name(), "out of the ready set", 120*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
 	t.Logf("worker is %s: %s", gone.State, gone.Reason)
 	// With its only worker gone, a new request is refused in OpenAI shape
 	// rather than left waiting.
@@ -476,7 +476,7 @@ func TestSSHNodeLostMidStream(t *testing.T) {
 func TestSSHNodeDirectEndpoint(t *testing.T) {
 	t.Parallel()
 	f := startSSHFleetVia(t, "direct", "direct")
-	w := waitWorker(t, f.data, "direct/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, f.data, "direct/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if got := strings.Join(w.Argv, " "); !strings.Contains(got, "--host 0.0.0.0 --port "+strconv.Itoa(w.Port)) {
 		t.Errorf("argv %q, want the engine listening on every interface at port %d", got, w.Port)
 	}
@@ -539,7 +539,7 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 
 	start := time.Now()
 	startFleetHub(t, data, freePort(t), first)
-	waitWorker(t, data, "fast/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	waitWorker(t, data, "fast/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	t.Logf("fast worker ready after %v", time.Since(start).Round(time.Millisecond))
 
 	if out, code := fleetCmd(t, data, "apply", "-f", second); code != 0 {
@@ -571,7 +571,7 @@ func TestAdmissionRejectsASlowWorker(t *testing.T) {
 	if out, code := fleetCmd(t, data, "admit", "--force", "slow/qwen3-4b"); code != 0 {
 		t.Fatalf("admit --force: exit %d: %s", code, out)
 	}
-	waitWorker(t, data, "slow/qwen3-4b", "ready after admit --force", 20*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	waitWorker(t, data, "slow/qwen3-4b", "ready after admit --force", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	out, code := fleetCmd(t, data, "audit", "--json")
 	if code != 0 {
 		t.Fatalf("audit: exit %d: %s", code, out)

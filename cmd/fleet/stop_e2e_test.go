@@ -58,7 +58,7 @@ func TestDemoStopAllStaysStoppedAcrossRestart(t *testing.T) {
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	if n := len(simsOf(data)); n != 3 {
 		t.Fatalf("%d simulated engines before the stop, want 3", n)
 	}
@@ -97,7 +97,7 @@ func TestDemoStopAllStaysStoppedAcrossRestart(t *testing.T) {
 	if out, code := fleetCmd(t, data, "start", "all"); code != 0 {
 		t.Fatalf("start all: exit %d:\n%s", code, out)
 	}
-	ws := waitReady(t, data, 3, 60*time.Second)
+	ws := waitReady(t, data, 3, 120*time.Second)
 	for _, w := range ws {
 		if w.Held {
 			t.Errorf("%s still held after start all", w.Name())
@@ -114,7 +114,7 @@ func TestApplyEmptyFleetStopsEveryEngine(t *testing.T) {
 	t.Parallel()
 	data := t.TempDir()
 	startHub(t, data, freePort(t))
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	out, code := fleetCmdIn(t, data, "nodes: []\nmodels: []\nplacements: []\n", "apply", "-f", "-")
 	if code != 0 {
 		t.Fatalf("apply of an empty fleet from standard input: exit %d:\n%s", code, out)
@@ -140,7 +140,7 @@ func TestPendingStopsSurviveAHubKill(t *testing.T) {
 	data := t.TempDir()
 	port := freePort(t)
 	h := startHub(t, data, port)
-	waitReady(t, data, 3, 60*time.Second)
+	waitReady(t, data, 3, 120*time.Second)
 	h.cmd.Process.Kill()
 	h.cmd.Wait()
 	if n := len(simsOf(data)); n != 3 {
@@ -188,17 +188,17 @@ func TestPendingStopsSurviveAHubKill(t *testing.T) {
 func TestUnreachableRemovedNodeIsStoppedAfterAHubRestart(t *testing.T) {
 	t.Parallel()
 	f := startSSHFleet(t, "remote")
-	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 45*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
+	w := waitWorker(t, f.data, "remote/qwen3-4b", "ready", 120*time.Second, func(w fleet.WorkerView) bool { return w.State == fleet.WorkerReady })
 	if !alive(w.PID) {
 		t.Fatalf("engine PID %d is not running", w.PID)
 	}
 
 	f.sshd.Kill()
-	waitWorker(t, f.data, w.Name(), "out of the ready set", 45*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
+	waitWorker(t, f.data, w.Name(), "out of the ready set", 120*time.Second, func(x fleet.WorkerView) bool { return x.State != fleet.WorkerReady })
 	if out, code := fleetCmdIn(t, f.data, "nodes: []\nmodels: []\nplacements: []\n", "apply", "-f", "-"); code != 0 {
 		t.Fatalf("apply of an empty fleet: exit %d:\n%s", code, out)
 	}
-	waitWorker(t, f.data, w.Name(), "waiting for its node", 45*time.Second, func(x fleet.WorkerView) bool {
+	waitWorker(t, f.data, w.Name(), "waiting for its node", 120*time.Second, func(x fleet.WorkerView) bool {
 		return strings.Contains(x.Reason, "is stopped once node remote is reachable again")
 	})
 	if !alive(w.PID) {
