@@ -264,4 +264,19 @@ CREATE TABLE actions (
 );
 CREATE INDEX actions_pending ON actions (state, id);
 `,
+	// 10: each hub's count of a key's requests admitted and tokens spent in
+	// one minute (the minute's start in Unix seconds, by that hub's clock),
+	// which the hubs sharing one database read of each other to hold a
+	// key's limits across them; rows go after a few minutes (key_name ''
+	// is a hub's mark that it is there, with or without traffic).
+	`
+CREATE TABLE key_counts (
+	minute   INTEGER NOT NULL,
+	hub      TEXT NOT NULL,
+	key_name TEXT NOT NULL,
+	requests INTEGER NOT NULL DEFAULT 0,
+	tokens   INTEGER NOT NULL DEFAULT 0,
+	PRIMARY KEY (minute, hub, key_name)
+);
+`,
 }

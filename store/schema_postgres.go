@@ -263,4 +263,15 @@ BEGIN
 END
 $fence$;
 `,
+	// 10: each hub's per-minute counts of a key (SQLite's migration 10).
+	`
+CREATE TABLE key_counts (
+	minute   BIGINT NOT NULL,
+	hub      TEXT COLLATE "C" NOT NULL,
+	key_name TEXT COLLATE "C" NOT NULL,
+	requests BIGINT NOT NULL DEFAULT 0,
+	tokens   BIGINT NOT NULL DEFAULT 0,
+	PRIMARY KEY (minute, hub, key_name)
+);
+`,
 }

@@ -207,3 +207,31 @@ func (s *Store) RevokeAPIKey(ctx context.Context, name string) error {
 	return s.changeOne(ctx, change{channel: ChannelKeys, payload: name}, "revoke API key "+name, "live API key "+name, "",
 		`UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked = 0`, s.now().UnixNano(), name)
 }
+
+// KeyHash is a live router key's name and the SHA-256 of the key.
+type KeyHash struct {
+	Name string
+	Hash [sha256.Size]byte
+}
+
+// LiveAPIKeyHashes lists every live router key's hash, for a hub that
+// checks keys from memory (a revoked key is absent).
+func (s *Store) LiveAPIKeyHashes(ctx context.Context) ([]KeyHash, error) {
+	return queryAll(ctx, s.db, "read API key hashes", func(r rowScanner) (KeyHash, error) {
+		var (
+			k    KeyHash
+			hash []byte
+		)
+		if err := r.Scan(&k.Name, &hash); err != nil {
+			return k, err
+		}
+		if len(hash) != sha256.Size {
+			return k, fmt.Errorf("API key %s has a %d-byte hash, not SHA-256's %d; revoke it and create another", k.Name, len(hash), sha256.Size)
+		}
+		k.Hash = [sha256.Size]byte(hash)
+		return k, nil
+	}, `SELECT name, hash FROM api_keys WHERE revoked = 0`)
+}
+
+// HashAPIKey is the SHA-256 a key is stored and looked up by.
+func HashAPIKey(key string) [sha256.Size]byte { return sha256.Sum256([]byte(key)) }
