@@ -48,3 +48,8 @@ func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reser
 	return rv, &answerError{status: http.StatusTooManyRequests, model: model, typ: errTypeRateLimit, code: codeKeyRateLimit, msg: msg,
 		retryAfter: max(v.RetryAfter, time.Second)}
 }
+
+// KeyBook is the book the router holds keys' limits in, for a hub that
+// shares it with the other hubs on its database (keylimit.Book's Take,
+// Published and Others).
+func (r *Router) KeyBook() *keylimit.Book { return &r.limits }

@@ -25,9 +25,25 @@ import (
 // cross it by more than one request's reservation. State is kept only for
 // keys that have a limit, which come from the key table: a client cannot
 // grow it.
+//
+// Hubs that share one database hold a key's limits together: each
+// publishes what it admitted and spent (Take, Published) and counts what
+// the others did (Others) into its own bucket and day, so every hub's
+// book follows the fleet's. What a hub admitted that the others have not
+// seen yet is held to a leash (Leash) while other hubs are there, which
+// bounds how far N hubs hit at once can overshoot together.
 type Book struct {
 	mu    sync.Mutex
 	state map[string]*keyState
+	// peers is how many other hubs count the same keys (0: this hub is
+	// alone, and no leash holds it).
+	peers int
+}
+
+// Count is what a hub admitted of one key (requests) and what they spent
+// (tokens).
+type Count struct {
+	Requests, Tokens int64
 }
 
 type keyState struct {
@@ -40,7 +56,30 @@ type keyState struct {
 	used int64
 	// reserved is what the key's requests in flight may still spend.
 	reserved int64
+	// fresh is what this hub admitted and spent since the last Take, to
+	// publish; unseen is what it admitted that the other hubs may not
+	// have counted yet (not taken, or taken but not published).
+	fresh  Count
+	unseen int64
 }
+
+// Leash is how many requests of a key limited to rpm a hub may admit that
+// the other peers hubs have not counted yet: a 120th of rpm per other hub,
+// at least one. While each hub publishes and reads every sync interval, a
+// hub's count misses at most two leashes of each other hub (what it has
+// not published, and what it published since this hub last read), so N
+// hubs together overshoot rpm by at most 2(N-1) leashes: rpm/60, one
+// second's worth, when rpm is at least 120(N-1), else 2(N-1) requests.
+func Leash(rpm, peers int) int64 {
+	if peers <= 0 {
+		return math.MaxInt64
+	}
+	return max(1, int64(rpm)/int64(120*peers))
+}
+
+// LeashWait is when a request refused by the leash may try again: by
+// then the hub has published and read once more.
+const LeashWait = 250 * time.Millisecond
 
 // Reservation is what one request holds of its key's day until it ends.
 type Reservation struct {
@@ -138,6 +177,59 @@ func (kl *Book) Spend(name string, tokens int64, at time.Time) {
 		s.day, s.used = d, 0
 	}
 	s.used += tokens
+	s.fresh.Tokens += tokens
+}
+
+// Take returns what this hub admitted and spent of each key since the
+// last Take, for the other hubs to count; keys with nothing are absent.
+func (kl *Book) Take() map[string]Count {
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	out := map[string]Count{}
+	for name, s := range kl.state {
+		if s.fresh != (Count{}) {
+			out[name] = s.fresh
+			s.fresh = Count{}
+		}
+	}
+	return out
+}
+
+// Published says the other hubs can now read counts that Take returned:
+// their requests no longer hold this hub's leash.
+func (kl *Book) Published(counts map[string]Count) {
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	for name, c := range counts {
+		if s, ok := kl.state[name]; ok {
+			s.unseen = max(s.unseen-c.Requests, 0)
+		}
+	}
+}
+
+// Others counts what the other hubs admitted of each key (taken from its
+// bucket) and spent today (at's UTC day) since the last call, and says how
+// many other hubs there are; 0 (none, or none reachable) lifts the leash,
+// so a hub that cannot reach the others holds each limit on its own.
+func (kl *Book) Others(counts map[string]Count, peers int, at time.Time) {
+	kl.mu.Lock()
+	defer kl.mu.Unlock()
+	kl.peers = peers
+	for name, c := range counts {
+		s, ok := kl.state[name]
+		if !ok {
+			continue
+		}
+		if s.RequestsPerMinute > 0 {
+			s.bucket -= float64(c.Requests)
+		}
+		if s.TokensPerDay > 0 {
+			if d := utcDay(at); d != s.day {
+				s.day, s.used = d, 0
+			}
+			s.used += c.Tokens
+		}
+	}
 }
 
 // Verdict is what admitting one request of a key says: the headers
@@ -202,9 +294,14 @@ func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict
 		perSec := float64(rpm) / 60
 		s.bucket = min(float64(rpm), s.bucket+now.Sub(s.at).Seconds()*perSec)
 		s.at = now
-		if s.bucket < 1 {
+		switch {
+		case s.bucket < 1:
 			v.Limited, v.Which = true, "requests"
 			v.RetryAfter = time.Duration((1 - s.bucket) / perSec * float64(time.Second))
+		case s.unseen >= Leash(rpm, kl.peers):
+			// Not spent, as far as this hub knows; but it has admitted
+			// its share of what the other hubs cannot see yet.
+			v.Limited, v.Which, v.RetryAfter = true, "requests", LeashWait
 		}
 	}
 	if s.TokensPerDay > 0 {
@@ -213,6 +310,10 @@ func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict
 			rv = Reservation{s: s, n: min(max(n, 0), s.TokensPerDay)}
 			s.reserved += rv.n
 		}
+	}
+	if !v.Limited {
+		s.fresh.Requests++
+		s.unseen++
 	}
 	if rpm := s.RequestsPerMinute; rpm > 0 {
 		if !v.Limited {

@@ -95,3 +95,91 @@ func TestReserveFor(t *testing.T) {
 		}
 	}
 }
+
+// Hubs hit at once, each counting the others' admissions one sync late
+// (the worst a reader who read just before a publish sees), admit together
+// at most rpm plus 2(N-1) leashes: one second's worth of rpm when rpm is
+// at least 120(N-1). Without the others' counts each would admit rpm.
+func TestBooksOfSeveralHubsHoldOneLimit(t *testing.T) {
+	for _, tc := range []struct{ hubs, rpm int }{{2, 240}, {3, 600}, {3, 60}, {2, 7}} {
+		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+		books := make([]*Book, tc.hubs)
+		for i := range books {
+			books[i] = &Book{}
+			books[i].Set(map[string]fleet.KeyLimits{"k": {RequestsPerMinute: tc.rpm}})
+			books[i].state["k"].at = now
+			books[i].Others(nil, tc.hubs-1, now)
+		}
+		// published[r][i] is what hub i published in round r.
+		var published []map[int]Count
+		admitted := 0
+		for round := 0; round < 4*tc.rpm+10; round++ {
+			for _, b := range books {
+				for !admitOne(b, "k", now).Limited {
+					admitted++
+				}
+			}
+			pub := map[int]Count{}
+			for i, b := range books {
+				c := b.Take()
+				b.Published(c)
+				pub[i] = c["k"]
+			}
+			published = append(published, pub)
+			if round == 0 {
+				continue
+			}
+			// Each hub reads what the others published a round ago.
+			for i, b := range books {
+				var sum Count
+				for j, c := range published[round-1] {
+					if j != i {
+						sum.Requests += c.Requests
+					}
+				}
+				b.Others(map[string]Count{"k": sum}, tc.hubs-1, now)
+			}
+		}
+		bound := tc.rpm + 2*(tc.hubs-1)*int(Leash(tc.rpm, tc.hubs-1))
+		if admitted > bound || admitted < tc.rpm {
+			t.Errorf("%d hubs, rpm %d, all at one instant: %d admitted, want rpm to rpm + 2(N-1) leashes = %d", tc.hubs, tc.rpm, admitted, bound)
+		}
+		if perSecond := tc.rpm / 60; tc.rpm >= 120*(tc.hubs-1) && bound-tc.rpm > perSecond {
+			t.Errorf("%d hubs, rpm %d: the overshoot bound %d passes one second's worth (%d)", tc.hubs, tc.rpm, bound-tc.rpm, perSecond)
+		}
+	}
+}
+
+// A hub alone (no other hubs, or none reachable) is held by its bucket
+// only, as a hub on SQLite is; the others' counts come out of its bucket.
+func TestBookAloneHasNoLeash(t *testing.T) {
+	now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	kl := &Book{}
+	kl.Set(map[string]fleet.KeyLimits{"k": {RequestsPerMinute: 600, TokensPerDay: 1000}})
+	kl.state["k"].at = now
+	for i := range 600 {
+		if v := admitOne(kl, "k", now); v.Limited {
+			t.Fatalf("alone, request %d of 600 refused: %+v", i+1, v)
+		}
+	}
+	kl.Others(map[string]Count{"k": {Requests: 30, Tokens: 400}}, 0, now)
+	if v := admitOne(kl, "k", now.Add(3*time.Second)); !v.Limited || v.Which != "requests" {
+		t.Errorf("30 requests of other hubs and 3 s of refill (30) leave none, but: %+v", v)
+	}
+	if got := admitOne(kl, "k", now.Add(3*time.Second)).Header.Get("x-ratelimit-remaining-tokens"); got != "600" {
+		t.Errorf("remaining tokens %s after other hubs spent 400 of 1000, want 600", got)
+	}
+	kl.Others(nil, 1, now)
+	if v := admitOne(kl, "k", now.Add(time.Minute)); !v.Limited || v.RetryAfter != LeashWait {
+		t.Fatalf("with another hub there, the 600 requests it has not seen held no leash: %+v", v)
+	}
+	kl.Published(kl.Take())
+	for i := range Leash(600, 1) {
+		if v := admitOne(kl, "k", now.Add(time.Minute)); v.Limited {
+			t.Fatalf("a full bucket with one other hub refused request %d of its leash: %+v", i+1, v)
+		}
+	}
+	if v := admitOne(kl, "k", now.Add(time.Minute)); !v.Limited || v.RetryAfter != LeashWait {
+		t.Errorf("with one other hub, the request past the leash (%d) was not held: %+v", Leash(600, 1), v)
+	}
+}
