@@ -648,6 +648,13 @@ type KeyLimits struct {
 	TokensPerDay      int64 `json:"tokens_per_day,omitempty"`
 }
 
+// KeyCounts is what one hub admitted of a router key (requests) and what
+// they spent (tokens), as hubs sharing a database tell each other to hold
+// the key's limits together.
+type KeyCounts struct {
+	Requests, Tokens int64
+}
+
 // Usage is what one router key (or model, or worker) used: requests
 // answered and the tokens the engines reported for them. Key is "" when the
 // router takes no keys (loopback without --require-keys).

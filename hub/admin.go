@@ -74,7 +74,7 @@ func (ad *Admin) CreateKey(ctx context.Context, u fleet.User, name string) (key 
 			return "", err
 		}
 		// A revoked key's name reused starts without the old key's limits.
-		return "", ad.ledger.loadKeyLimits(ctx)
+		return "", ad.ledger.reloadKeys(ctx)
 	})
 	return key, err
 }
@@ -158,7 +158,7 @@ func (ad *Admin) RevokeKey(ctx context.Context, u fleet.User, name string) error
 		if err := ad.store.RevokeAPIKey(ctx, name); err != nil {
 			return "", err
 		}
-		return "", ad.ledger.loadKeyLimits(ctx)
+		return "", ad.ledger.reloadKeys(ctx)
 	})
 }
 

@@ -291,7 +291,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, err
 	}
 	h.pruner = newPruner(st, opts.Logger, h.guard, opts)
-	h.ledger = &Ledger{guard: h.guard, store: st, log: opts.Logger}
+	h.ledger = &Ledger{guard: h.guard, store: st, log: opts.Logger, keys: keyCache{store: st}}
 	h.admin = &Admin{guard: h.guard, store: st, ledger: h.ledger}
 	if h.opts.FleetBin == "" {
 		bin, err := installSelf(opts.DataDir)
@@ -307,7 +307,10 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		if err := requireKeys(ctx, st, opts); err != nil {
 			return nil, err
 		}
-		keys = st
+		if err := h.ledger.keys.reload(ctx); err != nil {
+			return nil, err
+		}
+		keys = &h.ledger.keys
 	}
 	if err := requireConsoleAdmins(ctx, st, opts); err != nil {
 		return nil, err
@@ -634,6 +637,12 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	})
 	spawn(func() { h.flushSamples(ctx) })
 	spawn(func() { h.ledger.flushUsage(ctx, usageFlushInterval) })
+	if h.opts.DatabaseURL != "" {
+		// Other hubs may share the database: the keys' limits are held
+		// with them.
+		ks := newKeySync(h.store, h.router.KeyBook(), h.hubName(), h.log.With("component", "keys"))
+		spawn(func() { ks.run(ctx, keySyncInterval) })
+	}
 	spawn(func() { h.pruner.run(ctx, pruneInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })
 	h.mu.Lock()

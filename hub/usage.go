@@ -41,6 +41,8 @@ type Ledger struct {
 	// router is told each key's limits and what it spent today; set once,
 	// when the hub has built the router (which reports usage here).
 	router *router.Router
+	// keys checks the router's API keys from memory (keys.go).
+	keys keyCache
 	// usage sums the router's token counts until they are written.
 	usage      usageRecorder
 	usageCache usageCache
@@ -168,6 +170,13 @@ func (lg *Ledger) SetKeyLimits(ctx context.Context, u fleet.User, name string, l
 		}
 		return "", lg.loadKeyLimits(ctx)
 	})
+}
+
+// reloadKeys reads the keys again after one was created or revoked, here
+// or on another hub: the keys the router takes and their limits. What
+// cannot be read stays as it was.
+func (lg *Ledger) reloadKeys(ctx context.Context) error {
+	return errors.Join(lg.keys.reload(ctx), lg.loadKeyLimits(ctx))
 }
 
 // loadKeyLimits gives the router every live key's limits and, so that a

@@ -42,9 +42,7 @@ type Book struct {
 
 // Count is what a hub admitted of one key (requests) and what they spent
 // (tokens).
-type Count struct {
-	Requests, Tokens int64
-}
+type Count = fleet.KeyCounts
 
 type keyState struct {
 	fleet.KeyLimits

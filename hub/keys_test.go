@@ -1,0 +1,274 @@
+package hub
+
+import (
+	"log/slog"
+	"strconv"
+	"testing"
+	"time"
+
+	"fleet"
+	"fleet/router"
+	"fleet/router/keylimit"
+	"fleet/store"
+)
+
+// hubPart is what one hub of several on one database holds of keys: its
+// store, router, ledger (with the key cache) and key sync, as Open and
+// Run wire them, without nodes.
+type hubPart struct {
+	st    *store.Store
+	rt    *router.Router
+	lg    *Ledger
+	admin *Admin
+	ks    *keySync
+}
+
+func newHubPart(t *testing.T, url, name string) *hubPart {
+	t.Helper()
+	ctx := t.Context()
+	log := slog.New(slog.DiscardHandler)
+	st, err := store.OpenPostgres(ctx, url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { st.Close() })
+	rt, err := router.New(router.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := &guard{store: st, log: log}
+	lg := &Ledger{guard: g, store: st, log: log, keys: keyCache{store: st}, router: rt}
+	if err := lg.reloadKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return &hubPart{st: st, rt: rt, lg: lg, admin: &Admin{guard: g, store: st, ledger: lg}, ks: newKeySync(st, rt.KeyBook(), name, log)}
+}
+
+func (p *hubPart) verify(t *testing.T, key string) (string, bool) {
+	t.Helper()
+	name, ok, err := p.lg.keys.VerifyAPIKey(t.Context(), key)
+	if err != nil {
+		t.Fatalf("the key cache failed, which it never should: %v", err)
+	}
+	return name, ok
+}
+
+// Two hubs on one database hit at once by one key, each publishing and
+// reading the other's counts between bursts, admit together at most the
+// key's rpm plus the stated overshoot: 2(N-1) leashes. Each alone would
+// admit its rpm.
+func TestKeySyncHoldsRPMAcrossHubs(t *testing.T) {
+	_, _, url := newDBProxy(t)
+	ctx := t.Context()
+	a, b := newHubPart(t, url, "a"), newHubPart(t, url, "b")
+	if _, err := a.admin.CreateKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	const rpm = 240
+	if err := a.lg.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: rpm}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.lg.reloadKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	// Both are there before the burst: each has published its mark.
+	for _, p := range []*hubPart{a, b, a} {
+		if err := p.ks.sync(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	admitted, idle := 0, 0
+	for idle < 3 {
+		n := 0
+		for _, p := range []*hubPart{a, b} {
+			for {
+				v, _ := p.rt.KeyBook().Admit("ci", now, false, 0)
+				if v.Limited {
+					break
+				}
+				n++
+			}
+		}
+		admitted += n
+		if n == 0 {
+			idle++
+		}
+		for _, p := range []*hubPart{a, b} {
+			if err := p.ks.sync(ctx, now); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	bound := rpm + 2*int(keylimit.Leash(rpm, 1))
+	if admitted < rpm || admitted > bound {
+		t.Fatalf("two hubs admitted %d requests of a key limited to %d a minute, all in one instant; want %d to %d", admitted, rpm, rpm, bound)
+	}
+	t.Logf("two hubs admitted %d of rpm %d (bound %d)", admitted, rpm, bound)
+}
+
+// A key revoked on one hub is refused by the other once it reloads; while
+// its database is unreachable a hub keeps checking keys as they were.
+func TestKeyCacheKeepsKeysWhileTheDatabaseIsDown(t *testing.T) {
+	proxy, proxied, direct := newDBProxy(t)
+	ctx := t.Context()
+	a, b := newHubPart(t, direct, "a"), newHubPart(t, proxied, "b")
+	key, err := a.admin.CreateKey(ctx, admin, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.verify(t, key); ok {
+		t.Fatal("hub b took a key made after it read the keys, without reloading")
+	}
+	if err := b.lg.keys.reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if name, ok := b.verify(t, key); !ok || name != "ci" {
+		t.Fatalf("hub b after reloading: %q %v, want the key ci", name, ok)
+	}
+	proxy.down()
+	if err := b.lg.keys.reload(ctx); err == nil {
+		t.Fatal("reloading the keys through a cut database worked; the test cuts nothing")
+	}
+	if name, ok := b.verify(t, key); !ok || name != "ci" {
+		t.Fatalf("with its database unreachable, hub b refused a live key: %q %v", name, ok)
+	}
+	if err := a.admin.RevokeKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := a.verify(t, key); ok {
+		t.Fatal("hub a takes the key it revoked")
+	}
+	proxy.up()
+	if err := b.lg.keys.reload(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := b.verify(t, key); ok {
+		t.Fatal("hub b takes a key revoked on hub a after reloading")
+	}
+}
+
+// Usage counted while the database is unreachable stays in the bounded
+// buffer and is written, every count of it, when the database is back.
+func TestUsageKeptWhileTheDatabaseIsDown(t *testing.T) {
+	proxy, proxied, direct := newDBProxy(t)
+	ctx := t.Context()
+	h := newHubPart(t, proxied, "h")
+	at := time.Now()
+	add := func(n int) {
+		for range n {
+			h.lg.usage.add(router.Usage{At: at, Key: "ci", Model: "m", Worker: "n/m", PromptTokens: 10, CompletionTokens: 1})
+		}
+	}
+	add(3)
+	h.lg.writeUsage(ctx)
+	proxy.down()
+	add(4)
+	h.lg.writeUsage(ctx) // fails: kept
+	add(5)
+	h.lg.writeUsage(ctx) // fails again: kept, added to
+	h.lg.usage.mu.Lock()
+	pending := len(h.lg.usage.pending)
+	h.lg.usage.mu.Unlock()
+	if pending != 1 {
+		t.Fatalf("%d usage rows wait with the database down, want 1 (9 requests of one minute, key, model and worker)", pending)
+	}
+	proxy.up()
+	h.lg.writeUsage(ctx)
+	other, err := store.OpenPostgres(ctx, direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	us, err := other.Usage(ctx, at.Add(-time.Minute), store.UsageByKey)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(us) != 1 || us[0].Requests != 12 || us[0].PromptTokens != 120 || us[0].CompletionTokens != 12 {
+		t.Fatalf("usage in the database after it came back: %+v, want ci's 12 requests, 120 prompt and 12 completion tokens", us)
+	}
+}
+
+// A hub that cannot reach the database holds each key's limits on its own
+// (a leash it cannot loosen would refuse the key's every request), and
+// publishes what it admitted meanwhile when the database is back.
+func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
+	proxy, proxied, direct := newDBProxy(t)
+	ctx := t.Context()
+	start := time.Now()
+	a, b := newHubPart(t, direct, "a"), newHubPart(t, proxied, "b")
+	if _, err := a.admin.CreateKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	const rpm = 600
+	if err := a.lg.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: rpm}); err != nil {
+		t.Fatal(err)
+	}
+	if err := b.lg.reloadKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	for _, p := range []*hubPart{a, b} {
+		if err := p.ks.sync(ctx, now); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := b.ks.sync(ctx, now); err != nil {
+		t.Fatal(err)
+	}
+	admit := func(p *hubPart, at time.Time) int {
+		n := 0
+		for n < rpm {
+			if v, _ := p.rt.KeyBook().Admit("ci", at, false, 0); v.Limited {
+				break
+			}
+			n++
+		}
+		return n
+	}
+	if n := admit(b, now); n != int(keylimit.Leash(rpm, 1)) {
+		t.Fatalf("hub b with hub a there admitted %d at once, want its leash %d", n, keylimit.Leash(rpm, 1))
+	}
+	proxy.down()
+	if err := b.ks.sync(ctx, now); err == nil {
+		t.Fatal("a sync through a cut database worked")
+	}
+	later := now.Add(keyAloneAfter)
+	if err := b.ks.sync(ctx, later); err == nil {
+		t.Fatal("a sync through a cut database worked")
+	}
+	alone := admit(b, later)
+	if alone < 100 {
+		t.Fatalf("hub b, cut off from the database for %s, admitted %d at once: still leashed", keyAloneAfter, alone)
+	}
+	proxy.up()
+	if err := b.ks.sync(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.ks.sync(ctx, later); err != nil {
+		t.Fatal(err)
+	}
+	counts, err := a.st.KeyCountsSince(ctx, "a", now.Add(-time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	published := int64(0)
+	for _, c := range counts {
+		published += c.Requests
+	}
+	leash := int(keylimit.Leash(rpm, 1))
+	if published != int64(leash+alone) {
+		t.Fatalf("hub b published %d requests of ci once the database was back, want the %d it admitted", published, leash+alone)
+	}
+	// Hub a counts them: its bucket (full, plus what refilled since the
+	// test began) less b's requests and its own one.
+	v, _ := a.rt.KeyBook().Admit("ci", later, false, 0)
+	remaining, err := strconv.Atoi(v.Header.Get("x-ratelimit-remaining-requests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	refilled := int(later.Sub(start).Seconds()*rpm/60) + 1
+	if most := max(rpm-leash-alone-1+refilled, 0); remaining > most {
+		t.Fatalf("hub a has %d requests of ci left after hub b's %d, want at most %d", remaining, leash+alone, most)
+	}
+}
