@@ -53,58 +53,67 @@ func (p *hubPart) verify(t *testing.T, key string) (string, bool) {
 	return name, ok
 }
 
-// Two hubs on one database hit at once by one key, each publishing and
-// reading the other's counts between bursts, admit together at most the
-// key's rpm plus the stated overshoot: 2(N-1) leashes. Each alone would
-// admit its rpm.
+// Hubs on one database hit at once by one key, each publishing and
+// reading the others' counts between bursts, admit together at most the
+// key's rpm plus the stated overshoot: 2(N-1) leash floors. Each alone
+// would admit its rpm.
 func TestKeySyncHoldsRPMAcrossHubs(t *testing.T) {
-	_, _, url := newDBProxy(t)
-	ctx := t.Context()
-	a, b := newHubPart(t, url, "a"), newHubPart(t, url, "b")
-	if _, err := a.admin.CreateKey(ctx, admin, "ci"); err != nil {
-		t.Fatal(err)
-	}
-	const rpm = 240
-	if err := a.lg.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: rpm}); err != nil {
-		t.Fatal(err)
-	}
-	if err := b.lg.reloadKeys(ctx); err != nil {
-		t.Fatal(err)
-	}
-	now := time.Now()
-	// Both are there before the burst: each has published its mark.
-	for _, p := range []*hubPart{a, b, a} {
-		if err := p.ks.sync(ctx, now); err != nil {
+	for _, tc := range []struct{ hubs, rpm int }{{2, 240}, {3, 600}} {
+		_, _, url := newDBProxy(t)
+		ctx := t.Context()
+		var parts []*hubPart
+		for i := range tc.hubs {
+			parts = append(parts, newHubPart(t, url, strconv.Itoa(i)))
+		}
+		if _, err := parts[0].admin.CreateKey(ctx, admin, "ci"); err != nil {
 			t.Fatal(err)
 		}
-	}
-	admitted, idle := 0, 0
-	for idle < 3 {
-		n := 0
-		for _, p := range []*hubPart{a, b} {
-			for {
-				v, _ := p.rt.KeyBook().Admit("ci", now, false, 0)
-				if v.Limited {
-					break
-				}
-				n++
-			}
+		if err := parts[0].lg.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: tc.rpm}); err != nil {
+			t.Fatal(err)
 		}
-		admitted += n
-		if n == 0 {
-			idle++
-		}
-		for _, p := range []*hubPart{a, b} {
-			if err := p.ks.sync(ctx, now); err != nil {
+		now := time.Now()
+		for _, p := range parts {
+			if err := p.lg.reloadKeys(ctx); err != nil {
 				t.Fatal(err)
 			}
 		}
+		// The hubs were there before the burst: each has published its
+		// mark and read the others'.
+		for range 2 {
+			for _, p := range parts {
+				if err := p.ks.sync(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		admitted, idle := 0, 0
+		for idle < 3 {
+			n := 0
+			for _, p := range parts {
+				for {
+					v, _ := p.rt.KeyBook().Admit("ci", now, false, 0)
+					if v.Limited {
+						break
+					}
+					n++
+				}
+			}
+			admitted += n
+			if n == 0 {
+				idle++
+			}
+			for _, p := range parts {
+				if err := p.ks.sync(ctx, now); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
+		bound := tc.rpm + 2*(tc.hubs-1)*int(keylimit.LeashFloor(tc.rpm, tc.hubs-1))
+		if admitted < tc.rpm || admitted > bound {
+			t.Fatalf("%d hubs admitted %d requests of a key limited to %d a minute, all in one instant; want %d to %d", tc.hubs, admitted, tc.rpm, tc.rpm, bound)
+		}
+		t.Logf("%d hubs admitted %d of rpm %d (bound %d)", tc.hubs, admitted, tc.rpm, bound)
 	}
-	bound := rpm + 2*int(keylimit.Leash(rpm, 1))
-	if admitted < rpm || admitted > bound {
-		t.Fatalf("two hubs admitted %d requests of a key limited to %d a minute, all in one instant; want %d to %d", admitted, rpm, rpm, bound)
-	}
-	t.Logf("two hubs admitted %d of rpm %d (bound %d)", admitted, rpm, bound)
 }
 
 // A key revoked on one hub is refused by the other once it reloads; while
@@ -226,8 +235,9 @@ func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
 		}
 		return n
 	}
-	if n := admit(b, now); n != int(keylimit.Leash(rpm, 1)) {
-		t.Fatalf("hub b with hub a there admitted %d at once, want its leash %d", n, keylimit.Leash(rpm, 1))
+	first := admit(b, now)
+	if share := int(keylimit.Leash(rpm, 1, rpm)); first < 1 || first > share {
+		t.Fatalf("hub b with hub a there admitted %d at once, want 1 to its share of a full bucket, %d", first, share)
 	}
 	proxy.down()
 	if err := b.ks.sync(ctx, now); err == nil {
@@ -238,8 +248,8 @@ func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
 		t.Fatal("a sync through a cut database worked")
 	}
 	alone := admit(b, later)
-	if alone < 100 {
-		t.Fatalf("hub b, cut off from the database for %s, admitted %d at once: still leashed", keyAloneAfter, alone)
+	if alone < rpm-first {
+		t.Fatalf("hub b, cut off from the database for %s, admitted %d at once of the %d it had left: still leashed", keyAloneAfter, alone, rpm-first)
 	}
 	proxy.up()
 	if err := b.ks.sync(ctx, later); err != nil {
@@ -256,9 +266,8 @@ func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
 	for _, c := range counts {
 		published += c.Requests
 	}
-	leash := int(keylimit.Leash(rpm, 1))
-	if published != int64(leash+alone) {
-		t.Fatalf("hub b published %d requests of ci once the database was back, want the %d it admitted", published, leash+alone)
+	if published != int64(first+alone) {
+		t.Fatalf("hub b published %d requests of ci once the database was back, want the %d it admitted", published, first+alone)
 	}
 	// Hub a counts them: its bucket (full, plus what refilled since the
 	// test began) less b's requests and its own one.
@@ -268,7 +277,7 @@ func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
 		t.Fatal(err)
 	}
 	refilled := int(later.Sub(start).Seconds()*rpm/60) + 1
-	if most := max(rpm-leash-alone-1+refilled, 0); remaining > most {
-		t.Fatalf("hub a has %d requests of ci left after hub b's %d, want at most %d", remaining, leash+alone, most)
+	if most := max(rpm-first-alone-1+refilled, 0); remaining > most {
+		t.Fatalf("hub a has %d requests of ci left after hub b's %d, want at most %d", remaining, first+alone, most)
 	}
 }

@@ -62,17 +62,28 @@ type keyState struct {
 }
 
 // Leash is how many requests of a key limited to rpm a hub may admit that
-// the other peers hubs have not counted yet: a 120th of rpm per other hub,
-// at least one. While each hub publishes and reads every sync interval, a
-// hub's count misses at most two leashes of each other hub (what it has
-// not published, and what it published since this hub last read), so N
-// hubs together overshoot rpm by at most 2(N-1) leashes: rpm/60, one
-// second's worth, when rpm is at least 120(N-1), else 2(N-1) requests.
-func Leash(rpm, peers int) int64 {
+// the other peers hubs have not counted yet, when the hub's bucket holds
+// bucket requests: its share of a quarter of what is left (bucket /
+// 4(peers+1)), so that hubs hit at once with a full bucket still serve
+// much of it at once, and at least LeashFloor, so that a hub that serves
+// a key alone keeps its pace. While each hub publishes and reads every
+// sync interval, a hub's count misses at most two syncs of each other hub
+// (what it has not published, and what it published since this hub last
+// read); the shares then add up to no more than what is left, and N hubs
+// together overshoot rpm by at most 2(N-1) floors: rpm/60, one second's
+// worth, when rpm is at least 120(N-1), else 2(N-1) requests.
+func Leash(rpm, peers int, bucket float64) int64 {
 	if peers <= 0 {
 		return math.MaxInt64
 	}
-	return max(1, int64(rpm)/int64(120*peers))
+	return max(LeashFloor(rpm, peers), int64(bucket/float64(4*(peers+1))))
+}
+
+// LeashFloor is the least leash of a key limited to rpm with peers other
+// hubs: a 120th of rpm per other hub, at least one. The overshoot of N
+// hubs is at most 2(N-1) of it.
+func LeashFloor(rpm, peers int) int64 {
+	return max(1, int64(rpm)/int64(120*max(peers, 1)))
 }
 
 // LeashWait is when a request refused by the leash may try again: by
@@ -296,7 +307,7 @@ func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict
 		case s.bucket < 1:
 			v.Limited, v.Which = true, "requests"
 			v.RetryAfter = time.Duration((1 - s.bucket) / perSec * float64(time.Second))
-		case s.unseen >= Leash(rpm, kl.peers):
+		case s.unseen >= Leash(rpm, kl.peers, s.bucket):
 			// Not spent, as far as this hub knows; but it has admitted
 			// its share of what the other hubs cannot see yet.
 			v.Limited, v.Which, v.RetryAfter = true, "requests", LeashWait

@@ -96,12 +96,22 @@ func TestReserveFor(t *testing.T) {
 	}
 }
 
-// Hubs hit at once, each counting the others' admissions one sync late
-// (the worst a reader who read just before a publish sees), admit together
-// at most rpm plus 2(N-1) leashes: one second's worth of rpm when rpm is
-// at least 120(N-1). Without the others' counts each would admit rpm.
+// Hubs hit at once, each counting the others' admissions of the last
+// sync (lag 1) or, the worst a hub that read just before the others
+// published sees, of the one before (lag 2), admit together at most rpm
+// plus 2(N-1) leash floors: one second's worth of rpm when rpm is at
+// least 120(N-1). Without the others' counts each would admit rpm.
 func TestBooksOfSeveralHubsHoldOneLimit(t *testing.T) {
-	for _, tc := range []struct{ hubs, rpm int }{{2, 240}, {3, 600}, {3, 60}, {2, 7}} {
+	type hit struct{ hubs, rpm, lag int }
+	var cases []hit
+	for _, lag := range []int{1, 2} {
+		for _, hubs := range []int{2, 3, 5} {
+			for _, rpm := range []int{7, 60, 240, 600, 2400} {
+				cases = append(cases, hit{hubs, rpm, lag})
+			}
+		}
+	}
+	for _, tc := range cases {
 		now := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
 		books := make([]*Book, tc.hubs)
 		for i := range books {
@@ -126,13 +136,13 @@ func TestBooksOfSeveralHubsHoldOneLimit(t *testing.T) {
 				pub[i] = c["k"]
 			}
 			published = append(published, pub)
-			if round == 0 {
+			if round+1 < tc.lag {
 				continue
 			}
-			// Each hub reads what the others published a round ago.
+			// Each hub reads what the others published lag-1 rounds ago.
 			for i, b := range books {
 				var sum Count
-				for j, c := range published[round-1] {
+				for j, c := range published[round+1-tc.lag] {
 					if j != i {
 						sum.Requests += c.Requests
 					}
@@ -140,9 +150,9 @@ func TestBooksOfSeveralHubsHoldOneLimit(t *testing.T) {
 				b.Others(map[string]Count{"k": sum}, tc.hubs-1, now)
 			}
 		}
-		bound := tc.rpm + 2*(tc.hubs-1)*int(Leash(tc.rpm, tc.hubs-1))
+		bound := tc.rpm + 2*(tc.hubs-1)*int(LeashFloor(tc.rpm, tc.hubs-1))
 		if admitted > bound || admitted < tc.rpm {
-			t.Errorf("%d hubs, rpm %d, all at one instant: %d admitted, want rpm to rpm + 2(N-1) leashes = %d", tc.hubs, tc.rpm, admitted, bound)
+			t.Errorf("%d hubs, rpm %d, lag %d, all at one instant: %d admitted, want rpm to rpm + 2(N-1) leash floors = %d", tc.hubs, tc.rpm, tc.lag, admitted, bound)
 		}
 		if perSecond := tc.rpm / 60; tc.rpm >= 120*(tc.hubs-1) && bound-tc.rpm > perSecond {
 			t.Errorf("%d hubs, rpm %d: the overshoot bound %d passes one second's worth (%d)", tc.hubs, tc.rpm, bound-tc.rpm, perSecond)
@@ -174,12 +184,19 @@ func TestBookAloneHasNoLeash(t *testing.T) {
 		t.Fatalf("with another hub there, the 600 requests it has not seen held no leash: %+v", v)
 	}
 	kl.Published(kl.Take())
-	for i := range Leash(600, 1) {
-		if v := admitOne(kl, "k", now.Add(time.Minute)); v.Limited {
-			t.Fatalf("a full bucket with one other hub refused request %d of its leash: %+v", i+1, v)
+	later := now.Add(time.Minute) // the bucket is full again
+	n := int64(0)
+	for ; n < 600; n++ {
+		if v := admitOne(kl, "k", later); v.Limited {
+			if v.RetryAfter != LeashWait {
+				t.Fatalf("with one other hub, request %d was refused, not held by the leash: %+v", n+1, v)
+			}
+			break
 		}
 	}
-	if v := admitOne(kl, "k", now.Add(time.Minute)); !v.Limited || v.RetryAfter != LeashWait {
-		t.Errorf("with one other hub, the request past the leash (%d) was not held: %+v", Leash(600, 1), v)
+	// Its share of what is left, which its own requests make smaller.
+	if n <= LeashFloor(600, 1) || n > Leash(600, 1, 600) {
+		t.Errorf("with one other hub and a full bucket, the hub admitted %d before the others saw them, want more than the floor %d and at most a quarter of half the bucket, %d",
+			n, LeashFloor(600, 1), Leash(600, 1, 600))
 	}
 }
