@@ -87,8 +87,9 @@ func LeashFloor(rpm, peers int) int64 {
 }
 
 // LeashWait is when a request refused by the leash may try again: by
-// then the hub has published and read once more.
-const LeashWait = 250 * time.Millisecond
+// then the hub has published and read its counts several times (and a
+// Retry-After is in whole seconds).
+const LeashWait = time.Second
 
 // Reservation is what one request holds of its key's day until it ends.
 type Reservation struct {
