@@ -144,7 +144,12 @@ func (ks *keySync) run(ctx context.Context, every time.Duration) {
 			return
 		case <-t.C:
 		}
-		if err := ks.sync(ctx, time.Now()); err != nil && ctx.Err() == nil {
+		// A database that does not answer (a partition drops the packets)
+		// must not hold a sync, and with it the leash, for long.
+		sctx, cancel := context.WithTimeout(ctx, keyAloneAfter)
+		err := ks.sync(sctx, time.Now())
+		cancel()
+		if err != nil && ctx.Err() == nil {
 			ks.log.Debug("key counts not synced with the other hubs", "err", err)
 		}
 	}
