@@ -86,6 +86,10 @@ type cluster struct {
 	serve   chan struct{}
 	// claim asks for a lease claim now (the lease was released).
 	claim chan struct{}
+	// keysChanged tells the ledger that an API key was created, revoked
+	// or had its limits changed on some hub, or may have been (listening
+	// began again): it reads the keys again (Ledger.watchKeys).
+	keysChanged chan struct{}
 	// left makes leave run once (Close, or Open failing after register).
 	left sync.Once
 }
@@ -121,7 +125,8 @@ func newCluster(h *Hub, st *store.Store, opts Options) (*cluster, error) {
 	}
 	c := &cluster{h: h, st: st, log: opts.Logger.With("component", "cluster"), name: name, instance: hex.EncodeToString(b[:]),
 		home: host + ":" + home, ttl: ttl, on: st.Clustered(),
-		waiters: map[int64]chan struct{}{}, serve: make(chan struct{}, 1), claim: make(chan struct{}, 1)}
+		waiters: map[int64]chan struct{}{}, serve: make(chan struct{}, 1), claim: make(chan struct{}, 1),
+		keysChanged: make(chan struct{}, 1)}
 	if !c.on {
 		c.leading, c.leader = true, name
 	}
@@ -413,7 +418,7 @@ func (c *cluster) listen(ctx context.Context) {
 	var notes <-chan store.Notification
 	for notes == nil {
 		var err error
-		if notes, err = c.st.Listen(ctx, store.ChannelWorkers, store.ChannelFleet, store.ChannelActions, store.ChannelLease); err != nil {
+		if notes, err = c.st.Listen(ctx, store.ChannelWorkers, store.ChannelFleet, store.ChannelActions, store.ChannelLease, store.ChannelKeys); err != nil {
 			c.log.Warn("cannot listen for the other hubs' changes yet; trying again", "err", err)
 			select {
 			case <-ctx.Done():
@@ -423,6 +428,7 @@ func (c *cluster) listen(ctx context.Context) {
 		}
 	}
 	c.reload(ctx)
+	signal(c.keysChanged) // changes made before listening began
 	for {
 		var n store.Notification
 		var ok bool
@@ -449,9 +455,12 @@ func (c *cluster) listen(ctx context.Context) {
 				signal(c.serve)
 			case store.ChannelLease:
 				signal(c.claim)
+			case store.ChannelKeys:
+				signal(c.keysChanged)
 			}
 			if n.Resync {
 				dirty = true
+				signal(c.keysChanged)
 			}
 			select {
 			case n, more = <-notes:

@@ -637,11 +637,12 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 	})
 	spawn(func() { h.flushSamples(ctx) })
 	spawn(func() { h.ledger.flushUsage(ctx, usageFlushInterval) })
-	if h.opts.DatabaseURL != "" {
-		// Other hubs may share the database: the keys' limits are held
-		// with them.
-		ks := newKeySync(h.store, h.router.KeyBook(), h.hubName(), h.log.With("component", "keys"))
+	if h.cluster.on {
+		// Other hubs may share the database: the keys are read again when
+		// one changes there, and their limits are held with the others.
+		ks := newKeySync(h.store, h.router.KeyBook(), h.cluster.name, h.log.With("component", "keys"))
 		spawn(func() { ks.run(ctx, keySyncInterval) })
+		spawn(func() { h.ledger.watchKeys(ctx, h.cluster.keysChanged, keyReloadInterval) })
 	}
 	spawn(func() { h.pruner.run(ctx, pruneInterval) })
 	spawn(func() { h.scrapeEngines(ctx, engineScrapeInterval) })

@@ -8,7 +8,6 @@ package hub
 import (
 	"context"
 	"log/slog"
-	"os"
 	"strings"
 	"sync"
 	"time"
@@ -57,6 +56,36 @@ func (c *keyCache) reload(ctx context.Context) error {
 	c.byHash = byHash
 	c.mu.Unlock()
 	return nil
+}
+
+// keyReloadInterval is how often a hub on PostgreSQL rereads the keys,
+// their limits and each key's tokens of the day (the usage table, which
+// every hub writes), besides when a key changes: what a notification
+// missed, and tokens the other hubs spent past the counts they publish.
+const keyReloadInterval = time.Minute
+
+// watchKeys reloads the keys whenever one is created, revoked or has its
+// limits changed on any hub (changed: the cluster's listener heard
+// fleet_keys, or listening began again and changes may have been missed),
+// and every interval. A failed reload keeps the keys as they were.
+func (lg *Ledger) watchKeys(ctx context.Context, changed <-chan struct{}, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-changed:
+		case <-t.C:
+		}
+		err := lg.reloadKeys(ctx)
+		if err != nil && ctx.Err() == nil {
+			lg.log.Warn("could not read the API keys again; checking them as they were", "err", err)
+		}
+		if lg.keysReloaded != nil {
+			lg.keysReloaded(err)
+		}
+	}
 }
 
 // keySyncInterval paces publishing this hub's counts of each key and
@@ -272,13 +301,4 @@ func (ks *keySync) readOthers(ctx context.Context, now time.Time) error {
 
 func addCounts(a, b fleet.KeyCounts) fleet.KeyCounts {
 	return fleet.KeyCounts{Requests: a.Requests + b.Requests, Tokens: a.Tokens + b.Tokens}
-}
-
-// hubName is this hub's name among the hubs sharing its database.
-func (h *Hub) hubName() string {
-	name, err := os.Hostname()
-	if err != nil || name == "" {
-		return "hub"
-	}
-	return name
 }

@@ -1,12 +1,15 @@
 package hub
 
 import (
+	"context"
 	"log/slog"
 	"strconv"
+	"sync"
 	"testing"
 	"time"
 
 	"fleet"
+	"fleet/internal/pgtest"
 	"fleet/router"
 	"fleet/router/keylimit"
 	"fleet/store"
@@ -114,6 +117,81 @@ func TestKeySyncHoldsRPMAcrossHubs(t *testing.T) {
 		}
 		t.Logf("%d hubs admitted %d of rpm %d (bound %d)", tc.hubs, admitted, tc.rpm, bound)
 	}
+}
+
+// A key revoked on one hub is refused by another as soon as the other has
+// heard of it (its cluster listener, fleet_keys) and reloaded; so is a key
+// created there taken, and a limit set there held.
+func TestKeyRevokedOnOneHubRefusedByAnother(t *testing.T) {
+	url := pgtest.URL(t)
+	a, err := openHub(t, Options{DatabaseURL: url, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	b, err := openHub(t, Options{DatabaseURL: url, HubName: "b"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer b.Close()
+	ctx, cancel := context.WithCancel(t.Context())
+	reloaded := make(chan error, 16)
+	b.ledger.keysReloaded = func(err error) { reloaded <- err }
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); b.cluster.listen(ctx) }()
+	go func() { defer wg.Done(); b.ledger.watchKeys(ctx, b.cluster.keysChanged, time.Hour) }()
+	defer func() { cancel(); wg.Wait() }()
+	// waitFor waits for b's reloads until want holds; the hour-long tick
+	// cannot fire, so only what b's listener heard reloads.
+	waitFor := func(what string, start time.Time, want func() bool) time.Duration {
+		t.Helper()
+		for !want() {
+			select {
+			case err := <-reloaded:
+				if err != nil {
+					t.Fatalf("hub b's reload: %v", err)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("hub b never reloaded to %s: it heard nothing", what)
+			}
+		}
+		return time.Since(start)
+	}
+	verify := func(h *Hub, key string) bool {
+		_, ok, err := h.ledger.keys.VerifyAPIKey(ctx, key)
+		if err != nil {
+			t.Fatalf("the key cache failed, which it never should: %v", err)
+		}
+		return ok
+	}
+	api := a.API()
+	start := time.Now()
+	key, err := api.CreateKey(ctx, admin, "ci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := waitFor("take the key created on hub a", start, func() bool { return verify(b, key) })
+	t.Logf("a key created on hub a was taken by hub b %s later", took)
+	start = time.Now()
+	if err := api.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: 7}); err != nil {
+		t.Fatal(err)
+	}
+	took = waitFor("hold the limit set on hub a", start, func() bool {
+		v, rv := b.router.KeyBook().Admit("ci", time.Now(), false, 0)
+		b.router.KeyBook().Settle(rv)
+		return v.Header.Get("x-ratelimit-limit-requests") == "7"
+	})
+	t.Logf("a limit set on hub a held on hub b %s later", took)
+	start = time.Now()
+	if err := api.RevokeKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if verify(a, key) {
+		t.Fatal("hub a takes the key it revoked")
+	}
+	took = waitFor("refuse the key revoked on hub a", start, func() bool { return !verify(b, key) })
+	t.Logf("a key revoked on hub a was refused by hub b %s later", took)
 }
 
 // A key revoked on one hub is refused by the other once it reloads; while

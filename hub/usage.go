@@ -41,8 +41,11 @@ type Ledger struct {
 	// router is told each key's limits and what it spent today; set once,
 	// when the hub has built the router (which reports usage here).
 	router *router.Router
-	// keys checks the router's API keys from memory (keys.go).
-	keys keyCache
+	// keys checks the router's API keys from memory (keys.go);
+	// keysReloaded, when set (by tests), is told of each reload watchKeys
+	// made and how it went.
+	keys         keyCache
+	keysReloaded func(error)
 	// usage sums the router's token counts until they are written.
 	usage      usageRecorder
 	usageCache usageCache
