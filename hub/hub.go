@@ -689,34 +689,66 @@ func (h *Hub) Exec(ctx context.Context, u fleet.User, args []string, stdin io.Re
 }
 
 // flushSamples batches the router's measurements into the store, so a
-// request never waits on SQLite.
+// request never waits on the database. A batch the database does not take
+// is kept (bounded) and written with the next, once a second.
 func (h *Hub) flushSamples(ctx context.Context) {
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
-	var batch []fleet.Sample
-	flush := func() {
-		if len(batch) == 0 {
-			return
-		}
-		if err := h.store.AddSamples(context.WithoutCancel(ctx), batch); err != nil {
-			h.log.Warn("could not store request samples", "n", len(batch), "err", err)
-		}
-		batch = batch[:0]
-	}
+	var batch sampleBatch
+	failing := false
+	write := func() { failing = batch.write(context.WithoutCancel(ctx), h.store, h.log) != nil }
 	for {
 		select {
 		case s := <-h.samples:
-			batch = append(batch, s)
-			if len(batch) >= 512 {
-				flush()
+			batch.add(s)
+			// A database that refused the last write is not asked again
+			// before the next tick.
+			if len(batch.rows) >= 512 && !failing {
+				write()
 			}
 		case <-t.C:
-			flush()
+			write()
 		case <-ctx.Done():
-			flush()
+			write()
 			return
 		}
 	}
+}
+
+// maxPendingSamples bounds the request samples waiting for the database
+// (about 100 bytes each): 20 s of 1,000 requests a second, kept while it
+// does not answer; further ones are dropped, counted in the log.
+const maxPendingSamples = 20000
+
+// sampleBatch is the request samples not yet written.
+type sampleBatch struct {
+	rows    []fleet.Sample
+	dropped int
+}
+
+func (b *sampleBatch) add(s fleet.Sample) {
+	if len(b.rows) >= maxPendingSamples {
+		b.dropped++
+		return
+	}
+	b.rows = append(b.rows, s)
+}
+
+// write stores the batch; what the store refuses is kept for the next.
+func (b *sampleBatch) write(ctx context.Context, st *store.Store, log *slog.Logger) error {
+	if b.dropped > 0 {
+		log.Warn("request samples dropped: the database fell behind", "dropped", b.dropped)
+		b.dropped = 0
+	}
+	if len(b.rows) == 0 {
+		return nil
+	}
+	if err := st.AddSamples(ctx, b.rows); err != nil {
+		log.Warn("could not store request samples; keeping them for the next try", "n", len(b.rows), "err", err)
+		return err
+	}
+	b.rows = b.rows[:0]
+	return nil
 }
 
 // engineScrapeInterval paces reading each engine's own load (vLLM

@@ -276,6 +276,58 @@ func TestUsageKeptWhileTheDatabaseIsDown(t *testing.T) {
 	}
 }
 
+// Request samples the database does not take wait, bounded, for the
+// next write, and all arrive once it is back.
+func TestSamplesKeptWhileTheDatabaseIsDown(t *testing.T) {
+	proxy, proxied, direct := newDBProxy(t)
+	ctx := t.Context()
+	h := newHubPart(t, proxied, "h")
+	log := slog.New(slog.DiscardHandler)
+	at := time.Now().Add(-time.Second)
+	var batch sampleBatch
+	add := func(n int) {
+		for range n {
+			batch.add(fleet.Sample{Worker: "n/m", At: at, Kind: "request", E2E: time.Second, OutputTokens: 5})
+		}
+	}
+	add(3)
+	if err := batch.write(ctx, h.st, log); err != nil {
+		t.Fatal(err)
+	}
+	proxy.down()
+	add(4)
+	if err := batch.write(ctx, h.st, log); err == nil {
+		t.Fatal("samples were written through a cut database")
+	}
+	add(5)
+	if err := batch.write(ctx, h.st, log); err == nil {
+		t.Fatal("samples were written through a cut database")
+	}
+	proxy.up()
+	if err := batch.write(ctx, h.st, log); err != nil {
+		t.Fatal(err)
+	}
+	other, err := store.OpenPostgres(ctx, direct)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Close()
+	got, err := other.Samples(ctx, "n/m", at.Add(-time.Minute), 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 12 {
+		t.Fatalf("%d request samples in the database after it came back, want all 12", len(got))
+	}
+	var full sampleBatch
+	for range maxPendingSamples + 5 {
+		full.add(fleet.Sample{Worker: "n/m", At: at})
+	}
+	if len(full.rows) != maxPendingSamples || full.dropped != 5 {
+		t.Fatalf("%d samples kept and %d dropped past the bound, want %d and 5", len(full.rows), full.dropped, maxPendingSamples)
+	}
+}
+
 // A hub that cannot reach the database holds each key's limits on its own
 // (a leash it cannot loosen would refuse the key's every request), and
 // publishes what it admitted meanwhile when the database is back.
