@@ -96,7 +96,7 @@ const keySyncInterval = 250 * time.Millisecond
 // keyCountsWindow is how far back a hub reads the others' counts and
 // keeps its own unpublished ones: a request older than a minute no longer
 // counts against requests a minute, and the day's tokens reach every hub
-// through the usage table as well (keyTokensReseed). It also absorbs a
+// through the usage table as well (keyReloadInterval). It also absorbs a
 // skew of up to a minute between the hubs' clocks.
 const keyCountsWindow = 2 * time.Minute
 
