@@ -280,6 +280,9 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 			return "", fmt.Errorf("%s: %w; nothing was changed", filename, err)
 		}
 	}
+	if err := h.cluster.checkMachines(ctx, next); err != nil {
+		return "", fmt.Errorf("%s: %w; nothing was changed", filename, err)
+	}
 	cur, err := h.store.LoadFleet(ctx)
 	if err != nil {
 		return "", err

@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -764,4 +766,59 @@ func (c *cluster) announceWhileServing(ctx context.Context, announce func() (sto
 		case <-t.C:
 		}
 	}
+}
+
+// machineBound names the nodes whose engines run on the leading hub's own
+// machine: local and simulated nodes. Their engines listen on that
+// machine's loopback, so a hub on another machine can neither route to
+// them nor, leading after a failover, adopt them by PID.
+func machineBound(f fleet.Fleet) []string {
+	var names []string
+	for _, n := range f.Nodes {
+		if _, sim := n.SimProfile(); sim || n.Address == fleet.AddressLocal {
+			names = append(names, n.Name)
+		}
+	}
+	return names
+}
+
+// checkMachines refuses fleet f while it has machine-bound nodes and the
+// live hubs (this one included) run on more than one machine. Machines are
+// told apart by host name, as a hub's home records it: hubs on one host in
+// separate network namespaces are not caught.
+func (c *cluster) checkMachines(ctx context.Context, f fleet.Fleet) error {
+	bound := machineBound(f)
+	if !c.on || len(bound) == 0 {
+		return nil
+	}
+	hubs, err := c.st.Hubs(ctx)
+	if err != nil {
+		return err
+	}
+	self, _, _ := strings.Cut(c.home, ":")
+	machines := []string{self}
+	where := map[string]string{self: c.name}
+	for _, h := range hubs {
+		host, _, _ := strings.Cut(h.Home, ":")
+		if h.HeartbeatAge >= store.HubStaleAfter || slices.Contains(machines, host) {
+			continue
+		}
+		machines = append(machines, host)
+		where[host] = h.Name
+	}
+	if len(machines) < 2 {
+		return nil
+	}
+	var on []string
+	for _, m := range machines {
+		on = append(on, where[m]+" on "+m)
+	}
+	which := "node " + bound[0] + " runs its engines"
+	if len(bound) > 1 {
+		which = "nodes " + strings.Join(bound, ", ") + " run their engines"
+	}
+	return fmt.Errorf("%s on the leading hub's own machine (address %q or %q…), but this fleet's hubs run on %d machines (%s): "+
+		"a hub on another machine can neither reach those engines nor adopt them when it leads; "+
+		"give each such node an SSH address (user@host) in the fleet file and apply it, or run every hub on one machine",
+		which, fleet.AddressLocal, fleet.AddressSimPrefix, len(machines), strings.Join(on, ", "))
 }

@@ -243,3 +243,53 @@ func TestBadHubNameOrLeaseTTLIsRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestLocalNodesNeedHubsOnOneMachine: local and simulated nodes run their
+// engines on the leading hub's machine, so while a hub on another machine is
+// live, a fleet with such nodes is refused (apply and a hub joining),
+// saying which nodes and which machines, and an all-SSH fleet is taken.
+func TestLocalNodesNeedHubsOnOneMachine(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatalf("the first hub with the demo fleet, alone on its machine: %v", err)
+	}
+	defer h.Close()
+	other := openPGStore(t, url)
+	if err := other.RegisterHub(ctx, store.HubInfo{Name: "b", Instance: "b1", Home: "elsewhere:/srv/fleet"}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := h.store.LoadFleet(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	demo := "nodes:\n  - name: rig\n    address: sim:rtx3060-vllm\n  - name: desk\n    address: local\n" + sshFleetModel
+	_, err = h.apply(ctx, "two.yaml", []byte(demo), false)
+	for _, want := range []string{"nodes rig, desk run their engines on the leading hub's own machine", "elsewhere", "b on elsewhere", "SSH address", "nothing was changed"} {
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Fatalf("applying a fleet with sim and local nodes while hub b runs on another machine: %v; want it refused, saying %q", err, want)
+		}
+	}
+	if after, err := h.store.LoadFleet(ctx); err != nil || len(after.Nodes) != len(before.Nodes) {
+		t.Fatalf("the refused apply changed the stored fleet: %d nodes before, %+v after (%v)", len(before.Nodes), after.Nodes, err)
+	}
+	if _, err := openHub(t, Options{DatabaseURL: url, HubName: "c"}); err == nil || !strings.Contains(err.Error(), "cannot join the fleet") {
+		t.Fatalf("a hub joining a fleet of sim nodes while hubs run on two machines: %v; want it refused", err)
+	}
+	ssh := "nodes:\n  - name: desk\n    address: fleet@192.0.2.7\n" + sshFleetModel
+	if _, err := h.apply(ctx, "ssh.yaml", []byte(ssh), false); err != nil {
+		t.Fatalf("an all-SSH fleet with hubs on two machines: %v; want it applied", err)
+	}
+}
+
+const sshFleetModel = `models:
+  - id: qwen3-4b
+    context: 16384
+    memory_gb: 1
+    recipes:
+      llamacpp:
+        model: Qwen3-4B-Q4_K_M.gguf
+      sim:
+        profile: m4max-llamacpp
+`

@@ -290,6 +290,11 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if err := h.cluster.register(ctx, opts.HTTPAddr, opts.SSHAddr, opts.Version); err != nil {
 		return nil, err
 	}
+	if stored, err := st.LoadFleet(ctx); err != nil {
+		return nil, err
+	} else if err := h.cluster.checkMachines(ctx, stored); err != nil {
+		return nil, fmt.Errorf("this hub cannot join the fleet: %w", err)
+	}
 	h.pruner = newPruner(st, opts.Logger, h.guard, opts)
 	h.ledger = &Ledger{guard: h.guard, store: st, log: opts.Logger, keys: keyCache{store: st}}
 	h.admin = &Admin{guard: h.guard, store: st, ledger: h.ledger}
