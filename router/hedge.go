@@ -21,6 +21,16 @@ import (
 // a pause, not the answer. The hub also marks every worker of a node
 // suspect while its connection misses keepalives (SetSuspect), and clears
 // the suspicion when the node answers again.
+//
+// A request past its deadline is not proof of silence: an engine prefilling
+// a long prompt, or with all its slots taken, sends no first byte for a
+// while on a starved machine, and a request taken back from it is computed
+// twice and sent where its conversation is not. So before taking a request
+// back the hedge asks the worker's engine itself (its /health, over the
+// same connection the request took): an engine that answers is starved,
+// not silent, and the request waits another deadline there; one that does
+// not answer within aliveProbeTimeout is silent. A worker that sent a
+// first byte of another request within the deadline has answered already.
 
 const (
 	// hedgeFactor times the predicted time to first byte is how long a
@@ -30,6 +40,12 @@ const (
 	// hedgeFloor keeps predictions of a few milliseconds from hedging on
 	// scheduling noise.
 	hedgeFloor = 750 * time.Millisecond
+	// aliveProbeTimeout is how long the engine of a worker past a hedge
+	// deadline has to answer /health before it is taken for silent: long
+	// enough for a starved machine to schedule the engine's HTTP thread
+	// and the node's SSH tunnel, short enough that a silent node costs the
+	// requests waiting on it only this much more.
+	aliveProbeTimeout = 2 * time.Second
 )
 
 // suspicion is why a worker gets no new requests for now.
@@ -58,9 +74,11 @@ type firstByteWaits struct {
 	// waits as long as it takes, so a prompt slower than predicted
 	// everywhere is answered late rather than refused after the retries.
 	hedged map[context.Context]struct{}
-	// answered is when each worker last sent a first byte, of any
-	// request: a worker that answers others is loaded, not silent.
-	answered map[string]time.Time
+	// alive is when each worker last showed it is not silent: a first
+	// byte of any request, or its engine answering the hedge's /health
+	// probe. Such a worker is loaded or starved, and its requests past
+	// their deadline wait there.
+	alive map[string]time.Time
 }
 
 // firstByteWait is one request waiting for its first byte.
@@ -248,26 +266,45 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 // first byte within deadline, makes that worker suspect for a cooldown,
 // takes back its other requests that wait for a first byte too, and asks
 // the hub to check the worker's node. With no other worker to go to, the
-// request keeps waiting. A worker that sent a first byte of another
-// request within the deadline is not silent but loaded (a starved machine,
-// a queue of long prefills): the request waits another deadline there.
+// request keeps waiting. A worker that is alive (it sent a first byte of
+// another request within the deadline, or its engine answers /health) is
+// loaded or starved, not silent: the request waits another deadline there.
 func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 	f := wait.f
 	name := f.b.cfg.Name
+	if wait.state.Load() != 0 {
+		return // its first byte came meanwhile
+	}
+	waitLonger := func(why string) {
+		r.log.Debug("request got no first byte in time from a worker that is alive; waiting longer", "backend", name, "deadline", deadline, "alive", why)
+		time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
+	}
+	if r.hedge.waits.aliveWithin(name, time.Now(), deadline) {
+		waitLonger("answered lately")
+		return
+	}
+	r.mu.Lock()
+	elsewhere := r.alternativeLocked(f, time.Now())
+	r.mu.Unlock()
 	why := fmt.Sprintf("no first byte within %s", deadline.Round(time.Millisecond))
+	if elsewhere {
+		ctx, cancel := context.WithTimeout(context.Background(), aliveProbeTimeout)
+		err := r.healthCheck(ctx, f.b)
+		cancel()
+		if err == nil {
+			r.hedge.waits.markAlive(name, time.Now())
+			waitLonger("its engine answers /health")
+			return
+		}
+		why = fmt.Sprintf("no first byte within %s, and %v", deadline.Round(time.Millisecond), err)
+	}
 	now := time.Now()
+	taken := 0
 	r.mu.Lock()
 	if wait.state.Load() != 0 {
-		r.mu.Unlock() // its first byte came meanwhile
-		return
-	}
-	if r.hedge.waits.answeredWithin(name, now, deadline) {
 		r.mu.Unlock()
-		r.log.Debug("request got no first byte in time from a worker that answers others; waiting longer", "backend", name, "deadline", deadline)
-		time.AfterFunc(deadline, func() { r.noFirstByte(wait, deadline) })
 		return
 	}
-	taken := 0
 	if r.alternativeLocked(f, now) {
 		if r.hedge.suspect == nil {
 			r.hedge.suspect = map[string]suspicion{}
@@ -283,7 +320,7 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 		taken = r.takeBackLocked(name, why, true)
 	}
 	r.mu.Unlock()
-	r.log.Warn("request got no first byte in time", "backend", name, "deadline", deadline, "taken_back", taken)
+	r.log.Warn("request got no first byte in time", "backend", name, "deadline", deadline, "reason", why, "taken_back", taken)
 	if r.opts.OnNoFirstByte != nil {
 		go r.opts.OnNoFirstByte(name)
 	}
@@ -315,19 +352,33 @@ func (ws *firstByteWaits) remove(name string, wait *firstByteWait, answered bool
 		delete(ws.waiting, name)
 	}
 	if answered {
-		if ws.answered == nil {
-			ws.answered = map[string]time.Time{}
-		}
-		ws.answered[name] = time.Now()
+		ws.markAliveLocked(name, time.Now())
 	}
 }
 
-// answeredWithin reports whether the named worker sent a first byte, of
-// any request, within d before now.
-func (ws *firstByteWaits) answeredWithin(name string, now time.Time, d time.Duration) bool {
+// markAlive records that the named worker showed at at that it is not
+// silent.
+func (ws *firstByteWaits) markAlive(name string, at time.Time) {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
-	at, ok := ws.answered[name]
+	ws.markAliveLocked(name, at)
+}
+
+func (ws *firstByteWaits) markAliveLocked(name string, at time.Time) {
+	if ws.alive == nil {
+		ws.alive = map[string]time.Time{}
+	}
+	if at.After(ws.alive[name]) {
+		ws.alive[name] = at
+	}
+}
+
+// aliveWithin reports whether the named worker showed it is not silent
+// within d before now.
+func (ws *firstByteWaits) aliveWithin(name string, now time.Time, d time.Duration) bool {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	at, ok := ws.alive[name]
 	return ok && now.Sub(at) < d
 }
 

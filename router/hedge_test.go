@@ -18,13 +18,16 @@ import (
 )
 
 // startSilent starts a backend that accepts requests and never answers
-// them, like an engine on a node that fell off the network, counting what
-// it received.
+// them, like an engine on a node that fell off the network, counting the
+// requests it received (its /health, which the hedge asks, goes
+// unanswered too but is not counted).
 func startSilent(t *testing.T, name string, hits *atomic.Int32) Backend {
 	t.Helper()
 	gone := make(chan struct{})
 	_, b := startBackend(t, name, 4, func(w http.ResponseWriter, req *http.Request) {
-		hits.Add(1)
+		if req.URL.Path != "/health" {
+			hits.Add(1)
+		}
 		select {
 		case <-req.Context().Done():
 		case <-gone:
@@ -506,6 +509,85 @@ func TestHedgeDeadlineCoversTheWholeAnswer(t *testing.T) {
 			// in it too: within 10% is the same deadline.
 			if got < tc.want || float64(got) > 1.1*float64(max(tc.want, hedgeFloor)) {
 				t.Errorf("deadline %v, want about %v", got, tc.want)
+			}
+		})
+	}
+}
+
+// A starved worker is not silent: an engine prefilling a long prompt, or
+// with all its slots taken, sends no first byte of anything for a while,
+// but its own /health answers, and the request waits there instead of being
+// taken back, computed twice and sent where its conversation is not. On
+// two real llama-servers on a starved machine (issue 21) every run had
+// turns taken back this way. A worker whose /health does not answer either
+// is silent and is hedged away from (TestSilentWorkerIsHedged).
+func TestStarvedWorkerIsNotHedged(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		// requests sent at once to the starved worker, which answers
+		// each after three deadlines and nothing before.
+		requests int
+	}{
+		{"a long prefill", 1},
+		{"every slot taken", 4},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			var starvedHits, otherHits atomic.Int32
+			_, starved := startBackend(t, "a/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+				if req.URL.Path == "/health" {
+					okJSON(w, req)
+					return
+				}
+				starvedHits.Add(1)
+				select {
+				case <-time.After(3*hedgeFloor + 300*time.Millisecond):
+					okJSON(w, req)
+				case <-req.Context().Done():
+				}
+			})
+			_, other := startBackend(t, "b/qwen3-4b", 4, func(w http.ResponseWriter, req *http.Request) {
+				if req.URL.Path != "/health" {
+					otherHits.Add(1)
+				}
+				okJSON(w, req)
+			})
+			checked := make(chan string, 10)
+			r, rsrv := startRouter(t, Options{Policy: PolicyRoundRobin, Cooldown: time.Minute, OnNoFirstByte: func(b string) { checked <- b }}, starved)
+			var wg sync.WaitGroup
+			for range tc.requests {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					resp := post(t, ctx, rsrv.URL, `{"model":"qwen3-4b","max_tokens":8}`)
+					body, _ := io.ReadAll(resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						t.Errorf("status %d: %s", resp.StatusCode, body)
+					}
+				}()
+			}
+			for starvedHits.Load() < int32(tc.requests) {
+				if ctx.Err() != nil {
+					t.Fatal("the requests never reached the starved worker")
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+			// Only now another worker could take them: with none, the
+			// hedge would not take them back anyway.
+			r.SetBackends([]Backend{starved, other})
+			wg.Wait()
+			if n := otherHits.Load(); n != 0 {
+				t.Errorf("%d request(s) were taken back from a worker whose engine answered /health, want none", n)
+			}
+			if n := starvedHits.Load(); n != int32(tc.requests) {
+				t.Errorf("the starved worker got %d requests, want %d", n, tc.requests)
+			}
+			select {
+			case w := <-checked:
+				t.Errorf("the hub was asked to check %s, a starved worker, as silent", w)
+			default:
 			}
 		})
 	}
