@@ -60,6 +60,15 @@ type Candidate struct {
 
 func (c Candidate) free() bool { return c.InFlight < c.Slots }
 
+// Uncached is the job as an engine holding cached of its prompt tokens
+// runs it: only the rest is prefilled.
+func (job Job) Uncached(cached int) Job {
+	if cached > 0 {
+		job.PromptTokens = max(job.PromptTokens-cached, 1)
+	}
+	return job
+}
+
 // Policy picks a backend for a job. It is called under the router's lock
 // (or by the simulator in virtual time) and must not block.
 type Policy interface {
@@ -205,8 +214,8 @@ func (p *fleetPolicy) Name() string {
 // cost is the job's predicted completion on c. With affinity (some backend
 // holds part of the prompt) a free backend also pays a load price.
 func (p *fleetPolicy) cost(job Job, c Candidate, affinity bool) time.Duration {
-	if p.prefix && c.Cached > 0 {
-		job.PromptTokens = max(job.PromptTokens-c.Cached, 1)
+	if p.prefix {
+		job = job.Uncached(c.Cached)
 	}
 	if c.free() {
 		d := c.Speed.Completion(c.InFlight+1, job)

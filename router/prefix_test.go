@@ -189,3 +189,44 @@ func TestFleetLoadPriceKeepsTheTurnWhereItsConversationIs(t *testing.T) {
 		t.Errorf("chat: fleet chose %d, fleet-no-prefix %d; want both the fast worker (0)", i, want)
 	}
 }
+
+// A turn whose conversation its worker holds frees its slot in about the
+// time of its uncached tokens, and the scheduler predicts it so: the next
+// turn of a session whose worker is full waits for that worker rather than
+// computing the whole conversation again on the idle one. Priced at its
+// whole prompt, the held turn looked like seconds of prefill, and on two
+// real llama-servers (issue 21) fleet sent sessions away from the worker
+// holding their 3,000-token read about as often as fleet-no-prefix did.
+func TestHeldTurnFreesItsSlotSoon(t *testing.T) {
+	r := twins(t, 1)
+	for _, n := range []string{"busy/qwen3-4b", "idle/qwen3-4b"} {
+		r.SeedSpeed(n, SpeedPoint{Concurrency: 1, TTFT: 80 * time.Millisecond, PromptTokens: 1000, ITL: 12 * time.Millisecond, PrefillTokPerSec: 1000})
+	}
+	conversation := strings.Repeat("a session's conversation so far ", 6000*bytesPerToken/32)
+	turn := func(more string) Job {
+		text := conversation + more
+		return Job{PromptTokens: len(text) / bytesPerToken, OutputTokens: 8, NeedContext: 8000, Prefix: PrefixChain([]byte(text))}
+	}
+	now := time.Now()
+	r.mu.Lock()
+	// The session's earlier turns ran on busy, which holds them.
+	r.workerLocked("busy/qwen3-4b").prefix.Insert(turn("").Prefix)
+	var busy *backend
+	for _, b := range r.backends {
+		if b.cfg.Name == "busy/qwen3-4b" {
+			busy = b
+		}
+	}
+	// Another of the session's requests (a subagent, a retry) takes
+	// busy's one slot, with a short tool result on top of what it holds.
+	f := r.takeLocked(busy, "qwen3-4b", turn(strings.Repeat("tool result ", 80)), now)
+	whole := r.workerLocked("busy/qwen3-4b").speed.Completion(1, f.job)
+	r.mu.Unlock()
+	if left := f.predictedEnd.Sub(now); left > whole/4 {
+		t.Errorf("a turn whose 6,000-token conversation busy holds is predicted to end in %v, as if it computed it all (%v)", left, whole)
+	}
+	next := turn(strings.Repeat("tool result ", 80) + strings.Repeat("next tool result ", 60))
+	if i, cands := r.choose(t, next, now); i >= 0 {
+		t.Errorf("fleet sent the next turn to %s (candidates %+v), want it to wait for busy, which holds its conversation and frees soon", cands[i].Name, cands)
+	}
+}

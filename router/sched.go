@@ -230,9 +230,15 @@ func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *f
 	b.observers.inFlight.Inc()
 	load := w.load(now)
 	f := &flight{b: b, model: model, job: job, start: now, startConcurrency: load, area0: w.area}
-	_, f.predicted = w.prefix.Predict(job)
+	var cached int
+	cached, f.predicted = w.prefix.Predict(job)
 	w.prefix.Insert(job.Prefix)
-	f.predictedEnd = now.Add(w.speed.Completion(load, job))
+	// The engine prefills only what it does not hold: priced at the whole
+	// prompt, a turn whose conversation its worker holds was predicted to
+	// keep its slot for seconds it frees in a fraction of one, and fleet
+	// sent the next turn of a busy holder's session to the other worker to
+	// compute it all again (issue 21, two real llama-servers).
+	f.predictedEnd = now.Add(w.speed.Completion(load, job.Uncached(cached)))
 	b.active[f] = struct{}{}
 	return f
 }

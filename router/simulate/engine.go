@@ -27,9 +27,10 @@ type simReq struct {
 	startConc    int
 	area0        float64
 	// cached is what the engine reused; predicted the router's index match
-	// in chunks when it was sent.
-	cached, predicted int
-	slot, pinned      int
+	// in chunks when it was sent, predictedCached the prompt tokens the
+	// index expected the engine to hold then.
+	cached, predicted, predictedCached int
+	slot, pinned                       int
 }
 
 type simWorker struct {
@@ -361,7 +362,7 @@ func (sm *sim) candidates(job router.Job) []router.Candidate {
 // start sends q to w, as the router does: its prefix goes in w's index.
 func (sm *sim) start(w *simWorker, q *simReq) {
 	q.dispatched = sm.now
-	_, q.predicted = w.index.Predict(q.job)
+	q.predictedCached, q.predicted = w.index.Predict(q.job)
 	w.index.Insert(q.job.Prefix)
 	if len(w.active) >= w.spec.Slots {
 		w.pending = append(w.pending, q)
@@ -375,7 +376,7 @@ func (sm *sim) run(w *simWorker, q *simReq) {
 	w.active = append(w.active, q)
 	q.startConc = len(w.active)
 	q.area0 = w.area
-	q.predictedEnd = sm.now + w.speed.Completion(q.startConc, q.job)
+	q.predictedEnd = sm.now + w.speed.Completion(q.startConc, q.job.Uncached(q.predictedCached))
 	switch {
 	case w.llama != nil:
 		q.slot = w.llama.choose(q.prompt)
