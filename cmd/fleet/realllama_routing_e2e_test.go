@@ -41,18 +41,17 @@ import (
 // session reads realLlamaRead bytes of files at turn 1, and from then on
 // exactly one worker holds them. A turn sent to the other worker computes
 // them again, fifteen times a small turn's tokens, while the worker holding
-// them frees a slot in about a small turn's time; `fleet` waits for it,
+// them frees a slot in about a small turn's time; `fleet` should wait for it,
 // `fleet-no-prefix`, blind to the prefix, sends most sessions' later turns
 // there at least once. Over the whole run, `fleet`'s hit ratio was sought
 // realLlamaMargin above `fleet-no-prefix`'s; the turns' TTFT, the engines'
 // prefill time, how often a read was computed again and the two ratios are
-// logged per policy, not asserted: on a loaded machine a turn takes 5 to
-// 15 s of which the read's prefill is 2 to 4, `fleet`'s predicted costs
-// are mostly that fixed load, and it waits for a full worker holding the
-// read only when that is predicted to take under half as long as
-// computing it elsewhere (router/policy.go, waitMargin), so it moves most
-// sessions once, as `fleet-no-prefix` does, and came out 0 to 5 points
-// above it (docs/measurements.md).
+// logged per policy, not asserted: on a loaded machine a turn takes 2 to
+// 15 s of which the read's prefill is 2 to 4, and `fleet` came out -5 to
+// +20 points above `fleet-no-prefix`, mean +2.3, over 20 runs: it moves
+// sessions off the worker holding their read about as often as the blind
+// policy on most runs, for reasons not yet established
+// (docs/measurements.md).
 //
 // What is asserted: both engines are alive throughout, however starved the
 // machine, and the hedge takes no request back from them (it asks a
@@ -95,14 +94,13 @@ func TestRealLlamaRoutingCacheHit(t *testing.T) {
 	// (see the comment at the top).
 	t.Logf("cache hit: fleet %.1f%%, fleet-no-prefix %.1f%%: %+.1f points (the margin sought is %.0f)",
 		100*fleetRun.hit(), 100*blind.hit(), 100*(fleetRun.hit()-blind.hit()), 100*realLlamaMargin)
-	if t.Failed() {
-		// Where each turn went and what its engine reused, to tell a
-		// routing mistake from an engine that evicted.
-		for _, policy := range policies {
-			for _, tr := range results[policy].turns {
-				t.Logf("%-16s t=%6.2fs..%6.2fs session %d turn %d on %-3s prompt %5d cached %5d computed %5d in %5.0f ms",
-					policy, tr.start.Seconds(), tr.end.Seconds(), tr.session, tr.turn, tr.worker, tr.prompt, tr.cached, tr.promptN, tr.promptMs)
-			}
+	// Where each turn went and what its engine reused, to tell a routing
+	// mistake from an engine that evicted, on every run while the
+	// comparison is not asserted (-v shows it).
+	for _, policy := range policies {
+		for _, tr := range results[policy].turns {
+			t.Logf("%-16s t=%6.2fs..%6.2fs session %d turn %d on %-3s prompt %5d cached %5d computed %5d in %5.0f ms",
+				policy, tr.start.Seconds(), tr.end.Seconds(), tr.session, tr.turn, tr.worker, tr.prompt, tr.cached, tr.promptN, tr.promptMs)
 		}
 	}
 }
