@@ -50,7 +50,8 @@ import (
 // 15 s of which the read's prefill is 2 to 4, and `fleet` came out -5 to
 // +20 points above `fleet-no-prefix`, mean +2.3, over 20 runs: it moves
 // sessions off the worker holding their read about as often as the blind
-// policy on most runs, for reasons not yet established
+// policy on most runs, likely (not yet tested) because a prefill beside
+// another request on a one-thread engine is priced as if alone
 // (docs/measurements.md).
 //
 // What is asserted: both engines are alive throughout, however starved the
