@@ -93,6 +93,30 @@ func (g *guard) failed(u fleet.User, a fleet.Action, target string, err error) {
 	g.noteRepeat(u, a.Name, target, "failed: "+err.Error(), false)
 }
 
+// guardForRuns is the guard as admission's Runs ask for it
+// (admission.Guard): the same checks and audit lines as every other action.
+type guardForRuns struct{ g *guard }
+
+func (r guardForRuns) Authorize(u fleet.User, action fleet.ActionName, target string) (fleet.Action, error) {
+	return r.g.authorize(u, action, target)
+}
+
+func (r guardForRuns) Run(u fleet.User, a fleet.Action, target string, run func() (string, error)) error {
+	return r.g.run(u, a, target, run)
+}
+
+func (r guardForRuns) Do(u fleet.User, action fleet.ActionName, target string, run func() (string, error)) error {
+	return r.g.do(u, action, target, run)
+}
+
+func (r guardForRuns) Refuse(u fleet.User, action fleet.ActionName, target, outcome string) {
+	r.g.refuse(u, action, target, outcome)
+}
+
+func (r guardForRuns) Failed(u fleet.User, a fleet.Action, target string, err error) {
+	r.g.failed(u, a, target, err)
+}
+
 // Act does a per-worker action of the table (fleet.Action.PerWorker:
 // drain, undrain, restart, stop, start) to workers: one audit line per
 // worker.
@@ -106,7 +130,7 @@ func (h *Hub) Act(ctx context.Context, u fleet.User, kind fleet.ActionName, targ
 	if err != nil {
 		return "", err
 	}
-	names, err := h.state.resolve(targets)
+	names, err := h.state.Resolve(targets)
 	if err != nil {
 		h.guard.failed(u, a, target, err)
 		return "", err
@@ -328,7 +352,7 @@ func (h *Hub) apply(ctx context.Context, filename string, data []byte, dryRun bo
 		}
 		h.mgr.SetDesired(applied)
 		h.syncRouter()
-		h.admission.referencesMoved(ctx, cur, applied)
+		h.judge.ReferencesMoved(ctx, cur, applied)
 	}
 	if plan.Empty() {
 		return "no changes\n", nil
@@ -373,7 +397,7 @@ func (h *Hub) ForceAdmit(ctx context.Context, u fleet.User, worker string) (stri
 	if err != nil {
 		return "", err
 	}
-	names, err := h.state.resolve([]string{worker})
+	names, err := h.state.Resolve([]string{worker})
 	if err != nil {
 		h.guard.failed(u, a, worker, err)
 		return "", err

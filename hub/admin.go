@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/sshserver"
 	"fleet/store"
-	"fleet/themes"
 )
 
 // Admin answers the administration commands: console users, router API
@@ -165,10 +165,8 @@ func (ad *Admin) RevokeKey(ctx context.Context, u fleet.User, name string) error
 // SetTheme stores a user's own console theme ("" = from the terminal's background).
 func (ad *Admin) SetTheme(ctx context.Context, u fleet.User, name string) error {
 	return ad.guard.do(u, fleet.ActionTheme, name, func() (string, error) {
-		if name != "" {
-			if _, err := themes.Named(name); err != nil {
-				return "", err
-			}
+		if err := sshserver.CheckTheme(name); err != nil {
+			return "", err
 		}
 		if u.Fingerprint == "" {
 			return "", fmt.Errorf("%s is not a console user; themes are per SSH user (set one with: ssh -p PORT hub theme NAME)", u.Name)

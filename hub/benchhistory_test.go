@@ -2,8 +2,6 @@ package hub
 
 import (
 	"encoding/json"
-	"slices"
-	"strings"
 	"testing"
 	"time"
 
@@ -28,9 +26,13 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 			t.Fatalf("run %d: %v", i, err)
 		}
 	}
-	if err := h.checks.loadBenchRuns(ctx); err != nil {
-		t.Fatal(err)
+	// Restored at start: the hub opened again reads them.
+	h.Close()
+	h, err := openHub(t, Options{DataDir: h.opts.DataDir, Demo: true})
+	if err != nil {
+		t.Fatalf("Open again: %v", err)
 	}
+	t.Cleanup(func() { h.Close() })
 	var found bool
 	for _, w := range h.snapshot(ctx).Workers {
 		if w.Name() != ultraWorker {
@@ -45,7 +47,7 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 	if !found {
 		t.Fatalf("no %s in the snapshot", ultraWorker)
 	}
-	runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "ultra", 2)
+	runs, err := h.runs.BenchHistory(ctx, actors[viewer.Name], "ultra", 2)
 	if err != nil || len(runs) != 2 || runs[0].Split != sweep.SplitAgent || runs[1].Split != sweep.SplitChat || runs[1].Levels[0].TotalTokPerSec != 60 {
 		t.Fatalf("BenchHistory(ultra, 2) = %+v, %v; want the agent run then the newer chat one", runs, err)
 	}
@@ -55,48 +57,5 @@ func TestBenchSplitsSideBySide(t *testing.T) {
 func TestConsoleSplitsAreTheBenchs(t *testing.T) {
 	if console.SplitChat != sweep.SplitChat || console.SplitAgent != sweep.SplitAgent {
 		t.Fatalf("console splits %q/%q, bench splits %q/%q", console.SplitChat, console.SplitAgent, sweep.SplitChat, sweep.SplitAgent)
-	}
-}
-
-// TestBenchHistoryOfAModel: `bench --history MODEL` is accepted as `bench
-// MODEL` is (an alias too): it lists the model's runs through the router
-// and its workers' runs, newest first; a node with no such model still
-// says what it accepts.
-func TestBenchHistoryOfAModel(t *testing.T) {
-	h, actors := seededHub(t)
-	ctx := t.Context()
-	at := time.Date(2026, 11, 30, 18, 0, 0, 0, time.UTC)
-	for i, r := range []struct {
-		key string
-		res sweep.Result
-	}{
-		{ultraWorker, sweep.Result{Target: "ultra", StartedAt: at}},
-		{routerBenchKey("qwen3-4b"), sweep.Result{Target: "qwen3-4b via router", StartedAt: at.Add(time.Minute)}},
-		{"max/qwen3-4b", sweep.Result{Target: "max", StartedAt: at.Add(2 * time.Minute)}},
-		{"max/other-model", sweep.Result{Target: "max other", StartedAt: at.Add(3 * time.Minute)}},
-	} {
-		data, _ := json.Marshal(r.res)
-		if err := h.store.AddBenchRun(ctx, r.key, data); err != nil {
-			t.Fatalf("run %d: %v", i, err)
-		}
-	}
-	for _, name := range []string{"qwen3-4b", "qwen3"} {
-		runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], name, 10)
-		if err != nil {
-			t.Fatalf("BenchHistory(%s): %v", name, err)
-		}
-		var targets []string
-		for _, r := range runs {
-			targets = append(targets, r.Target)
-		}
-		if want := []string{"max", "qwen3-4b via router", "ultra"}; !slices.Equal(targets, want) {
-			t.Errorf("BenchHistory(%s) = %q, want %q: the model's runs, newest first", name, targets, want)
-		}
-	}
-	if runs, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "qwen3-4b", 1); err != nil || len(runs) != 1 || runs[0].Target != "max" {
-		t.Errorf("BenchHistory(qwen3-4b, 1) = %+v, %v; want only the newest run", runs, err)
-	}
-	if _, err := h.checks.BenchHistory(ctx, actors[viewer.Name], "nope", 10); err == nil || !strings.Contains(err.Error(), "bench --history MODEL") {
-		t.Errorf("BenchHistory(nope) = %v; want an error that names what it accepts", err)
 	}
 }

@@ -624,7 +624,7 @@ func (c *cluster) carryOut(ctx context.Context, a store.Action) (string, error) 
 	case fleet.ActionNodeTrust:
 		return clearHostKey(ctx, h.store, h.mgr, name)
 	case fleet.ActionShapePin:
-		return h.checks.pinShape(ctx, name)
+		return h.judge.Pin(ctx, name)
 	case fleet.ActionApply:
 		var args applyArgs
 		if err := json.Unmarshal([]byte(a.Args), &args); err != nil {

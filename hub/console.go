@@ -77,7 +77,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		if len(a.Targets) != 2 {
 			return "", fmt.Errorf("shape compares two workers: mark two with space, then press s")
 		}
-		r, err := s.h.checks.Shape(ctx, s.u, a.Targets[0], a.Targets[1])
+		r, err := s.h.runs.Shape(ctx, s.u, a.Targets[0], a.Targets[1])
 		if err != nil {
 			return "", err
 		}
@@ -89,7 +89,7 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		for _, t := range a.Targets {
 			// Detached, as a restart is: it outlives the key press, not the hub.
 			s.h.detached.goDetached(ctx, func(ctx context.Context) {
-				res, err := s.h.checks.Bench(ctx, s.u, t, fleet.BenchOptions{Split: a.Split}, nil)
+				res, err := s.h.runs.Bench(ctx, s.u, t, fleet.BenchOptions{Split: a.Split}, nil)
 				if err != nil {
 					if ctx.Err() != nil {
 						return // the hub is closing

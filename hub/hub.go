@@ -4,9 +4,10 @@
 // audited here, on the server side, by one table (fleet.Actions) and one
 // guard (audit.go; do, in actions.go), and what leaves the hub for a user
 // is redacted here. The Hub composes parts that own their state: the guard,
-// the mirror of the fleet (state.go), Checks (checks.go: shape, bench),
-// admission (admission.go), Admin (admin.go: users, keys, the audit
-// trail), Ledger (usage.go: usage, key limits) and the pruner
+// the mirror of the fleet (state.go), the admission package's Judge
+// (verdicts on workers: memory, shape, speed, references) and Runs (the
+// shape and bench runs users start), Admin (admin.go: users, keys, the
+// audit trail), Ledger (usage.go: usage, key limits) and the pruner
 // (retention.go); hub.go runs and wires them, actions.go and stop.go act.
 // The command tree is given to the hub (Options.Commands) and calls it
 // through API, the hub with its parts.
@@ -32,10 +33,10 @@ import (
 	"fleet"
 	"fleet/enginectl"
 	"fleet/fleetfile"
+	"fleet/hub/admission"
 	"fleet/internal/mdns"
 	"fleet/nodes"
 	"fleet/router"
-	"fleet/sim/profiles"
 	"fleet/sshserver"
 	"fleet/store"
 )
@@ -112,7 +113,7 @@ type Options struct {
 	ReconcileInterval time.Duration
 	// AdmissionWait bounds how long a worker on probation waits for its
 	// model's reference worker and for a peer measured faster whose shape is
-	// being checked (0 = 2 min).
+	// being checked (0 = admission.DefaultWait, 2 min).
 	AdmissionWait time.Duration
 	// RejectedGrace is how long a rejected worker's engine stays up to be
 	// looked at (0 = the node manager's default, 10 min).
@@ -137,6 +138,11 @@ type Options struct {
 	// LeaseTTL is how long the leader's lease lasts unrenewed on
 	// PostgreSQL (0 = DefaultLeaseTTL; at least MinLeaseTTL).
 	LeaseTTL time.Duration
+	// SimProfile looks up a simulated node's profile (sim:PROFILE): the
+	// platform its node reports and the engine its workers mimic.
+	// cmd/fleet passes the built-in profiles (sim/profiles); nil refuses
+	// sim nodes.
+	SimProfile func(name string) (fleet.Platform, fleet.EngineKind, error)
 	// Commands runs one command line (SSH exec, the control socket)
 	// against this hub; cmd/fleet passes the command tree (cli.Run). It is
 	// given, not imported, so that the hub stays below the CLI it serves.
@@ -151,16 +157,16 @@ type Commands func(ctx context.Context, api API, u fleet.User, args []string, st
 // API is what the command tree and the console call: the hub's own
 // commands and those of the parts it composes, each answered by the part
 // that owns it (users and keys by Admin, usage and key limits by Ledger, shape
-// and bench by Checks).
+// and bench by admission's Runs).
 type API struct {
 	*Hub
 	*Admin
 	*Ledger
-	*Checks
+	*admission.Runs
 }
 
 // API is the hub with the parts it composes, for the command tree.
-func (h *Hub) API() API { return API{Hub: h, Admin: h.admin, Ledger: h.ledger, Checks: h.checks} }
+func (h *Hub) API() API { return API{Hub: h, Admin: h.admin, Ledger: h.ledger, Runs: h.runs} }
 
 // Hub is the running fleet hub.
 type Hub struct {
@@ -173,19 +179,17 @@ type Hub struct {
 	// saveMu orders the writes of worker rows (recordWorker).
 	saveMu sync.Mutex
 	// state is the hub's copy of the fleet as the node manager last
-	// reported it (state.go); its lock also guards speeds.
+	// reported it (state.go).
 	state *mirror
-	// checks runs shape and bench checks and the speed measurements
-	// admission takes (checks.go).
-	checks *Checks
+	// judge judges workers leaving probation, and again when their model's
+	// reference moves; runs are the shape and bench runs users start
+	// (package admission).
+	judge *admission.Judge
+	runs  *admission.Runs
 	// mu guards httpAddr, started and lanName.
 	mu sync.Mutex
 
 	samples chan fleet.Sample
-	// refMu serialises reading and retaking a model's reference shape.
-	refMu sync.Mutex
-	// admission judges workers leaving probation (admission.go).
-	admission *admission
 	// httpAddr is where the router listens, once Run has bound it, and
 	// started when (for `status`).
 	httpAddr string
@@ -270,7 +274,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		state: &mirror{
 			workers: map[string]fleet.Worker{},
 			nodes:   map[string]fleet.Node{},
-			bench:   map[benchKey]benchSummary{},
+			bench:   map[benchKey]admission.BenchSummary{},
 		},
 		samples: make(chan fleet.Sample, 4096),
 		lock:    lock,
@@ -329,7 +333,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	// changes nothing.
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(newHubCollector(h))
-	admissions := newAdmissions(reg)
 	rt, err := router.New(router.Options{
 		Logger:       opts.Logger.With("component", "router"),
 		Registerer:   reg,
@@ -359,13 +362,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		return nil, fmt.Errorf("--policy: %w", err)
 	}
 	h.router = rt
-	h.checks = &Checks{state: h.state, store: st, log: opts.Logger, router: rt, guard: h.guard, refMu: &h.refMu,
-		event: h.onEvent, routerAddr: h.routerAddr, onLeader: h.cluster.onLeader}
-	h.admission = &admission{state: h.state, store: st, log: opts.Logger, router: rt, checks: h.checks, detached: h.detached,
-		refMu: &h.refMu, wait: opts.AdmissionWait, event: h.onEvent, admissions: admissions,
-		speeds: map[string]speedRecord{},
-		duels:  map[string]chan struct{}{}}
-	h.checks.rejudge, h.checks.referenceWorker = h.admission.rejudge, h.admission.referenceWorker
 	h.ledger.router = rt
 	if err := h.ledger.loadKeyLimits(ctx); err != nil {
 		return nil, err
@@ -405,22 +401,14 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		ProbeInterval:     opts.ProbeInterval,
 		ReconcileInterval: opts.ReconcileInterval,
 		HostKeys:          hostKeys{st},
-		SimPlatform: func(profile string) (fleet.Platform, error) {
-			p, err := profiles.Lookup(profile)
-			if err != nil {
-				return fleet.Platform{}, err
-			}
-			return p.Platform, nil
+		SimPlatform:       simPlatform(opts.SimProfile),
+		SimMimic:          simMimic(opts.SimProfile),
+		// The judge is built on the manager just below; the manager asks
+		// for verdicts only once it runs.
+		Gate: func(ctx context.Context, w fleet.Worker, n fleet.Node, held uint64) error {
+			return h.judge.Gate(ctx, w, n, held)
 		},
-		SimMimic: func(profile string) fleet.EngineKind {
-			p, err := profiles.Lookup(profile)
-			if err != nil {
-				return ""
-			}
-			return p.Mimic
-		},
-		Gate:            h.admission.gate,
-		Admit:           h.admission.admitCounted,
+		Admit:           func(ctx context.Context, w fleet.Worker) error { return h.judge.Admit(ctx, w) },
 		RejectedGrace:   opts.RejectedGrace,
 		PortMin:         h.enginePorts().Min,
 		PortMax:         h.enginePorts().Max,
@@ -433,7 +421,13 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		Following:    h.cluster.on,
 		StillLeading: h.cluster.stillLeading,
 	})
-	h.checks.mgr, h.admission.mgr = h.mgr, h.mgr
+	if h.judge, h.runs, err = admission.New(ctx, admission.Config{
+		Fleet: h.state, Guard: guardForRuns{h.guard}, Nodes: h.mgr, Store: st, Router: rt, Log: opts.Logger,
+		Registerer: reg, Event: h.onEvent, RouterAddr: h.routerAddr, Detach: h.detached.goDetached,
+		OnLeader: h.cluster.onLeader, Wait: opts.AdmissionWait,
+	}); err != nil {
+		return nil, err
+	}
 	f, err := st.LoadFleet(ctx)
 	if err != nil {
 		return nil, err
@@ -443,11 +437,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	h.state.models = f.Models
 	h.state.placements = f.Placements
-	for _, m := range f.Models {
-		// At zero before the first verdict, so a dashboard shows 0.
-		h.admission.admissions.WithLabelValues(m.ID, "admitted")
-		h.admission.admissions.WithLabelValues(m.ID, "rejected")
-	}
+	h.judge.CountModels(f.Models)
 	if err := h.router.SetModels(f.Models); err != nil {
 		return nil, err
 	}
@@ -466,9 +456,6 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		}
 		h.state.workers[w.Name()] = w
 	}
-	if err := h.checks.loadBenchRuns(ctx); err != nil {
-		return nil, err
-	}
 	h.mgr.SetDesired(f)
 	if !h.cluster.on {
 		// On PostgreSQL the workers are handed over when this hub leads.
@@ -479,6 +466,31 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	}
 	h.syncRouter()
 	return h, nil
+}
+
+// simPlatform and simMimic hand the node manager the sim profile lookup
+// cmd/fleet gave (Options.SimProfile); without one, sim nodes are refused.
+func simPlatform(lookup func(string) (fleet.Platform, fleet.EngineKind, error)) func(string) (fleet.Platform, error) {
+	if lookup == nil {
+		return nil
+	}
+	return func(profile string) (fleet.Platform, error) {
+		p, _, err := lookup(profile)
+		return p, err
+	}
+}
+
+func simMimic(lookup func(string) (fleet.Platform, fleet.EngineKind, error)) func(string) fleet.EngineKind {
+	if lookup == nil {
+		return nil
+	}
+	return func(profile string) fleet.EngineKind {
+		_, mimic, err := lookup(profile)
+		if err != nil {
+			return ""
+		}
+		return mimic
+	}
 }
 
 // requireKeys refuses to open the router to a network without a single API

@@ -19,6 +19,7 @@ import (
 	"fleet/cli"
 	"fleet/console"
 	"fleet/fleetfile"
+	"fleet/sim/profiles"
 )
 
 // The actors of the role tests. Fingerprints are filled in from the store by
@@ -78,7 +79,16 @@ func openHub(t *testing.T, opts Options) (*Hub, error) {
 	if opts.Commands == nil {
 		opts.Commands = runCLI
 	}
+	if opts.SimProfile == nil {
+		opts.SimProfile = simProfile
+	}
 	return Open(t.Context(), opts)
+}
+
+// simProfile is the sim profile lookup cmd/fleet gives a hub.
+func simProfile(name string) (fleet.Platform, fleet.EngineKind, error) {
+	p, err := profiles.Lookup(name)
+	return p.Platform, p.Mimic, err
 }
 
 // runCLI is the command tree cmd/fleet gives a hub.
@@ -354,19 +364,19 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}},
 		// shape sends load to workers: an operator's, as in the console.
 		{"shape", "shape", fleet.RoleOperator, false, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.checks.Shape(ctx, u, "nope", ultraWorker)
+			_, err := h.runs.Shape(ctx, u, "nope", ultraWorker)
 			return err
 		}},
 		{"shape all", "shape --all", fleet.RoleOperator, false, failsWith("model qwen3-4b has no reference shape yet"), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.checks.ShapeAll(ctx, u, "qwen3-4b")
+			_, err := h.runs.ShapeAll(ctx, u, "qwen3-4b")
 			return err
 		}},
 		{"shape pin", "shape pin", fleet.RoleAdmin, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.checks.PinShape(ctx, u, "nope")
+			_, err := h.runs.PinShape(ctx, u, "nope")
 			return err
 		}},
 		{"bench", "bench", fleet.RoleOperator, true, failsWith(unknown), func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.checks.Bench(ctx, u, "nope", fleet.BenchOptions{}, nil)
+			_, err := h.runs.Bench(ctx, u, "nope", fleet.BenchOptions{}, nil)
 			return err
 		}},
 		{"status", "status", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
@@ -378,7 +388,7 @@ func TestRolesEnforcedAndAudited(t *testing.T) {
 		}},
 		// Past bench runs are read from the store: anyone may list them.
 		{"bench history", "bench --history", fleet.RoleViewer, false, succeeds, func(ctx context.Context, h *Hub, u fleet.User) error {
-			_, err := h.checks.BenchHistory(ctx, u, ultraWorker, 10)
+			_, err := h.runs.BenchHistory(ctx, u, ultraWorker, 10)
 			return err
 		}},
 		// An engine's log can hold prompts: an operator's.

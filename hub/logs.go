@@ -15,7 +15,7 @@ import (
 // ends. A node name stands for its worker when it has only one.
 func (h *Hub) Logs(ctx context.Context, u fleet.User, target string, lines int, follow bool, w io.Writer) error {
 	return h.guard.do(u, fleet.ActionLogs, target, func() (string, error) {
-		names, err := h.state.resolve([]string{target})
+		names, err := h.state.Resolve([]string{target})
 		if err != nil {
 			return "", err
 		}

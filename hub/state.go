@@ -16,16 +16,16 @@ import (
 	"time"
 
 	"fleet"
-	"fleet/bench/sweep"
 	"fleet/enginectl"
+	"fleet/hub/admission"
 	"fleet/router"
 	"fleet/store"
 )
 
 // mirror is the hub's copy of the fleet: the workers and nodes as the node
 // manager last reported them, and the models and placements as declared.
-// The node manager's callbacks (onWorker, onNode, …) write it; snapshots,
-// the checks and admission read it.
+// The node manager's callbacks (onWorker, onNode, …) write it; snapshots
+// read it, and admission reads it as its admission.Fleet.
 type mirror struct {
 	mu      sync.Mutex
 	workers map[string]fleet.Worker // by worker name, as the manager last reported
@@ -36,7 +36,65 @@ type mirror struct {
 	placements []fleet.Placement
 	// bench is each worker's latest bench sweep of each split, kept here so snapshots
 	// (twice a second per console) never parse stored runs.
-	bench map[benchKey]benchSummary
+	bench map[benchKey]admission.BenchSummary
+}
+
+// benchKey is a worker and a bench split (agent, else chat).
+type benchKey struct {
+	worker string
+	agent  bool
+}
+
+// SetBench keeps a worker's latest bench sweep of one split.
+func (ms *mirror) SetBench(worker string, b admission.BenchSummary) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	ms.bench[benchKey{worker, b.Agent}] = b
+}
+
+// Worker is the worker of that name as the manager last reported it.
+func (ms *mirror) Worker(name string) (fleet.Worker, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	w, ok := ms.workers[name]
+	return w, ok
+}
+
+// Workers are the workers of the model with that ID.
+func (ms *mirror) Workers(model string) []fleet.Worker {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	var out []fleet.Worker
+	for _, w := range ms.workers {
+		if w.Model == model {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// ModelID is the ID of the model that name (an ID or an alias) names.
+func (ms *mirror) ModelID(name string) (string, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, m := range ms.models {
+		if m.Serves(name) {
+			return m.ID, true
+		}
+	}
+	return "", false
+}
+
+// Model is the declared model with that ID.
+func (ms *mirror) Model(id string) (fleet.Model, bool) {
+	ms.mu.Lock()
+	defer ms.mu.Unlock()
+	for _, m := range ms.models {
+		if m.ID == id {
+			return m, true
+		}
+	}
+	return fleet.Model{}, false
 }
 
 // ready lists the workers that serve (ready or draining), for scraping.
@@ -272,7 +330,8 @@ func (ms *mirror) outlookLocked() map[string]router.Outlook {
 	return out
 }
 
-func (ms *mirror) servedName(w fleet.Worker) string {
+// ServedName is the name w's engine answers to.
+func (ms *mirror) ServedName(w fleet.Worker) string {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	return ms.servedNameLocked(w)
@@ -318,11 +377,11 @@ func (h *Hub) snapshot(ctx context.Context) fleet.Snapshot {
 		if n, ok := h.state.nodes[w.Node]; ok && n.Platform != nil {
 			v.Host, v.GPU = n.Platform.HostLabel(), n.Platform.GPULabel()
 		}
-		if b, ok := h.state.bench[benchKey{name, sweep.SplitChat}]; ok {
-			v.Bench, v.BenchAt = b.points, b.at
+		if b, ok := h.state.bench[benchKey{name, false}]; ok {
+			v.Bench, v.BenchAt = b.Points, b.At
 		}
-		if b, ok := h.state.bench[benchKey{name, sweep.SplitAgent}]; ok {
-			v.AgentBench, v.AgentBenchAt = b.points, b.at
+		if b, ok := h.state.bench[benchKey{name, true}]; ok {
+			v.AgentBench, v.AgentBenchAt = b.Points, b.At
 		}
 		if s, ok := stats[name]; ok {
 			v.InFlight = s.InFlight
@@ -351,9 +410,9 @@ func listOrNone(names []string) string {
 	return strings.Join(names, ", ")
 }
 
-// resolve turns names typed by an operator into worker names: a node name is
+// Resolve turns names typed by an operator into worker names: a node name is
 // every worker on it; NODE/MODEL is one worker; "all" is every worker.
-func (ms *mirror) resolve(targets []string) ([]string, error) {
+func (ms *mirror) Resolve(targets []string) ([]string, error) {
 	ms.mu.Lock()
 	defer ms.mu.Unlock()
 	var out []string

@@ -1,7 +1,7 @@
 package hub
 
 // Usage per API key, model and worker (fleet usage), the keys' limits, and
-// the hub's own series on /metrics (worker and node states, admissions).
+// the hub's own series on /metrics (worker and node states).
 
 import (
 	"context"
@@ -266,30 +266,6 @@ func b2f(b bool) float64 {
 		return 1
 	}
 	return 0
-}
-
-// admissions counts admission checks by model and result.
-func newAdmissions(reg prometheus.Registerer) *prometheus.CounterVec {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "fleet_admissions_total",
-		Help: "Admission checks of workers leaving probation, by model and result: admitted, or rejected (too slow, a different response shape, or a check that failed).",
-	}, []string{"model", "result"})
-	reg.MustRegister(c)
-	return c
-}
-
-// admitCounted is admit, counted on /metrics.
-func (adm *admission) admitCounted(ctx context.Context, w fleet.Worker) error {
-	err := adm.admit(ctx, w)
-	switch {
-	case err == nil:
-		adm.admissions.WithLabelValues(w.Model, "admitted").Inc()
-	case errors.Is(err, context.Canceled):
-		// The hub is stopping: no verdict.
-	default:
-		adm.admissions.WithLabelValues(w.Model, "rejected").Inc()
-	}
-	return err
 }
 
 // scrapeEngineMetrics passes a worker's engine /metrics page to the router,

@@ -137,6 +137,17 @@ var (
 	refusedKey = &ctxKey{"fleet-refused-sessions"}
 )
 
+// CheckTheme says whether the console paints a theme of that name ("" is
+// the client's background's): the server-wide theme and each user's own
+// (fleet theme NAME) are one of these.
+func CheckTheme(name string) error {
+	if name == "" {
+		return nil
+	}
+	_, err := themes.Named(name)
+	return err
+}
+
 // New checks the options and prepares the server; ListenAndServe starts it.
 func New(opts Options) (*Server, error) {
 	if opts.Users == nil {
@@ -163,10 +174,8 @@ func New(opts Options) (*Server, error) {
 	opts.MaxSessionsPerConn = cmp.Or(opts.MaxSessionsPerConn, defaultSessionsPerConn)
 	opts.MaxSessionsPerUser = cmp.Or(opts.MaxSessionsPerUser, defaultSessionsPerUser)
 	opts.MaxConsoles = cmp.Or(opts.MaxConsoles, defaultConsoles)
-	if opts.Theme != "" {
-		if _, err := themes.Named(opts.Theme); err != nil {
-			return nil, fmt.Errorf("sshserver: %w", err)
-		}
+	if err := CheckTheme(opts.Theme); err != nil {
+		return nil, fmt.Errorf("sshserver: %w", err)
 	}
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)

@@ -28,6 +28,7 @@ import (
 	"fleet/internal/mdns"
 	"fleet/router"
 	"fleet/sim"
+	"fleet/sim/profiles"
 )
 
 // Set at release time by goreleaser's ldflags (-X main.version=…); a plain
@@ -365,6 +366,11 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 			opts.Version = strings.TrimPrefix(versionLine(), "fleet ")
 			if point := os.Getenv("FLEET_CRASH_AT"); point != "" {
 				opts.Fault = crashAt(point, os.Getenv("FLEET_CRASH_ARMED_BY"), c.ErrOrStderr())
+			}
+			// Sim nodes (sim:PROFILE) run the built-in profiles.
+			opts.SimProfile = func(name string) (fleet.Platform, fleet.EngineKind, error) {
+				p, err := profiles.Lookup(name)
+				return p.Platform, p.Mimic, err
 			}
 			opts.Commands = func(ctx context.Context, api hub.API, u fleet.User, args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 				return cli.Run(ctx, api, u, args, stdin, stdout, stderr)

@@ -1,11 +1,11 @@
-package hub
+package admission
 
 import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
-	"log/slog"
 	"math"
 	"slices"
 	"sort"
@@ -18,41 +18,34 @@ import (
 	"fleet"
 	"fleet/bench/shape"
 	"fleet/nodes"
-	"fleet/router"
 	"fleet/store"
 )
 
-// defaultAdmissionWait bounds how long a worker on probation waits for its
-// model's reference worker and for a peer measured faster whose shape is
-// being checked.
-const defaultAdmissionWait = 2 * time.Minute
+// DefaultWait bounds how long a worker on probation waits for its model's
+// reference worker and for a peer measured faster whose shape is being
+// checked, unless Config.Wait says otherwise.
+const DefaultWait = 2 * time.Minute
 
-// admission judges the workers leaving probation: the memory gate before a
-// launch, then the response shape against the model's reference and the
-// speed against the model's other workers, and re-judging when a
-// reference moves. The hub composes one; it reads the fleet from the hub's
-// mirror and measures through the Checks.
-type admission struct {
-	state    *mirror
-	store    *store.Store
-	log      *slog.Logger
-	router   *router.Router
-	mgr      *nodes.Manager
-	checks   *Checks
-	detached *background
-	// refMu serialises reading and retaking a model's reference shape
-	// (shared with the Checks).
-	refMu *sync.Mutex
-	// wait bounds how long a worker on probation waits (Options.AdmissionWait).
+// Judge judges the workers leaving probation: the memory gate before a
+// launch (Gate), then the response shape against the model's reference
+// and the speed against the model's other workers (Admit), and re-judging
+// when a reference moves (ReferencesMoved, Pin). It reads the fleet
+// through Fleet and measures through the probe it shares with the Runs.
+type Judge struct {
+	*probe
+	// detach runs work that outlives the call that started it.
+	detach func(ctx context.Context, f func(ctx context.Context))
+	// wait bounds how long a worker on probation waits (Config.Wait).
 	wait time.Duration
-	// event records an event of the fleet.
-	event func(fleet.Event)
 	// admissions counts the verdicts on /metrics.
 	admissions *prometheus.CounterVec
-	// speeds are admission speed measurements, by worker (guarded by state.mu).
+
+	// mu guards speeds and duels.
+	mu sync.Mutex
+	// speeds are admission speed measurements, by worker.
 	speeds map[string]speedRecord
 	// duels holds, per model, the turn of the one pair of its workers being
-	// measured against each other (headToHead; the map guarded by state.mu).
+	// measured against each other (headToHead).
 	duels map[string]chan struct{}
 }
 
@@ -66,11 +59,11 @@ type speedRecord struct {
 	shape int
 }
 
-func (adm *admission) admissionWait() time.Duration {
-	if adm.wait > 0 {
-		return adm.wait
+func (j *Judge) admissionWait() time.Duration {
+	if j.wait > 0 {
+		return j.wait
 	}
-	return defaultAdmissionWait
+	return DefaultWait
 }
 
 // coming reports whether a worker is on its way to being judged.
@@ -98,21 +91,21 @@ func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
 	return true
 }
 
-// gate is the admission check before launch: the model's memory against
+// Gate is the admission check before launch: the model's memory against
 // what the node, probed just before, has usable, less what launches on it
 // that passed their gate hold until their engines are up. A worker that
 // fails it never starts an engine.
-func (adm *admission) gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
-	m, ok := adm.state.model(w.Model)
+func (j *Judge) Gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
+	m, ok := j.fleet.Model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	return checkMemory(w, m, node, held)
+	return CheckMemory(w, m, node, held)
 }
 
-// checkMemory compares the model's memory with what the node has usable
+// CheckMemory compares the model's memory with what the node has usable
 // once held (other launches' memory, not yet visible to a probe) is taken off.
-func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error {
+func CheckMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error {
 	need := nodes.MemoryNeed(m)
 	if need == 0 || n.Platform == nil {
 		return nil // no figure to check, or a node launched on before any probe
@@ -141,57 +134,57 @@ func checkMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error
 // so far. A peer that is not measured yet does not hold it up: a slower one
 // is judged when it is measured, and a faster one judges the ready workers
 // again when it is admitted.
-func (adm *admission) admit(ctx context.Context, w fleet.Worker) error {
-	m, ok := adm.state.model(w.Model)
+func (j *Judge) admit(ctx context.Context, w fleet.Worker) error {
+	m, ok := j.fleet.Model(w.Model)
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	speed, err := adm.checks.measureSpeed(ctx, w.Name())
+	speed, err := j.measureSpeed(ctx, w.Name())
 	if err != nil {
-		adm.recordSpeed(w, 0, -1)
+		j.recordSpeed(w, 0, -1)
 		return fmt.Errorf("speed: %w", err)
 	}
-	adm.recordSpeed(w, speed, 0)
+	j.recordSpeed(w, speed, 0)
 	// Against the workers measured so far first: a worker already too slow
 	// for them need not have its shape measured. Not on the reference
 	// worker: its shape is the reference however fast it is.
-	if ref, err := adm.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
-		if speed, err = adm.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true}); err != nil {
-			adm.recordSpeed(w, speed, -1)
+	if ref, err := j.referenceWorker(ctx, w.Model); err == nil && ref != w.Name() {
+		if speed, err = j.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true}); err != nil {
+			j.recordSpeed(w, speed, -1)
 			return err
 		}
 	}
-	unchecked, err := adm.checkShape(ctx, w)
+	unchecked, err := j.checkShape(ctx, w)
 	if err != nil {
-		adm.recordSpeed(w, speed, -1)
+		j.recordSpeed(w, speed, -1)
 		return err
 	}
 	if unchecked {
-		adm.recordSpeed(w, speed, 2)
+		j.recordSpeed(w, speed, 2)
 	} else {
-		adm.recordSpeed(w, speed, 1)
+		j.recordSpeed(w, speed, 1)
 	}
-	if speed, err = adm.checkSpeed(ctx, w, m, speed); err != nil {
+	if speed, err = j.checkSpeed(ctx, w, m, speed); err != nil {
 		return err
 	}
-	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudgeSlower(ctx, w, m, speed) })
+	j.detach(ctx, func(ctx context.Context) { j.rejudgeSlower(ctx, w, m, speed) })
 	return nil
 }
 
-func (adm *admission) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
-	adm.state.mu.Lock()
-	adm.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
-	adm.state.mu.Unlock()
+func (j *Judge) recordSpeed(w fleet.Worker, tokS float64, shapeVerdict int) {
+	j.mu.Lock()
+	j.speeds[w.Name()] = speedRecord{tokS: tokS, started: w.StartedAt, shape: shapeVerdict}
+	j.mu.Unlock()
 }
 
 // updateSpeed replaces a worker's recorded figure with a fresher one. A
 // ready worker with none (adopted after a hub restart, or forced) gets one,
 // so it is not measured again for every newcomer.
-func (adm *admission) updateSpeed(worker string, tokS float64) {
-	adm.state.mu.Lock()
-	defer adm.state.mu.Unlock()
-	o := adm.state.workers[worker]
-	r, ok := adm.speeds[worker]
+func (j *Judge) updateSpeed(worker string, tokS float64) {
+	o, _ := j.fleet.Worker(worker)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	r, ok := j.speeds[worker]
 	switch {
 	case ok && r.started.Equal(o.StartedAt):
 		r.tokS = tokS
@@ -200,7 +193,7 @@ func (adm *admission) updateSpeed(worker string, tokS float64) {
 	default:
 		return
 	}
-	adm.speeds[worker] = r
+	j.speeds[worker] = r
 }
 
 func tolerance(m fleet.Model) float64 {
@@ -215,35 +208,37 @@ func tolerance(m fleet.Model) float64 {
 // peers measured fast enough to reject w whose shape is still being
 // checked: they set the bar if it passes. Peers not measured yet do not
 // hold it up, so a starved node cannot stall the others' start.
-func (adm *admission) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
+func (j *Judge) checkSpeed(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) (float64, error) {
 	var waiting []string
 	settled := func() bool {
-		waiting = adm.fasterPending(w, speed, tolerance(m))
+		waiting = j.fasterPending(w, speed, tolerance(m))
 		return len(waiting) == 0
 	}
-	if !waitUntil(ctx, time.Now().Add(adm.admissionWait()), settled) {
+	if !waitUntil(ctx, time.Now().Add(j.admissionWait()), settled) {
 		if ctx.Err() != nil {
 			return speed, ctx.Err()
 		}
-		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
-			strings.Join(waiting, ", "), adm.admissionWait())})
+		j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: the shape of %s, measured faster, was not judged within %s; judged against the workers measured so far (and judged again when a faster one is admitted)",
+			strings.Join(waiting, ", "), j.admissionWait())})
 	}
-	return adm.speedVerdict(ctx, w, m, speed, speedCheck{final: true})
+	return j.speedVerdict(ctx, w, m, speed, speedCheck{final: true})
 }
 
 // fasterPending lists, sorted, the peers of w on probation measured in
 // this launch fast enough to reject w at speed (speed below tol of theirs)
 // whose shape has no verdict yet: if it passes they set w's bar. A peer not
 // measured yet, or slower, is not listed.
-func (adm *admission) fasterPending(w fleet.Worker, speed, tol float64) []string {
+func (j *Judge) fasterPending(w fleet.Worker, speed, tol float64) []string {
 	var names []string
-	adm.state.mu.Lock()
-	defer adm.state.mu.Unlock()
-	for name, o := range adm.state.workers {
-		if o.Model != w.Model || name == w.Name() || o.State != fleet.WorkerProbation {
+	peers := j.fleet.Workers(w.Model)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, o := range peers {
+		name := o.Name()
+		if name == w.Name() || o.State != fleet.WorkerProbation {
 			continue
 		}
-		if r, ok := adm.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
+		if r, ok := j.speeds[name]; ok && r.started.Equal(o.StartedAt) && r.shape == 0 && speed < tol*r.tokS {
 			names = append(names, name)
 		}
 	}
@@ -256,18 +251,20 @@ func (adm *admission) fasterPending(w fleet.Worker, speed, tol float64) []string
 // router's estimate) and the peers on probation measured in this launch
 // whose shape did not fail. A ready worker with no figure at all counts as
 // the fastest, so that it is measured before w is judged against it.
-func (adm *admission) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
+func (j *Judge) bestMeasured(w fleet.Worker) (best string, bestSpeed float64) {
 	estimates := map[string]float64{}
-	for _, s := range adm.router.Stats() {
+	for _, s := range j.router.Stats() {
 		estimates[s.Name] = s.TokPerSec
 	}
-	adm.state.mu.Lock()
-	defer adm.state.mu.Unlock()
-	for name, o := range adm.state.workers {
-		if o.Model != w.Model || name == w.Name() {
+	peers := j.fleet.Workers(w.Model)
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, o := range peers {
+		name := o.Name()
+		if name == w.Name() {
 			continue
 		}
-		r, ok := adm.speeds[name]
+		r, ok := j.speeds[name]
 		measured := ok && !o.StartedAt.IsZero() && r.started.Equal(o.StartedAt) && r.tokS > 0
 		var figure float64
 		switch {
@@ -306,12 +303,12 @@ type speedCheck struct {
 // best worker is measured again right after w (a fresh figure of w), or
 // both are, interleaved, and w is rejected only if its median is still
 // below the bar. It returns w's latest figure.
-func (adm *admission) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, v speedCheck) (float64, error) {
+func (j *Judge) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64, v speedCheck) (float64, error) {
 	tol := tolerance(m)
-	best, bestSpeed := adm.bestMeasured(w)
+	best, bestSpeed := j.bestMeasured(w)
 	if best == "" || speed >= tol*bestSpeed {
 		if v.final {
-			adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
+			j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
 		}
 		return speed, nil
 	}
@@ -319,10 +316,10 @@ func (adm *admission) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.
 	var failed int
 	var err error
 	if v.fresh {
-		speeds, failed, err = adm.headToHead(ctx, w.Model, best)
+		speeds, failed, err = j.headToHead(ctx, w.Model, best)
 		speeds, failed = append([]float64{speed}, speeds...), failed+1
 	} else {
-		speeds, failed, err = adm.headToHead(ctx, w.Model, w.Name(), best)
+		speeds, failed, err = j.headToHead(ctx, w.Model, w.Name(), best)
 	}
 	switch {
 	case err != nil && failed == 0:
@@ -330,13 +327,13 @@ func (adm *admission) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.
 	case err != nil:
 		// Nothing to judge against: the best worker went away or stopped
 		// answering. A faster worker admitted later judges w again.
-		adm.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s after it (%v); judged against the workers that answer", best, err)})
+		j.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission speed: could not measure %s after it (%v); judged against the workers that answer", best, err)})
 		return speed, nil
 	}
 	speed, bestSpeed = speeds[0], speeds[1]
-	adm.updateSpeed(w.Name(), speed)
-	adm.updateSpeed(best, bestSpeed)
-	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
+	j.updateSpeed(w.Name(), speed)
+	j.updateSpeed(best, bestSpeed)
+	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
 	if speed < tol*bestSpeed {
 		return speed, fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speed, tol*100, best, bestSpeed, speedSamples, w.Name())
@@ -355,67 +352,56 @@ func bestNote(model, best string, bestSpeed, speed float64) string {
 // headToHead measures workers of model with sampleSpeeds, one such
 // measurement per model at a time, so that two verdicts do not load the
 // same best worker at once and slow it for both.
-func (adm *admission) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
-	adm.state.mu.Lock()
-	turn, ok := adm.duels[model]
+func (j *Judge) headToHead(ctx context.Context, model string, workers ...string) ([]float64, int, error) {
+	j.mu.Lock()
+	turn, ok := j.duels[model]
 	if !ok {
 		turn = make(chan struct{}, 1)
-		adm.duels[model] = turn
+		j.duels[model] = turn
 	}
-	adm.state.mu.Unlock()
+	j.mu.Unlock()
 	select {
 	case turn <- struct{}{}:
 	case <-ctx.Done():
 		return nil, 0, ctx.Err()
 	}
 	defer func() { <-turn }()
-	return adm.checks.sampleSpeeds(ctx, workers...)
+	return j.sampleSpeeds(ctx, workers...)
 }
 
 // rejudgeSlower rejects the ready workers of w's model that a newly
 // admitted w shows to be too slow, such as one admitted first when nothing
 // could be compared. Each is measured again beside w before it is judged.
-func (adm *admission) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
+func (j *Judge) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model, speed float64) {
 	tol := tolerance(m)
 	var slower []string
-	adm.state.mu.Lock()
-	for name, o := range adm.state.workers {
-		if r, ok := adm.speeds[name]; ok && name != w.Name() && o.Model == w.Model && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
+	peers := j.fleet.Workers(w.Model)
+	j.mu.Lock()
+	for _, o := range peers {
+		name := o.Name()
+		if r, ok := j.speeds[name]; ok && name != w.Name() && o.State == fleet.WorkerReady && r.started.Equal(o.StartedAt) && r.tokS < tol*speed {
 			slower = append(slower, name)
 		}
 	}
-	adm.state.mu.Unlock()
+	j.mu.Unlock()
 	sort.Strings(slower)
 	for _, name := range slower {
-		speeds, _, err := adm.headToHead(ctx, w.Model, name, w.Name())
+		speeds, _, err := j.headToHead(ctx, w.Model, name, w.Name())
 		if err != nil {
-			adm.log.Info("could not measure a slower worker beside a new one", "worker", name, "new", w.Name(), "err", err)
+			j.log.Info("could not measure a slower worker beside a new one", "worker", name, "new", w.Name(), "err", err)
 			continue
 		}
-		adm.updateSpeed(name, speeds[0])
-		adm.updateSpeed(w.Name(), speeds[1])
+		j.updateSpeed(name, speeds[0])
+		j.updateSpeed(w.Name(), speeds[1])
 		if speeds[0] >= tol*speeds[1] {
 			continue
 		}
 		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speeds[0], tol*100, speeds[1], w.Name(), speedSamples, name)
-		if err := adm.mgr.Judge(ctx, name, verdict); err != nil {
-			adm.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
+		if err := j.nodes.Judge(ctx, name, verdict); err != nil {
+			j.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
 		}
 	}
-}
-
-// referenceWorker names the worker whose shape is model's reference.
-func (adm *admission) referenceWorker(ctx context.Context, model string) (string, error) {
-	f, err := adm.store.LoadFleet(ctx)
-	if err != nil {
-		return "", err
-	}
-	node := f.ReferenceNode(model)
-	if node == "" {
-		return "", fmt.Errorf("model %s is not placed on any node, so it has no reference worker", model)
-	}
-	return node + "/" + model, nil
 }
 
 // checkShape measures w's response shape. On the model's reference worker
@@ -423,8 +409,8 @@ func (adm *admission) referenceWorker(ctx context.Context, model string) (string
 // still runs the command line the pin was made with; every other worker is
 // compared with it, once the reference worker has answered; unchecked
 // says it had not within the admission wait.
-func (adm *admission) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
-	t, _, err := adm.checks.workerTarget(w.Name())
+func (j *Judge) checkShape(ctx context.Context, w fleet.Worker) (unchecked bool, _ error) {
+	t, _, err := j.workerTarget(w.Name())
 	if err != nil {
 		return false, err
 	}
@@ -432,13 +418,13 @@ func (adm *admission) checkShape(ctx context.Context, w fleet.Worker) (unchecked
 	if err != nil {
 		return false, fmt.Errorf("shape: probing: %w", err)
 	}
-	refWorker, err := adm.referenceWorker(ctx, w.Model)
+	refWorker, err := j.referenceWorker(ctx, w.Model)
 	if err != nil {
 		return false, fmt.Errorf("shape: %w", err)
 	}
-	retake := adm.retakePin
+	retake := j.retakePin
 	if w.Name() == refWorker {
-		retake = adm.retakeReference
+		retake = j.retakeReference
 	}
 	if retaken, err := retake(ctx, w, got); err != nil || retaken {
 		return false, err
@@ -446,15 +432,13 @@ func (adm *admission) checkShape(ctx context.Context, w fleet.Worker) (unchecked
 
 	var ref store.Reference
 	usable := func() bool {
-		adm.refMu.Lock()
-		defer adm.refMu.Unlock()
-		r, err := adm.store.Reference(ctx, w.Model)
+		j.refMu.Lock()
+		defer j.refMu.Unlock()
+		r, err := j.store.Reference(ctx, w.Model)
 		if err != nil {
 			return false
 		}
-		adm.state.mu.Lock()
-		rw, known := adm.state.workers[refWorker]
-		adm.state.mu.Unlock()
+		rw, known := j.fleet.Worker(refWorker)
 		if !r.Pinned && r.Source != refWorker {
 			return false // taken from another worker (an older rule, or another reference node)
 		}
@@ -470,24 +454,22 @@ func (adm *admission) checkShape(ctx context.Context, w fleet.Worker) (unchecked
 	// still coming, so its model's others wait for it (bounded) rather
 	// than pass unchecked because of, say, a port another process took.
 	refComing := func() bool {
-		adm.state.mu.Lock()
-		defer adm.state.mu.Unlock()
-		rw, ok := adm.state.workers[refWorker]
+		rw, ok := j.fleet.Worker(refWorker)
 		return ok && (coming(rw) || rw.State == fleet.WorkerFailed)
 	}
-	deadline := time.Now().Add(adm.admissionWait())
+	deadline := time.Now().Add(j.admissionWait())
 	if !waitUntil(ctx, deadline, func() bool { return usable() || !refComing() }) && ctx.Err() != nil {
 		return false, ctx.Err()
 	}
 	if ref.Shape == nil && !usable() {
-		adm.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
+		j.event(fleet.Event{Level: "warn", Subject: w.Name(), Message: fmt.Sprintf("admission shape: not checked, the reference worker %s of %s has not answered (it is judged again when %s does)", refWorker, w.Model, refWorker)})
 		return true, nil
 	}
-	return false, adm.compareShape(w.Name(), w.Model, refWorker, ref, got)
+	return false, j.compareShape(w.Name(), w.Model, refWorker, ref, got)
 }
 
 // compareShape judges got against a stored reference.
-func (adm *admission) compareShape(worker, model, refWorker string, r store.Reference, got shape.Shape) error {
+func (j *Judge) compareShape(worker, model, refWorker string, r store.Reference, got shape.Shape) error {
 	var ref shape.Shape
 	if err := json.Unmarshal(r.Shape, &ref); err != nil {
 		return fmt.Errorf("shape: the stored reference of %s is unreadable (run 'shape pin WORKER'): %w", model, err)
@@ -498,7 +480,7 @@ func (adm *admission) compareShape(worker, model, refWorker string, r store.Refe
 	}
 	ok, report := shape.Matches(ref, got)
 	if !ok {
-		adm.event(fleet.Event{Level: "error", Subject: worker, Message: "admission shape differs from the reference of " + model + " (" + from + "):\n" + report.Text(100, false)})
+		j.event(fleet.Event{Level: "error", Subject: worker, Message: "admission shape differs from the reference of " + model + " (" + from + "):\n" + report.Text(100, false)})
 		var what []string
 		for _, d := range report.Differences {
 			if d.Material {
@@ -507,49 +489,50 @@ func (adm *admission) compareShape(worker, model, refWorker string, r store.Refe
 		}
 		return fmt.Errorf("shape: differs from %s's reference (%s): %s (see 'events --subject %s' for the diff)", model, from, strings.Join(what, "; "), worker)
 	}
-	adm.event(fleet.Event{Level: "info", Subject: worker, Message: "admission shape: same as the reference of " + model + " (" + from + ")"})
+	j.event(fleet.Event{Level: "info", Subject: worker, Message: "admission shape: same as the reference of " + model + " (" + from + ")"})
 	return nil
 }
 
 // retakeReference makes the reference worker's shape its model's reference,
 // unless a pin made with its current command line holds; it reports whether
 // it did. Every other worker of the model is then judged again.
-func (adm *admission) retakeReference(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+func (j *Judge) retakeReference(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
 	data, err := json.Marshal(got)
 	if err != nil {
 		return false, err
 	}
-	adm.refMu.Lock()
-	old, err := adm.store.Reference(ctx, w.Model)
+	j.refMu.Lock()
+	old, err := j.store.Reference(ctx, w.Model)
 	switch {
 	case err != nil && !isNotFound(err):
-		adm.refMu.Unlock()
+		j.refMu.Unlock()
 		return false, fmt.Errorf("shape: %w", err)
 	case err == nil && old.Pinned && slices.Equal(old.Argv, w.Argv):
-		adm.refMu.Unlock()
+		j.refMu.Unlock()
 		return false, nil // the pin holds: judged against it like any worker
 	}
 	// Workers judged against an older reference (or none) are judged
 	// again when it changed; those still coming read the new one themselves.
 	changed := err != nil || old.Source != w.Name() || !bytes.Equal(old.Shape, data)
-	adm.state.mu.Lock()
-	for name, o := range adm.state.workers {
-		if r, ok := adm.speeds[name]; ok && o.Model == w.Model && r.shape == 2 && r.started.Equal(o.StartedAt) {
+	peers := j.fleet.Workers(w.Model)
+	j.mu.Lock()
+	for _, o := range peers {
+		if r, ok := j.speeds[o.Name()]; ok && r.shape == 2 && r.started.Equal(o.StartedAt) {
 			changed = true // admitted before any reference answered
 		}
 	}
-	adm.state.mu.Unlock()
-	err = adm.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
-	adm.refMu.Unlock()
+	j.mu.Unlock()
+	err = j.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
+	j.refMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("shape: storing the reference: %w", err)
 	}
 	if !changed {
-		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
+		j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
 		return true, nil
 	}
-	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
-	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudge(ctx, w.Model, w.Name(), false) })
+	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference; the model's other workers are judged again"})
+	j.detach(ctx, func(ctx context.Context) { j.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }
 
@@ -558,15 +541,15 @@ func (adm *admission) retakeReference(ctx context.Context, w fleet.Worker, got s
 // relaunched with a new command line, it is not judged against its old
 // self. It reports whether w is that worker; when its shape changed, every
 // other worker of the model is judged again.
-func (adm *admission) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
+func (j *Judge) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) (bool, error) {
 	data, err := json.Marshal(got)
 	if err != nil {
 		return false, err
 	}
-	adm.refMu.Lock()
-	old, err := adm.store.Reference(ctx, w.Model)
+	j.refMu.Lock()
+	old, err := j.store.Reference(ctx, w.Model)
 	if err != nil || !old.Pinned || old.Source != w.Name() {
-		adm.refMu.Unlock()
+		j.refMu.Unlock()
 		if err != nil && !isNotFound(err) {
 			return false, fmt.Errorf("shape: %w", err)
 		}
@@ -583,18 +566,18 @@ func (adm *admission) retakePin(ctx context.Context, w fleet.Worker, got shape.S
 	if changed {
 		// Argv stays the reference worker's: its new command line still
 		// ends the pin.
-		err = adm.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: old.Argv})
+		err = j.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: old.Argv})
 	}
-	adm.refMu.Unlock()
+	j.refMu.Unlock()
 	if err != nil {
 		return false, fmt.Errorf("shape: storing the pinned reference: %w", err)
 	}
 	if !changed {
-		adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
+		j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
 		return true, nil
 	}
-	adm.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: pinned worker of " + w.Model + ", it retakes the pinned reference with its new shape; the model's other workers are judged again"})
-	adm.detached.goDetached(ctx, func(ctx context.Context) { adm.rejudge(ctx, w.Model, w.Name(), false) })
+	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: pinned worker of " + w.Model + ", it retakes the pinned reference with its new shape; the model's other workers are judged again"})
+	j.detach(ctx, func(ctx context.Context) { j.rejudge(ctx, w.Model, w.Name(), false) })
 	return true, nil
 }
 
@@ -605,55 +588,54 @@ func (adm *admission) retakePin(ctx context.Context, w fleet.Worker, got shape.S
 // stopped is launched again to be judged. Workers still coming judge
 // themselves against the reference they find. It returns one line per
 // worker.
-func (adm *admission) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
-	refWorker, err := adm.referenceWorker(ctx, model)
+func (j *Judge) rejudge(ctx context.Context, model, skip string, onlyRejected bool) []string {
+	refWorker, err := j.referenceWorker(ctx, model)
 	if err != nil {
 		return []string{err.Error()}
 	}
-	m, ok := adm.state.model(model)
+	m, ok := j.fleet.Model(model)
 	if !ok {
 		return nil
 	}
 	var names []string
-	adm.state.mu.Lock()
-	for name, w := range adm.state.workers {
-		if w.Model == model && name != skip {
-			names = append(names, name)
+	for _, w := range j.fleet.Workers(model) {
+		if w.Name() != skip {
+			names = append(names, w.Name())
 		}
 	}
-	adm.state.mu.Unlock()
 	sort.Strings(names)
 	var lines []string
 	for _, name := range names {
-		adm.state.mu.Lock()
-		w := adm.state.workers[name]
-		adm.state.mu.Unlock()
-		if line := adm.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
+		w, ok := j.fleet.Worker(name)
+		if !ok {
+			continue // gone since: nothing to judge
+		}
+		if line := j.rejudgeOne(ctx, w, m, refWorker, onlyRejected); line != "" {
 			lines = append(lines, line)
 		}
 	}
 	return lines
 }
 
-func (adm *admission) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
+func (j *Judge) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
 	name := w.Name()
 	switch {
 	case w.State == fleet.WorkerRejected && strings.HasPrefix(w.Reason, "memory:"):
 		return "" // judged before launch, not by its shape
 	case w.State == fleet.WorkerRejected && w.PID == 0:
-		adm.detached.goDetached(ctx, func(ctx context.Context) {
-			if err := adm.mgr.StartWorker(ctx, name); err != nil {
-				adm.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
+		j.detach(ctx, func(ctx context.Context) {
+			if err := j.nodes.StartWorker(ctx, name); err != nil {
+				j.log.Info("a re-judged worker did not come back", "worker", name, "err", err)
 			}
 		})
-		adm.event(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
+		j.event(fleet.Event{Level: "info", Subject: name, Message: "its model's reference changed: launching its engine again to judge it"})
 		return name + ": its engine was down, launching it to judge it"
 	case w.State == fleet.WorkerRejected:
 	case w.State == fleet.WorkerReady && !onlyRejected:
 	default:
 		return ""
 	}
-	t, _, err := adm.checks.workerTarget(name)
+	t, _, err := j.workerTarget(name)
 	if err != nil {
 		return name + ": " + err.Error()
 	}
@@ -661,32 +643,32 @@ func (adm *admission) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Mo
 	if err != nil {
 		return fmt.Sprintf("%s: probing: %v", name, err)
 	}
-	adm.refMu.Lock()
-	ref, err := adm.store.Reference(ctx, w.Model)
-	adm.refMu.Unlock()
+	j.refMu.Lock()
+	ref, err := j.store.Reference(ctx, w.Model)
+	j.refMu.Unlock()
 	if err != nil {
 		return name + ": " + err.Error()
 	}
-	verdict := adm.compareShape(name, w.Model, refWorker, ref, got)
+	verdict := j.compareShape(name, w.Model, refWorker, ref, got)
 	if verdict == nil {
-		adm.state.mu.Lock()
-		if r, ok := adm.speeds[name]; ok && r.shape == 2 {
+		j.mu.Lock()
+		if r, ok := j.speeds[name]; ok && r.shape == 2 {
 			r.shape = 1
-			adm.speeds[name] = r
+			j.speeds[name] = r
 		}
-		adm.state.mu.Unlock()
+		j.mu.Unlock()
 	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
-		speed, err := adm.checks.measureSpeed(ctx, name)
+		speed, err := j.measureSpeed(ctx, name)
 		if err != nil {
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {
-			adm.recordSpeed(w, speed, 1)
-			_, verdict = adm.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true, final: true})
+			j.recordSpeed(w, speed, 1)
+			_, verdict = j.speedVerdict(ctx, w, m, speed, speedCheck{fresh: true, final: true})
 		}
 	}
-	if err := adm.mgr.Judge(ctx, name, verdict); err != nil {
+	if err := j.nodes.Judge(ctx, name, verdict); err != nil {
 		return name + ": " + err.Error()
 	}
 	if verdict != nil {
@@ -695,41 +677,118 @@ func (adm *admission) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Mo
 	return name + ": admitted"
 }
 
-// referencesMoved retakes the reference of each model whose reference node
+// ReferencesMoved retakes the reference of each model whose reference node
 // an apply changed, from the new reference worker if its engine answers
 // (else it does so when it is admitted), and judges the others again.
-func (adm *admission) referencesMoved(ctx context.Context, before, after fleet.Fleet) {
+func (j *Judge) ReferencesMoved(ctx context.Context, before, after fleet.Fleet) {
 	for _, m := range after.Models {
 		node := after.ReferenceNode(m.ID)
 		if node == "" || node == before.ReferenceNode(m.ID) {
 			continue
 		}
 		refWorker := node + "/" + m.ID
-		adm.event(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
-		adm.detached.goDetached(ctx, func(ctx context.Context) {
-			adm.state.mu.Lock()
-			w, ok := adm.state.workers[refWorker]
-			adm.state.mu.Unlock()
+		j.event(fleet.Event{Level: "info", Subject: refWorker, Message: "now the reference worker of " + m.ID})
+		j.detach(ctx, func(ctx context.Context) {
+			w, ok := j.fleet.Worker(refWorker)
 			if !ok || w.PID == 0 || (w.State != fleet.WorkerReady && w.State != fleet.WorkerRejected) {
 				return
 			}
-			t, _, err := adm.checks.workerTarget(refWorker)
+			t, _, err := j.workerTarget(refWorker)
 			if err != nil {
 				return
 			}
 			got, err := shape.MeasureWith(ctx, t, shape.Options{MaxTokens: admissionShapeTokens})
 			if err != nil {
-				adm.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+				j.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
 				return
 			}
-			if _, err := adm.retakeReference(ctx, w, got); err != nil {
-				adm.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
+			if _, err := j.retakeReference(ctx, w, got); err != nil {
+				j.event(fleet.Event{Level: "warn", Subject: refWorker, Message: "could not take the reference shape of " + m.ID + ": " + err.Error()})
 				return
 			}
 			if w.State == fleet.WorkerRejected {
 				// Rejected against the old reference, it is the new one.
-				adm.rejudgeOne(ctx, w, m, refWorker, true)
+				j.rejudgeOne(ctx, w, m, refWorker, true)
 			}
 		})
 	}
+}
+
+// Pin makes a worker's current shape its model's pinned reference and
+// judges every worker of the model again. It is the pin a user's shape pin
+// run carries out (Runs.PinShape), authorized and audited there, or on the
+// hub that forwarded it to this leader.
+func (j *Judge) Pin(ctx context.Context, worker string) (string, error) {
+	t, w, err := j.workerTarget(worker)
+	if err != nil {
+		return "", err
+	}
+	got, err := shape.Measure(ctx, t)
+	if err != nil {
+		return "", fmt.Errorf("probing %s: %w", worker, err)
+	}
+	data, err := json.Marshal(got)
+	if err != nil {
+		return "", err
+	}
+	// The pin holds until the reference node's worker runs another command
+	// line: its argv now is recorded with the pin.
+	refWorker, err := j.referenceWorker(ctx, w.Model)
+	if err != nil {
+		return "", err
+	}
+	rw, _ := j.fleet.Worker(refWorker)
+	argv := rw.Argv
+	j.refMu.Lock()
+	err = j.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: argv})
+	j.refMu.Unlock()
+	if err != nil {
+		return "", err
+	}
+	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model + "; every worker of the model is judged again"})
+	until := fmt.Sprintf("pinned until %s runs another command line; a new command line on %s retakes it with its new shape", refWorker, w.Name())
+	if w.Name() == refWorker {
+		until = fmt.Sprintf("pinned until %s runs another command line", refWorker)
+	}
+	msg := fmt.Sprintf("the reference shape of %s is now %s's (%s)", w.Model, w.Name(), until)
+	// Every worker, the ready ones too: one model serving two shapes is
+	// what the reference is there to prevent.
+	if lines := j.rejudge(ctx, w.Model, "", false); len(lines) > 0 {
+		msg += "\nre-judged the model's workers:\n  " + strings.Join(lines, "\n  ")
+	}
+	return msg, nil
+}
+
+// newAdmissions counts admission checks by model and result.
+func newAdmissions(reg prometheus.Registerer) *prometheus.CounterVec {
+	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+		Name: "fleet_admissions_total",
+		Help: "Admission checks of workers leaving probation, by model and result: admitted, or rejected (too slow, a different response shape, or a check that failed).",
+	}, []string{"model", "result"})
+	reg.MustRegister(c)
+	return c
+}
+
+// CountModels puts the models' verdict counters on /metrics at zero, so
+// that a dashboard shows 0 before the first verdict.
+func (j *Judge) CountModels(models []fleet.Model) {
+	for _, m := range models {
+		j.admissions.WithLabelValues(m.ID, "admitted")
+		j.admissions.WithLabelValues(m.ID, "rejected")
+	}
+}
+
+// Admit is the admission check between probation and ready (see admit),
+// counted on /metrics; nil admits w.
+func (j *Judge) Admit(ctx context.Context, w fleet.Worker) error {
+	err := j.admit(ctx, w)
+	switch {
+	case err == nil:
+		j.admissions.WithLabelValues(w.Model, "admitted").Inc()
+	case errors.Is(err, context.Canceled):
+		// The hub is stopping: no verdict.
+	default:
+		j.admissions.WithLabelValues(w.Model, "rejected").Inc()
+	}
+	return err
 }

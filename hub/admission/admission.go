@@ -1,0 +1,118 @@
+// Package admission judges workers and measures them. The Judge decides
+// whether a worker may serve: the memory gate before a launch, then the
+// response shape against its model's reference and the speed against the
+// model's other workers as it leaves probation, and re-judging when a
+// reference moves (judge.go). Runs are the shape and bench runs users
+// start (runs.go). Both take their measurements through one probe
+// (probe.go), which talks to a worker directly through its node's
+// transport and teaches the router what it measured.
+//
+// The package reads the fleet through Fleet (the hub's mirror implements
+// it) and authorizes and audits users' runs through Guard (the hub's
+// guard); the hub composes one Judge and one Runs (New).
+package admission
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"fleet"
+	"fleet/router"
+	"fleet/store"
+)
+
+// Fleet is the fleet as admission reads it: the workers as the node
+// manager last reported them and the declared models. Each call reads a
+// consistent copy; nothing returned is shared.
+type Fleet interface {
+	// Worker is the worker of that name (NODE/MODEL).
+	Worker(name string) (fleet.Worker, bool)
+	// Workers are the workers of the model with that ID.
+	Workers(model string) []fleet.Worker
+	// Resolve turns names typed by an operator (a node, NODE/MODEL, all)
+	// into worker names, sorted, or says which names exist.
+	Resolve(targets []string) ([]string, error)
+	// Model is the declared model with that ID; ModelID the ID of the
+	// model a name (an ID or an alias) names.
+	Model(id string) (fleet.Model, bool)
+	ModelID(name string) (string, bool)
+	// ServedName is the name w's engine answers to (an Ollama tag
+	// differs from the model ID).
+	ServedName(w fleet.Worker) string
+	// SetBench keeps a worker's latest bench sweep of one split, which
+	// snapshots show.
+	SetBench(worker string, b BenchSummary)
+}
+
+// Guard authorizes users' runs by the action table and audits them (the
+// hub's guard).
+type Guard interface {
+	// Authorize refuses, auditing the refusal, an action u may not do.
+	Authorize(u fleet.User, action fleet.ActionName, target string) (fleet.Action, error)
+	// Run runs an authorized action and records its outcome; Do is
+	// Authorize then Run.
+	Run(u fleet.User, a fleet.Action, target string, run func() (note string, err error)) error
+	Do(u fleet.User, action fleet.ActionName, target string, run func() (note string, err error)) error
+	// Refuse audits a refusal after authorization (a limit); Failed an
+	// authorized action that failed before it changed anything.
+	Refuse(u fleet.User, action fleet.ActionName, target, outcome string)
+	Failed(u fleet.User, a fleet.Action, target string, err error)
+}
+
+// Nodes is what admission asks of the node manager.
+type Nodes interface {
+	// Dialer reaches a port on a node (through its SSH tunnel if remote).
+	Dialer(node string) func(ctx context.Context, network, addr string) (net.Conn, error)
+	// Judge gives a worker on probation, or a ready or rejected one
+	// judged again, its verdict (nil admits).
+	Judge(ctx context.Context, worker string, verdict error) error
+	// StartWorker launches a worker's engine again.
+	StartWorker(ctx context.Context, worker string) error
+}
+
+// Config is what the Judge and the Runs are built from.
+type Config struct {
+	Fleet  Fleet
+	Guard  Guard
+	Nodes  Nodes
+	Store  *store.Store
+	Router *router.Router
+	Log    *slog.Logger
+	// Registerer takes the verdicts' counter (fleet_admissions_total).
+	Registerer prometheus.Registerer
+	// Event records an event of the fleet.
+	Event func(fleet.Event)
+	// RouterAddr is where the router listens once the hub runs (a bench of
+	// a model goes through it).
+	RouterAddr func() string
+	// Detach runs f after the call that started it returned (re-judging a
+	// model's workers), until the hub closes.
+	Detach func(ctx context.Context, f func(ctx context.Context))
+	// OnLeader runs an action that changes the fleet (a shape pin) on the
+	// leading hub: local itself when this hub leads, else forwarded.
+	OnLeader func(ctx context.Context, u fleet.User, action fleet.ActionName, target string, args any, local func() (string, error)) (string, error)
+	// Wait bounds how long a worker on probation waits for its model's
+	// reference worker and for a peer measured faster whose shape is being
+	// checked (0 = DefaultWait).
+	Wait time.Duration
+}
+
+// New builds the hub's Judge and Runs over one probe (both read and retake
+// the models' reference shapes under one lock), and hands the fleet each
+// worker's latest stored bench sweeps.
+func New(ctx context.Context, cfg Config) (*Judge, *Runs, error) {
+	p := &probe{fleet: cfg.Fleet, store: cfg.Store, router: cfg.Router, nodes: cfg.Nodes, log: cfg.Log, event: cfg.Event}
+	j := &Judge{probe: p, detach: cfg.Detach, wait: cfg.Wait,
+		admissions: newAdmissions(cfg.Registerer),
+		speeds:     map[string]speedRecord{},
+		duels:      map[string]chan struct{}{}}
+	r := &Runs{probe: p, judge: j, guard: cfg.Guard, routerAddr: cfg.RouterAddr, onLeader: cfg.OnLeader}
+	if err := r.loadBenchRuns(ctx); err != nil {
+		return nil, nil, err
+	}
+	return j, r, nil
+}

@@ -1,0 +1,168 @@
+package admission
+
+import (
+	"math"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"fleet"
+)
+
+// peer is a worker of model m beside the one being judged, with its
+// admission record (none when tokS is 0).
+type peer struct {
+	node    string
+	state   fleet.WorkerState
+	drained bool
+	tokS    float64
+	shape   int
+	stale   bool // the record is of an earlier launch
+}
+
+// judgeWith is a Judge whose fleet holds the peers of a/m.
+func judgeWith(t *testing.T, peers []peer) (*Judge, fleet.Worker) {
+	t.Helper()
+	fl := &testFleet{workers: map[string]fleet.Worker{}}
+	j, _ := newTestJudge(t, fl)
+	launched := time.Now().Add(-time.Minute)
+	for _, p := range peers {
+		w := fleet.Worker{Node: p.node, Model: "m", State: p.state, Drained: p.drained, StartedAt: launched}
+		fl.put(w)
+		if p.tokS > 0 {
+			r := speedRecord{tokS: p.tokS, started: launched, shape: p.shape}
+			if p.stale {
+				r.started = launched.Add(-time.Hour)
+			}
+			j.speeds[w.Name()] = r
+		}
+	}
+	w := fleet.Worker{Node: "a", Model: "m", State: fleet.WorkerProbation, StartedAt: launched}
+	fl.put(w)
+	return j, w
+}
+
+// A worker measured at 40 tok/s (tolerance 0.5) waits only for peers that
+// could reject it and whose shape is being judged; a peer not measured yet,
+// the starved node of issue 21, holds no one up.
+func TestFasterPending(t *testing.T) {
+	tests := []struct {
+		name  string
+		peers []peer
+		want  []string
+	}{
+		{"a peer not measured yet holds no one up", []peer{{node: "slow", state: fleet.WorkerProbation}}, nil},
+		{"a slower peer, shape pending", []peer{{node: "slow", state: fleet.WorkerProbation, tokS: 30}}, nil},
+		{"a peer fast enough to reject it, shape pending", []peer{{node: "fast", state: fleet.WorkerProbation, tokS: 100}}, []string{"fast/m"}},
+		{"exactly at the bar does not reject", []peer{{node: "fast", state: fleet.WorkerProbation, tokS: 80}}, nil},
+		{"a faster peer whose shape was judged", []peer{{node: "fast", state: fleet.WorkerProbation, tokS: 100, shape: 1}}, nil},
+		{"a record of an earlier launch", []peer{{node: "fast", state: fleet.WorkerProbation, tokS: 100, stale: true}}, nil},
+		{"a ready worker is judged against, not waited for", []peer{{node: "fast", state: fleet.WorkerReady, tokS: 100}}, nil},
+		{"several, sorted", []peer{
+			{node: "z", state: fleet.WorkerProbation, tokS: 100},
+			{node: "slow", state: fleet.WorkerStarting},
+			{node: "b", state: fleet.WorkerProbation, tokS: 90},
+		}, []string{"b/m", "z/m"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j, w := judgeWith(t, tt.peers)
+			if got := j.fasterPending(w, 40, 0.5); !slices.Equal(got, tt.want) {
+				t.Errorf("waits for %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+// The bar is the fastest worker measured so far whose shape did not fail;
+// a ready worker with no figure is measured before anyone is judged
+// against it (its figure counts as infinite).
+func TestBestMeasured(t *testing.T) {
+	tests := []struct {
+		name      string
+		peers     []peer
+		best      string
+		bestSpeed float64
+	}{
+		{"nothing measured", []peer{{node: "slow", state: fleet.WorkerStarting}, {node: "b", state: fleet.WorkerProbation}}, "", 0},
+		{"a peer measured and shape-checked beats a ready worker", []peer{
+			{node: "r", state: fleet.WorkerReady, tokS: 90, shape: 1},
+			{node: "p", state: fleet.WorkerProbation, tokS: 120, shape: 1},
+		}, "p/m", 120},
+		{"a peer whose shape is pending or failed sets no bar", []peer{
+			{node: "r", state: fleet.WorkerReady, tokS: 90, shape: 1},
+			{node: "p", state: fleet.WorkerProbation, tokS: 120},
+			{node: "q", state: fleet.WorkerProbation, tokS: 150, shape: -1},
+		}, "r/m", 90},
+		{"an unchecked peer (no reference answered) sets it", []peer{{node: "p", state: fleet.WorkerProbation, tokS: 70, shape: 2}}, "p/m", 70},
+		{"a drained or rejected worker sets no bar", []peer{
+			{node: "d", state: fleet.WorkerReady, drained: true, tokS: 200, shape: 1},
+			{node: "x", state: fleet.WorkerRejected, tokS: 300, shape: -1},
+			{node: "r", state: fleet.WorkerReady, tokS: 90, shape: 1},
+		}, "r/m", 90},
+		{"a ready worker never measured here is measured first", []peer{
+			{node: "r", state: fleet.WorkerReady, tokS: 90, shape: 1},
+			{node: "adopted", state: fleet.WorkerReady},
+		}, "adopted/m", math.Inf(1)},
+		{"a ready worker's record of an earlier launch is no figure", []peer{{node: "r", state: fleet.WorkerReady, tokS: 90, shape: 1, stale: true}}, "r/m", math.Inf(1)},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			j, w := judgeWith(t, tt.peers)
+			if best, speed := j.bestMeasured(w); best != tt.best || speed != tt.bestSpeed {
+				t.Errorf("best %q at %v, want %q at %v", best, speed, tt.best, tt.bestSpeed)
+			}
+		})
+	}
+}
+
+func TestCheckMemory(t *testing.T) {
+	const gib = 1 << 30
+	model := fleet.Model{ID: "qwen3-4b", MemoryGB: 3}
+	worker := fleet.Worker{Node: "n", Model: "qwen3-4b"}
+	tests := []struct {
+		name    string
+		model   fleet.Model
+		node    fleet.Node
+		held    uint64 // held for other launches on the node
+		wantErr string // "" = admitted
+	}{
+		{name: "Linux GPU with room", model: model,
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 1 * gib, GPUs: []fleet.GPU{{MemFreeMiB: 4096}}}}},
+		{name: "Linux GPU too full: GPU memory counts, not RAM", model: model,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 64 * gib, GPUs: []fleet.GPU{{MemFreeMiB: 2048}}}},
+			wantErr: "memory: qwen3-4b needs 3.0 GiB but n has 2.0 GiB usable (free GPU memory)"},
+		{name: "Linux GPU with room, but not beside a launch in progress", model: model, held: 2 * gib,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", GPUs: []fleet.GPU{{MemFreeMiB: 4096}}}},
+			wantErr: "n has 2.0 GiB usable (free GPU memory, less 2.0 GiB held for launches in progress on it)"},
+		{name: "held beyond what the node has", model: model, held: 8 * gib,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}},
+			wantErr: "n has 0.0 GiB usable (free memory, less 8.0 GiB held"},
+		{name: "room beside a launch in progress", model: model, held: 1 * gib,
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
+		{name: "Linux CPU node uses available RAM", model: model,
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 4 * gib}}},
+		{name: "Mac counts three quarters of free memory", model: model,
+			node:    fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "darwin", MemFreeBytes: 3 * gib}},
+			wantErr: "has 2.2 GiB usable (three quarters of free + inactive + speculative memory)"},
+		{name: "Mac with room", model: model,
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "darwin", MemFreeBytes: 8 * gib}}},
+		{name: "model without a memory figure is not checked", model: fleet.Model{ID: "qwen3-4b"},
+			node: fleet.Node{Name: "n", Platform: &fleet.Platform{OS: "darwin"}}},
+		{name: "node never probed is not judged", model: model, node: fleet.Node{Name: "n"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := CheckMemory(worker, tt.model, tt.node, tt.held)
+			switch {
+			case tt.wantErr == "" && err != nil:
+				t.Errorf("rejected: %v", err)
+			case tt.wantErr != "" && (err == nil || !strings.Contains(err.Error(), tt.wantErr)):
+				t.Errorf("error %v, want one saying %q", err, tt.wantErr)
+			case err != nil && !strings.Contains(err.Error(), "place the model elsewhere"):
+				t.Errorf("error %q does not say what to do", err)
+			}
+		})
+	}
+}
