@@ -73,7 +73,7 @@ func (p *probe) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 		return bench.Target{}, w, fmt.Errorf("worker %s is %s and its engine is not answering%s; wait until it is ready (see 'workers')", w.Name(), w.State, why)
 	}
 	dial := p.nodes.Dialer(w.Node)
-	// Checks are occasional: no keep-alive, so a per-call client leaves no
+	// Measurements are occasional: no keep-alive, so a per-call client leaves no
 	// idle connection (or SSH channel) behind.
 	var rt http.RoundTripper = &http.Transport{
 		DialContext:       func(ctx context.Context, network, addr string) (net.Conn, error) { return dial(ctx, network, addr) },
