@@ -1,9 +1,12 @@
 // Package netnstest gives a test a machine of its own on a network it can
 // cut: a Linux network namespace joined to the test's namespace by a veth
-// pair, with a private /30 that exists only between the two. Cut makes the
-// link drop every packet both ways with no reset and no ICMP, as a laptop
-// going to sleep or a Wi-Fi drop does; Restore brings it back. It is
-// imported only by _test.go files.
+// pair, with a private /30 that exists only between the two (New), or
+// several namespaces on one LAN, a bridge in the test's namespace with a
+// private /24 (NewBridge, Join). Cut makes a namespace's link drop every
+// packet both ways with no reset and no ICMP, as a laptop going to sleep or
+// a Wi-Fi drop does; Restore brings it back. Do runs Go code inside a
+// namespace, so a test can listen there. It is imported only by _test.go
+// files.
 //
 // It needs root (CAP_NET_ADMIN), iproute2's ip and nftables' nft (the
 // silence is an nftables table inside the namespace, so nothing outside it
@@ -19,20 +22,27 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
-// Namespace is one network namespace with a veth link to the test's own.
+// Namespace is one network namespace with a veth link to the test's own,
+// directly or through a Bridge.
 type Namespace struct {
 	t testing.TB
 	// Name is the namespace's name (ip netns).
 	Name string
-	// HostIf and NSIf are the two ends of the veth pair.
+	// HostIf and NSIf are the two ends of the veth pair; on a bridge,
+	// HostIf is the bridge's port.
 	HostIf, NSIf string
-	// HostIP is the test's end of the link, IP the namespace's.
+	// HostIP is the test's end of the link (the bridge's address), IP the
+	// namespace's.
 	HostIP, IP string
 }
 
@@ -77,6 +87,39 @@ func New(t testing.TB) *Namespace {
 // Command is argv run inside the namespace.
 func (n *Namespace) Command(argv ...string) []string {
 	return append([]string{"ip", "netns", "exec", n.Name}, argv...)
+}
+
+// Do runs f on an OS thread moved into the namespace, so the sockets f
+// opens (a listener, say) live there and stay there once it returns.
+func (n *Namespace) Do(f func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer self.Close()
+		target, err := os.Open(filepath.Join("/run/netns", n.Name))
+		if err != nil {
+			errc <- err
+			return
+		}
+		defer target.Close()
+		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
+			errc <- fmt.Errorf("entering netns %s: %w", n.Name, err)
+			return
+		}
+		err = f()
+		// A thread that cannot get home ends with this goroutine rather
+		// than run other goroutines in the wrong namespace.
+		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
 }
 
 // Cut makes the link drop every packet in both directions, silently:
