@@ -2,11 +2,13 @@
 // is imported only by _test.go files (store, cmd/fleet); product code must
 // not use it.
 //
-// The server is a real PostgreSQL cluster that .ci/with-postgres starts
+// URL's server is a real PostgreSQL cluster that .ci/with-postgres starts
 // (initdb into a temp dir, on a unix socket there) and names in
-// $FLEET_TEST_DATABASE_URL; nothing is downloaded or started here. Without
-// it a test is skipped with a message saying how to run it, except in CI
-// (CI=true), where a missing database fails the test: CI must test both
+// $FLEET_TEST_DATABASE_URL, shared by every test of a run. A test that
+// must stop and start its database (hubs living through an outage) starts
+// a cluster of its own from the same binaries with StartCluster. Nothing is
+// downloaded. Without PostgreSQL a test is skipped with a message saying
+// how to run it, except in CI (CI=true), where it fails: CI must test both
 // dialects.
 package pgtest
 
@@ -34,11 +36,7 @@ func URL(t testing.TB) string {
 	t.Helper()
 	base := os.Getenv(EnvURL)
 	if base == "" {
-		msg := "no PostgreSQL to test on: $" + EnvURL + " is not set; run the tests under .ci/with-postgres (e.g. `.ci/with-postgres go test ./store`), which starts a throwaway cluster"
-		if os.Getenv("CI") == "true" {
-			t.Fatal(msg)
-		}
-		t.Skip(msg)
+		missing(t, "no PostgreSQL to test on: $"+EnvURL+" is not set; run the tests under .ci/with-postgres (e.g. `.ci/with-postgres go test ./store`), which starts a throwaway cluster")
 	}
 	u, err := url.Parse(base)
 	if err != nil {
