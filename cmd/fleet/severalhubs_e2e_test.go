@@ -395,6 +395,16 @@ func TestSeveralHubsFailOver(t *testing.T) {
 		}
 	}
 
+	if s, _ := hubs[0].status(t); len(s.Hubs) != 3 {
+		t.Errorf("hub1's status lists the hubs %+v, want hub1, hub2 and hub3", s.Hubs)
+	}
+	for _, h := range hubs {
+		code, body := healthz(t, h, port)
+		if role := map[bool]string{true: "leader", false: "follower"}[h == hubs[0]]; code != http.StatusOK || !strings.Contains(body, role) {
+			t.Errorf("hub %s's /healthz: HTTP %d %q, want 200 saying %s", h.name, code, body, role)
+		}
+	}
+
 	vip := bridge.NewIP()
 	members := vrrptest.Members(bridge, vip, nss...)
 	for i := range members {
@@ -551,6 +561,19 @@ func TestSeveralHubsFailOver(t *testing.T) {
 	close(stopLoad)
 	load.wg.Wait()
 	loadStopped = true
+}
+
+// healthz is what GET /healthz on h's own address answers.
+func healthz(t *testing.T, h *clusterHub, port int) (int, string) {
+	t.Helper()
+	resp, err := http.Get("http://" + net.JoinHostPort(h.ns.IP, strconv.Itoa(port)) + "/healthz")
+	if err != nil {
+		t.Fatalf("hub %s's /healthz: %v", h.name, err)
+	}
+	defer resp.Body.Close()
+	var b bytes.Buffer
+	b.ReadFrom(resp.Body)
+	return resp.StatusCode, b.String()
 }
 
 // usageOf is the number of requests `fleet usage --by key` counts for key
