@@ -399,9 +399,10 @@ func TestSeveralHubsFailOver(t *testing.T) {
 		t.Errorf("hub1's status lists the hubs %+v, want hub1, hub2 and hub3", s.Hubs)
 	}
 	for _, h := range hubs {
-		code, body := healthz(t, h, port)
-		if role := map[bool]string{true: "leader", false: "follower"}[h == hubs[0]]; code != http.StatusOK || !strings.Contains(body, role) {
-			t.Errorf("hub %s's /healthz: HTTP %d %q, want 200 saying %s", h.name, code, body, role)
+		code, body := h.healthz(t, port)
+		var said struct{ Role string }
+		if role := map[bool]string{true: "leader", false: "follower"}[h == hubs[0]]; code != http.StatusOK || json.Unmarshal([]byte(body), &said) != nil || said.Role != role {
+			t.Errorf("hub %s's /healthz: HTTP %d %q, want 200 with role %q", h.name, code, body, role)
 		}
 	}
 
@@ -564,7 +565,7 @@ func TestSeveralHubsFailOver(t *testing.T) {
 }
 
 // healthz is what GET /healthz on h's own address answers.
-func healthz(t *testing.T, h *clusterHub, port int) (int, string) {
+func (h *clusterHub) healthz(t *testing.T, port int) (int, string) {
 	t.Helper()
 	resp, err := http.Get("http://" + net.JoinHostPort(h.ns.IP, strconv.Itoa(port)) + "/healthz")
 	if err != nil {
