@@ -70,6 +70,9 @@ vrrp_script fleet_healthz {
 `, m.Name, Curl, m.HealthURL)
 	fmt.Fprintf(&b, `
 vrrp_instance fleet {
+    # Every hub starts as a backup; the healthy one with the highest
+    # priority takes the address and keeps it while its check passes
+    # (nopreempt): a hub that comes back does not move the clients again.
     state BACKUP
     nopreempt
     interface %s
