@@ -63,7 +63,7 @@ func (g *guard) begin(u fleet.User, a fleet.Action, target string) (*auditLine, 
 	if err != nil {
 		g.log.Error("refused an action whose audit line could not be written", "user", e.User, "action", a.Name, "target", e.Target, "err", err)
 		return nil, fmt.Errorf("%s %s was not done: its audit line could not be written (%w); nothing was changed. "+
-			"Free disk space or repair the database in the data dir, then try again", a.Name, e.Target, err)
+			"Check that the database %s answers and has room (a full disk, a stopped PostgreSQL), then try again", a.Name, e.Target, err, g.store.Path())
 	}
 	return &auditLine{g: g, id: id, action: a.Name, target: e.Target}, nil
 }

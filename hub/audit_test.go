@@ -67,6 +67,10 @@ func TestActionWithoutAuditDoesNotHappen(t *testing.T) {
 		err := a.do(ctx)
 		if err == nil || !strings.Contains(err.Error(), "audit line could not be written") || !strings.Contains(err.Error(), "nothing was changed") {
 			t.Errorf("%s with the audit failing: %v; want a refusal saying the audit line could not be written", a.name, err)
+		} else if !strings.Contains(err.Error(), h.store.Path()) {
+			// On PostgreSQL "the database in the data dir" sent operators
+			// to a directory that holds no database.
+			t.Errorf("%s with the audit failing: %v; want the refusal to name the database, %s", a.name, err, h.store.Path())
 		}
 		if after := state(t, h); after != before {
 			t.Errorf("%s happened although its audit line could not be written:\nbefore:\n%s\nafter:\n%s", a.name, before, after)
