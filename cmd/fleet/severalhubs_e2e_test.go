@@ -480,6 +480,7 @@ func TestSeveralHubsFailOver(t *testing.T) {
 			other = h
 		}
 	}
+	heldVIP := slices.Equal(vrrptest.Holders(ks), []int{slices.Index(hubs, leader)})
 	phase = time.Now()
 	if err := leader.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
@@ -494,8 +495,8 @@ func TestSeveralHubsFailOver(t *testing.T) {
 	time.Sleep(time.Until(resumed.Add(10 * time.Second)))
 	rs = load.between(phase, time.Now())
 	first, retried, _, failed = tally(rs, time.Time{})
-	t.Logf("SIGSTOP of leader %s for 30 s: %s leads %s later; %d requests meanwhile: %d answered at once, %d after retrying a refused connection, %d failed (a request the stopped hub had accepted waits until the address moves away)",
-		leader.name, other.name, took.Round(10*time.Millisecond), len(rs), first, retried, len(failed))
+	t.Logf("SIGSTOP of leader %s (holding the virtual IP: %v) for 30 s: %s leads %s later; %d requests meanwhile: %d answered at once, %d after retrying a refused connection, %d failed (a request the stopped hub had accepted waits until the address moves away)",
+		leader.name, heldVIP, other.name, took.Round(10*time.Millisecond), len(rs), first, retried, len(failed))
 	sameEngines("after SIGSTOP and SIGCONT of the leader", other)
 	if s, _ := leader.status(t); s.HubRole != "follower" {
 		t.Errorf("the resumed hub %s says it is %q, want follower", leader.name, s.HubRole)
