@@ -29,8 +29,9 @@ func listenIn(t *testing.T, n *Namespace, ip string) string {
 	return ln.Addr().String()
 }
 
-// dial connects to addr from n (nil: the test's namespace).
-func dial(n *Namespace, addr string) error {
+// dialOnce tries once to connect to addr from n (nil: the test's
+// namespace), giving up after half a second: a cut link answers nothing.
+func dialOnce(n *Namespace, addr string) error {
 	try := func() error {
 		c, err := net.DialTimeout("tcp", addr, 500*time.Millisecond)
 		if err == nil {
@@ -42,6 +43,18 @@ func dial(n *Namespace, addr string) error {
 		return try()
 	}
 	return n.Do(try)
+}
+
+// dial connects to addr from n, trying for up to 10 s: a link just made
+// or restored on a busy machine may lose the first SYN or ARP request.
+func dial(n *Namespace, addr string) error {
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		if err = dialOnce(n, addr); err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 func netnsExists(name string) bool {
@@ -68,7 +81,7 @@ func TestVethNamespaceCutAndRestore(t *testing.T) {
 			t.Fatalf("the test cannot reach %s: %v", n, err)
 		}
 		n.Cut()
-		if err := dial(nil, addr); err == nil {
+		if err := dialOnce(nil, addr); err == nil {
 			t.Fatalf("the test still reaches %s after Cut", n)
 		}
 		n.Restore()
@@ -117,10 +130,10 @@ func TestBridgeJoinsNamespaces(t *testing.T) {
 			}
 		}
 		ns[0].Cut()
-		if err := dial(nil, addrs[0]); err == nil {
+		if err := dialOnce(nil, addrs[0]); err == nil {
 			t.Errorf("the test still reaches %s after Cut", ns[0])
 		}
-		if err := dial(ns[1], addrs[0]); err == nil {
+		if err := dialOnce(ns[1], addrs[0]); err == nil {
 			t.Errorf("%s still reaches %s after Cut", ns[1], ns[0])
 		}
 		if err := dial(ns[1], addrs[2]); err != nil {
