@@ -12,17 +12,21 @@ import (
 // only the ones it needs and no lock guards two parts:
 //   - catalog (here): the models by name and their normalisation, set by
 //     SetModels, read by every request;
+//   - the scheduler (sched.go): the queues, the outlooks and the policy's
+//     random source and state;
 //   - reach (here): which models the ready set serves and the largest
-//     context each may be given, a snapshot the pool publishes on every
-//     change of the ready set or outlook, read without a lock;
-//   - the pool and scheduler (Router.mu): the ready set, each worker's
-//     state, the queues, outlooks and suspicions, which a choice of worker
-//     must see at one instant;
+//     context each may be given, a snapshot the scheduler publishes on
+//     every change of the ready set or outlook, read without a lock;
+//   - the pool (pool.go): the ready set, each worker's state and the
+//     suspicions, which a choice of worker sees at one instant;
 //   - outputs (here): the per-model estimates of output tokens;
 //   - the hedge's requests waiting for a first byte (hedge.go);
-//   - key limits (keylimit/), engine metrics (enginemetrics.go) and the
-//     request bodies in flight (bodymem.go).
-// Where two are held at once, Router.mu is taken first.
+//   - key limits (keylimit/), engine metrics (enginemetrics.go), the
+//     request bodies in flight (bodymem.go) and the cache-aware policy's
+//     trees (policy_peers.go).
+// Where two are held at once, the scheduler's is taken before the pool's,
+// and the pool's before the others'; those take none. The Router holds no
+// lock of its own, and no part locks another's: TestPartsKeepToTheirLocks.
 
 // catalog is the models the router knows by name.
 type catalog struct {
@@ -77,23 +81,23 @@ type modelReach struct {
 }
 
 // publishReachLocked replaces the reach snapshot from the ready set and
-// outlooks; r.mu is held.
-func (r *Router) publishReachLocked() {
-	next := make(reach, len(r.outlooks))
-	for model, o := range r.outlooks {
+// the outlooks.
+func (s *scheduler) publishReachLocked(ready []Backend) {
+	next := make(reach, len(s.outlooks))
+	for model, o := range s.outlooks {
 		next[model] = modelReach{largest: o.ComingContext}
 	}
-	for _, b := range r.backends {
-		mr := next[b.cfg.Model]
+	for _, b := range ready {
+		mr := next[b.Model]
 		mr.served = true
-		mr.largest = max(mr.largest, b.cfg.Context)
-		next[b.cfg.Model] = mr
+		mr.largest = max(mr.largest, b.Context)
+		next[b.Model] = mr
 	}
-	r.reach.Store(&next)
+	s.reach.Store(&next)
 }
 
-func (r *Router) reachOf(model string) modelReach {
-	if p := r.reach.Load(); p != nil {
+func (s *scheduler) reachOf(model string) modelReach {
+	if p := s.reach.Load(); p != nil {
 		return (*p)[model]
 	}
 	return modelReach{}
@@ -105,7 +109,7 @@ func (r *Router) modelID(name string) (string, bool) {
 	if id, ok := r.catalog.lookup(name); ok {
 		return id, true
 	}
-	if r.reachOf(name).served {
+	if r.sched.reachOf(name).served {
 		return name, true
 	}
 	return "", false
@@ -114,7 +118,7 @@ func (r *Router) modelID(name string) (string, bool) {
 // largestContext is the largest context among model's workers that are in
 // the ready set (drained and cooling ones included) or coming (the
 // model's Outlook); 0 when none says its context.
-func (r *Router) largestContext(model string) int { return r.reachOf(model).largest }
+func (r *Router) largestContext(model string) int { return r.sched.reachOf(model).largest }
 
 // outputEstimates are the per-model running estimates of output tokens,
 // for requests that do not say max_tokens.

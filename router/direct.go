@@ -14,16 +14,7 @@ import (
 // used to leave it looking idle. A worker outside the ready set gets no
 // router traffic, so there is nothing to count and release does nothing.
 func (r *Router) HoldSlot(worker string) (release func()) {
-	now := time.Now()
-	r.mu.Lock()
-	var f *flight
-	for _, b := range r.backends {
-		if b.cfg.Name == worker {
-			f = r.takeLocked(b, b.cfg.Model, Job{OutputTokens: r.outputs.expected(b.cfg.Model, 0)}, now)
-			break
-		}
-	}
-	r.mu.Unlock()
+	f := r.pool.hold(worker, func(model string) Job { return Job{OutputTokens: r.outputs.expected(model, 0)} }, time.Now())
 	if f == nil {
 		return func() {}
 	}
@@ -31,7 +22,7 @@ func (r *Router) HoldSlot(worker string) (release func()) {
 	return func() {
 		once.Do(func() {
 			r.release(f, nil)
-			r.forgetIfGone(f.b)
+			r.pool.forgetIfGone(f.b)
 		})
 	}
 }

@@ -111,23 +111,15 @@ func (b *backend) servesLocked(path string, n int) bool {
 	return n <= 1 || multiChoice[b.cfg.Engine] != supportNo
 }
 
-// learnNotServedLocked remembers that b answered path with "not found".
-func (b *backend) learnNotServedLocked(path string) {
-	if b.notServed == nil {
-		b.notServed = map[string]bool{}
-	}
-	b.notServed[path] = true
-}
-
 // endpointExclusions lists the ready workers of model that must not be
 // sent path with n choices. When there are ready workers and none may take
 // it, it says why instead, with the answer's status.
-func (r *Router) endpointExclusions(model, path string, n int) ([]string, *schedError) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+func (p *pool) endpointExclusions(model, path string, n int) ([]string, *schedError) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	var excluded, kinds []string
 	ready, nOnly := 0, 0
-	for _, b := range r.backends {
+	for _, b := range p.backends {
 		if b.cfg.Model != model {
 			continue
 		}
@@ -346,11 +338,4 @@ func (c *promptCache) scanAPIUsage(p []byte) {
 	if n := intField(p, cachedTokensField); n >= 0 {
 		c.cached = n
 	}
-}
-
-// learnNotServed remembers that b's engine does not serve path.
-func (r *Router) learnNotServed(b *backend, path string) {
-	r.mu.Lock()
-	b.learnNotServedLocked(path)
-	r.mu.Unlock()
 }

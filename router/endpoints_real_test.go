@@ -81,9 +81,9 @@ func TestRealLlamaServerEndpointsThroughRouter(t *testing.T) {
 		!strings.Contains(string(body), "llama-server does not") {
 		t.Errorf("n=2: HTTP %d %s", code, body)
 	}
-	r.mu.Lock()
-	learnt := r.backends[0].notServed["/v1/rerank"]
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	learnt := r.pool.backends[0].notServed["/v1/rerank"]
+	r.pool.mu.Unlock()
 	if !learnt {
 		t.Error("the router did not remember that the worker answered /v1/rerank with 501")
 	}

@@ -74,18 +74,29 @@ func (r *Router) ObserveEngineLoad(name string, l EngineLoad) {
 	if !now.Before(until) {
 		return
 	}
-	r.mu.Lock()
-	w, ok := r.workers[name]
+	if !r.pool.observeEngineLoad(name, l, now, until, r.dispatchQueued) {
+		return
+	}
+	// The engine may have freed slots the router did not know were taken.
+	r.dispatchQueued()
+}
+
+// observeEngineLoad records l for the named worker of the ready set until
+// until; false when it is not in the set. onStale runs when the
+// observation goes stale.
+func (p *pool) observeEngineLoad(name string, l EngineLoad, now, until time.Time, onStale func()) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w, ok := p.workers[name]
 	if !ok || !w.ready {
 		// Not routed to: nothing to plan with it, and a scrape that ends
 		// after its worker left must not keep state for it.
-		r.mu.Unlock()
-		return
+		return false
 	}
 	// The router's requests the engine could have counted: those already
 	// out when it was read. Any started since are on top of its figures.
 	own := 0
-	for _, b := range r.backends {
+	for _, b := range p.backends {
 		if b.cfg.Name != name {
 			continue
 		}
@@ -100,23 +111,9 @@ func (r *Router) ObserveEngineLoad(name string, l EngineLoad) {
 	w.engine.external = max(l.Running+l.Waiting-own, 0)
 	w.engine.until = until
 	if w.engine.expiry == nil {
-		w.engine.expiry = time.AfterFunc(until.Sub(now), r.dispatchQueued)
+		w.engine.expiry = time.AfterFunc(until.Sub(now), onStale)
 	} else {
 		w.engine.expiry.Reset(until.Sub(now))
 	}
-	models := r.queuedModelsLocked()
-	r.mu.Unlock()
-	// The engine may have freed slots the router did not know were taken.
-	for _, m := range models {
-		r.dispatch(m)
-	}
-}
-
-func (r *Router) dispatchQueued() {
-	r.mu.Lock()
-	models := r.queuedModelsLocked()
-	r.mu.Unlock()
-	for _, m := range models {
-		r.dispatch(m)
-	}
+	return true
 }

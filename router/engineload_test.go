@@ -27,13 +27,15 @@ func twins(t *testing.T, slots int) *Router {
 // choose runs the scheduler's decision for one job at now, as acquire does.
 func (r *Router) choose(t *testing.T, job Job, now time.Time) (int, []Candidate) {
 	t.Helper()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	cands, _, serr := r.candidatesLocked("qwen3-4b", job, nil, now, nil, nil)
-	if serr != nil {
-		t.Fatalf("no candidates: %v", serr)
+	r.sched.mu.Lock()
+	defer r.sched.mu.Unlock()
+	r.pool.mu.Lock()
+	defer r.pool.mu.Unlock()
+	cands, _, _ := r.pool.candidatesLocked("qwen3-4b", job, nil, now, nil, nil)
+	if len(cands) == 0 {
+		t.Fatal("no candidates")
 	}
-	return r.policy.Choose(job, cands, r.rng), cands
+	return r.sched.policy.Choose(job, cands, r.sched.rng), cands
 }
 
 func TestEngineLoadShapesTheChoice(t *testing.T) {
@@ -97,11 +99,11 @@ func TestEngineLoadDoesNotCountTheRoutersOwnTwice(t *testing.T) {
 	r := twins(t, 8)
 	job := Job{OutputTokens: 100}
 	start := time.Now()
-	r.mu.Lock()
-	b := r.backends[0]
-	f1 := r.takeLocked(b, "qwen3-4b", job, start)
-	f2 := r.takeLocked(b, "qwen3-4b", job, start)
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	b := r.pool.backends[0]
+	f1 := r.pool.takeLocked(b, "qwen3-4b", job, start)
+	f2 := r.pool.takeLocked(b, "qwen3-4b", job, start)
+	r.pool.mu.Unlock()
 
 	// Read after both went out: 2 of ours + 1 someone else's.
 	r.ObserveEngineLoad("busy/qwen3-4b", EngineLoad{Running: 3, At: start.Add(time.Millisecond)})
@@ -113,9 +115,9 @@ func TestEngineLoadDoesNotCountTheRoutersOwnTwice(t *testing.T) {
 		t.Errorf("load %d after one of ours ended, want 2 (1 ours + 1 external)", c[0].InFlight)
 	}
 	// One of ours sent after the read is on top of the engine's figure.
-	r.mu.Lock()
-	f3 := r.takeLocked(b, "qwen3-4b", job, time.Now())
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	f3 := r.pool.takeLocked(b, "qwen3-4b", job, time.Now())
+	r.pool.mu.Unlock()
 	if _, c := r.choose(t, job, time.Now()); c[0].InFlight != 3 {
 		t.Errorf("load %d with 2 ours and 1 external, want 3", c[0].InFlight)
 	}
@@ -207,11 +209,11 @@ func TestQueuedRequestGoesWhenTheEngineFrees(t *testing.T) {
 			} else {
 				// Make the report stale now and fire its expiry, as the
 				// max age passing would.
-				r.mu.Lock()
-				w := r.workerLocked(b.Name)
+				r.pool.mu.Lock()
+				w := r.pool.workerLocked(b.Name)
 				w.engine.until = time.Now()
 				w.engine.expiry.Reset(0)
-				r.mu.Unlock()
+				r.pool.mu.Unlock()
 			}
 			select {
 			case c := <-codes:

@@ -13,10 +13,10 @@ import (
 
 // workerNames lists the names the router keeps state for.
 func (r *Router) workerNames() []string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
+	r.pool.mu.Lock()
+	defer r.pool.mu.Unlock()
 	var out []string
-	for name := range r.workers {
+	for name := range r.pool.workers {
 		out = append(out, name)
 	}
 	return out
@@ -71,8 +71,13 @@ func TestGoneWorkersAreForgotten(t *testing.T) {
 			if len(got) != 1 || !got[last] {
 				t.Errorf("/metrics has series of %d backends, want only %s: %v", len(got), last, trim(slices.Sorted(maps.Keys(got))))
 			}
-			if p, ok := r.policy.(*cacheAwarePolicy); ok && len(p.trees) > 1 {
-				t.Errorf("the cache-aware policy keeps %d trees, want at most 1", len(p.trees))
+			if p, ok := r.sched.policy.(*cacheAwarePolicy); ok {
+				p.mu.Lock()
+				trees := len(p.trees)
+				p.mu.Unlock()
+				if trees > 1 {
+					t.Errorf("the cache-aware policy keeps %d trees, want at most 1", trees)
+				}
 			}
 			r.SetBackends(nil)
 			if got := r.workerNames(); len(got) != 0 {

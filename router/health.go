@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"time"
 )
 
@@ -19,28 +18,14 @@ import (
 // healthCheckTimeout bounds one /health request.
 const healthCheckTimeout = 3 * time.Second
 
-// startHealthCheckLocked starts b's health checker unless it has one.
-func (r *Router) startHealthCheckLocked(b *backend) {
-	if b.checking {
-		return
-	}
-	b.checking = true
-	go r.checkHealth(b)
-}
-
 // checkHealth waits out b's cooldown and checks its health, again after
 // each failed check, until one passes or b is no longer routed to.
 func (r *Router) checkHealth(b *backend) {
 	for {
-		r.mu.Lock()
-		w := r.workerLocked(b.cfg.Name)
-		if w.coolingUntil.IsZero() || !slices.Contains(r.backends, b) {
-			b.checking = false
-			r.mu.Unlock()
+		wait, cooling := r.pool.cooling(b)
+		if !cooling {
 			return
 		}
-		wait := time.Until(w.coolingUntil)
-		r.mu.Unlock()
 		if wait > 0 {
 			time.Sleep(wait)
 			continue // the backend may have gone or been reset meanwhile
@@ -48,19 +33,13 @@ func (r *Router) checkHealth(b *backend) {
 		ctx, cancel := context.WithTimeout(context.Background(), healthCheckTimeout)
 		err := r.healthCheck(ctx, b)
 		cancel()
-		r.mu.Lock()
+		r.pool.checked(b, err)
 		if err != nil {
-			w.coolingUntil = time.Now().Add(r.opts.Cooldown)
-			r.mu.Unlock()
 			r.log.Info("backend still failing its health check", "backend", b.cfg.Name, "err", err)
 			continue
 		}
-		w.coolingUntil = time.Time{}
-		w.failures = w.failures[:0]
-		b.checking = false
-		r.mu.Unlock()
 		r.log.Info("backend passed its health check and takes traffic again", "backend", b.cfg.Name)
-		r.dispatch(b.cfg.Model)
+		r.sched.dispatch(b.cfg.Model)
 		return
 	}
 }

@@ -54,9 +54,9 @@ func TestHealthCheckedWithoutTraffic(t *testing.T) {
 	if st := r.Stats(); st[0].Cooling {
 		t.Errorf("a passing health check did not bring the backend back: %+v", st[0])
 	}
-	r.mu.Lock()
-	until := r.workerLocked("rig/qwen3-4b").coolingUntil
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	until := r.pool.workerLocked("rig/qwen3-4b").coolingUntil
+	r.pool.mu.Unlock()
 	if !until.IsZero() {
 		t.Errorf("still cooling until %v after a passing check", until)
 	}
@@ -99,18 +99,18 @@ func TestHealthCheckerEndsWithItsBackend(t *testing.T) {
 }
 
 func (r *Router) backendsForTest() []*backend {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return slices.Clone(r.backends)
+	r.pool.mu.Lock()
+	defer r.pool.mu.Unlock()
+	return slices.Clone(r.pool.backends)
 }
 
 // waitCheckerDone waits until b's health checker has ended.
 func waitCheckerDone(t *testing.T, ctx context.Context, r *Router, b *backend) {
 	t.Helper()
 	for {
-		r.mu.Lock()
+		r.pool.mu.Lock()
 		checking := b.checking
-		r.mu.Unlock()
+		r.pool.mu.Unlock()
 		if !checking {
 			return
 		}

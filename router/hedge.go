@@ -56,12 +56,11 @@ type suspicion struct {
 	until time.Time
 }
 
-// hedgeState is the hedge's: the suspicions, guarded by Router.mu as
-// selection reads them (member.available), and the requests waiting for a
-// first byte, with their own lock (taken after Router.mu where both are).
+// hedgeState is the hedge's: the requests waiting for a first byte, with
+// their own lock (taken after the pool's where both are). The suspicions
+// are the pool's, as selection reads them (member.available).
 type hedgeState struct {
-	suspect map[string]suspicion
-	waits   firstByteWaits
+	waits firstByteWaits
 }
 
 type firstByteWaits struct {
@@ -115,34 +114,51 @@ func (e *errNoFirstByte) Error() string {
 // model can take it, and its requests still waiting for a first byte are
 // sent to another worker at once; requests already answering go on.
 func (r *Router) SetSuspect(name, reason string) {
-	r.mu.Lock()
 	if reason == "" {
-		_, was := r.hedge.suspect[name]
-		delete(r.hedge.suspect, name)
-		models := r.queuedModelsLocked()
-		r.mu.Unlock()
-		if was {
+		if r.pool.clearSuspect(name) {
 			r.log.Info("worker takes new requests again", "backend", name)
-			for _, m := range models {
-				r.dispatch(m)
-			}
+			r.dispatchQueued()
 		}
 		return
 	}
-	if r.hedge.suspect == nil {
-		r.hedge.suspect = map[string]suspicion{}
-	}
-	r.hedge.suspect[name] = suspicion{reason: reason}
-	victims := r.takeBackLocked(name, reason, false)
-	r.mu.Unlock()
+	victims := r.pool.suspect(name, suspicion{reason: reason}, &r.hedge.waits, false)
 	r.log.Warn("worker suspect: no new requests", "backend", name, "reason", reason, "taken_back", victims)
 }
 
-// takeBackLocked cancels the requests waiting for a first byte from name,
-// if another worker of their model can take them; with spareHedged, not
-// those taken back once already.
-func (r *Router) takeBackLocked(name, why string, spareHedged bool) int {
-	ws := &r.hedge.waits
+// clearSuspect ends the named worker's suspicion; false when it had none.
+func (p *pool) clearSuspect(name string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, was := p.suspects[name]
+	delete(p.suspects, name)
+	return was
+}
+
+// suspect makes the named worker suspect for s (a suspicion the hub set
+// is not replaced by one of the router's own), and takes back its requests
+// waiting for a first byte (ws) that another worker can take; with
+// spareHedged, not those taken back once already. It returns how many.
+func (p *pool) suspect(name string, s suspicion, ws *firstByteWaits, spareHedged bool) int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.raiseSuspicionLocked(name, s, ws, spareHedged)
+}
+
+func (p *pool) raiseSuspicionLocked(name string, s suspicion, ws *firstByteWaits, spareHedged bool) int {
+	if p.suspects == nil {
+		p.suspects = map[string]suspicion{}
+	}
+	if old, ok := p.suspects[name]; !ok || s.until.IsZero() || !old.until.IsZero() {
+		p.suspects[name] = s
+	}
+	return ws.takeBack(name, &errNoFirstByte{backend: name, why: s.reason}, spareHedged,
+		func(f *flight) bool { return p.alternativeLocked(f, time.Now()) })
+}
+
+// takeBack cancels the requests waiting for a first byte from name for
+// which elsewhere says another worker can take them; with spareHedged,
+// not those taken back once already.
+func (ws *firstByteWaits) takeBack(name string, cause error, spareHedged bool, elsewhere func(*flight) bool) int {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	n := 0
@@ -150,7 +166,7 @@ func (r *Router) takeBackLocked(name, why string, spareHedged bool) int {
 		if _, again := ws.hedged[w.client]; spareHedged && again {
 			continue
 		}
-		if r.alternativeLocked(w.f, time.Now()) && w.takeBack(&errNoFirstByte{backend: name, why: why}) {
+		if elsewhere(w.f) && w.takeBack(cause) {
 			ws.markHedgedLocked(w.client)
 			n++
 		}
@@ -159,19 +175,25 @@ func (r *Router) takeBackLocked(name, why string, spareHedged bool) int {
 }
 
 // suspectLocked reports whether the named worker is suspect now.
-func (r *Router) suspectLocked(name string, now time.Time) bool {
-	s, ok := r.hedge.suspect[name]
+func (p *pool) suspectLocked(name string, now time.Time) bool {
+	s, ok := p.suspects[name]
 	return ok && (s.until.IsZero() || now.Before(s.until))
 }
 
-// alternativeLocked reports whether a worker other than f's could take
-// f's request now.
-func (r *Router) alternativeLocked(f *flight, now time.Time) bool {
-	for _, b := range r.backends {
+// alternative reports whether a worker other than f's could take f's
+// request now.
+func (p *pool) alternative(f *flight, now time.Time) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.alternativeLocked(f, now)
+}
+
+func (p *pool) alternativeLocked(f *flight, now time.Time) bool {
+	for _, b := range p.backends {
 		if b == f.b || b.cfg.Model != f.model || b.cfg.Name == f.b.cfg.Name {
 			continue
 		}
-		if ok, _ := r.memberLocked(b, now).available(now, f.job); ok {
+		if ok, _ := p.memberLocked(b, now).available(now, f.job); ok {
 			return true
 		}
 	}
@@ -190,8 +212,10 @@ const maxHedgeDeadline = 24 * time.Hour
 // router cannot tell such an answer from silence before it ends, so it
 // waits for it; a node that fell silent is still caught by the hub's
 // keepalives (SetSuspect), which take back requests not streamed too.
-func (r *Router) hedgeDeadlineLocked(f *flight, c *call) time.Duration {
-	w := r.workerLocked(f.b.cfg.Name)
+func (p *pool) hedgeDeadline(f *flight, c *call) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.workerLocked(f.b.cfg.Name)
 	conc := max(f.startConcurrency, 1)
 	pred := ms(w.speed.CautiousTTFT(conc, f.job.PromptTokens))
 	if !c.info.Stream {
@@ -223,9 +247,7 @@ func (r *Router) roundTripHedged(f *flight, out *http.Request, c *call) (*http.R
 	name := f.b.cfg.Name
 	ctx, cancel := context.WithCancelCause(out.Context())
 	wait := &firstByteWait{f: f, client: out.Context(), cancel: cancel}
-	r.mu.Lock()
-	deadline := r.hedgeDeadlineLocked(f, c)
-	r.mu.Unlock()
+	deadline := r.pool.hedgeDeadline(f, c)
 	again := r.hedge.waits.add(name, wait)
 	var timer *time.Timer
 	if !again {
@@ -283,9 +305,7 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 		waitLonger("answered lately")
 		return
 	}
-	r.mu.Lock()
-	elsewhere := r.alternativeLocked(f, time.Now())
-	r.mu.Unlock()
+	elsewhere := r.pool.alternative(f, time.Now())
 	why := fmt.Sprintf("no first byte within %s", deadline.Round(time.Millisecond))
 	if elsewhere {
 		ctx, cancel := context.WithTimeout(context.Background(), aliveProbeTimeout)
@@ -299,27 +319,14 @@ func (r *Router) noFirstByte(wait *firstByteWait, deadline time.Duration) {
 		why = fmt.Sprintf("no first byte within %s, and %v", deadline.Round(time.Millisecond), err)
 	}
 	now := time.Now()
-	taken := 0
-	r.mu.Lock()
-	if wait.state.Load() != 0 {
-		r.mu.Unlock()
-		return
+	// The requests already taken back once were promised to wait here as
+	// long as it takes: another request's deadline says nothing new about
+	// them, and taking them again leaves them no worker they have not
+	// tried (503 on a fleet of live but loaded workers).
+	taken, answered := r.pool.suspectSilent(wait, suspicion{reason: why, until: now.Add(r.opts.Cooldown)}, &r.hedge.waits, now)
+	if answered {
+		return // its first byte came meanwhile
 	}
-	if r.alternativeLocked(f, now) {
-		if r.hedge.suspect == nil {
-			r.hedge.suspect = map[string]suspicion{}
-		}
-		if s, ok := r.hedge.suspect[name]; !ok || !s.until.IsZero() {
-			r.hedge.suspect[name] = suspicion{reason: why, until: now.Add(r.opts.Cooldown)}
-		}
-		// The requests already taken back once were promised to wait
-		// here as long as it takes: another request's deadline says
-		// nothing new about them, and taking them again leaves them
-		// no worker they have not tried (503 on a fleet of live but
-		// loaded workers).
-		taken = r.takeBackLocked(name, why, true)
-	}
-	r.mu.Unlock()
 	r.log.Warn("request got no first byte in time", "backend", name, "deadline", deadline, "reason", why, "taken_back", taken)
 	if r.opts.OnNoFirstByte != nil {
 		go r.opts.OnNoFirstByte(name)
@@ -422,3 +429,18 @@ func (b *prefetchedBody) Read(p []byte) (int, error) {
 }
 
 func (b *prefetchedBody) Close() error { return b.rest.Close() }
+
+// suspectSilent makes wait's worker suspect for s and takes back its
+// other requests waiting for a first byte, unless wait's first byte came
+// meanwhile (answered) or no other worker can take its request.
+func (p *pool) suspectSilent(wait *firstByteWait, s suspicion, ws *firstByteWaits, now time.Time) (taken int, answered bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if wait.state.Load() != 0 {
+		return 0, true
+	}
+	if !p.alternativeLocked(wait.f, now) {
+		return 0, false
+	}
+	return p.raiseSuspicionLocked(wait.f.b.cfg.Name, s, ws, true), false
+}

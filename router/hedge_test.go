@@ -402,9 +402,9 @@ func TestFirstLongPromptIsNotHedged(t *testing.T) {
 	}
 	// A 2,500-token prompt: predicted from that rate, its deadline would be
 	// the 750 ms floor.
-	r.mu.Lock()
-	fast := r.workerLocked(a.Name).speed.TTFT(1, 2500)
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	fast := r.pool.workerLocked(a.Name).speed.TTFT(1, 2500)
+	r.pool.mu.Unlock()
 	if 3*fast >= 1200*time.Millisecond {
 		t.Fatalf("setup: the short prompts taught a prefill too slow to show the point (%v for 2,500 tokens)", fast)
 	}
@@ -502,9 +502,7 @@ func TestHedgeDeadlineCoversTheWholeAnswer(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			f := &flight{b: &backend{cfg: Backend{Name: "rig/qwen3-4b", Context: tc.context}}, job: Job{PromptTokens: 100, OutputTokens: 8}, startConcurrency: 1}
 			c := &call{info: requestInfo{Stream: tc.stream, MaxTokens: tc.maxTokens}, n: tc.n}
-			r.mu.Lock()
-			got := r.hedgeDeadlineLocked(f, c)
-			r.mu.Unlock()
+			got := r.pool.hedgeDeadline(f, c)
 			// The prompt's prefill (100 tokens at the prior's rate) is
 			// in it too: within 10% is the same deadline.
 			if got < tc.want || float64(got) > 1.1*float64(max(tc.want, hedgeFloor)) {

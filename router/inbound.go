@@ -225,7 +225,7 @@ func (r *Router) route(w http.ResponseWriter, c *call) *answerError {
 	}
 	// Workers whose engine does not serve the path (or n choices) are left
 	// out from the start (endpoints.go).
-	excluded, serr := r.endpointExclusions(c.model, c.path, c.n)
+	excluded, serr := r.pool.endpointExclusions(c.model, c.path, c.n)
 	if serr != nil {
 		return r.schedAnswer(c.model, serr, nil)
 	}
@@ -293,7 +293,7 @@ func (r *Router) attempts(w http.ResponseWriter, req *http.Request, c *call) *an
 // excludeNotServing adds the workers now known not to serve c's path to
 // its exclusions, or says why no worker is left that does.
 func (r *Router) excludeNotServing(c *call) *schedError {
-	more, serr := r.endpointExclusions(c.model, c.path, c.n)
+	more, serr := r.pool.endpointExclusions(c.model, c.path, c.n)
 	if serr != nil {
 		return serr
 	}

@@ -58,13 +58,8 @@ func OutlookOf(states []fleet.WorkerState) Outlook {
 // has no worker placed. Requests queued for a model that no longer has a
 // worker that could serve get their 503 now rather than at their timeout.
 func (r *Router) SetOutlook(byModel map[string]Outlook) {
-	r.mu.Lock()
-	r.outlooks = maps.Clone(byModel)
-	r.publishReachLocked()
-	models := r.queuedModelsLocked()
-	r.mu.Unlock()
-	for _, m := range models {
-		r.dispatch(m)
+	for _, m := range r.sched.setOutlook(byModel) {
+		r.sched.dispatch(m)
 	}
 }
 
@@ -88,8 +83,8 @@ func comingText(coming, drained int) string {
 
 // noWorkerLocked is the schedError of a model that has no ready worker and
 // none that could become ready: it says which case this is.
-func (r *Router) noWorkerLocked(model string) *schedError {
-	o := r.outlooks[model]
+func (s *scheduler) noWorkerLocked(model string) *schedError {
+	o := s.outlooks[model]
 	var msg string
 	if len(o.Down) == 0 {
 		msg = fmt.Sprintf("model %q has no worker placed; place it on a node in the fleet file (fleet apply)", model)

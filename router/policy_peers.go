@@ -3,6 +3,7 @@ package router
 import (
 	"hash/fnv"
 	"math/rand/v2"
+	"sync"
 )
 
 // The prefix-routing peers fleet is measured against, written from their
@@ -69,6 +70,10 @@ const (
 // the prompt, else to the worker with the smallest tree. The prompt is
 // inserted in the chosen worker's tree either way.
 type cacheAwarePolicy struct {
+	// mu guards the trees: Choose runs under the scheduler's lock, and
+	// forgetWorker under the pool's, which the scheduler takes after its
+	// own (catalog.go).
+	mu    sync.Mutex
 	trees map[string]*PrefixIndex
 }
 
@@ -79,7 +84,7 @@ func newCacheAwarePolicy() *cacheAwarePolicy {
 func (*cacheAwarePolicy) Name() string         { return PolicyCacheAware }
 func (*cacheAwarePolicy) QueuesAtEngine() bool { return true }
 
-func (p *cacheAwarePolicy) tree(name string) *PrefixIndex {
+func (p *cacheAwarePolicy) treeLocked(name string) *PrefixIndex {
 	t := p.trees[name]
 	if t == nil {
 		t = NewPrefixIndex(cacheAwareTreeChunks)
@@ -91,12 +96,18 @@ func (p *cacheAwarePolicy) tree(name string) *PrefixIndex {
 // forgetWorker drops a worker's tree when the router forgets the worker
 // (sweepLocked): a restarted engine holds no cache, and a gone one never
 // comes back under its name.
-func (p *cacheAwarePolicy) forgetWorker(name string) { delete(p.trees, name) }
+func (p *cacheAwarePolicy) forgetWorker(name string) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	delete(p.trees, name)
+}
 
 func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
 	if len(cands) == 0 {
 		return -1
 	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	minI, maxLoad := 0, 0
 	for i, c := range cands {
 		if c.InFlight < cands[minI].InFlight {
@@ -111,7 +122,7 @@ func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) in
 	} else {
 		best, bestMatch, ties := -1, -1, 0
 		for i, c := range cands {
-			m := p.tree(c.Name).Match(job.Prefix)
+			m := p.treeLocked(c.Name).Match(job.Prefix)
 			switch {
 			case m > bestMatch:
 				best, bestMatch, ties = i, m, 1
@@ -135,9 +146,9 @@ func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) in
 			ties := 0
 			for i, c := range cands {
 				switch {
-				case chosen < 0 || p.tree(c.Name).Len() < p.tree(cands[chosen].Name).Len():
+				case chosen < 0 || p.treeLocked(c.Name).Len() < p.treeLocked(cands[chosen].Name).Len():
 					chosen, ties = i, 1
-				case p.tree(c.Name).Len() == p.tree(cands[chosen].Name).Len():
+				case p.treeLocked(c.Name).Len() == p.treeLocked(cands[chosen].Name).Len():
 					ties++
 					if rng.IntN(ties) == 0 {
 						chosen = i
@@ -146,6 +157,6 @@ func (p *cacheAwarePolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) in
 			}
 		}
 	}
-	p.tree(cands[chosen].Name).Insert(job.Prefix)
+	p.treeLocked(cands[chosen].Name).Insert(job.Prefix)
 	return chosen
 }

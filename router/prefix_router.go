@@ -106,7 +106,7 @@ const minPrefillSample = 512
 // tokens the request computed (in the router's estimate) for the speed
 // model: the engine's cached count where it reported one, else the index's
 // prediction.
-func (r *Router) observeCacheLocked(w *worker, f *flight, c promptCache) int {
+func (w *worker) observeCache(f *flight, c promptCache) int {
 	prompt := f.job.PromptTokens
 	if c.computedN >= minPrefillSample && c.computedMs > 0 {
 		// The speed model's tokens are the router's estimate (bytes /

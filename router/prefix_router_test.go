@@ -106,11 +106,11 @@ func TestRouterRoutesTurnsToTheirPrefix(t *testing.T) {
 			if got := b.count() == 2; got != tc.wantSecond {
 				t.Errorf("turn 2 on b (the worker holding turn 1): %v, want %v", got, tc.wantSecond)
 			}
-			r.mu.Lock()
-			wb := r.workerLocked(bb.Name)
+			r.pool.mu.Lock()
+			wb := r.pool.workerLocked(bb.Name)
 			ratio, ok := wb.prefix.HitRatio()
 			held := wb.prefix.Len()
-			r.mu.Unlock()
+			r.pool.mu.Unlock()
 			if tc.wantSecond && (!ok || ratio < 0.3) {
 				t.Errorf("b's reported hit ratio %.2f (%v), want the second turn's reuse counted", ratio, ok)
 			}
@@ -126,9 +126,9 @@ func TestRouterRoutesTurnsToTheirPrefix(t *testing.T) {
 			// b restarts on another port: its cache, and the index, are gone.
 			bb.Addr = "127.0.0.1:1"
 			r.SetBackends([]Backend{ba, bb})
-			r.mu.Lock()
-			held = r.workerLocked(bb.Name).prefix.Len()
-			r.mu.Unlock()
+			r.pool.mu.Lock()
+			held = r.pool.workerLocked(bb.Name).prefix.Len()
+			r.pool.mu.Unlock()
 			if held != 0 {
 				t.Errorf("a restarted worker's index still holds %d chunks", held)
 			}
@@ -202,10 +202,10 @@ func TestRouterLearnsPrefillInItsOwnTokens(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			r.mu.Lock()
-			m := r.workerLocked(b.Name).speed
+			r.pool.mu.Lock()
+			m := r.pool.workerLocked(b.Name).speed
 			predicted := float64(info.PromptTokens) * m.prefillMs()
-			r.mu.Unlock()
+			r.pool.mu.Unlock()
 			if predicted < 0.9*reportedMs || predicted > 1.1*reportedMs {
 				t.Errorf("predicted prefill of the prompt (%d tokens by the router's estimate) %.0f ms, the engine took %.0f ms", info.PromptTokens, predicted, reportedMs)
 			}

@@ -208,20 +208,20 @@ func TestHeldTurnFreesItsSlotSoon(t *testing.T) {
 		return Job{PromptTokens: len(text) / bytesPerToken, OutputTokens: 8, NeedContext: 8000, Prefix: PrefixChain([]byte(text))}
 	}
 	now := time.Now()
-	r.mu.Lock()
+	r.pool.mu.Lock()
 	// The session's earlier turns ran on busy, which holds them.
-	r.workerLocked("busy/qwen3-4b").prefix.Insert(turn("").Prefix)
+	r.pool.workerLocked("busy/qwen3-4b").prefix.Insert(turn("").Prefix)
 	var busy *backend
-	for _, b := range r.backends {
+	for _, b := range r.pool.backends {
 		if b.cfg.Name == "busy/qwen3-4b" {
 			busy = b
 		}
 	}
 	// Another of the session's requests (a subagent, a retry) takes
 	// busy's one slot, with a short tool result on top of what it holds.
-	f := r.takeLocked(busy, "qwen3-4b", turn(strings.Repeat("tool result ", 80)), now)
-	whole := r.workerLocked("busy/qwen3-4b").speed.Completion(1, f.job)
-	r.mu.Unlock()
+	f := r.pool.takeLocked(busy, "qwen3-4b", turn(strings.Repeat("tool result ", 80)), now)
+	whole := r.pool.workerLocked("busy/qwen3-4b").speed.Completion(1, f.job)
+	r.pool.mu.Unlock()
 	if left := f.predictedEnd.Sub(now); left > whole/4 {
 		t.Errorf("a turn whose 6,000-token conversation busy holds is predicted to end in %v, as if it computed it all (%v)", left, whole)
 	}

@@ -52,11 +52,9 @@ func (r *Router) serveModels(w http.ResponseWriter, req *http.Request) {
 			addCard(a)
 		}
 	}
-	r.mu.Lock()
-	for _, b := range r.backends {
-		addCard(b.cfg.Model)
+	for _, m := range r.pool.models() {
+		addCard(m)
 	}
-	r.mu.Unlock()
 	w.Header().Set("Content-Type", "application/json")
 	_ = json.NewEncoder(w).Encode(struct {
 		Object string `json:"object"`
@@ -173,7 +171,7 @@ func (t *hedgedTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 // copies the answer to the client: the one copy loop.
 func (r *Router) forward(w http.ResponseWriter, req *http.Request, f *flight, body []byte, c *call) forwardResult {
 	b := f.b
-	defer r.forgetIfGone(b)
+	defer r.pool.forgetIfGone(b)
 	ctx := req.Context()
 	out := r.outbound(req, b, body)
 	m := newMeter(false) // meterTransport learns whether it is a stream
@@ -413,9 +411,7 @@ func (r *Router) timeAnswer(f *flight, c *call, m *meter, sent, end time.Time) a
 			// the decode speed only) and the decode after it.
 			split := t.backendTTFT
 			if split == 0 {
-				r.mu.Lock()
-				split = min(r.workerLocked(f.b.cfg.Name).speed.TTFT(f.startConcurrency, c.info.PromptTokens), end.Sub(sent))
-				r.mu.Unlock()
+				split = min(r.pool.ttft(f, c.info.PromptTokens), end.Sub(sent))
 			}
 			t.itl = (end.Sub(sent) - split) / time.Duration(t.tokens-1)
 		}

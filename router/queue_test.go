@@ -217,9 +217,9 @@ func TestRouterQueuedRequestOvertakesOneWaitingForABusyWorker(t *testing.T) {
 	t.Cleanup(free) // before the backends close, which waits for their handlers
 	// A queue of one: full while the long request waits in it.
 	r, rsrv := startRouter(t, Options{QueueSize: 1}, a, b)
-	r.mu.Lock()
-	r.policy = longWaitsForA{}
-	r.mu.Unlock()
+	r.sched.mu.Lock()
+	r.sched.policy = longWaitsForA{}
+	r.sched.mu.Unlock()
 	long := `{"model":"qwen3-4b","messages":[{"role":"user","content":"` + strings.Repeat("x", 400) + `"}]}`
 	codes := make(chan int, 3)
 	send := func(body string) {

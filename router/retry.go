@@ -92,7 +92,7 @@ func (r *Router) classify(f *flight, req *http.Request, resp *http.Response, err
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
 		if notServedAnswer(resp.StatusCode, snippet) {
 			r.release(f, nil)
-			r.learnNotServed(b, req.URL.Path)
+			r.pool.learnNotServed(b, req.URL.Path)
 			resp.Body.Close()
 			return forwardResult{retry: true, notServed: true, err: fmt.Errorf("%s does not serve %s: %s", b.cfg.Name, req.URL.Path, bytes.TrimSpace(snippet))}, true
 		}

@@ -11,14 +11,11 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"maps"
-	"math/rand/v2"
 	"net"
 	"net/http"
 	"net/url"
 	"slices"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -226,7 +223,7 @@ type BackendStats struct {
 }
 
 // backend is a Backend plus the router's connection pool for it. The mutable
-// fields are guarded by Router.mu.
+// fields are guarded by the pool's lock (pool.go).
 type backend struct {
 	cfg       Backend
 	base      url.URL
@@ -297,26 +294,14 @@ type Router struct {
 	log      *slog.Logger
 	metrics  *metrics
 	gatherer prometheus.Gatherer
-	policy   Policy
 	handler  http.Handler
 
-	// The parts, each with its own lock (catalog.go lists them).
+	// The parts, each with its own lock (catalog.go lists them); the
+	// Router holds none of its own.
 	catalog catalog
-	reach   atomic.Pointer[reach]
+	pool    *pool
+	sched   *scheduler
 	outputs outputEstimates
-	// mu guards the pool and the scheduler: the fields from here to
-	// hedge, and each backend's mutable fields.
-	mu       sync.Mutex
-	backends []*backend // the ready set, in the order given
-	workers  map[string]*worker
-	queues   map[string]*queue // by model ID
-	// outlooks say, per model ID, which of its workers outside the ready
-	// set may still come (see SetOutlook).
-	outlooks map[string]Outlook
-	// changed is closed (and replaced) whenever a request finishes, so
-	// WaitIdle can sleep without polling.
-	changed chan struct{}
-	rng     *rand.Rand
 	hedge   hedgeState
 	// limits are the API keys' limits and what each spent (keylimit/).
 	limits keylimit.Book
@@ -336,13 +321,7 @@ func New(opts Options) (*Router, error) {
 		return nil, err
 	}
 	opts = opts.withDefaults()
-	r := &Router{
-		opts:    opts,
-		log:     opts.Logger,
-		workers: map[string]*worker{},
-		queues:  map[string]*queue{},
-		changed: make(chan struct{}),
-	}
+	r := &Router{opts: opts, log: opts.Logger}
 	reg := opts.Registerer
 	if reg == nil {
 		private := prometheus.NewRegistry()
@@ -357,8 +336,13 @@ func New(opts Options) (*Router, error) {
 	if seed == 0 {
 		seed = uint64(time.Now().UnixNano())
 	}
-	r.rng = newRNG(seed)
-	r.policy = policy
+	r.pool = newPool(&r.opts, r.log, r.metrics, func(name string) {
+		r.engines.forget(name)
+		if p, ok := policy.(workerForgetter); ok {
+			p.forgetWorker(name)
+		}
+	})
+	r.sched = newScheduler(policy, newRNG(seed), r.pool, r.metrics, &r.opts)
 	r.handler = r.routes()
 	return r, nil
 }
@@ -430,68 +414,23 @@ func (r *Router) SetModels(models []fleet.Model) error {
 
 // SetBackends replaces the ready set. Requests in flight on a removed backend
 // finish on it; a backend whose address is unchanged keeps its connections.
-func (r *Router) SetBackends(bs []Backend) {
-	r.mu.Lock()
-	r.setBackendsLocked(bs)
-}
+func (r *Router) SetBackends(bs []Backend) { r.setBackends(bs, nil, false) }
 
 // SetBackendsAndOutlook is SetBackends and SetOutlook at once, so a worker
 // that moves from coming to ready (or back) is never seen as neither.
 func (r *Router) SetBackendsAndOutlook(bs []Backend, byModel map[string]Outlook) {
-	r.mu.Lock()
-	r.outlooks = maps.Clone(byModel)
-	r.setBackendsLocked(bs)
+	r.setBackends(bs, byModel, true)
 }
 
-// setBackendsLocked does SetBackends with r.mu held, and unlocks it.
-func (r *Router) setBackendsLocked(bs []Backend) {
-	old := map[string]*backend{}
-	for _, b := range r.backends {
-		old[b.cfg.Name] = b
-	}
-	r.sweepLocked(bs, time.Now())
-	next := make([]*backend, 0, len(bs))
-	for _, cfg := range bs {
-		if cfg.Slots <= 0 {
-			cfg.Slots = 1
-		}
-		if b, ok := old[cfg.Name]; ok && sameEngine(b.cfg, cfg) {
-			// Same engine: keep its connections, but dial new ones through
-			// the Dial given now (an SSH tunnel may have been re-established).
-			// b.cfg is left alone: requests in flight read it unlocked.
-			b.setDial(cfg.Dial)
-			next = append(next, b)
-			delete(old, cfg.Name)
-			continue
-		}
-		// A worker that joins or comes back from the hub is ready by the
-		// hub's own readiness check, which is at least as good as ours. One that
-		// stayed keeps its cooldown: the hub resyncs on any worker's change.
-		w := r.workerLocked(cfg.Name)
-		w.coolingUntil = time.Time{}
-		w.failures = w.failures[:0]
-		// A new or restarted engine starts with an empty prompt cache.
-		w.prefix.Clear()
-		next = append(next, r.newBackend(cfg))
-	}
-	for _, b := range next {
-		w := r.workerLocked(b.cfg.Name)
-		w.ready, w.seeded, w.outside = true, false, time.Time{}
-	}
-	for _, b := range old {
-		b.gone.Store(true) // under r.mu: a request ending now sees it
-	}
-	r.backends = next
-	r.publishReachLocked()
-	models := r.queuedModelsLocked()
-	r.mu.Unlock()
+func (r *Router) setBackends(bs []Backend, byModel map[string]Outlook, outlook bool) {
+	left, models := r.sched.replace(bs, byModel, outlook)
 	// Removed backends: close their idle connections now; busy ones close
 	// when their response body is done.
-	for _, b := range old {
+	for _, b := range left {
 		b.transport.CloseIdleConnections()
 	}
 	for _, m := range models {
-		r.dispatch(m)
+		r.sched.dispatch(m)
 	}
 }
 
@@ -512,201 +451,30 @@ func (b *backend) setDial(dial dialFunc) {
 	b.dial.Store(&dial)
 }
 
-func (r *Router) newBackend(cfg Backend) *backend {
-	b := &backend{}
-	b.setDial(cfg.Dial)
-	conns := cfg.Slots + r.opts.ExtraConns
-	t := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (*b.dial.Load())(ctx, network, addr)
-			if err != nil {
-				return nil, &dialError{err: err} // see retry.go
-			}
-			return c, nil
-		},
-		MaxConnsPerHost:     conns,
-		MaxIdleConnsPerHost: conns,
-		MaxIdleConns:        conns,
-		IdleConnTimeout:     90 * time.Second,
-		// Bodies pass through untouched: never ask the engine for gzip on
-		// the client's behalf.
-		DisableCompression: true,
-		ForceAttemptHTTP2:  false,
-		// One read of the socket brings all a fast engine has sent since
-		// the last, up to the copy loop's buffer: the default 4 KiB took
-		// a system call per 4 KiB of its backlog (32 KiB per connection,
-		// up to Slots+ExtraConns of them).
-		ReadBufferSize: streamReadBytes,
-	}
-	labels := prometheus.Labels{"model": cfg.Model, "backend": cfg.Name}
-	b.cfg = cfg
-	b.base = url.URL{Scheme: "http", Host: cfg.Addr}
-	b.transport = t
-	b.active = map[*flight]struct{}{}
-	b.observers = backendObservers{
-		ttft:     r.metrics.ttft.With(labels),
-		itl:      r.metrics.itl.With(labels),
-		e2e:      r.metrics.e2e.With(labels),
-		inFlight: r.metrics.inFlight.WithLabelValues(cfg.Name),
-		tokens:   r.metrics.tokenCounters(cfg),
-	}
-	return b
-}
-
-func (r *Router) workerLocked(name string) *worker {
-	w, ok := r.workers[name]
-	if !ok {
-		w = &worker{speed: NewSpeedModel(SpeedPrior{}), prefix: NewPrefixIndex(0)}
-		r.workers[name] = w
-	}
-	return w
-}
-
-// sweepLocked drops what the router keeps of workers that are not in bs (the
-// next ready set): their state, once nothing is in flight on them, and
-// their series on /metrics. A worker that comes back starts fresh, as its
-// restarted engine does, but for its drain and a speed measured for it
-// before it joined. Kept outside the set: drained workers (a drain holds
-// across SetBackends) and ones seeded before they joined, at most maxParked
-// of them, the oldest dropped first.
-func (r *Router) sweepLocked(bs []Backend, now time.Time) {
-	next := make(map[string]bool, len(bs))
-	for _, b := range bs {
-		next[b.Name] = true
-	}
-	var parked, back []string
-	for name, w := range r.workers {
-		if w.ready && !next[name] {
-			w.ready, w.outside = false, now
-		}
-		switch {
-		case w.ready || w.inFlight > 0 || w.seeded && next[name]:
-		case next[name]:
-			back = append(back, name)
-		case w.drained || w.seeded:
-			parked = append(parked, name)
-		default:
-			r.forgetLocked(name)
-		}
-	}
-	for _, name := range back {
-		r.renewLocked(name)
-	}
-	if len(parked) > maxParked {
-		slices.SortFunc(parked, func(a, b string) int { return r.workers[a].outside.Compare(r.workers[b].outside) })
-		for _, name := range parked[:len(parked)-maxParked] {
-			r.forgetLocked(name)
-		}
-	}
-	// The series of every name outside the set with nothing in flight go:
-	// a drained or seeded one's state stays, its series do not, nor do
-	// those of a name with no state left (a request's status counted after
-	// its worker was forgotten).
-	for _, name := range r.metrics.backendNames() {
-		if w, kept := r.workers[name]; !next[name] && (!kept || w.inFlight == 0) {
-			r.metrics.forgetBackend(name)
-		}
-	}
-}
-
-// forgetIfGone drops the state of b's worker when b has left the ready set
-// and the worker's last request has ended (sweepLocked's rule), so that a
-// worker that left the fleet with requests in flight is not kept until the
-// next change of the set. It is called as each request on b ends; a b
-// still routed to costs no lock.
-func (r *Router) forgetIfGone(b *backend) {
-	if !b.gone.Load() {
-		return
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w, ok := r.workers[b.cfg.Name]
-	switch {
-	case !ok || w.ready || w.inFlight > 0:
-	case w.drained || w.seeded:
-		r.metrics.forgetBackend(b.cfg.Name)
-	default:
-		r.forgetLocked(b.cfg.Name)
-	}
-}
-
-// renewLocked gives an idle worker outside the ready set a fresh state, as
-// for a new engine; its drain holds.
-func (r *Router) renewLocked(name string) *worker {
-	drained := r.workers[name].drained
-	r.forgetLocked(name)
-	w := r.workerLocked(name)
-	w.drained = drained
-	return w
-}
-
-// forgetLocked drops a worker's state, its series and its engine's
-// metrics; a suspicion the router raised itself goes with it (one the hub
-// set stays until the hub clears it).
-func (r *Router) forgetLocked(name string) {
-	if w := r.workers[name]; w != nil && w.engine.expiry != nil {
-		w.engine.expiry.Stop()
-	}
-	delete(r.workers, name)
-	if s, ok := r.hedge.suspect[name]; ok && !s.until.IsZero() {
-		delete(r.hedge.suspect, name)
-	}
-	r.metrics.forgetBackend(name)
-	r.engines.forget(name)
-	if p, ok := r.policy.(workerForgetter); ok {
-		p.forgetWorker(name)
-	}
-}
-
 // workerForgetter is a policy that keeps state per worker name.
 type workerForgetter interface{ forgetWorker(name string) }
 
 // Drain stops new requests to the named backend; requests in flight finish.
 // It holds across SetBackends until Undrain.
-func (r *Router) Drain(name string) {
-	r.mu.Lock()
-	w := r.workerLocked(name)
-	w.drained = true
-	if !w.ready {
-		w.outside = time.Now()
-	}
-	r.mu.Unlock()
-}
+func (r *Router) Drain(name string) { r.pool.drain(name) }
 
 // Undrain lets the named backend take requests again.
 func (r *Router) Undrain(name string) {
-	r.mu.Lock()
-	if w, ok := r.workers[name]; ok {
-		w.drained = false
-	}
-	models := r.queuedModelsLocked()
-	r.mu.Unlock()
-	for _, m := range models {
-		r.dispatch(m)
-	}
+	r.pool.undrain(name)
+	r.dispatchQueued()
 }
 
 // InFlight is the number of requests being served by the named backend.
 func (r *Router) InFlight(name string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if w, ok := r.workers[name]; ok {
-		return w.inFlight
-	}
-	return 0
+	n, _ := r.pool.inFlight(name)
+	return n
 }
 
 // WaitIdle returns when the named backend has no request in flight, or with
 // ctx's error when ctx ends first.
 func (r *Router) WaitIdle(ctx context.Context, name string) error {
 	for {
-		r.mu.Lock()
-		n := 0
-		if w, ok := r.workers[name]; ok {
-			n = w.inFlight
-		}
-		ch := r.changed
-		r.mu.Unlock()
+		n, ch := r.pool.inFlight(name)
 		if n == 0 {
 			return nil
 		}
@@ -719,59 +487,11 @@ func (r *Router) WaitIdle(ctx context.Context, name string) error {
 }
 
 // Stats returns live figures for every backend of the ready set.
-func (r *Router) Stats() []BackendStats {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	now := time.Now()
-	out := make([]BackendStats, 0, len(r.backends))
-	for _, b := range r.backends {
-		w := r.workerLocked(b.cfg.Name)
-		load := max(w.load(now), 1)
-		ttft := w.speed.TTFT(load, 0)
-		itl := w.speed.ITL(load)
-		st := BackendStats{
-			Name:            b.cfg.Name,
-			Model:           b.cfg.Model,
-			InFlight:        w.inFlight,
-			Slots:           w.slots(b.cfg.Slots, now),
-			Draining:        w.drained,
-			Cooling:         w.cooling(),
-			TTFTms:          median(w.ttftHistory.values()),
-			PredictedTTFTms: ms(ttft),
-			ITLms:           ms(itl),
-			TTFTHistory:     w.ttftHistory.values(),
-			ITLHistory:      w.itlHistory.values(),
-		}
-		if itl > 0 {
-			st.TokPerSec = float64(time.Second) / float64(itl)
-		}
-		if w.engine.fresh(now) {
-			st.EngineRunning, st.EngineWaiting = w.engine.load.Running, w.engine.load.Waiting
-		}
-		st.CacheHit, st.CacheHitKnown = w.prefix.HitRatio()
-		out = append(out, st)
-	}
-	return out
-}
+func (r *Router) Stats() []BackendStats { return r.pool.stats(time.Now()) }
 
 // SeedSpeed teaches the scheduler a worker's speed from a bench or from the
 // engine's own metrics before the router has measured traffic on it.
-func (r *Router) SeedSpeed(name string, points ...SpeedPoint) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.workerLocked(name)
-	if !w.ready {
-		// Measured before it joins (admission): a new engine, whose
-		// measurement waits for it to join.
-		if !w.seeded && w.inFlight == 0 {
-			w = r.renewLocked(name)
-		}
-		w.seeded, w.outside = true, time.Now()
-	}
-	for _, p := range points {
-		w.speed.Seed(p)
-	}
-}
+func (r *Router) SeedSpeed(name string, points ...SpeedPoint) { r.pool.seedSpeed(name, points) }
 
 // median of vs, 0 for none.
 func median(vs []float64) float64 {

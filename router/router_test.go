@@ -649,9 +649,9 @@ func TestQueuedRequestGetsTheFreedSlot(t *testing.T) {
 }
 
 func (r *Router) queueLen(model string) int {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if q := r.queues[model]; q != nil {
+	r.sched.mu.Lock()
+	defer r.sched.mu.Unlock()
+	if q := r.sched.queues[model]; q != nil {
 		return q.Len()
 	}
 	return 0
@@ -856,9 +856,9 @@ func TestSetBackendsUsesTheNewDial(t *testing.T) {
 	// The tunnel was re-established: new connections go through the new one.
 	b.Dial = second.dial
 	r.SetBackends([]Backend{b})
-	r.mu.Lock()
-	r.backends[0].transport.CloseIdleConnections()
-	r.mu.Unlock()
+	r.pool.mu.Lock()
+	r.pool.backends[0].transport.CloseIdleConnections()
+	r.pool.mu.Unlock()
 	resp = post(t, ctx, rsrv.URL, `{"model":"qwen3-4b"}`)
 	resp.Body.Close()
 	if first.count(b.Addr) != 1 || second.count(b.Addr) != 1 {

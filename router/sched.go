@@ -3,8 +3,12 @@ package router
 import (
 	"context"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"net/http"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -73,8 +77,8 @@ type member struct {
 	suspect bool
 }
 
-func (r *Router) memberLocked(b *backend, now time.Time) member {
-	return member{b: b, w: r.workerLocked(b.cfg.Name), suspect: r.suspectLocked(b.cfg.Name, now)}
+func (p *pool) memberLocked(b *backend, now time.Time) member {
+	return member{b: b, w: p.workerLocked(b.cfg.Name), suspect: p.suspectLocked(b.cfg.Name, now)}
 }
 
 // Why a member is not available.
@@ -109,11 +113,11 @@ func (m member) available(now time.Time, job Job) (ok bool, why string) {
 func (m member) fits(job Job) bool { return m.b.cfg.Context <= 0 || job.NeedContext <= m.b.cfg.Context }
 
 // candidate is what selection scores of an available member.
-func (r *Router) candidateLocked(m member, job Job, now time.Time) Candidate {
+func (p *pool) candidateLocked(m member, job Job, now time.Time) Candidate {
 	c := Candidate{Name: m.b.cfg.Name, InFlight: m.w.load(now), Slots: m.w.slots(m.b.cfg.Slots, now), Speed: m.w.speed}
 	c.Cached, _ = m.w.prefix.Predict(job)
 	if !c.free() {
-		c.NextFree = r.nextFreeLocked(m.b, m.w, job, c.InFlight, c.Slots, now)
+		c.NextFree = p.nextFreeLocked(m.b, m.w, job, c.InFlight, c.Slots, now)
 	}
 	return c
 }
@@ -141,22 +145,22 @@ func (t *memberTally) add(m member, job Job, why string) {
 
 // candidatesLocked lists the backends a job may go to: the model's
 // available members not excluded, or the suspect ones when there are no
-// others. When there are none, it says why (noCandidateLocked).
-func (r *Router) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, *schedError) {
+// others. When there are none, the tally says why (noCandidateLocked).
+func (p *pool) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, memberTally) {
 	var t memberTally
 	var sbuf [8]*backend
 	cands, backs, suspects := buf[:0], bs[:0], sbuf[:0]
-	for _, b := range r.backends {
+	for _, b := range p.backends {
 		if b.cfg.Model != model {
 			continue
 		}
-		m := r.memberLocked(b, now)
+		m := p.memberLocked(b, now)
 		ok, why := m.available(now, job)
 		t.add(m, job, why)
 		switch {
 		case slices.Contains(excluded, b.cfg.Name):
 		case ok:
-			cands = append(cands, r.candidateLocked(m, job, now))
+			cands = append(cands, p.candidateLocked(m, job, now))
 			backs = append(backs, b)
 		case why == whySuspect:
 			suspects = append(suspects, b)
@@ -164,14 +168,41 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 	}
 	if len(cands) == 0 {
 		for _, b := range suspects {
-			cands = append(cands, r.candidateLocked(r.memberLocked(b, now), job, now))
+			cands = append(cands, p.candidateLocked(p.memberLocked(b, now), job, now))
 			backs = append(backs, b)
 		}
 	}
-	if len(cands) > 0 {
-		return cands, backs, nil
+	return cands, backs, t
+}
+
+// pick offers job's candidates to choose, which the scheduler calls under
+// its lock (the queue, the policy), and starts a flight on the one it
+// takes. With no candidate, the tally says why; with candidates but none
+// taken, f is nil.
+func (p *pool) pick(model string, job Job, excluded []string, now time.Time, choose func([]Candidate) int) (f *flight, none bool, t memberTally) {
+	var cbuf [8]Candidate
+	var bbuf [8]*backend
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cands, backs, t := p.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
+	if len(cands) == 0 {
+		return nil, true, t
 	}
-	return nil, nil, r.noCandidateLocked(model, job, t)
+	if i := choose(cands); i >= 0 {
+		return p.takeLocked(backs[i], model, job, now), false, t
+	}
+	return nil, false, t
+}
+
+// tally counts model's members for job by why they cannot take it; none
+// says no member can.
+func (p *pool) tally(model string, job Job, excluded []string, now time.Time) (none bool, t memberTally) {
+	var cbuf [8]Candidate
+	var bbuf [8]*backend
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	cands, _, t := p.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
+	return len(cands) == 0, t
 }
 
 // noCandidateLocked says why no worker of model can take job now: no ready
@@ -179,8 +210,8 @@ func (r *Router) candidatesLocked(model string, job Job, excluded []string, now 
 // every serving worker waits for a drained or coming one that holds it;
 // only when no worker that is or can become ready holds it is it refused
 // for its length.
-func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedError {
-	o := r.outlooks[model]
+func (s *scheduler) noCandidateLocked(model string, job Job, t memberTally) *schedError {
+	o := s.outlooks[model]
 	comingFitting := 0
 	if o.ComingContext <= 0 || job.NeedContext <= o.ComingContext {
 		// A coming worker's context is its placement's; one that does
@@ -189,11 +220,11 @@ func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedE
 	}
 	switch {
 	case t.serving == 0 && t.drained == 0 && o.Coming == 0:
-		return r.noWorkerLocked(model)
+		return s.noWorkerLocked(model)
 	case t.fitting == 0 && t.drainedFitting == 0 && comingFitting == 0:
 		return &schedError{status: http.StatusBadRequest, typ: errTypeInvalidRequest, code: codeContextTooLong,
 			msg: fmt.Sprintf("the request needs about %d tokens (prompt estimate %d + max_tokens %d) and no worker of %q that is ready or can become ready holds that many (the largest context is %d); shorten the prompt or lower max_tokens",
-				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, r.largestContext(model))}
+				job.NeedContext, job.PromptTokens, job.NeedContext-job.PromptTokens, model, s.reachOf(model).largest)}
 	case t.serving == 0:
 		// Workers on their way, or draining ones an undrain or a restart
 		// brings back, are worth waiting for.
@@ -211,7 +242,7 @@ func (r *Router) noCandidateLocked(model string, job Job, t memberTally) *schedE
 
 // nextFreeLocked predicts when a slot frees for job on a full backend that
 // holds load requests in slots slots.
-func (r *Router) nextFreeLocked(b *backend, w *worker, job Job, load, slots int, now time.Time) time.Duration {
+func (p *pool) nextFreeLocked(b *backend, w *worker, job Job, load, slots int, now time.Time) time.Duration {
 	soonest := time.Duration(-1)
 	for f := range b.active {
 		if left := f.predictedEnd.Sub(now); soonest < 0 || left < soonest {
@@ -222,8 +253,8 @@ func (r *Router) nextFreeLocked(b *backend, w *worker, job Job, load, slots int,
 }
 
 // takeLocked starts a flight on b.
-func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *flight {
-	w := r.workerLocked(b.cfg.Name)
+func (p *pool) takeLocked(b *backend, model string, job Job, now time.Time) *flight {
+	w := p.workerLocked(b.cfg.Name)
 	w.advanceArea(now)
 	w.inFlight++
 	w.lastUsed = now
@@ -243,46 +274,209 @@ func (r *Router) takeLocked(b *backend, model string, job Job, now time.Time) *f
 	return f
 }
 
-// acquire finds a backend for the job now, or queues until one frees, the
-// queue times out, or ctx ends.
-func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []string) (*flight, error) {
-	now := time.Now()
-	var cbuf [8]Candidate
-	var bbuf [8]*backend
-	r.mu.Lock()
-	cands, backs, serr := r.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
-	if serr != nil && !serr.wait {
-		r.mu.Unlock()
-		return nil, serr
+// scheduler is the models' queues, the outlooks (which workers outside the
+// ready set may still come) and the policy's random source; the policy's
+// own state (a round-robin counter) is guarded by mu too. It takes the
+// pool's lock after its own to see the ready set while it decides.
+type scheduler struct {
+	policy  Policy
+	pool    *pool
+	metrics *metrics
+	opts    *Options
+	// reach is published under mu from the ready set and the outlooks,
+	// and read without a lock (catalog.go).
+	reach atomic.Pointer[reach]
+
+	mu     sync.Mutex
+	queues map[string]*queue // by model ID
+	// outlooks say, per model ID, which of its workers outside the ready
+	// set may still come (see SetOutlook).
+	outlooks map[string]Outlook
+	rng      *rand.Rand
+}
+
+func newScheduler(policy Policy, rng *rand.Rand, p *pool, m *metrics, opts *Options) *scheduler {
+	return &scheduler{policy: policy, pool: p, metrics: m, opts: opts, queues: map[string]*queue{}, rng: rng}
+}
+
+// replace makes bs the pool's ready set and, with outlook, byModel the
+// outlooks, at one instant for the scheduler. It returns the backends that
+// left the set and the models with requests waiting.
+func (s *scheduler) replace(bs []Backend, byModel map[string]Outlook, outlook bool) (left []*backend, queued []string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if outlook {
+		s.outlooks = maps.Clone(byModel)
 	}
-	q := r.queues[model]
+	left, ready := s.pool.replace(bs)
+	s.publishReachLocked(ready)
+	return left, s.queuedLocked()
+}
+
+// setOutlook replaces the outlooks and returns the models with requests
+// waiting.
+func (s *scheduler) setOutlook(byModel map[string]Outlook) []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.outlooks = maps.Clone(byModel)
+	s.publishReachLocked(s.pool.ready())
+	return s.queuedLocked()
+}
+
+// place gives job a worker now, or queues it: f when it has one, else the
+// waiter to await in q.
+func (s *scheduler) place(model string, job Job, excluded []string, now time.Time) (*flight, *queue, *waiter, *schedError) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queues[model]
 	if q == nil {
 		q = &queue{}
-		r.queues[model] = q
+		s.queues[model] = q
 	}
-	if serr == nil {
-		if i := q.Choose(r.policy, r.rng, job, cands); i >= 0 {
-			f := r.takeLocked(backs[i], model, job, now)
-			r.mu.Unlock()
-			return f, nil
+	f, none, t := s.pool.pick(model, job, excluded, now, func(cands []Candidate) int { return q.Choose(s.policy, s.rng, job, cands) })
+	if f != nil {
+		return f, nil, nil, nil
+	}
+	if none {
+		if serr := s.noCandidateLocked(model, job, t); !serr.wait {
+			return nil, nil, nil, serr
 		}
 	}
 	wt := &waiter{job: job, excluded: excluded, enqueued: now, done: make(chan *flight, 1)}
 	q.Push(wt)
 	if q.Len() > 1 {
 		// It may take a slot the waiters ahead of it declined.
-		r.dispatchLocked(model, q, now)
+		s.dispatchLocked(model, q, now)
 	}
 	// A full queue turns away a request that would wait, not one that a
 	// worker the waiters declined has just taken.
-	if q.Len() > r.opts.QueueSize && q.Remove(wt) {
-		r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
-		r.mu.Unlock()
-		return nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
+	if q.Len() > s.opts.QueueSize && q.Remove(wt) {
+		s.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+		return nil, nil, nil, &schedError{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeQueueFull, retryAfter: true,
 			msg: fmt.Sprintf("model %q has %d requests waiting already; retry later", model, q.Len())}
 	}
-	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
-	r.mu.Unlock()
+	s.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+	return nil, q, wt, nil
+}
+
+// withdraw takes wt out of q, the queue of model; false means a dispatch
+// gave it a slot first.
+func (s *scheduler) withdraw(model string, q *queue, wt *waiter) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !q.Remove(wt) {
+		return false
+	}
+	s.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+	return true
+}
+
+// whyWaiting is why no worker of model can take job now, nil when one can.
+func (s *scheduler) whyWaiting(model string, job Job, excluded []string, now time.Time) *schedError {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	none, t := s.pool.tally(model, job, excluded, now)
+	if !none {
+		return nil
+	}
+	return s.noCandidateLocked(model, job, t)
+}
+
+// dispatch gives freed slots to queued requests by the queue's rules
+// (queue.go): oldest first, none taking a slot an earlier one waits for.
+func (s *scheduler) dispatch(model string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	q := s.queues[model]
+	if q == nil || q.Len() == 0 {
+		// Nothing waits, and the depth gauge says so since the last
+		// change of the queue.
+		return
+	}
+	s.dispatchLocked(model, q, time.Now())
+	s.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
+}
+
+func (s *scheduler) dispatchLocked(model string, q *queue, now time.Time) {
+	judge := func(job Job, t memberTally) *schedError { return s.noCandidateLocked(model, job, t) }
+	s.pool.seat(model, now, judge, func(seats Seats[*waiter]) { q.Dispatch(s.policy, s.rng, seats) })
+}
+
+// seat runs a queue's dispatch (run) with the pool's side of it, seats,
+// under the pool's lock; judge says why a waiter has no candidate.
+func (p *pool) seat(model string, now time.Time, judge func(Job, memberTally) *schedError, run func(Seats[*waiter])) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	run(&poolSeats{p: p, model: model, now: now, judge: judge})
+}
+
+// poolSeats is the pool's side of a queue dispatch; it lives only within
+// seat, under the pool's lock.
+type poolSeats struct {
+	p     *pool
+	model string
+	now   time.Time
+	judge func(Job, memberTally) *schedError
+	cbuf  [8]Candidate
+	bbuf  [8]*backend
+	backs []*backend
+}
+
+func (s *poolSeats) Job(w *waiter) Job { return w.job }
+
+func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
+	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
+	s.backs = backs
+	if len(cands) > 0 {
+		return cands, nil
+	}
+	serr := s.judge(job, t)
+	if serr.wait && serr.alone {
+		return nil, ErrKeep // waits for a worker the others do not need
+	}
+	if serr.wait {
+		return nil, ErrHold // still coming: the queue keeps waiting
+	}
+	return nil, serr
+}
+
+func (s *poolSeats) Take(w *waiter, job Job, i int) {
+	w.job = job
+	w.done <- s.p.takeLocked(s.backs[i], s.model, job, s.now)
+}
+
+func (s *poolSeats) Fail(w *waiter, err error) {
+	w.err, _ = err.(*schedError)
+	w.done <- nil
+}
+
+// queued is the models with requests waiting.
+func (s *scheduler) queued() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.queuedLocked()
+}
+
+func (s *scheduler) queuedLocked() []string {
+	var models []string
+	for m, q := range s.queues {
+		if q.Len() > 0 {
+			models = append(models, m)
+		}
+	}
+	return models
+}
+
+// acquire finds a backend for the job now, or queues until one frees, the
+// queue times out, or ctx ends.
+func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []string) (*flight, error) {
+	f, q, wt, serr := r.sched.place(model, job, excluded, time.Now())
+	switch {
+	case serr != nil:
+		return nil, serr
+	case f != nil:
+		return f, nil
+	}
 	return r.await(ctx, model, job, excluded, q, wt)
 }
 
@@ -310,14 +504,10 @@ func (r *Router) await(ctx context.Context, model string, job Job, excluded []st
 	case <-timer.C:
 		cause = r.queueTimeout(model, job, excluded)
 	}
-	r.mu.Lock()
-	if q.Remove(wt) {
-		r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
-		r.mu.Unlock()
+	if r.sched.withdraw(model, q, wt) {
 		r.metrics.queueWait.WithLabelValues(model).Observe(time.Since(now).Seconds())
 		return nil, cause
 	}
-	r.mu.Unlock()
 	// Dispatched while we were giving up: hand the slot back.
 	if f := <-wt.done; f != nil {
 		r.release(f, nil)
@@ -328,12 +518,7 @@ func (r *Router) await(ctx context.Context, model string, job Job, excluded []st
 // queueTimeout is the answer to a request that waited QueueTimeout: 503 when
 // the worker it waited for never became ready, else 429 (the fleet is busy).
 func (r *Router) queueTimeout(model string, job Job, excluded []string) *schedError {
-	var cbuf [8]Candidate
-	var bbuf [8]*backend
-	r.mu.Lock()
-	_, _, serr := r.candidatesLocked(model, job, excluded, time.Now(), cbuf[:], bbuf[:])
-	r.mu.Unlock()
-	if serr != nil && serr.wait {
+	if serr := r.sched.whyWaiting(model, job, excluded, time.Now()); serr != nil && serr.wait {
 		return &schedError{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeNoWorker, retryAfter: true,
 			msg: fmt.Sprintf("%s and none became ready within the queue timeout of %s; retry later (fleet serve --queue-timeout sets it)", serr.msg, r.opts.QueueTimeout)}
 	}
@@ -341,69 +526,11 @@ func (r *Router) queueTimeout(model string, job Job, excluded []string) *schedEr
 		msg: fmt.Sprintf("model %q: no worker slot freed within %s; retry later or add workers", model, r.opts.QueueTimeout)}
 }
 
-// dispatch gives freed slots to queued requests by the queue's rules
-// (queue.go): oldest first, none taking a slot an earlier one waits for.
-func (r *Router) dispatch(model string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	q := r.queues[model]
-	if q == nil {
-		return
+// dispatchQueued gives freed slots to the requests waiting for any model.
+func (r *Router) dispatchQueued() {
+	for _, m := range r.sched.queued() {
+		r.sched.dispatch(m)
 	}
-	r.dispatchLocked(model, q, time.Now())
-	r.metrics.queueDepth.WithLabelValues(model).Set(float64(q.Len()))
-}
-
-func (r *Router) dispatchLocked(model string, q *queue, now time.Time) {
-	seats := &routerSeats{r: r, model: model, now: now}
-	q.Dispatch(r.policy, r.rng, seats)
-}
-
-// routerSeats is the router's side of a queue dispatch, under its lock.
-type routerSeats struct {
-	r     *Router
-	model string
-	now   time.Time
-	cbuf  [8]Candidate
-	bbuf  [8]*backend
-	backs []*backend
-}
-
-func (s *routerSeats) Job(w *waiter) Job { return w.job }
-
-func (s *routerSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
-	cands, backs, serr := s.r.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
-	s.backs = backs
-	if serr != nil {
-		if serr.wait && serr.alone {
-			return nil, ErrKeep // waits for a worker the others do not need
-		}
-		if serr.wait {
-			return nil, ErrHold // still coming: the queue keeps waiting
-		}
-		return nil, serr
-	}
-	return cands, nil
-}
-
-func (s *routerSeats) Take(w *waiter, job Job, i int) {
-	w.job = job
-	w.done <- s.r.takeLocked(s.backs[i], s.model, job, s.now)
-}
-
-func (s *routerSeats) Fail(w *waiter, err error) {
-	w.err, _ = err.(*schedError)
-	w.done <- nil
-}
-
-func (r *Router) queuedModelsLocked() []string {
-	var models []string
-	for m, q := range r.queues {
-		if q.Len() > 0 {
-			models = append(models, m)
-		}
-	}
-	return models
 }
 
 // outcome is what a finished flight tells the scheduler.
@@ -418,10 +545,18 @@ type outcome struct {
 
 // release ends a flight, teaches the speed model and the worker's
 // histories what it saw and lets the next queued request have the slot.
+// A request arriving meanwhile cannot take the freed slot from a waiting
+// one: it queues behind it (Queue.Choose).
 func (r *Router) release(f *flight, o *outcome) {
-	now := time.Now()
-	r.mu.Lock()
-	w := r.workerLocked(f.b.cfg.Name)
+	r.pool.finish(f, o, &r.outputs, time.Now())
+	r.sched.dispatch(f.model)
+}
+
+// finish ends f on its worker and teaches the worker what o says.
+func (p *pool) finish(f *flight, o *outcome, outputs *outputEstimates, now time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	w := p.workerLocked(f.b.cfg.Name)
 	w.advanceArea(now)
 	mean := float64(f.startConcurrency)
 	if d := now.Sub(f.start).Seconds(); d > 0 {
@@ -439,36 +574,20 @@ func (r *Router) release(f *flight, o *outcome) {
 		if o.itl > 0 {
 			w.itlHistory.add(ms(o.itl))
 		}
-		w.speed.Observe(f.startConcurrency, mean, r.observeCacheLocked(w, f, o.cache), o.ttft, o.itl)
+		w.speed.Observe(f.startConcurrency, mean, w.observeCache(f, o.cache), o.ttft, o.itl)
 		if o.outputTokens > 0 {
-			r.outputs.add(f.model, o.outputTokens)
+			outputs.add(f.model, o.outputTokens)
 		}
 	}
-	close(r.changed)
-	r.changed = make(chan struct{})
-	// The freed slot goes to the queue in the same hold of the lock.
-	if q := r.queues[f.model]; q != nil {
-		r.dispatchLocked(f.model, q, now)
-		r.metrics.queueDepth.WithLabelValues(f.model).Set(float64(q.Len()))
-	}
-	r.mu.Unlock()
+	close(p.changed)
+	p.changed = make(chan struct{})
 }
 
 // recordFailure counts a backend failure; a refused connection, or
 // FailureThreshold failures within FailureWindow, cool it down until a
 // health check passes.
 func (r *Router) recordFailure(b *backend, refused bool, err error) {
-	now := time.Now()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	w := r.workerLocked(b.cfg.Name)
-	cut := now.Add(-r.opts.FailureWindow)
-	w.failures = slices.DeleteFunc(w.failures, func(t time.Time) bool { return t.Before(cut) })
-	w.failures = append(w.failures, now)
-	if (refused || len(w.failures) >= r.opts.FailureThreshold) && w.coolingUntil.IsZero() {
-		w.coolingUntil = now.Add(r.opts.Cooldown)
-		r.log.Warn("backend cooled down after failures; it gets no traffic until a health check passes",
-			"backend", b.cfg.Name, "failures", len(w.failures), "window", r.opts.FailureWindow, "cooldown", r.opts.Cooldown, "err", err)
-		r.startHealthCheckLocked(b)
+	if r.pool.recordFailure(b, refused, err, time.Now()) {
+		go r.checkHealth(b)
 	}
 }
