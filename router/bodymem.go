@@ -70,29 +70,52 @@ func (h *bodyHold) grow(n int64) error {
 		return r.refuseBody(&bodyRefusal{status: http.StatusRequestEntityTooLarge, typ: errTypeInvalidRequest, code: codeBodyTooLarge, bound: "size",
 			msg: fmt.Sprintf("the request body (%d bytes so far) is over the %d MiB the router holds of one API key's request bodies at once (serve --key-bodies-in-flight-mib); send a smaller request", want, perKey/mib)})
 	}
-	b := &r.bodies
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if perKey > 0 && b.byKey[h.key]+n > perKey {
-		held := b.byKey[h.key] - h.n
+	switch bound, others := r.bodies.take(h.key, h.n, n, total, perKey); bound {
+	case "key":
 		return r.refuseBody(&bodyRefusal{status: http.StatusTooManyRequests, typ: errTypeRateLimit, code: codeBodiesInFlight, retryAfter: true, bound: "key",
 			msg: fmt.Sprintf("this API key's other requests in flight hold %.1f MiB of request bodies, and this one's %.1f MiB would pass the %d MiB one key may hold at once (serve --key-bodies-in-flight-mib); wait for some to finish, or send fewer large requests at once",
-				float64(held)/mib, float64(want)/mib, perKey/mib)})
-	}
-	if total > 0 && b.held+n > total {
+				float64(others)/mib, float64(want)/mib, perKey/mib)})
+	case "total":
 		return r.refuseBody(&bodyRefusal{status: http.StatusServiceUnavailable, typ: errTypeServer, code: codeBodiesInFlight, retryAfter: true, bound: "total",
 			msg: fmt.Sprintf("the router holds %.1f MiB of request bodies in flight and this one's %.1f MiB would pass its %d MiB limit (serve --bodies-in-flight-mib); retry in a moment",
-				float64(b.held-h.n)/mib, float64(want)/mib, total/mib)})
-	}
-	b.held += n
-	if h.key != "" {
-		if b.byKey == nil {
-			b.byKey = map[string]int64{}
-		}
-		b.byKey[h.key] += n
+				float64(others)/mib, float64(want)/mib, total/mib)})
 	}
 	h.n = want
 	return nil
+}
+
+// take adds n bytes to what key's request holds already (had), unless that
+// passes the key's bound (perKey) or the total: then bound says which
+// ("key", "total") and others is what the other requests hold of it.
+func (b *bodyBudget) take(key string, had, n, total, perKey int64) (bound string, others int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if perKey > 0 && b.byKey[key]+n > perKey {
+		return "key", b.byKey[key] - had
+	}
+	if total > 0 && b.held+n > total {
+		return "total", b.held - had
+	}
+	b.held += n
+	if key != "" {
+		if b.byKey == nil {
+			b.byKey = map[string]int64{}
+		}
+		b.byKey[key] += n
+	}
+	return "", 0
+}
+
+// give returns n bytes key's request held.
+func (b *bodyBudget) give(key string, n int64) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.held -= n
+	if key != "" {
+		if b.byKey[key] -= n; b.byKey[key] <= 0 {
+			delete(b.byKey, key)
+		}
+	}
 }
 
 func (r *Router) refuseBody(e *bodyRefusal) error {
@@ -105,15 +128,7 @@ func (h *bodyHold) release() {
 	if h.n == 0 {
 		return
 	}
-	b := &h.r.bodies
-	b.mu.Lock()
-	b.held -= h.n
-	if h.key != "" {
-		if b.byKey[h.key] -= h.n; b.byKey[h.key] <= 0 {
-			delete(b.byKey, h.key)
-		}
-	}
-	b.mu.Unlock()
+	h.r.bodies.give(h.key, h.n)
 	h.n = 0
 }
 

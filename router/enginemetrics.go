@@ -55,13 +55,8 @@ var relabelled = []string{"node", "worker", "engine"}
 func (r *Router) ObserveEngineMetrics(node, worker string, engine fleet.EngineKind, text []byte, at time.Time) error {
 	p := expfmt.NewTextParser(model.LegacyValidation)
 	parsed, err := p.TextToMetricFamilies(bytes.NewReader(text))
-	r.engines.mu.Lock()
-	defer r.engines.mu.Unlock()
-	if r.engines.byWorker == nil {
-		r.engines.byWorker = map[string]engineSnapshot{}
-	}
 	if err != nil {
-		delete(r.engines.byWorker, worker)
+		r.engines.forget(worker)
 		return fmt.Errorf("engine metrics of %s are not Prometheus text: %w", worker, err)
 	}
 	names := make([]string, 0, len(parsed))
@@ -107,9 +102,21 @@ func (r *Router) ObserveEngineMetrics(node, worker string, engine fleet.EngineKi
 			break
 		}
 	}
-	r.engines.byWorker[worker] = engineSnapshot{at: at, fams: fams}
-	r.engines.dropStaleLocked(time.Now(), r.opts.EngineLoadMaxAge)
+	r.engines.keep(worker, engineSnapshot{at: at, fams: fams}, r.opts.EngineLoadMaxAge)
 	return nil
+}
+
+// keep makes s the worker's snapshot, and drops those older than maxAge.
+// The relabelling is done before, outside the lock: a Prometheus scrape
+// waits for the lock, not for the parsing of every worker's text.
+func (e *engineMetrics) keep(worker string, s engineSnapshot, maxAge time.Duration) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.byWorker == nil {
+		e.byWorker = map[string]engineSnapshot{}
+	}
+	e.byWorker[worker] = s
+	e.dropStaleLocked(time.Now(), maxAge)
 }
 
 // dropStaleLocked forgets the workers whose reading is older than maxAge
