@@ -172,25 +172,16 @@ func notServedAnswer(status int, body []byte) bool {
 	return false
 }
 
-// wireInfo is what the router reads from a request body beyond requestInfo:
-// the choice count.
-type wireInfo struct {
-	N *int `json:"n"`
-}
-
-// choiceCount reads n from a chat or text completion body (1 when absent).
-func choiceCount(path string, body []byte) (int, error) {
-	if path != "/v1/chat/completions" && path != "/v1/completions" {
+// choiceCount is the choices a request for path asks for: n (parseRequest)
+// on chat and text completions, 1 when absent or elsewhere.
+func choiceCount(path string, n *int) (int, error) {
+	if path != "/v1/chat/completions" && path != "/v1/completions" || n == nil {
 		return 1, nil
 	}
-	var w wireInfo
-	if err := json.Unmarshal(body, &w); err != nil || w.N == nil {
-		return 1, nil
+	if *n < 1 {
+		return 0, &requestError{code: "invalid_value", param: "n", msg: fmt.Sprintf("n is %d; it must be at least 1", *n)}
 	}
-	if *w.N < 1 {
-		return 0, &requestError{code: "invalid_value", param: "n", msg: fmt.Sprintf("n is %d; it must be at least 1", *w.N)}
-	}
-	return *w.N, nil
+	return *n, nil
 }
 
 // apiWriter marks a response as belonging to an API whose errors have their

@@ -33,12 +33,23 @@ func TestChoiceCount(t *testing.T) {
 		want       int
 		bad        bool
 	}{
-		{"/v1/chat/completions", `{"n":3}`, 3, false},
+		{"/v1/chat/completions", `{"model":"m","n":3}`, 3, false},
 		{"/v1/completions", `{"model":"m"}`, 1, false},
-		{"/v1/chat/completions", `{"n":0}`, 0, true},
-		{"/v1/embeddings", `{"n":5}`, 1, false},
+		{"/v1/chat/completions", `{"model":"m","n":0}`, 0, true},
+		{"/v1/chat/completions", `{"model":"m","n":-2}`, 0, true},
+		{"/v1/embeddings", `{"model":"m","n":5}`, 1, false},
+		// Not an integer: the engine's to refuse, as before n was read
+		// with the rest of the body.
+		{"/v1/chat/completions", `{"model":"m","n":null}`, 1, false},
+		{"/v1/chat/completions", `{"model":"m","n":"3"}`, 1, false},
+		{"/v1/chat/completions", `{"model":"m","n":2.5}`, 1, false},
+		{"/v1/chat/completions", `{"model":"m","n":2,"n":4}`, 4, false},
 	} {
-		n, err := choiceCount(tc.path, []byte(tc.body))
+		info, err := parseRequest([]byte(tc.body))
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		n, err := choiceCount(tc.path, info.N)
 		if (err != nil) != tc.bad || (!tc.bad && n != tc.want) {
 			t.Errorf("%s %s: n %d err %v", tc.path, tc.body, n, err)
 		}

@@ -19,7 +19,8 @@ import (
 //
 //  1. admit: the method, and the API key (authorize);
 //  2. read: the body, within the body bounds (bodymem.go, request.go), and
-//     what routing needs of it (parseRequest, choiceCount);
+//     what routing needs of it (parseRequest, choiceCount), in one
+//     decoding of the JSON;
 //  3. route: the model's ID and the request's Job; the key's limits, judged
 //     now that the model is known so that a refusal is counted under it
 //     (keylimits.go); the workers whose engine does not serve the path
@@ -176,7 +177,7 @@ func (r *Router) read(w http.ResponseWriter, req *http.Request, c *call, hold *b
 	info, err := parseRequest(body)
 	n := 0
 	if err == nil {
-		n, err = choiceCount(c.path, body)
+		n, err = choiceCount(c.path, info.N)
 	}
 	if err != nil {
 		var rerr *requestError

@@ -26,6 +26,9 @@ type requestInfo struct {
 	// messages or prompt, raw JSON): a conversation that grows by
 	// appending messages keeps its chain's head.
 	Prefix []uint64
+	// N is the choices asked for (n), nil when absent or not an integer
+	// (the engine judges that): choiceCount.
+	N *int
 }
 
 // requestError is a client mistake in the body, with the OpenAI code and
@@ -56,6 +59,7 @@ type wireRequest struct {
 	System          bodyPart `json:"system"`
 	Instructions    bodyPart `json:"instructions"`
 	MaxOutputTokens *int     `json:"max_output_tokens"`
+	N               bodyPart `json:"n"`
 }
 
 // bodyPart is a field's raw JSON as a slice of the request body itself.
@@ -112,6 +116,15 @@ func parseRequest(body []byte) (requestInfo, error) {
 	if info.MaxTokens < 0 {
 		return requestInfo{}, &requestError{code: "invalid_value", param: "max_tokens",
 			msg: fmt.Sprintf("max_tokens is %d; it must be zero or positive", info.MaxTokens)}
+	}
+	if len(w.N) > 0 {
+		// Read apart, so that an n of another type is the engine's to
+		// refuse rather than a malformed body, as the router never
+		// judged it.
+		var n *int
+		if json.Unmarshal(w.N, &n) == nil {
+			info.N = n
+		}
 	}
 	info.PromptTokens = (len(w.System) + len(w.Instructions) + len(w.Messages) + len(w.Prompt) + len(w.Input) + bytesPerToken - 1) / bytesPerToken
 	if len(w.Messages) > 0 || len(w.Prompt) > 0 {
