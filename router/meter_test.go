@@ -1,6 +1,7 @@
 package router
 
 import (
+	"bytes"
 	"strings"
 	"testing"
 	"time"
@@ -87,5 +88,39 @@ func TestMeterKeys(t *testing.T) {
 				t.Errorf("usage %v timings %v no choices %v API usage %v; want %v %v %v %v", u, tm, nc, au, tc.usage, tc.timings, tc.noChoices, tc.apiUsage)
 			}
 		})
+	}
+}
+
+// TestLastIndexIsBytesLastIndex: the forward search finds what
+// bytes.LastIndex finds, overlaps and the edges included.
+func TestLastIndexIsBytesLastIndex(t *testing.T) {
+	for _, tc := range []struct{ p, sep string }{
+		{"", ""}, {"abc", ""}, {"", "a"}, {"aaa", "aa"}, {"aaaa", "a"},
+		{`{"usage":{"prompt_tokens":3,"completion_tokens":7}}`, `"completion_tokens":`},
+		{`"prompt_tokens":1 ... "prompt_tokens":2`, `"prompt_tokens":`},
+		{`"prompt_tokens"`, `"prompt_tokens":`},
+		{"xyz", "xyz"}, {"xyzxyz", "xyz"}, {"xy", "xyz"},
+	} {
+		if got, want := lastIndex([]byte(tc.p), []byte(tc.sep)), bytes.LastIndex([]byte(tc.p), []byte(tc.sep)); got != want {
+			t.Errorf("lastIndex(%q, %q) = %d, want %d", tc.p, tc.sep, got, want)
+		}
+	}
+}
+
+// TestMeterRereadsTheTailAfterMoreBytes: the usage of a non-streamed
+// answer is read once, and again when more of the answer came since.
+func TestMeterRereadsTheTailAfterMoreBytes(t *testing.T) {
+	m := newMeter(false)
+	now := time.Now()
+	m.feed([]byte(`{"choices":[],"usage":{"prompt_tokens":3,"completion_tokens":7`), now)
+	if got := m.outputTokens(); got != 7 {
+		t.Fatalf("outputTokens = %d, want 7", got)
+	}
+	m.feed([]byte(`0,"prompt_tokens_details":{"cached_tokens":2}}}`), now)
+	if got := m.outputTokens(); got != 70 {
+		t.Errorf("after the rest of the answer outputTokens = %d, want 70", got)
+	}
+	if c := m.promptCache(); c.promptTokens != 3 || c.cached != 2 {
+		t.Errorf("promptCache = %+v, want 3 prompt tokens, 2 cached", c)
 	}
 }

@@ -47,7 +47,7 @@ func (c *promptCache) scan(p []byte) {
 
 // intField finds "name":N in p, or -1.
 func intField(p, field []byte) int {
-	i := bytes.LastIndex(p, field)
+	i := lastIndex(p, field)
 	if i < 0 {
 		return -1
 	}
@@ -68,7 +68,7 @@ func intField(p, field []byte) int {
 
 // floatField finds "name":X in p, or -1.
 func floatField(p, field []byte) float64 {
-	i := bytes.LastIndex(p, field)
+	i := lastIndex(p, field)
 	if i < 0 {
 		return -1
 	}
@@ -87,12 +87,8 @@ func floatField(p, field []byte) float64 {
 // promptCache is what the response reported.
 func (m *meter) promptCache() promptCache {
 	if !m.sse {
-		c := unknownPromptCache()
-		c.scan(m.tail)
-		if bytes.Contains(m.tail, outputTokensField) {
-			c.scanAPIUsage(m.tail)
-		}
-		return c
+		m.readTail()
+		return m.tailCache
 	}
 	return m.cache
 }

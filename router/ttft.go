@@ -11,7 +11,7 @@ var promptMsField = []byte(`"prompt_ms":`)
 // promptTime reads the engine's own prefill time from the end of a
 // non-streamed answer: llama-server's timings.prompt_ms.
 func promptTime(tail []byte) (time.Duration, bool) {
-	i := bytes.LastIndex(tail, promptMsField)
+	i := lastIndex(tail, promptMsField)
 	if i < 0 {
 		return 0, false
 	}
