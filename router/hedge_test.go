@@ -590,3 +590,55 @@ func TestStarvedWorkerIsNotHedged(t *testing.T) {
 		})
 	}
 }
+
+// TestPrefetchedBodyGivesItsBufferBack: the first bytes come out whole
+// however small the reads, then the rest; the pooled buffer they were read
+// into goes back as soon as they are passed on (or the body closes), and
+// nothing read afterwards comes from it.
+func TestPrefetchedBodyGivesItsBufferBack(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		head      string
+		headErr   error
+		rest      string
+		readSize  int
+		closeOnly bool
+	}{
+		{name: "head then rest", head: "data: 1\n\n", rest: "data: 2\n\n", readSize: 3},
+		{name: "whole answer in the head", head: `{"x":1}`, headErr: io.EOF, readSize: 64},
+		{name: "closed before reading", head: "data: 1\n\n", rest: "data: 2\n\n", closeOnly: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			buf := firstBytes.Get().(*[]byte)
+			n := copy(*buf, tc.head)
+			b := &prefetchedBody{head: (*buf)[:n], headErr: tc.headErr, buf: buf, rest: io.NopCloser(strings.NewReader(tc.rest))}
+			if tc.closeOnly {
+				if err := b.Close(); err != nil {
+					t.Fatal(err)
+				}
+				if b.buf != nil || b.head != nil {
+					t.Error("the buffer was kept after Close")
+				}
+				return
+			}
+			var got []byte
+			p := make([]byte, tc.readSize)
+			for {
+				k, err := b.Read(p)
+				got = append(got, p[:k]...)
+				if len(got) >= len(tc.head) && b.buf != nil {
+					t.Fatalf("after the %d bytes of the head were read the buffer is still held", len(tc.head))
+				}
+				if err == io.EOF {
+					break
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			if want := tc.head + tc.rest; string(got) != want {
+				t.Errorf("read %q, want %q", got, want)
+			}
+		})
+	}
+}
