@@ -37,6 +37,11 @@ type pool struct {
 	// changed is closed (and replaced) whenever a request finishes, so
 	// WaitIdle can sleep without polling.
 	changed chan struct{}
+	// cands and backs are pick's and tally's room for a model's
+	// candidates: the policy sees them through an interface, which would
+	// put a new array on the heap for every request.
+	cands [8]Candidate
+	backs [8]*backend
 }
 
 func newPool(opts *Options, log *slog.Logger, m *metrics, forgotten func(string)) *pool {

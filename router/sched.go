@@ -180,11 +180,9 @@ func (p *pool) candidatesLocked(model string, job Job, excluded []string, now ti
 // takes. With no candidate, the tally says why; with candidates but none
 // taken, f is nil.
 func (p *pool) pick(model string, job Job, excluded []string, now time.Time, choose func([]Candidate) int) (f *flight, none bool, t memberTally) {
-	var cbuf [8]Candidate
-	var bbuf [8]*backend
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, backs, t := p.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
+	cands, backs, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
 	if len(cands) == 0 {
 		return nil, true, t
 	}
@@ -197,11 +195,9 @@ func (p *pool) pick(model string, job Job, excluded []string, now time.Time, cho
 // tally counts model's members for job by why they cannot take it; none
 // says no member can.
 func (p *pool) tally(model string, job Job, excluded []string, now time.Time) (none bool, t memberTally) {
-	var cbuf [8]Candidate
-	var bbuf [8]*backend
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, _, t := p.candidatesLocked(model, job, excluded, now, cbuf[:], bbuf[:])
+	cands, _, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
 	return len(cands) == 0, t
 }
 
