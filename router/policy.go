@@ -69,8 +69,9 @@ func (job Job) Uncached(cached int) Job {
 	return job
 }
 
-// Policy picks a backend for a job. It is called under the router's lock
-// (or by the simulator in virtual time) and must not block.
+// Policy picks a backend for a job. It is called under the scheduler's
+// lock, with the pool's held too (or by the simulator in virtual time), and
+// must not block nor keep cands.
 type Policy interface {
 	Name() string
 	// Choose returns the index in cands to send the job to now, or -1 to

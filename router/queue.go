@@ -9,9 +9,9 @@ import (
 
 // Queue is one model's requests waiting for a slot, oldest first, and the
 // rules that give them one. It holds no clock and no backends: the router
-// drives it under its lock in real time and router/simulate drives it in
-// virtual time, so the figures `fleet simulate` prints are those of the
-// live scheduler's own rules.
+// drives it under its scheduler's lock in real time and router/simulate
+// drives it in virtual time, so the figures `fleet simulate` prints are
+// those of the live scheduler's own rules.
 type Queue[T comparable] struct {
 	waiting []T
 	claims  []claim
