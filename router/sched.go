@@ -478,7 +478,7 @@ func (r *Router) acquire(ctx context.Context, model string, job Job, excluded []
 
 // await waits for wt's slot in q (a dispatch sends it), until the queue
 // times out or ctx ends; job and excluded are the request's as it queued
-// (a dispatch rewrites wt's under the lock).
+// (a dispatch rewrites wt's under the scheduler's lock).
 func (r *Router) await(ctx context.Context, model string, job Job, excluded []string, q *queue, wt *waiter) (*flight, error) {
 	now := wt.enqueued
 	timer := time.NewTimer(r.opts.QueueTimeout)
