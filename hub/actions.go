@@ -227,11 +227,11 @@ func (h *Hub) drain(name string) (string, error) {
 	h.detached.goDetached(context.Background(), func(ctx context.Context) {
 		ctx, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
 		defer cancel()
-		if err := h.router.WaitIdle(ctx, name); err != nil {
+		if err := h.cluster.waitIdle(ctx, name); err != nil {
 			if !errors.Is(err, context.DeadlineExceeded) {
 				return // the hub is closing
 			}
-			h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("drain timed out after %s with %d requests still in flight", h.opts.DrainTimeout, h.router.InFlight(name))})
+			h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("drain timed out after %s: %v", h.opts.DrainTimeout, err)})
 			return
 		}
 		h.onEvent(fleet.Event{Level: "info", Subject: name, Message: "drained: no requests in flight"})
@@ -253,10 +253,10 @@ func (h *Hub) restart(ctx context.Context, name string) (string, error) {
 		return "", err
 	}
 	wait, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
-	err := h.router.WaitIdle(wait, name)
+	err := h.cluster.waitIdle(wait, name)
 	cancel()
 	if err != nil {
-		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: "restart: drain timed out; stopping with requests in flight"})
+		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("restart: drain timed out after %s; stopping with requests in flight: %v", h.opts.DrainTimeout, err)})
 	}
 	if err := h.mgr.RestartWorker(ctx, name); err != nil {
 		return "", fmt.Errorf("restarting %s: %w; it stays drained, so once it is ready again run `fleet undrain %s`", name, err, name)

@@ -16,6 +16,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"os"
 	"slices"
 	"strconv"
@@ -43,6 +44,11 @@ const (
 	// actionPoll is how often a follower waiting for its action looks at
 	// it without a notification (one lost to a reconnection).
 	actionPoll = time.Second
+	// drainPoll paces a hub's look at its requests in flight on drained
+	// workers (published when they change) and the leader's look at the
+	// other hubs' while a drain waits: a drain ends at most about two of
+	// them after the last request on any hub.
+	drainPoll = 250 * time.Millisecond
 )
 
 // Hub roles, as status and /healthz say them.
@@ -80,6 +86,10 @@ type cluster struct {
 	leader string
 	// dbSeen is when the database last answered.
 	dbSeen time.Time
+	// readAt is when, by the database's clock, this hub read the workers
+	// its router follows (a follower's last reload): what it publishes
+	// with its requests in flight on drained workers.
+	readAt int64
 
 	// waiters wake the followers' callers waiting for an action (by ID);
 	// serve wakes the leader's action server.
@@ -94,6 +104,9 @@ type cluster struct {
 	keysChanged chan struct{}
 	// left makes leave run once (Close, or Open failing after register).
 	left sync.Once
+	// publish asks for this hub's requests in flight on drained workers to
+	// be published now (the mirror was reloaded).
+	publish chan struct{}
 }
 
 func newCluster(h *Hub, st *store.Store, opts Options) (*cluster, error) {
@@ -128,7 +141,7 @@ func newCluster(h *Hub, st *store.Store, opts Options) (*cluster, error) {
 	c := &cluster{h: h, st: st, log: opts.Logger.With("component", "cluster"), name: name, instance: hex.EncodeToString(b[:]),
 		home: host + ":" + home, ttl: ttl, on: st.Clustered(),
 		waiters: map[int64]chan struct{}{}, serve: make(chan struct{}, 1), claim: make(chan struct{}, 1),
-		keysChanged: make(chan struct{}, 1)}
+		keysChanged: make(chan struct{}, 1), publish: make(chan struct{}, 1)}
 	if !c.on {
 		c.leading, c.leader = true, name
 	}
@@ -214,7 +227,8 @@ func (c *cluster) run(ctx context.Context, httpAddr, sshAddr, version string) {
 		c.log.Error("could not update this hub's row", "err", err)
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
+	go func() { defer wg.Done(); c.publishDrains(ctx) }()
 	go func() { defer wg.Done(); c.listen(ctx) }()
 	go func() { defer wg.Done(); c.serveActions(ctx) }()
 	go func() { defer wg.Done(); c.keepLease(ctx) }()
@@ -402,7 +416,13 @@ func (c *cluster) reload(ctx context.Context) {
 	if role, _ := c.role(); role == RoleLeader {
 		return
 	}
-	f, known, err := c.readFleet(ctx)
+	// The clock first: the workers read after it are at least as new.
+	readAt, err := c.st.Now(ctx)
+	var f fleet.Fleet
+	var known []fleet.Worker
+	if err == nil {
+		f, known, err = c.readFleet(ctx)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			c.log.Warn("could not read the fleet from the database; routing to the workers known before", "err", err)
@@ -412,6 +432,109 @@ func (c *cluster) reload(ctx context.Context) {
 	c.sawDB()
 	c.setMirror(f, known)
 	c.h.mgr.SetDesired(f)
+	c.mu.Lock()
+	c.readAt = readAt
+	c.mu.Unlock()
+	signal(c.publish)
+}
+
+// publishDrains publishes, whenever they change, this hub's requests in
+// flight on the workers its router serves drained, with when it read the
+// workers (readAt): a drain waits on the leader until every live hub has
+// read it and has none in flight (waitIdle). Nothing is written while no
+// worker is drained.
+func (c *cluster) publishDrains(ctx context.Context) {
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	var (
+		last       map[string]int // RegisterHub cleared this hub's rows
+		lastReadAt int64
+		failing    bool
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		case <-c.publish:
+		}
+		// readAt before the workers: a newer one comes with its workers
+		// already in the router (reload sets it after setMirror).
+		c.mu.Lock()
+		readAt := c.readAt
+		c.mu.Unlock()
+		inflight := c.h.drainedInFlight()
+		if maps.Equal(inflight, last) && (len(inflight) == 0 || readAt == lastReadAt) {
+			continue
+		}
+		if err := c.st.PublishDrainInFlight(ctx, c.name, readAt, inflight); err != nil {
+			if !failing && ctx.Err() == nil {
+				c.log.Warn("could not publish this hub's requests in flight on drained workers; the leader's drains wait for it until it does or their timeout", "err", err)
+			}
+			failing = true
+			continue
+		}
+		failing = false
+		last, lastReadAt = inflight, readAt
+	}
+}
+
+// waitIdle waits until no hub has a request in flight on worker name, or
+// ctx ends: this hub's router, and on several hubs every other live hub
+// (heartbeat within store.HubStaleAfter), each of which must also have
+// read the drain, recorded before waitIdle was called. A hub whose
+// heartbeat is older holds nothing up. Its error names what is still in
+// flight.
+func (c *cluster) waitIdle(ctx context.Context, name string) error {
+	var since int64
+	if c.on {
+		var err error
+		if since, err = c.st.Now(ctx); err != nil {
+			// Without the database no other hub can be asked; this hub's
+			// own requests are still waited for.
+			c.log.Warn("cannot ask the other hubs about their requests in flight on a drained worker; waiting for this hub's only", "worker", name, "err", err)
+			return c.h.router.WaitIdle(ctx, name)
+		}
+	}
+	if err := c.h.router.WaitIdle(ctx, name); err != nil {
+		return err
+	}
+	if !c.on {
+		return nil
+	}
+	t := time.NewTicker(drainPoll)
+	defer t.Stop()
+	var holding []store.DrainHolder
+	for {
+		now, err := c.st.DrainHolders(ctx, c.name, name, since, store.HubStaleAfter)
+		if err == nil {
+			if len(now) == 0 {
+				return nil
+			}
+			holding = now
+		} else if ctx.Err() == nil {
+			c.log.Warn("could not read the other hubs' requests in flight on a drained worker; asking again", "worker", name, "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			var what []string
+			for _, h := range holding {
+				if !h.Seen {
+					what = append(what, "hub "+h.Hub+" has not said it drained it")
+				} else {
+					what = append(what, fmt.Sprintf("hub %s has %d in flight", h.Hub, h.InFlight))
+				}
+			}
+			if n := c.h.router.InFlight(name); n > 0 {
+				what = append(what, fmt.Sprintf("this hub has %d in flight", n))
+			}
+			if len(what) == 0 {
+				what = append(what, "the other hubs' requests in flight are unknown")
+			}
+			return fmt.Errorf("waiting for the requests in flight on %s (%s): %w", name, strings.Join(what, ", "), ctx.Err())
+		case <-t.C:
+		}
+	}
 }
 
 // listen follows the other hubs' changes: a follower mirrors workers and

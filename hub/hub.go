@@ -228,6 +228,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if opts.Logger == nil {
 		opts.Logger = slog.New(slog.DiscardHandler)
 	}
+	if opts.DrainTimeout < 0 {
+		return nil, fmt.Errorf("--drain-timeout %s is negative; give how long a drain waits for requests in flight, e.g. 5m", opts.DrainTimeout)
+	}
 	if opts.DrainTimeout == 0 {
 		opts.DrainTimeout = 5 * time.Minute
 	}

@@ -37,6 +37,9 @@ type mirror struct {
 	// bench is each worker's latest bench sweep of each split, kept here so snapshots
 	// (twice a second per console) never parse stored runs.
 	bench map[benchKey]admission.BenchSummary
+	// routerDrained is what syncRouter last had the router drain, so that
+	// it undrains a worker whose drain ended on another hub.
+	routerDrained map[string]bool
 }
 
 // benchKey is a worker and a bench split (agent, else chat).
@@ -95,6 +98,15 @@ func (ms *mirror) Model(id string) (fleet.Model, bool) {
 		}
 	}
 	return fleet.Model{}, false
+}
+
+// takesNoRequests says whether the router must send the worker no new
+// request: an operator drained it (or a restart is draining it), or a
+// `fleet stop` holds it and drains it before stopping. Every hub reads it
+// from the worker's row, so a drain recorded by the leader reaches every
+// router.
+func takesNoRequests(w fleet.Worker) bool {
+	return w.Drained || w.Held || w.State == fleet.WorkerDraining
 }
 
 // ready lists the workers that serve (ready or draining), for scraping.
@@ -285,16 +297,48 @@ func (h *Hub) syncRouter() {
 			Context:    w.Context,
 			Slots:      w.Slots,
 		})
-		if w.Drained || w.State == fleet.WorkerDraining {
+		if takesNoRequests(w) {
 			drained = append(drained, name)
 		}
 	}
 	outlook := h.state.outlookLocked()
+	was := h.state.routerDrained
+	now := make(map[string]bool, len(drained))
+	for _, name := range drained {
+		now[name] = true
+	}
+	h.state.routerDrained = now
 	h.state.mu.Unlock()
 	h.router.SetBackendsAndOutlook(bs, outlook)
 	for _, name := range drained {
 		h.router.Drain(name)
 	}
+	// A drain that ended (an undrain, a restart done, a stop undone), on
+	// this hub or on the leader, ends in this router too.
+	for name := range was {
+		if !now[name] {
+			h.router.Undrain(name)
+		}
+	}
+}
+
+// drainedInFlight is this router's requests in flight on each worker it
+// serves drained: what this hub publishes for the leader's drains to wait
+// for (cluster.publishDrains).
+func (h *Hub) drainedInFlight() map[string]int {
+	h.state.mu.Lock()
+	var names []string
+	for name, w := range h.state.workers {
+		if (w.State == fleet.WorkerReady || w.State == fleet.WorkerDraining) && takesNoRequests(w) {
+			names = append(names, name)
+		}
+	}
+	h.state.mu.Unlock()
+	out := make(map[string]int, len(names))
+	for _, name := range names {
+		out[name] = h.router.InFlight(name)
+	}
+	return out
 }
 
 // outlookLocked tells the router, per model, which placed workers are on

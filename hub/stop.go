@@ -76,10 +76,10 @@ func (h *Hub) stopWorker(ctx context.Context, name string) (string, error) {
 	inflight := h.router.InFlight(name)
 	h.onEvent(fleet.Event{Level: "info", Subject: name, Message: fmt.Sprintf("stopping: draining first, %d in flight", inflight)})
 	wait, cancel := context.WithTimeout(ctx, h.opts.DrainTimeout)
-	err := h.router.WaitIdle(wait, name)
+	err := h.cluster.waitIdle(wait, name)
 	cancel()
 	if err != nil {
-		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("stop: drain timed out; stopping with %d requests in flight", h.router.InFlight(name))})
+		h.onEvent(fleet.Event{Level: "warn", Subject: name, Message: fmt.Sprintf("stop: drain timed out after %s; stopping with requests in flight: %v", h.opts.DrainTimeout, err)})
 	}
 	h.fault("stop.drained")
 	err = h.mgr.StopWorker(ctx, name)

@@ -197,6 +197,10 @@ func (s *Store) RegisterHub(ctx context.Context, h HubInfo) error {
 	if n, err := res.RowsAffected(); err != nil {
 		return fmt.Errorf("register hub %s in %s: %w", h.Name, s.path, err)
 	} else if n == 1 {
+		// What an earlier instance of this name published is not this one's.
+		if _, err := s.db.ExecContext(ctx, `DELETE FROM drain_inflight WHERE hub = ?`, h.Name); err != nil {
+			return fmt.Errorf("register hub %s in %s: %w", h.Name, s.path, err)
+		}
 		return nil
 	}
 	hubs, err := s.Hubs(ctx)
@@ -230,8 +234,14 @@ func (s *Store) HubHeartbeat(ctx context.Context, name, instance string) error {
 
 // UnregisterHub removes this instance's row when the hub stops cleanly.
 func (s *Store) UnregisterHub(ctx context.Context, name, instance string) error {
-	if _, err := s.db.ExecContext(ctx, `DELETE FROM hubs WHERE name = ? AND instance = ?`, name, instance); err != nil {
+	res, err := s.db.ExecContext(ctx, `DELETE FROM hubs WHERE name = ? AND instance = ?`, name, instance)
+	if err != nil {
 		return fmt.Errorf("unregister hub %s from %s: %w", name, s.path, err)
+	}
+	if n, err := res.RowsAffected(); err == nil && n == 1 {
+		if _, err := s.db.ExecContext(ctx, `DELETE FROM drain_inflight WHERE hub = ?`, name); err != nil {
+			return fmt.Errorf("unregister hub %s from %s: %w", name, s.path, err)
+		}
 	}
 	return nil
 }

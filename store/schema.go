@@ -279,4 +279,17 @@ CREATE TABLE key_counts (
 	PRIMARY KEY (minute, hub, key_name)
 );
 `,
+	// 11: each hub's requests in flight on the workers its router has
+	// drained (DrainInFlight), which the leader's drain, restart and stop
+	// wait for; read_at is when the hub read the workers its router
+	// follows, by the database's clock (Unix nanoseconds).
+	`
+CREATE TABLE drain_inflight (
+	hub      TEXT NOT NULL,
+	worker   TEXT NOT NULL,
+	inflight INTEGER NOT NULL,
+	read_at  INTEGER NOT NULL,
+	PRIMARY KEY (hub, worker)
+);
+`,
 }

@@ -274,4 +274,15 @@ CREATE TABLE key_counts (
 	PRIMARY KEY (minute, hub, key_name)
 );
 `,
+	// 11: each hub's requests in flight on its drained workers (SQLite's
+	// migration 11).
+	`
+CREATE TABLE drain_inflight (
+	hub      TEXT COLLATE "C" NOT NULL,
+	worker   TEXT COLLATE "C" NOT NULL,
+	inflight BIGINT NOT NULL,
+	read_at  BIGINT NOT NULL,
+	PRIMARY KEY (hub, worker)
+);
+`,
 }
