@@ -482,14 +482,15 @@ func (c *cluster) publishDrains(ctx context.Context) {
 // waitIdle waits until no hub has a request in flight on worker name, or
 // ctx ends: this hub's router, and on several hubs every other live hub
 // (heartbeat within store.HubStaleAfter), each of which must also have
-// read the drain, recorded before waitIdle was called. A hub whose
-// heartbeat is older holds nothing up. Its error names what is still in
-// flight.
+// read the drain, recorded before waitIdle was called: it is asked to read
+// the worker again, and answers once its router follows that read. A hub
+// whose heartbeat is older holds nothing up. Its error names what is still
+// in flight.
 func (c *cluster) waitIdle(ctx context.Context, name string) error {
 	var since int64
 	if c.on {
 		var err error
-		if since, err = c.st.Now(ctx); err != nil {
+		if since, err = c.st.AskDrainAnswers(ctx, name); err != nil {
 			// Without the database no other hub can be asked; this hub's
 			// own requests are still waited for.
 			c.log.Warn("cannot ask the other hubs about their requests in flight on a drained worker; waiting for this hub's only", "worker", name, "err", err)

@@ -24,6 +24,25 @@ func (s *Store) Now(ctx context.Context) (int64, error) {
 	return now, nil
 }
 
+// AskDrainAnswers starts a wait for worker's drain, recorded before: it
+// reads the database's clock (since) and, in the same transaction, tells
+// every hub to read the worker again (a notice on ChannelWorkers, sent when
+// the transaction commits). A hub's read on that notice is after since, so
+// what it publishes then, as read at since or later, answers this drain; a
+// read before it may have preceded the drain.
+func (s *Store) AskDrainAnswers(ctx context.Context, worker string) (since int64, err error) {
+	err = s.plainTx(ctx, func(tx *txn) error {
+		if err := tx.QueryRowContext(ctx, `SELECT `+s.db.d.nowNanos).Scan(&since); err != nil {
+			return err
+		}
+		return tx.notify(ctx, ChannelWorkers, worker)
+	})
+	if err != nil {
+		return 0, fmt.Errorf("ask the other hubs about their requests in flight on %s, in %s: %w", worker, s.path, err)
+	}
+	return since, nil
+}
+
 // PublishDrainInFlight makes hub's rows the requests it has in flight on
 // each worker its router has drained (worker → count), its router
 // following the workers as read at readAt; a worker not in inflight loses
