@@ -615,6 +615,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			AdminKeysFile:            h.opts.AdminKeysFile,
 			LoopbackBootstrapKeysDir: bootstrap,
 			Theme:                    h.opts.Theme,
+			DrainTimeout:             h.opts.DrainTimeout,
 		})
 		if err != nil {
 			ctl.Close()

@@ -75,6 +75,9 @@ type Options struct {
 	Theme string
 	// Refresh is the console refresh period (default 500ms).
 	Refresh time.Duration
+	// DrainTimeout is the hub's (serve --drain-timeout), which a console's
+	// drain and restart confirmations quote (default the console's).
+	DrainTimeout time.Duration
 	// MaxSessionsPerConn caps the sessions (consoles and commands) open at
 	// once on one connection (default 10, OpenSSH's MaxSessions; negative
 	// disables the limit).
@@ -352,7 +355,7 @@ func (s *Server) program(sess ssh.Session) *tea.Program {
 	}
 	m := console.New(s.opts.Source(u), console.Options{
 		User: u, Theme: theme, Width: width, Height: height,
-		Refresh: s.opts.Refresh, Context: sess.Context(), Logger: s.log,
+		Refresh: s.opts.Refresh, Context: sess.Context(), Logger: s.log, DrainTimeout: s.opts.DrainTimeout,
 	})
 	in := &inputClock{r: sess}
 	in.touch()
