@@ -192,4 +192,12 @@ func TestFollowerRouterFollowsDrains(t *testing.T) {
 			t.Errorf("no longer %s on the leader: the follower's router still drains it", c.what)
 		}
 	}
+	// A worker a stop holds that is not ready (stopped, starting) is in
+	// no router, and is published with none in flight, so that stopping
+	// it again or restarting it does not wait for this hub until the
+	// timeout.
+	save(func(w *fleet.Worker) { w.State, w.Held = fleet.WorkerStopped, true })
+	if got := b.drainedInFlight(); len(got) != 1 || got[name] != 0 {
+		t.Errorf("a stopped, held worker: the follower would publish %v; want %s with 0 in flight", got, name)
+	}
 }

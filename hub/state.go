@@ -322,14 +322,16 @@ func (h *Hub) syncRouter() {
 	}
 }
 
-// drainedInFlight is this router's requests in flight on each worker it
-// serves drained: what this hub publishes for the leader's drains to wait
-// for (cluster.publishDrains).
+// drainedInFlight is this router's requests in flight on each worker that
+// takes no new request: what this hub publishes for the leader's drains to
+// wait for (cluster.publishDrains). A worker that is not ready (starting,
+// stopped) is there too, with none, so that a drain or stop of it is not
+// held up waiting for this hub's word.
 func (h *Hub) drainedInFlight() map[string]int {
 	h.state.mu.Lock()
 	var names []string
 	for name, w := range h.state.workers {
-		if (w.State == fleet.WorkerReady || w.State == fleet.WorkerDraining) && takesNoRequests(w) {
+		if takesNoRequests(w) {
 			names = append(names, name)
 		}
 	}
