@@ -119,7 +119,8 @@ func waitInFlight(t *testing.T, data, name string) fleet.WorkerView {
 // TestRestartWaitsForAStreamThroughAnotherHub: two hubs on one PostgreSQL,
 // one worker. A long stream goes through the follower; `fleet restart` of
 // the worker, run on the leader and then on the follower, drains the
-// worker on both hubs and waits for that stream: the stream ends whole,
+// worker on both hubs (the follower shows it draining while the restart
+// waits) and waits for that stream: the stream ends whole,
 // and only then is the engine stopped and launched again.
 func TestRestartWaitsForAStreamThroughAnotherHub(t *testing.T) {
 	t.Parallel()
@@ -129,9 +130,21 @@ func TestRestartWaitsForAStreamThroughAnotherHub(t *testing.T) {
 		before := waitReady(t, dataB, 1, 120*time.Second)[0]
 		stream := streamThrough(b.http, tokens)
 		waitInFlight(t, dataB, name)
-		out, code := fleetCmd(t, on.data, "restart", name)
-		if code != 0 || !strings.Contains(out, "restarted "+name) {
-			t.Fatalf("restart on %s: exit %d:\n%s", on.hub, code, out)
+		type result struct {
+			out  string
+			code int
+		}
+		restarted := make(chan result, 1)
+		go func() {
+			out, code := fleetCmd(t, on.data, "restart", name)
+			restarted <- result{out, code}
+		}()
+		// The restart's drain reaches the follower while it waits.
+		waitWorkerSeen(t, dataB, name, "draining during the restart", func(w fleet.WorkerView) bool {
+			return w.State == fleet.WorkerDraining && w.Drained
+		})
+		if r := <-restarted; r.code != 0 || !strings.Contains(r.out, "restarted "+name) {
+			t.Fatalf("restart on %s: exit %d:\n%s", on.hub, r.code, r.out)
 		}
 		var s streamed
 		select {
