@@ -231,6 +231,7 @@ func (kl *Book) Others(counts map[string]Count, peers int, at time.Time) {
 			continue
 		}
 		if s.RequestsPerMinute > 0 {
+			s.refillLocked(at)
 			s.bucket -= float64(c.Requests)
 		}
 		if s.TokensPerDay > 0 {
@@ -240,6 +241,21 @@ func (kl *Book) Others(counts map[string]Count, peers int, at time.Time) {
 			s.used += c.Tokens
 		}
 	}
+}
+
+// refillLocked brings the bucket to now: what it refilled since it was
+// last brought, up to the whole minute. Before the others' requests come
+// out of it, or a hub idle on a key would refill over them the time its
+// bucket sat full and hand out a minute's worth more than the limit. A
+// now before the last (a sync's time taken before a request's) changes
+// nothing.
+func (s *keyState) refillLocked(now time.Time) {
+	if !now.After(s.at) {
+		return
+	}
+	rpm := float64(s.RequestsPerMinute)
+	s.bucket = min(rpm, s.bucket+now.Sub(s.at).Seconds()*rpm/60)
+	s.at = now
 }
 
 // Verdict is what admitting one request of a key says: the headers
@@ -302,8 +318,7 @@ func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict
 	v.Header = http.Header{}
 	if rpm := s.RequestsPerMinute; rpm > 0 {
 		perSec := float64(rpm) / 60
-		s.bucket = min(float64(rpm), s.bucket+now.Sub(s.at).Seconds()*perSec)
-		s.at = now
+		s.refillLocked(now)
 		switch {
 		case s.bucket < 1:
 			v.Limited, v.Which = true, "requests"

@@ -200,3 +200,32 @@ func TestBookAloneHasNoLeash(t *testing.T) {
 			n, LeashFloor(600, 1), Leash(600, 1, 600))
 	}
 }
+
+// A hub whose bucket of a key sat full while no one used the key, then
+// hears that the other hubs spent the whole bucket, has what the fleet's
+// bucket refilled since they spent it, not a full bucket again: the refill
+// of the idle time was capped when it happened, before their requests.
+// (Before, a hub idle on a key refilled from its own last request, so the
+// clients of a key that moved to it, say with a virtual IP, got a whole
+// minute's worth more than the limit.)
+func TestOthersCountedAfterTheBucketWasFull(t *testing.T) {
+	const rpm = 240
+	t0 := time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC)
+	kl := &Book{}
+	kl.Set(map[string]fleet.KeyLimits{"k": {RequestsPerMinute: rpm}})
+	kl.state["k"].at = t0
+	kl.Others(nil, 2, t0)
+	// A minute with no request anywhere, then the others spend it all.
+	kl.Others(map[string]Count{"k": {Requests: rpm}}, 2, t0.Add(time.Minute))
+	admitted := 0
+	for range rpm {
+		if admitOne(kl, "k", t0.Add(time.Minute+time.Second)).Limited {
+			break
+		}
+		admitted++
+		kl.Published(kl.Take()) // the others have seen it: no leash holds it
+	}
+	if admitted != rpm/60 {
+		t.Errorf("a second after the other hubs spent the bucket, the idle hub admits %d; want the second's refill, %d", admitted, rpm/60)
+	}
+}
