@@ -36,7 +36,8 @@ const keyReloadEvery = time.Minute
 // for a little over a minute, is admitted at most as one token bucket
 // would over that time (a full bucket, refilled at rpm a minute) plus the
 // overshoot docs/limits.md states for N hubs, 2(N-1) leash floors; each
-// hub admits some of it.
+// hub admits some of it. So is a key whose clients come to one hub late,
+// after its bucket sat full there while the other two spent it.
 func TestKeysAcrossThreeHubs(t *testing.T) {
 	dbURL := pgtest.URL(t)
 	dataA, dataB, dataC := t.TempDir(), t.TempDir(), t.TempDir()
