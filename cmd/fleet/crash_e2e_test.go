@@ -32,16 +32,13 @@ func demoPlacing(t *testing.T, nodes ...string) string {
 }
 
 // crashingHub starts `fleet serve` on data with FLEET_CRASH_AT=point: once
-// armed, it kills itself with SIGKILL the first time it passes point.
+// armed, it kills itself with SIGKILL the first time it passes point. Only
+// this process has the point in its environment: the hubs started after
+// it, or beside it in parallel tests, are not armed.
 func crashingHub(t *testing.T, data string, port int, point string, flags ...string) (*hubProc, func()) {
 	t.Helper()
 	armedBy := filepath.Join(data, "crash.armed")
-	t.Setenv("FLEET_CRASH_AT", point)
-	t.Setenv("FLEET_CRASH_ARMED_BY", armedBy)
-	h := launchHub(t, data, port, flags...)
-	// For the hubs started after it; t.Setenv restores them at the end.
-	os.Unsetenv("FLEET_CRASH_AT")
-	os.Unsetenv("FLEET_CRASH_ARMED_BY")
+	h := launchHubEnv(t, data, port, []string{"FLEET_CRASH_AT=" + point, "FLEET_CRASH_ARMED_BY=" + armedBy}, flags...)
 	arm := func() {
 		if err := os.WriteFile(armedBy, nil, 0o600); err != nil {
 			t.Fatal(err)
@@ -65,9 +62,10 @@ func waitKilled(t *testing.T, h *hubProc, point string) {
 	}
 }
 
-// checkEnginesTracked: every engine process of data's fleet is the engine of
-// exactly one worker, by PID, and no worker's engine runs twice.
-func checkEnginesTracked(t *testing.T, data string, ws []fleet.WorkerView) {
+// checkEnginesTracked: every engine process run from the data dirs (those
+// of every hub of the fleet) is the engine of exactly one worker, by PID,
+// and no worker's engine runs twice.
+func checkEnginesTracked(t *testing.T, ws []fleet.WorkerView, datas ...string) {
 	t.Helper()
 	owner := map[int]string{}
 	for _, w := range ws {
@@ -78,7 +76,7 @@ func checkEnginesTracked(t *testing.T, data string, ws []fleet.WorkerView) {
 			owner[w.PID] = w.Name()
 		}
 	}
-	sims := simsOf(data)
+	sims := simsIn(datas...)
 	for _, pid := range sims {
 		if _, ok := owner[pid]; !ok {
 			t.Errorf("engine PID %d runs untracked: no worker has it (workers %v)", pid, owner)
@@ -89,13 +87,22 @@ func checkEnginesTracked(t *testing.T, data string, ws []fleet.WorkerView) {
 	}
 }
 
-// waitSims waits until exactly n engines of data run.
-func waitSims(t *testing.T, data string, n int, within time.Duration) {
+// simsIn lists the simulated engines run from any of the data dirs.
+func simsIn(datas ...string) []int {
+	var pids []int
+	for _, data := range datas {
+		pids = append(pids, simsOf(data)...)
+	}
+	return pids
+}
+
+// waitSims waits until exactly n engines run from the data dirs.
+func waitSims(t *testing.T, n int, within time.Duration, datas ...string) {
 	t.Helper()
 	deadline := time.Now().Add(within)
-	for len(simsOf(data)) != n {
+	for len(simsIn(datas...)) != n {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d engines run, want %d: %v", len(simsOf(data)), n, simsOf(data))
+			t.Fatalf("%d engines run, want %d: %v", len(simsIn(datas...)), n, simsIn(datas...))
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
@@ -144,7 +151,7 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				tried++
 				launchHub(t, data, port)
 				ws := waitReady(t, data, 3, 120*time.Second)
-				checkEnginesTracked(t, data, ws)
+				checkEnginesTracked(t, ws, data)
 
 			case "stop", "drain":
 				h, arm := crashingHub(t, data, port, tc.point, "--demo")
@@ -165,7 +172,7 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 							return w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining
 						})
 					})
-					checkEnginesTracked(t, data, ws)
+					checkEnginesTracked(t, ws, data)
 					for _, w := range ws {
 						if w.Drained != (w.Node == "rig") {
 							t.Errorf("%s drained=%v after the restart; only rig's drain was asked for", w.Name(), w.Drained)
@@ -184,7 +191,7 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 						t.Errorf("%s after the restart: %s held=%v PID %d, want stopped and held", w.Name(), w.State, w.Held, w.PID)
 					}
 				}
-				checkEnginesTracked(t, data, ws)
+				checkEnginesTracked(t, ws, data)
 
 			case "remove":
 				h, arm := crashingHub(t, data, port, tc.point, "--demo")
@@ -194,11 +201,11 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				waitKilled(t, h, tc.point)
 				tried++
 				launchHub(t, data, port)
-				waitSims(t, data, 2, 60*time.Second)
+				waitSims(t, 2, 60*time.Second, data)
 				ws := waitWorkers(t, data, 60*time.Second, func(ws []fleet.WorkerView) bool {
 					return len(ws) == 2 && !slices.ContainsFunc(ws, func(w fleet.WorkerView) bool { return w.State != fleet.WorkerReady })
 				})
-				checkEnginesTracked(t, data, ws)
+				checkEnginesTracked(t, ws, data)
 			}
 		})
 	}

@@ -73,6 +73,14 @@ func startHub(t testing.TB, data string, httpPort int, extra ...string) *hubProc
 // SSH console unless the flags ask for one. Its log is printed if the test fails.
 func launchHub(t testing.TB, data string, httpPort int, flags ...string) *hubProc {
 	t.Helper()
+	return launchHubEnv(t, data, httpPort, nil, flags...)
+}
+
+// launchHubEnv is launchHub with env (KEY=VALUE) added to this hub's
+// environment only: tests that set it this way, not with t.Setenv, can run
+// in parallel.
+func launchHubEnv(t testing.TB, data string, httpPort int, env []string, flags ...string) *hubProc {
+	t.Helper()
 	h := &hubProc{data: data, http: fmt.Sprintf("127.0.0.1:%d", httpPort)}
 	// Registered before the hub's own cleanup, so it runs after the hub has
 	// stopped and cannot relaunch what it kills: engines outlive their hub.
@@ -82,6 +90,9 @@ func launchHub(t testing.TB, data string, httpPort int, flags ...string) *hubPro
 		args = append(args, "--ssh=")
 	}
 	h.cmd = exec.Command(fleetBin, append(args, flags...)...)
+	if env != nil {
+		h.cmd.Env = append(os.Environ(), env...)
+	}
 	out, err := os.Create(filepath.Join(data, fmt.Sprintf("hub-%d.log", time.Now().UnixNano())))
 	if err != nil {
 		t.Fatal(err)
