@@ -501,13 +501,14 @@ func (s *Store) CancelAction(ctx context.Context, id int64, why string) (bool, e
 
 // FailOrphanedActions fails every action a former leader took and never
 // finished (it died or lost its lease mid-way): whether it was carried out
-// is unknown, and the operator is told to look. Fenced: the new leader
-// calls it once it leads.
+// is unknown, and the operator is told to look. The result names the
+// action and its target: one command (`stop all`) may wait for several.
+// Fenced: the new leader calls it once it leads.
 func (s *Store) FailOrphanedActions(ctx context.Context) (int64, error) {
 	var n int64
 	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelActions}, func(tx *txn) error {
 		res, err := tx.ExecContext(ctx, `UPDATE actions SET state = 'failed', done_at = `+s.db.d.nowNanos+`,
-			result = 'the leader carrying it out stopped before it said how it ended; look at the fleet (fleet status) and ask again if it is not done'
+			result = action || ' ' || target || ': the leader carrying it out stopped before it said how it ended; look at the fleet (fleet status) and ask again if it is not done'
 			WHERE state = 'running' AND epoch <> ?`, s.epoch.Load())
 		if err != nil {
 			return err

@@ -422,7 +422,7 @@ func TestActionQueue(t *testing.T) {
 			t.Fatalf("fail orphaned: %d, %v; want 1", n, err)
 		}
 		got, err := follower.GetAction(ctx, id3)
-		if err != nil || got.State != ActionFailed || !strings.Contains(got.Result, "fleet status") {
+		if err != nil || got.State != ActionFailed || !strings.Contains(got.Result, "fleet status") || !strings.HasPrefix(got.Result, "restart rig/m: ") {
 			t.Fatalf("orphaned action: %+v, %v", got, err)
 		}
 		if _, err := follower.GetAction(ctx, id3+100); !errors.Is(err, ErrNotFound) {
