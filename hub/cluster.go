@@ -349,6 +349,10 @@ func (c *cluster) lead(ctx context.Context, epoch int64) {
 		c.h.mgr.SetLeading(false, nil)
 	}
 	c.st.SetEpoch(epoch)
+	// Taken, nothing adopted yet: a hub dying here leaves a lease that
+	// only expires, the former leader's actions unfailed and its stops
+	// undone, for the next leader.
+	c.h.fault("lease.taken")
 	f, known, err := c.readFleet(ctx)
 	if err != nil {
 		c.st.SetEpoch(0)
