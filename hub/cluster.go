@@ -910,6 +910,29 @@ func machineBound(f fleet.Fleet) []string {
 	return names
 }
 
+// otherDataDirs is the data dirs of the fleet's other hubs on this
+// machine, as the hubs table has them: a killed hub's row stays. A former
+// leader's launch on a local or sim node left its pid file under its own
+// data dir, where the node manager looks for it before launching again.
+func (c *cluster) otherDataDirs(ctx context.Context) ([]string, error) {
+	if !c.on {
+		return nil, nil
+	}
+	hubs, err := c.st.Hubs(ctx)
+	if err != nil {
+		return nil, err
+	}
+	self, own, _ := strings.Cut(c.home, ":")
+	var dirs []string
+	for _, h := range hubs {
+		host, dir, ok := strings.Cut(h.Home, ":")
+		if ok && host == self && dir != own && dir != "" && !slices.Contains(dirs, dir) {
+			dirs = append(dirs, dir)
+		}
+	}
+	return dirs, nil
+}
+
 // checkMachines refuses fleet f while it has machine-bound nodes and the
 // live hubs (this one included) run on more than one machine. Machines are
 // told apart by host name, as a hub's home records it: hubs on one host in

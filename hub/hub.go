@@ -421,8 +421,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		OnNodeSuspect:   h.onNodeSuspect,
 		OnEvent:         h.onEvent,
 		// On PostgreSQL a hub leads only while it holds the lease.
-		Following:    h.cluster.on,
-		StillLeading: h.cluster.stillLeading,
+		Following:     h.cluster.on,
+		StillLeading:  h.cluster.stillLeading,
+		OtherDataDirs: h.cluster.otherDataDirs,
 	})
 	if h.judge, h.runs, err = admission.New(ctx, admission.Config{
 		Fleet: h.state, Guard: guardForRuns{h.guard}, Nodes: h.mgr, Store: st, Router: rt, Log: opts.Logger,

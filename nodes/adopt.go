@@ -3,6 +3,7 @@ package nodes
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 
@@ -84,12 +85,24 @@ func (m *Manager) resolveLaunch(ctx context.Context, ws *workerState, node fleet
 		ws.inDoubt = false
 		return nil
 	}
-	pidPath := m.withFiles(enginectl.Process{}, t, node.Name, w.Model).PIDPath
-	fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	proc, found, err := enginectl.FindLaunch(fctx, t, pidPath, enginectl.Owner{FleetID: m.opts.FleetID, Launch: w.Launch}, m.engineOptions()...)
-	cancel()
+	pidPaths, err := m.launchPIDPaths(ctx, t, node.Name, w.Model)
 	if err != nil {
 		return fmt.Errorf("looking for the engine of launch %d, recorded before the hub stopped: %w", w.Launch, err)
+	}
+	var (
+		proc  enginectl.Process
+		found bool
+	)
+	for _, pidPath := range pidPaths {
+		fctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		proc, found, err = enginectl.FindLaunch(fctx, t, pidPath, enginectl.Owner{FleetID: m.opts.FleetID, Launch: w.Launch}, m.engineOptions()...)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("looking for the engine of launch %d, recorded before the hub stopped: %w", w.Launch, err)
+		}
+		if found {
+			break
+		}
 	}
 	ws.inDoubt = false
 	if !found {
@@ -102,4 +115,25 @@ func (m *Manager) resolveLaunch(ctx context.Context, ws *workerState, node fleet
 	m.update(ws, func(w *fleet.Worker) { w.PID, w.PGID, w.StartedAt = proc.PID, proc.PGID, proc.StartedAt })
 	m.workerEvent(ws, "warn", fmt.Sprintf("found engine PID %d of launch %d, started just before the hub stopped and not recorded then; it is checked now, not launched twice", proc.PID, w.Launch))
 	return nil
+}
+
+// launchPIDPaths is where the pid file of a launch on node may be: under
+// this hub's state dir for the node and, on a local or sim node, under each
+// other hub's data dir on this machine (a former leader's launch).
+func (m *Manager) launchPIDPaths(ctx context.Context, t Transport, node, model string) ([]string, error) {
+	paths := []string{m.withFiles(enginectl.Process{}, t, node, model).PIDPath}
+	if s, ok := t.(interface{ StateDir() string }); !ok || s.StateDir() == "" || m.opts.OtherDataDirs == nil {
+		return paths, nil
+	}
+	dirs, err := m.opts.OtherDataDirs(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("reading the other hubs' data dirs: %w", err)
+	}
+	for _, d := range dirs {
+		p := strings.TrimSuffix(logPath(NodeStateDir(d, node), node, model), ".log") + ".pid"
+		if !slices.Contains(paths, p) {
+			paths = append(paths, p)
+		}
+	}
+	return paths, nil
 }

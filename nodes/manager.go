@@ -129,6 +129,13 @@ type ManagerOptions struct {
 	// leaving its engine as it runs, until SetLeading starts a new term.
 	// nil: always leading.
 	StillLeading func() bool
+	// OtherDataDirs lists the data dirs of the fleet's other hubs on this
+	// machine, live or dead (several hubs on one database). A local or sim
+	// node keeps an engine's pid file under the data dir of the hub that
+	// launched it, so a launch a former leader recorded and died before
+	// seeing start is looked for there too before another is started
+	// (resolveLaunch). nil: none.
+	OtherDataDirs func(ctx context.Context) ([]string, error)
 }
 
 func (o ManagerOptions) withDefaults() ManagerOptions {
