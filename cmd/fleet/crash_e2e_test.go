@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -113,8 +114,11 @@ func waitSims(t *testing.T, n int, within time.Duration, datas ...string) {
 // that removes a placement, loses nothing and leaks nothing once it is
 // started again: every engine process is tracked by its worker, none runs
 // twice, every accepted stop is carried out and every drain kept. The hub
-// kills itself at a named point (FLEET_CRASH_AT), one run per point.
+// kills itself at a named point (FLEET_CRASH_AT), one run per point; the
+// runs share nothing (a data dir and engine ports each), so they run side
+// by side.
 func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		scenario, point string
 	}{
@@ -131,9 +135,16 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 		{"remove", "retire.stopping"},
 		{"remove", "stop.signalled"},
 	}
-	tried := 0
-	for _, tc := range cases {
+	var tried atomic.Int32
+	// After every run: the parallel runs start once this function returns.
+	t.Cleanup(func() {
+		t.Logf("killed the hub at %d crash points of %d (apply, launch, stop, drain, retire)", tried.Load(), len(cases))
+	})
+	for i, tc := range cases {
+		// Away from the default range and TestLeaderKilledAtEveryCrashPointFailsOver's.
+		ports := "--engine-ports=" + fleet.PortRange{Min: 21000 + 40*i, Max: 21000 + 40*i + 39}.String()
 		t.Run(tc.scenario+"@"+tc.point, func(t *testing.T) {
+			t.Parallel()
 			data := t.TempDir()
 			port := freePort(t)
 			switch tc.scenario {
@@ -142,19 +153,19 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				if err := os.WriteFile(file, []byte(demoPlacing(t)), 0o600); err != nil {
 					t.Fatal(err)
 				}
-				h, arm := crashingHub(t, data, port, tc.point, "--fleet", file)
+				h, arm := crashingHub(t, data, port, tc.point, "--fleet", file, ports)
 				waitProbedSince(t, data, time.Time{}, 3, 60*time.Second)
 				arm()
 				// The apply's answer is lost with the hub; its exit status says nothing.
 				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra", "max"), "apply", "-f", "-")
 				waitKilled(t, h, tc.point)
-				tried++
-				launchHub(t, data, port)
+				tried.Add(1)
+				launchHub(t, data, port, ports)
 				ws := waitReady(t, data, 3, 120*time.Second)
 				checkEnginesTracked(t, ws, data)
 
 			case "stop", "drain":
-				h, arm := crashingHub(t, data, port, tc.point, "--demo")
+				h, arm := crashingHub(t, data, port, tc.point, "--demo", ports)
 				waitReady(t, data, 3, 120*time.Second)
 				arm()
 				if tc.scenario == "stop" {
@@ -163,8 +174,8 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 					fleetCmd(t, data, "drain", "rig/qwen3-4b")
 				}
 				waitKilled(t, h, tc.point)
-				tried++
-				launchHub(t, data, port)
+				tried.Add(1)
+				launchHub(t, data, port, ports)
 				if tc.scenario == "drain" {
 					// rig stays drained (no new requests): draining, not ready.
 					ws := waitWorkers(t, data, 90*time.Second, func(ws []fleet.WorkerView) bool {
@@ -194,13 +205,13 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				checkEnginesTracked(t, ws, data)
 
 			case "remove":
-				h, arm := crashingHub(t, data, port, tc.point, "--demo")
+				h, arm := crashingHub(t, data, port, tc.point, "--demo", ports)
 				waitReady(t, data, 3, 120*time.Second)
 				arm()
 				fleetCmdIn(t, data, demoPlacing(t, "rig", "ultra"), "apply", "-f", "-")
 				waitKilled(t, h, tc.point)
-				tried++
-				launchHub(t, data, port)
+				tried.Add(1)
+				launchHub(t, data, port, ports)
 				waitSims(t, 2, 60*time.Second, data)
 				ws := waitWorkers(t, data, 60*time.Second, func(ws []fleet.WorkerView) bool {
 					return len(ws) == 2 && !slices.ContainsFunc(ws, func(w fleet.WorkerView) bool { return w.State != fleet.WorkerReady })
@@ -209,7 +220,6 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 			}
 		})
 	}
-	t.Logf("killed the hub at %d crash points of %d (apply, launch, stop, drain, retire)", tried, len(cases))
 }
 
 // waitWorkers waits until the workers satisfy ok and returns them.
