@@ -115,7 +115,7 @@ func (w *worker) observeCache(f *flight, c promptCache) int {
 		if c.promptTokens > 0 {
 			computed *= float64(prompt) / float64(c.promptTokens)
 		}
-		w.speed.ObservePrefill(max(int(math.Round(computed)), 1), c.computedMs)
+		w.speed.ObservePrefill(f.startConcurrency, max(int(math.Round(computed)), 1), c.computedMs)
 	}
 	if c.cached >= 0 && c.promptTokens > 0 {
 		w.prefix.Observe(f.job.Prefix, f.predicted, c.promptTokens, c.cached)

@@ -204,7 +204,7 @@ func TestRouterLearnsPrefillInItsOwnTokens(t *testing.T) {
 			}
 			r.pool.mu.Lock()
 			m := r.pool.workerLocked(b.Name).speed
-			predicted := float64(info.PromptTokens) * m.prefillMs()
+			predicted := float64(info.PromptTokens) * m.prefillMs(1)
 			r.pool.mu.Unlock()
 			if predicted < 0.9*reportedMs || predicted > 1.1*reportedMs {
 				t.Errorf("predicted prefill of the prompt (%d tokens by the router's estimate) %.0f ms, the engine took %.0f ms", info.PromptTokens, predicted, reportedMs)

@@ -43,8 +43,13 @@ type SpeedModel struct {
 	base [speedLevels]estimate
 	// itl[c-1] is ms per output token at mean concurrency c.
 	itl [speedLevels]estimate
-	// prefill is ms per prompt token.
-	prefill estimate
+	// prefill[c-1] is ms per computed prompt token at concurrency c: a
+	// prefill shares its engine with the requests beside it (a one-thread
+	// llama-server given two 4,000-token prompts at once computes the
+	// second at 1.5 to 2.3 times its rate alone), so one rate for every
+	// load prices a long prefill on a busy worker at the mix of the loads
+	// it was learned at.
+	prefill [speedLevels]estimate
 	// longPrefills counts the prefill observations of at least
 	// longPrefillTokens: until there is one, the rate is mostly the fixed
 	// cost of short prompts spread over their tokens.
@@ -119,10 +124,10 @@ func level(c int) int { return min(max(c, 1), speedLevels) - 1 }
 // engine's metrics.
 func (m *SpeedModel) Seed(p SpeedPoint) {
 	if p.PrefillTokPerSec > 0 {
-		m.prefill.seed(1000 / p.PrefillTokPerSec)
+		m.prefill[level(p.Concurrency)].seed(1000 / p.PrefillTokPerSec)
 	}
 	if p.TTFT > 0 {
-		m.base[level(p.Concurrency)].seed(max(ms(p.TTFT)-float64(p.PromptTokens)*m.prefillMs(), 0.01))
+		m.base[level(p.Concurrency)].seed(max(ms(p.TTFT)-float64(p.PromptTokens)*m.prefillMs(p.Concurrency), 0.01))
 	}
 	if p.ITL > 0 {
 		m.itl[level(p.Concurrency)].seed(ms(p.ITL))
@@ -133,14 +138,14 @@ func (m *SpeedModel) Seed(p SpeedPoint) {
 // worker's in-flight count when it started (itself included); meanConcurrency
 // is the time-average over its life, which is what its decode speed saw.
 func (m *SpeedModel) Observe(startConcurrency int, meanConcurrency float64, promptTokens int, ttft, itl time.Duration) {
-	pre := m.prefillMs()
+	pre := m.prefillMs(startConcurrency)
 	if ttft > 0 {
 		b := &m.base[level(startConcurrency)]
 		// Long prompts carry information about prefill speed: attribute
 		// what the base does not explain to the prompt.
 		if promptTokens >= 64 && b.n > 0 {
-			m.prefill.add(max(ms(ttft)-b.v, 0) / float64(promptTokens))
-			pre = m.prefillMs()
+			m.prefill[level(startConcurrency)].add(max(ms(ttft)-b.v, 0) / float64(promptTokens))
+			pre = m.prefillMs(startConcurrency)
 			if promptTokens >= longPrefillTokens {
 				m.longPrefills++
 			}
@@ -153,11 +158,13 @@ func (m *SpeedModel) Observe(startConcurrency int, meanConcurrency float64, prom
 	}
 }
 
-// ObservePrefill learns the prefill rate from the engine's own timings:
-// tokens computed in ms (llama-server's prompt_n and prompt_ms).
-func (m *SpeedModel) ObservePrefill(tokens int, ms float64) {
+// ObservePrefill learns the prefill rate at concurrency c (the worker's
+// in-flight count when the request started, itself included) from the
+// engine's own timings: tokens computed in ms (llama-server's prompt_n and
+// prompt_ms, which count the time the slots beside it took).
+func (m *SpeedModel) ObservePrefill(c, tokens int, ms float64) {
 	if tokens > 0 && ms > 0 {
-		m.prefill.add(ms / float64(tokens))
+		m.prefill[level(c)].add(ms / float64(tokens))
 		if tokens >= longPrefillTokens {
 			m.longPrefills++
 		}
@@ -172,24 +179,27 @@ func (m *SpeedModel) ObservePrefill(tokens int, ms float64) {
 // healthy worker's first long prompt would miss its deadline, be taken back
 // and leave the worker suspect.
 func (m *SpeedModel) CautiousTTFT(c, promptTokens int) time.Duration {
-	pre := m.prefillMs()
+	pre := m.prefillMs(c)
 	if promptTokens >= longPrefillTokens && m.longPrefills == 0 {
 		pre = max(pre, 1000/m.prior.PrefillTokPerSec)
 	}
 	return m.ttft(c, promptTokens, pre)
 }
 
-func (m *SpeedModel) prefillMs() float64 {
-	if m.prefill.n > 0 {
-		return m.prefill.v
-	}
-	return 1000 / m.prior.PrefillTokPerSec
+// prefillMs is ms per prompt token at concurrency c. A level never measured
+// takes its measured neighbours' rate (interpolated between two, the
+// nearest one's beyond them), not a guessed slowdown: how much a prefill
+// slows beside others ranges from little (a GPU batching a prefill with
+// decodes) to 1/c (a CPU engine's slots), and the first measurement at a
+// level says which.
+func (m *SpeedModel) prefillMs(c int) float64 {
+	return m.levelValueExp(&m.prefill, c, 1000/m.prior.PrefillTokPerSec, 0)
 }
 
 // TTFT predicts the time to first token at concurrency c (the request
 // itself included) for a prompt of promptTokens.
 func (m *SpeedModel) TTFT(c, promptTokens int) time.Duration {
-	return m.ttft(c, promptTokens, m.prefillMs())
+	return m.ttft(c, promptTokens, m.prefillMs(c))
 }
 
 // ttft is TTFT at a prefill of prefillMs per prompt token.
@@ -233,6 +243,11 @@ const concurrencyExponent = 0.6
 // levelValue reads level c, interpolating between measured neighbours and
 // extrapolating beyond them.
 func (m *SpeedModel) levelValue(levels *[speedLevels]estimate, c int, prior float64) float64 {
+	return m.levelValueExp(levels, c, prior, concurrencyExponent)
+}
+
+// levelValueExp is levelValue growing by exponent beyond the measured levels.
+func (m *SpeedModel) levelValueExp(levels *[speedLevels]estimate, c int, prior, exponent float64) float64 {
 	i := level(c)
 	if levels[i].n > 0 {
 		return levels[i].v
@@ -255,11 +270,11 @@ func (m *SpeedModel) levelValue(levels *[speedLevels]estimate, c int, prior floa
 		f := float64(i-lo) / float64(hi-lo)
 		return levels[lo].v + f*(levels[hi].v-levels[lo].v)
 	case lo >= 0:
-		return levels[lo].v * math.Pow(float64(i+1)/float64(lo+1), concurrencyExponent)
+		return levels[lo].v * math.Pow(float64(i+1)/float64(lo+1), exponent)
 	case hi >= 0:
-		return levels[hi].v * math.Pow(float64(i+1)/float64(hi+1), concurrencyExponent)
+		return levels[hi].v * math.Pow(float64(i+1)/float64(hi+1), exponent)
 	}
-	return prior * math.Pow(float64(i+1), concurrencyExponent)
+	return prior * math.Pow(float64(i+1), exponent)
 }
 
 func fromMs(v float64) time.Duration { return time.Duration(v * float64(time.Millisecond)) }

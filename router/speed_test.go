@@ -68,6 +68,79 @@ func TestSpeedModelSeedAndPrefill(t *testing.T) {
 	}
 }
 
+// A prefill shares its engine with the requests beside it: a one-thread
+// llama-server computing two 4,000-token prompts at once took 1.0-2.3 ms a
+// token for each against 0.9-1.1 alone. Learned as one rate, the mix priced
+// a long prefill beside another request as if it ran alone, and a session
+// taking a busy worker's last slot looked cheaper than waiting for the
+// worker holding its conversation.
+func TestSpeedModelPricesPrefillAtItsConcurrency(t *testing.T) {
+	const prompt = 4000
+	alone, beside := 1.0, 1.8 // ms a prompt token
+	cases := []struct {
+		name  string
+		learn func(m *SpeedModel)
+	}{
+		{"from the turns' TTFT", func(m *SpeedModel) {
+			for range 20 {
+				m.Observe(1, 1, prompt, 100*time.Millisecond+fromMs(prompt*alone), 0)
+				m.Observe(2, 2, prompt, 150*time.Millisecond+fromMs(prompt*beside), 0)
+			}
+		}},
+		{"from the engine's timings", func(m *SpeedModel) {
+			for range 20 {
+				m.ObservePrefill(1, prompt, prompt*alone)
+				m.ObservePrefill(2, prompt, prompt*beside)
+				m.Observe(1, 1, prompt, 100*time.Millisecond+fromMs(prompt*alone), 0)
+				m.Observe(2, 2, prompt, 150*time.Millisecond+fromMs(prompt*beside), 0)
+			}
+		}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			m := NewSpeedModel(SpeedPrior{})
+			// Short prompts teach each level's fixed cost first.
+			for range 5 {
+				m.Observe(1, 1, 10, 100*time.Millisecond, 0)
+				m.Observe(2, 2, 10, 150*time.Millisecond, 0)
+			}
+			tc.learn(m)
+			for _, want := range []struct {
+				c    int
+				ttft time.Duration
+			}{
+				{1, 100*time.Millisecond + fromMs(prompt*alone)},
+				{2, 150*time.Millisecond + fromMs(prompt*beside)},
+			} {
+				if got := m.TTFT(want.c, prompt); got < want.ttft*95/100 || got > want.ttft*105/100 {
+					t.Errorf("TTFT of a %d-token prompt at concurrency %d: %v, want about %v", prompt, want.c, got, want.ttft)
+				}
+			}
+		})
+	}
+}
+
+// A level never measured takes the rate of the nearest measured one: how
+// much a prefill slows beside others is the engine's to show, not a guess.
+func TestSpeedModelPrefillAtUnmeasuredLevels(t *testing.T) {
+	m := NewSpeedModel(SpeedPrior{PrefillTokPerSec: 500})
+	if got := m.TTFT(3, 1000) - m.TTFT(3, 0); got != 2*time.Second {
+		t.Errorf("a fresh model's prefill of 1000 tokens at concurrency 3: %v, want the prior's 2s", got)
+	}
+	m.ObservePrefill(1, 1000, 1000)
+	m.ObservePrefill(3, 1000, 3000)
+	for _, tc := range []struct {
+		c    int
+		want time.Duration
+	}{
+		{1, time.Second}, {2, 2 * time.Second}, {3, 3 * time.Second}, {8, 3 * time.Second},
+	} {
+		if got := m.TTFT(tc.c, 1000) - m.TTFT(tc.c, 0); got != tc.want {
+			t.Errorf("prefill of 1000 tokens at concurrency %d: %v, want %v", tc.c, got, tc.want)
+		}
+	}
+}
+
 func fastSlow() (fast, slow *SpeedModel) {
 	fast, slow = NewSpeedModel(SpeedPrior{}), NewSpeedModel(SpeedPrior{})
 	fast.Seed(SpeedPoint{Concurrency: 1, TTFT: 50 * time.Millisecond, ITL: 10 * time.Millisecond})
