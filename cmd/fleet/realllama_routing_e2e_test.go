@@ -50,9 +50,11 @@ import (
 // 15 s of which the read's prefill is 2 to 4, and `fleet` came out -5 to
 // +20 points above `fleet-no-prefix`, mean +2.3, over 20 runs: it moves
 // sessions off the worker holding their read about as often as the blind
-// policy on most runs, likely (not yet tested) because a prefill beside
-// another request on a one-thread engine is priced as if alone
-// (docs/measurements.md).
+// policy on most runs. Not for want of pricing: with the prefill rate
+// learned per concurrency, the turns it moves go to a free worker it
+// predicts up to twice as slow as waiting, which the wait rule allows
+// (waitMargin, router/policy.go); at a margin of 1 this test wins but the
+// simulator's mixed fleet piles up (docs/measurements.md).
 //
 // What is asserted: both engines are alive throughout, however starved the
 // machine, and the hedge takes no request back from them (it asks a
