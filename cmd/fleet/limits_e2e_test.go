@@ -198,14 +198,24 @@ func TestLimitsOverOpenSSH(t *testing.T) {
 	}
 
 	// One session open (events --follow stays), so the admin's next is refused.
-	follow := exec.CommandContext(ctx, "ssh", append(ssh.args(adminKey, "yes", false), "events", "--follow")...)
-	if err := follow.Start(); err != nil {
-		t.Fatal(err)
+	// The two race for the one slot: a whoami that wins it gets the follow
+	// refused, and the follow (which then exits) is started again.
+	var follow *exec.Cmd
+	var followEnded chan struct{}
+	startFollow := func() {
+		follow = exec.CommandContext(ctx, "ssh", append(ssh.args(adminKey, "yes", false), "events", "--follow")...)
+		if err := follow.Start(); err != nil {
+			t.Fatal(err)
+		}
+		ended, cmd := make(chan struct{}), follow
+		go func() { cmd.Wait(); close(ended) }()
+		followEnded = ended
 	}
-	defer func() { follow.Process.Kill(); follow.Wait() }()
+	startFollow()
+	defer func() { follow.Process.Kill(); <-followEnded }()
 	// OpenSSH logs a refused channel at INFO; the first -o given wins.
 	whoami := append([]string{"-o", "LogLevel=INFO"}, append(ssh.args(adminKey, "yes", false), "whoami")...)
-	deadline := time.Now().Add(30 * time.Second)
+	deadline := time.Now().Add(60 * time.Second)
 	for {
 		out, _ := exec.CommandContext(ctx, "ssh", whoami...).CombinedOutput()
 		if strings.Contains(string(out), "open failed: resource shortage: fleet: you already have 1 session open, the limit per user") {
@@ -213,6 +223,11 @@ func TestLimitsOverOpenSSH(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("with events --follow open, whoami said %q; want the per-user refusal", out)
+		}
+		select {
+		case <-followEnded: // refused while a whoami held the slot
+			startFollow()
+		default:
 		}
 		time.Sleep(200 * time.Millisecond)
 	}
