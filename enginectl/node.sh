@@ -83,6 +83,18 @@ start)
 		echo "cannot detach the engine: the node has none of setsid, perl, python3" >&2; exit 69
 	fi
 	pid=$!
+	# Until setsid runs in the child, the engine is still in this script's
+	# process group, and a hangup of the hub's session (or a kill of its
+	# group) right after this prints the PID would take the engine with
+	# it: on a busy node the child may not have run at all yet. So this
+	# returns once the engine leads its own group, or is gone (WaitReady
+	# reports that with its log).
+	# A zombie (state Z) is gone too: this shell reaps it only on exit.
+	while f=$(stat_fields "$pid"); do
+		case $f in "" | Z* | X*) break ;; esac
+		[ "${f##* }" = "$pid" ] && break
+		sleep 0.01 2>/dev/null || sleep 1
+	done
 	# Written here too, so the pid file is there when this prints the PID.
 	echo "$pid" >"$pidf.p" && mv -f "$pidf.p" "$pidf"
 	printf 'pid=%s\nlog=%s\npidfile=%s\n' "$pid" "$log" "$pidf"

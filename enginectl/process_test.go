@@ -88,40 +88,76 @@ func TestLifecycle(t *testing.T) {
 
 // TestEngineOutlivesLauncher launches from a separate controller process,
 // kills that controller's whole process group the way a dropped SSH session
-// would, and expects the engine to keep serving.
+// would, right after the launch returns, and expects the engine to keep
+// serving. On a busy node the engine's process may not have detached yet
+// when the launch would print its PID: the slow variants make that window
+// wide (a setsid or perl that sleeps before it runs), where before the
+// launch returned inside it about once in 40 runs on a loaded machine.
 func TestEngineOutlivesLauncher(t *testing.T) {
-	ctx := testCtx(t)
-	port := freePort(t)
-	state := t.TempDir()
-	self, err := os.Executable()
-	if err != nil {
-		t.Fatal(err)
-	}
-	launcher := exec.CommandContext(ctx, self, "-test.run=^$")
-	launcher.Env = append(os.Environ(), "ENGINECTL_TEST_LAUNCHER=1", "ENGINECTL_TEST_PORT="+strconv.Itoa(port),
-		"ENGINECTL_TEST_STATE="+state, "ENGINECTL_TEST_BIN="+fakeEngine)
-	launcher.SysProcAttr = newGroup()
-	var out, errb bytes.Buffer
-	launcher.Stdout, launcher.Stderr = &out, &errb
-	if err := launcher.Run(); err != nil {
-		t.Fatalf("launcher: %v\n%s", err, errb.String())
-	}
-	pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
-	if err != nil {
-		t.Fatalf("launcher printed %q", out.String())
-	}
-	p := Process{PID: pid, PGID: pid, LogPath: filepath.Join(state, "launcher-qwen3-4b.log"), ServedName: "qwen3-4b"}
-	t.Cleanup(func() { _ = Stop(ctx, LocalRunner{}, p, 2*time.Second, fast...) })
-	// Whatever is left of the controller's group goes, as with a hangup.
-	_ = syscall.Kill(-launcher.Process.Pid, syscall.SIGHUP)
-	_ = syscall.Kill(-launcher.Process.Pid, syscall.SIGKILL)
+	slow := slowDetachers(t)
+	for _, tc := range []struct {
+		name string
+		env  []string
+	}{
+		{"setsid", nil},
+		{"setsid slow to detach", []string{"PATH=" + slow + string(os.PathListSeparator) + os.Getenv("PATH")}},
+		{"perl slow to detach", []string{"PATH=" + slow + string(os.PathListSeparator) + os.Getenv("PATH"), "FLEET_ENGINECTL_NO_SETSID=1"}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := testCtx(t)
+			port := freePort(t)
+			state := t.TempDir()
+			self, err := os.Executable()
+			if err != nil {
+				t.Fatal(err)
+			}
+			launcher := exec.CommandContext(ctx, self, "-test.run=^$")
+			launcher.Env = append(os.Environ(), "ENGINECTL_TEST_LAUNCHER=1", "ENGINECTL_TEST_PORT="+strconv.Itoa(port),
+				"ENGINECTL_TEST_STATE="+state, "ENGINECTL_TEST_BIN="+fakeEngine)
+			launcher.Env = append(launcher.Env, tc.env...)
+			launcher.SysProcAttr = newGroup()
+			var out, errb bytes.Buffer
+			launcher.Stdout, launcher.Stderr = &out, &errb
+			if err := launcher.Run(); err != nil {
+				t.Fatalf("launcher: %v\n%s", err, errb.String())
+			}
+			pid, err := strconv.Atoi(strings.TrimSpace(out.String()))
+			if err != nil {
+				t.Fatalf("launcher printed %q", out.String())
+			}
+			p := Process{PID: pid, PGID: pid, LogPath: filepath.Join(state, "launcher-qwen3-4b.log"), ServedName: "qwen3-4b"}
+			t.Cleanup(func() { _ = Stop(ctx, LocalRunner{}, p, 2*time.Second, fast...) })
+			// Whatever is left of the controller's group goes, as with a hangup.
+			_ = syscall.Kill(-launcher.Process.Pid, syscall.SIGHUP)
+			_ = syscall.Kill(-launcher.Process.Pid, syscall.SIGKILL)
 
-	if err := WaitReady(ctx, LocalRunner{}, port, p, fleet.EngineLlamaCpp, fast...); err != nil {
-		t.Fatalf("engine did not survive its launcher: %v", err)
+			if err := WaitReady(ctx, LocalRunner{}, port, p, fleet.EngineLlamaCpp, fast...); err != nil {
+				t.Fatalf("engine did not survive its launcher: %v", err)
+			}
+			if pgid, _ := syscall.Getpgid(pid); pgid == launcher.Process.Pid {
+				t.Errorf("engine stayed in the launcher's process group %d", pgid)
+			}
+		})
 	}
-	if pgid, _ := syscall.Getpgid(pid); pgid == launcher.Process.Pid {
-		t.Errorf("engine stayed in the launcher's process group %d", pgid)
+}
+
+// slowDetachers is a directory of setsid and perl that wait a second before
+// they run the real ones, as a detaching process does that a busy machine
+// does not schedule.
+func slowDetachers(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	for _, name := range []string{"setsid", "perl"} {
+		real, err := exec.LookPath(name)
+		if err != nil {
+			t.Skipf("%s is not installed: %v", name, err)
+		}
+		script := "#!/bin/sh\nsleep 1\nexec " + real + " \"$@\"\n"
+		if err := os.WriteFile(filepath.Join(dir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
 	}
+	return dir
 }
 
 func TestWaitReady(t *testing.T) {
