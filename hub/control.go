@@ -229,6 +229,12 @@ func RunRemote(ctx context.Context, dataDir string, args []string, stdin io.Read
 		n := binary.BigEndian.Uint32(h[1:])
 		payload := make([]byte, n)
 		if _, err := io.ReadFull(br, payload); err != nil {
+			// A cancel closes the connection wherever the read is, in
+			// the middle of a frame too (the hub writes a frame's
+			// header and payload apart).
+			if ctx.Err() != nil {
+				return 1, ctx.Err()
+			}
 			return 0, fmt.Errorf("reading the hub's answer: %w", err)
 		}
 		switch h[0] {

@@ -225,6 +225,33 @@ func TestRunRemoteCancel(t *testing.T) {
 	}
 }
 
+// TestRunRemoteCancelMidFrame: a Ctrl-C that lands while the client reads
+// a frame's payload is a cancel too, not a broken answer. The hub writes a
+// frame's header and payload apart, so a client can hold the one without
+// the other; that is where TestRunRemoteCancel failed, about once in 300
+// runs on a loaded machine.
+func TestRunRemoteCancelMidFrame(t *testing.T) {
+	dir := t.TempDir()
+	// One write: a whole frame, then the header and the first bytes of the
+	// next one, whose rest never comes.
+	fakeHub(t, dir, append(frame(frameStdout, "following\n"), frame(frameStdout, "0123456789")[:8]...))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	// Cancelled as the first frame is printed, before the next is read.
+	stdout := writerFunc(func(p []byte) (int, error) {
+		cancel()
+		return len(p), nil
+	})
+	code, err := RunRemote(ctx, dir, []string{"events", "--follow"}, nil, stdout, io.Discard)
+	if !errors.Is(err, context.Canceled) || code == 0 {
+		t.Errorf("RunRemote cancelled in the middle of a frame = %d, %v; want a non-zero status and context.Canceled", code, err)
+	}
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
 // fakeHub answers every control connection with the same raw bytes, to play a hub
 // that stops or speaks another version of the protocol.
 func fakeHub(t *testing.T, dir string, answer []byte) {
