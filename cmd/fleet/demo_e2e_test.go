@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -56,6 +57,56 @@ func freePort(t testing.TB) int {
 	return l.Addr().(*net.TCPAddr).Port
 }
 
+// enginePorts gives each test's hubs engine ports of their own, apart from
+// every other test's and from the default 18000-18999 that other packages'
+// tests use. The tests run four at once (e2eParallel), every demo hub's
+// engines bind the loopback, and with one shared range an engine of one
+// test took the port another test's hub had just found free: that hub
+// recovers (it launches again on another port), but a test about applying
+// a fleet file then waits on a recovery it is not about, for as long as a
+// loaded machine takes. The hubs of one test share its range, as the hubs
+// of one fleet share its nodes' ports (a restarted hub, a follower taking
+// over, adopt the engines where they are). A test about ports sets
+// --engine-ports itself.
+var enginePorts = struct {
+	sync.Mutex
+	next int
+	of   map[string]fleet.PortRange
+}{next: enginePortsFrom, of: map[string]fleet.PortRange{}}
+
+const (
+	// enginePortsFrom and enginePortsTo are past the default range, past
+	// the 20000-27999 that tests choosing their own --engine-ports draw
+	// from (TestEnginePortsFromTheFleetFileAndTheHub), and below Linux's
+	// ephemeral ports (32768 up), which freePort and every outgoing
+	// connection draw from.
+	enginePortsFrom, enginePortsTo = 28000, 32767
+	// enginePortsEach is more ports than any test's fleet has engines,
+	// with room for a port lost to a process outside the tests.
+	enginePortsEach = 20
+)
+
+// enginePortsOf is the engine port range of t's hubs: of its top-level
+// test, so the hubs its subtests start share it too.
+func enginePortsOf(t testing.TB) fleet.PortRange {
+	test, _, _ := strings.Cut(t.Name(), "/")
+	enginePorts.Lock()
+	defer enginePorts.Unlock()
+	if r, ok := enginePorts.of[test]; ok {
+		return r
+	}
+	r := fleet.PortRange{Min: enginePorts.next, Max: enginePorts.next + enginePortsEach - 1}
+	if r.Max > enginePortsTo {
+		// More tests than the space holds (a -count of a few): start
+		// again from the bottom, whose tests ended long ago, rather
+		// than stray into ephemeral ports.
+		r = fleet.PortRange{Min: enginePortsFrom, Max: enginePortsFrom + enginePortsEach - 1}
+	}
+	enginePorts.next = r.Max + 1
+	enginePorts.of[test] = r
+	return r
+}
+
 // hubProc is a `fleet serve` child process.
 type hubProc struct {
 	cmd  *exec.Cmd
@@ -88,6 +139,9 @@ func launchHubEnv(t testing.TB, data string, httpPort int, env []string, flags .
 	args := []string{"--data", data, "serve", "--http", h.http}
 	if !slices.ContainsFunc(flags, func(a string) bool { return strings.HasPrefix(a, "--ssh") }) {
 		args = append(args, "--ssh=")
+	}
+	if !slices.ContainsFunc(flags, func(a string) bool { return strings.HasPrefix(a, "--engine-ports") }) {
+		args = append(args, "--engine-ports", enginePortsOf(t).String())
 	}
 	h.cmd = exec.Command(fleetBin, append(args, flags...)...)
 	if env != nil {

@@ -231,12 +231,13 @@ func TestSSHNodeLifecycle(t *testing.T) {
 	// A stranger (this test process) listens on the first free port of the
 	// engines' range, which the hub, unable to test-bind ports on a remote
 	// node, will pick: it must leave it alone and take another.
+	ports := enginePortsOf(t)
 	var stranger net.Listener
-	for p := 18000; p < 19000 && stranger == nil; p++ {
+	for p := ports.Min; p <= ports.Max && stranger == nil; p++ {
 		stranger, _ = net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
 	}
 	if stranger == nil {
-		t.Fatal("no free port in the engines' range 18000-18999")
+		t.Fatalf("no free port in the engines' range %s", ports)
 	}
 	defer stranger.Close()
 	strangerPort := stranger.Addr().(*net.TCPAddr).Port
