@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -18,6 +17,8 @@ import (
 	"github.com/miekg/dns"
 	"golang.org/x/crypto/ssh"
 	"golang.org/x/sys/unix"
+
+	"fleet/internal/netnstest"
 )
 
 // lanPair is two network namespaces joined by a veth pair: the hub's
@@ -75,39 +76,6 @@ func newLANPair(t *testing.T) *lanPair {
 	// stands for it.
 	ipCmd(t, "-n", l.laptopNS, "route", "add", "224.0.0.0/4", "dev", l.laptopIf)
 	return l
-}
-
-// inNetns runs f on an OS thread moved into the named namespace, so the
-// sockets f opens live there.
-func inNetns(ns string, f func() error) error {
-	errc := make(chan error, 1)
-	go func() {
-		runtime.LockOSThread()
-		// The thread is unlocked only once it is back home; otherwise it
-		// ends with this goroutine.
-		self, err := os.Open(fmt.Sprintf("/proc/self/task/%d/ns/net", unix.Gettid()))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer self.Close()
-		target, err := os.Open(filepath.Join("/run/netns", ns))
-		if err != nil {
-			errc <- err
-			return
-		}
-		defer target.Close()
-		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("entering netns %s: %w", ns, err)
-			return
-		}
-		err = f()
-		if unix.Setns(int(self.Fd()), unix.CLONE_NEWNET) == nil {
-			runtime.UnlockOSThread()
-		}
-		errc <- err
-	}()
-	return <-errc
 }
 
 // queryA asks for name's A record the way a laptop's resolver does: a
@@ -180,7 +148,7 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 
 	// The laptop resolves fleet.local (what `ssh fleet.local` does first).
 	var ips []net.IP
-	err := inNetns(lan.laptopNS, func() error {
+	err := netnstest.Do(lan.laptopNS, func() error {
 		var err error
 		for i := 0; i < 15; i++ {
 			if ips, err = queryA("fleet.local"); err == nil {
@@ -196,7 +164,7 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 	// It browses the console's _ssh._tcp service (as ssh-discovery tools and
 	// Finder do) and finds the host and port.
 	var found *hmdns.ServiceEntry
-	err = inNetns(lan.laptopNS, func() error {
+	err = netnstest.Do(lan.laptopNS, func() error {
 		ifi, err := net.InterfaceByName(lan.laptopIf)
 		if err != nil {
 			return err
@@ -233,7 +201,7 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 	target := net.JoinHostPort(ips[0].String(), fmt.Sprint(found.Port))
 	run := func(auth ssh.AuthMethod, cmd string) (string, error) {
 		var out string
-		err := inNetns(lan.laptopNS, func() error {
+		err := netnstest.Do(lan.laptopNS, func() error {
 			conn, err := net.DialTimeout("tcp", target, 10*time.Second)
 			if err != nil {
 				return err
@@ -282,7 +250,7 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 			"--ssh", net.JoinHostPort(lan.hubIP, fmt.Sprint(port)), tt.flag)
 		if tt.answers != "" {
 			var ips []net.IP
-			err := inNetns(lan.laptopNS, func() error {
+			err := netnstest.Do(lan.laptopNS, func() error {
 				var err error
 				for i := 0; i < 15; i++ {
 					if ips, err = queryA(tt.answers); err == nil {
@@ -296,7 +264,7 @@ func TestSSHFleetLocalFromAnotherMachine(t *testing.T) {
 			}
 			waitOutput(t, out, fmt.Sprintf("Host %s\n        Port %d\n", tt.answers, port))
 		}
-		err := inNetns(lan.laptopNS, func() error {
+		err := netnstest.Do(lan.laptopNS, func() error {
 			_, err := queryA(tt.silent)
 			return err
 		})

@@ -91,7 +91,11 @@ func (n *Namespace) Command(argv ...string) []string {
 
 // Do runs f on an OS thread moved into the namespace, so the sockets f
 // opens (a listener, say) live there and stay there once it returns.
-func (n *Namespace) Do(f func() error) error {
+func (n *Namespace) Do(f func() error) error { return Do(n.Name, f) }
+
+// Do is Namespace.Do for any namespace ip netns knows by name, one a test
+// made itself included.
+func Do(name string, f func() error) error {
 	errc := make(chan error, 1)
 	go func() {
 		runtime.LockOSThread()
@@ -101,14 +105,14 @@ func (n *Namespace) Do(f func() error) error {
 			return
 		}
 		defer self.Close()
-		target, err := os.Open(filepath.Join("/run/netns", n.Name))
+		target, err := os.Open(filepath.Join("/run/netns", name))
 		if err != nil {
 			errc <- err
 			return
 		}
 		defer target.Close()
 		if err := unix.Setns(int(target.Fd()), unix.CLONE_NEWNET); err != nil {
-			errc <- fmt.Errorf("entering netns %s: %w", n.Name, err)
+			errc <- fmt.Errorf("entering netns %s: %w", name, err)
 			return
 		}
 		err = f()
