@@ -370,9 +370,15 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 	}
 
 	// The same command again adopts them: same PIDs, no second engine.
-	h2 := startHub(t, data, port)
-	ws = waitReady(t, data, 3, 120*time.Second)
-	for _, w := range ws {
+	restartAdopts(t, data, port, pids)
+}
+
+// restartAdopts starts the demo hub again on data and checks that it adopts
+// the three engines it finds (by PID, none launched again) and serves.
+func restartAdopts(t *testing.T, data string, port int, pids map[string]int) {
+	t.Helper()
+	h := startHub(t, data, port)
+	for _, w := range waitReady(t, data, 3, 120*time.Second) {
 		if pids[w.Name()] != w.PID {
 			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])
 		}
@@ -380,7 +386,7 @@ func TestDemoServesStreamsAndSurvivesKill9(t *testing.T) {
 	if n := len(simsOf(data)); n != 3 {
 		t.Errorf("%d simulated engines running after the restart, want 3", n)
 	}
-	if events, _ := streamChat(t, "http://"+h2.http, 8); len(events) < 3 {
+	if events, _ := streamChat(t, "http://"+h.http, 8); len(events) < 3 {
 		t.Errorf("router does not serve after adoption")
 	}
 }

@@ -48,19 +48,7 @@ func TestDemoOnPostgreSQLServesAndAdoptsAfterRestart(t *testing.T) {
 	h.cmd.Process.Kill()
 	h.cmd.Wait()
 	t.Setenv("FLEET_DATABASE_URL", dbURL)
-	h2 := startHub(t, data, port)
-	ws = waitReady(t, data, 3, 120*time.Second)
-	for _, w := range ws {
-		if pids[w.Name()] != w.PID {
-			t.Errorf("%s: PID %d after restart, was %d: not adopted", w.Name(), w.PID, pids[w.Name()])
-		}
-	}
-	if n := len(simsOf(data)); n != 3 {
-		t.Errorf("%d simulated engines running after the restart, want 3", n)
-	}
-	if events, _ := streamChat(t, "http://"+h2.http, 8); len(events) < 3 {
-		t.Errorf("router does not serve after adoption")
-	}
+	restartAdopts(t, data, port, pids)
 
 	if _, err := os.Stat(filepath.Join(data, "fleet.db")); !errors.Is(err, fs.ErrNotExist) {
 		t.Errorf("the data dir holds a SQLite database: %v", err)
