@@ -2,7 +2,6 @@ package router
 
 import (
 	"go/ast"
-	"go/parser"
 	"go/token"
 	"os"
 	"path/filepath"
@@ -68,20 +67,8 @@ func TestErrorsAreAnsweredInOnePlace(t *testing.T) {
 // that call it.
 func callersIn(t *testing.T, dir string, names ...string) map[string][]string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	out := map[string][]string{}
-	fset := token.NewFileSet()
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, f := range parseDir(t, token.NewFileSet(), dir) {
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Body == nil {
@@ -118,20 +105,10 @@ type longMethod struct {
 // that are longer than limit lines.
 func longRouterMethods(t *testing.T, dir string, limit int) []longMethod {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
-	if err != nil {
-		t.Fatal(err)
-	}
 	fset := token.NewFileSet()
 	var long []longMethod
-	for _, path := range files {
-		if strings.HasSuffix(path, "_test.go") {
-			continue
-		}
-		f, err := parser.ParseFile(fset, path, nil, parser.SkipObjectResolution)
-		if err != nil {
-			t.Fatal(err)
-		}
+	for _, f := range parseDir(t, fset, dir) {
+		path := fset.Position(f.Pos()).Filename
 		for _, d := range f.Decls {
 			fn, ok := d.(*ast.FuncDecl)
 			if !ok || fn.Recv == nil || fn.Body == nil || !isRouter(fn.Recv.List[0].Type) {
