@@ -129,7 +129,7 @@ func TestFirstKeyWithoutAHub(t *testing.T) {
 		t.Fatalf("the hub with its first key: %v", err)
 	}
 	defer h.Close()
-	if name, ok, err := h.store.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
+	if name, ok, err := h.ledger.keys.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
 		t.Errorf("the key made without a hub: %q %v %v; want it to verify as ci", name, ok, err)
 	}
 	es, err := h.store.Audit(t.Context(), 10)
@@ -182,7 +182,7 @@ func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
 		t.Fatalf("a hub requiring keys on the database: %v", err)
 	}
 	defer h.Close()
-	if name, ok, err := h.store.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
+	if name, ok, err := h.ledger.keys.VerifyAPIKey(t.Context(), key); err != nil || !ok || name != "ci" {
 		t.Errorf("the key made without a hub: %q %v %v; want it to verify as ci", name, ok, err)
 	}
 	// From a data dir of its own, so that the database's claim, not the

@@ -29,28 +29,6 @@ func BenchmarkAddSamples(b *testing.B) {
 	}
 }
 
-// BenchmarkVerifyAPIKey measures the per-request key check with ten live keys.
-func BenchmarkVerifyAPIKey(b *testing.B) {
-	ctx := context.Background()
-	s, err := Open(ctx, b.TempDir()+"/fleet.db")
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer s.Close()
-	var key string
-	for i := range 10 {
-		if key, err = s.CreateAPIKey(ctx, string(rune('a'+i))); err != nil {
-			b.Fatal(err)
-		}
-	}
-	b.ResetTimer()
-	for b.Loop() {
-		if _, ok, err := s.VerifyAPIKey(ctx, key); err != nil || !ok {
-			b.Fatal(ok, err)
-		}
-	}
-}
-
 // BenchmarkApplyFleet measures applying the demo-sized fleet A over B and back.
 func BenchmarkApplyFleet(b *testing.B) {
 	ctx := context.Background()

@@ -662,9 +662,9 @@ func TestAPIKeys(t *testing.T) {
 			{"", "", false},
 			{"Bearer " + key, "", false},
 		} {
-			name, ok, err := s.VerifyAPIKey(ctx, tc.key)
-			if err != nil || ok != tc.wantOK || name != tc.wantName {
-				t.Errorf("VerifyAPIKey(%q) = %q, %v, %v; want %q, %v", tc.key, name, ok, err, tc.wantName, tc.wantOK)
+			name, ok := liveKey(t, s, tc.key)
+			if ok != tc.wantOK || name != tc.wantName {
+				t.Errorf("the live key of %q = %q, %v; want %q, %v", tc.key, name, ok, tc.wantName, tc.wantOK)
 			}
 		}
 		if err := s.RevokeAPIKey(ctx, "ci"); err != nil {
@@ -673,8 +673,8 @@ func TestAPIKeys(t *testing.T) {
 		if err := s.RevokeAPIKey(ctx, "ci"); !errors.Is(err, ErrNotFound) {
 			t.Fatalf("revoking twice: %v", err)
 		}
-		if _, ok, _ := s.VerifyAPIKey(ctx, key); ok {
-			t.Fatal("a revoked key still verifies")
+		if _, ok := liveKey(t, s, key); ok {
+			t.Fatal("a revoked key is still live")
 		}
 		keys, err := s.APIKeys(ctx)
 		if err != nil || len(keys) != 2 || keys[1].Name != "ci" || keys[1].Revoked.IsZero() || !keys[0].Revoked.IsZero() || keys[0].Created.IsZero() {
@@ -684,10 +684,26 @@ func TestAPIKeys(t *testing.T) {
 		if err != nil {
 			t.Fatalf("reusing a revoked key's name: %v", err)
 		}
-		if name, ok, _ := s.VerifyAPIKey(ctx, again); !ok || name != "ci" {
-			t.Fatal("the new ci key does not verify")
+		if name, ok := liveKey(t, s, again); !ok || name != "ci" {
+			t.Fatal("the new ci key is not live")
 		}
 	})
+}
+
+// liveKey names the live key whose hash is key's, as the hubs' key caches
+// look keys up.
+func liveKey(t *testing.T, s *Store, key string) (string, bool) {
+	t.Helper()
+	keys, err := s.LiveAPIKeyHashes(t.Context())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, k := range keys {
+		if k.Hash == HashAPIKey(key) {
+			return k.Name, true
+		}
+	}
+	return "", false
 }
 
 func TestReferenceShapesAndBenchRuns(t *testing.T) {

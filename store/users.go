@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"crypto/subtle"
 	"database/sql"
 	"encoding/base64"
 	"errors"
@@ -125,11 +124,6 @@ func (s *Store) execOne(ctx context.Context, doing, missing, hint, query string,
 // APIKeyPrefix starts every router key, so a leaked key is recognisable.
 const APIKeyPrefix = "fk-"
 
-func hashKey(key string) []byte {
-	h := sha256.Sum256([]byte(key))
-	return h[:]
-}
-
 // CreateAPIKey makes a router key named name and returns it; only its
 // SHA-256 is stored, so this is the one time anyone sees it. A revoked key's
 // name may be reused.
@@ -143,11 +137,12 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("create API key %s: %w", name, err)
 	}
 	key := APIKeyPrefix + base64.RawURLEncoding.EncodeToString(secret)
+	hash := HashAPIKey(key)
 	err := s.inChangeTx(ctx, change{channel: ChannelKeys, payload: name}, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE name = ? AND revoked != 0`, name); err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)`, name, hashKey(key), s.now().UnixNano())
+		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)`, name, hash[:], s.now().UnixNano())
 		return err
 	})
 	if s.db.d.unique(err) {
@@ -157,36 +152,6 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
 		return "", fmt.Errorf("create API key %s: %w", name, err)
 	}
 	return key, nil
-}
-
-// VerifyAPIKey says whether key is a live router key and whose. Every live
-// hash is compared in constant time, so timing tells nothing about how close
-// a guess came.
-func (s *Store) VerifyAPIKey(ctx context.Context, key string) (string, bool, error) {
-	if !strings.HasPrefix(key, APIKeyPrefix) {
-		return "", false, nil
-	}
-	want := hashKey(key)
-	var match string
-	found := false
-	// Every live key is compared, in constant time, whichever matches.
-	err := eachRow(ctx, s.db, "verify API key", func(r rowScanner) error {
-		var (
-			name string
-			hash []byte
-		)
-		if err := r.Scan(&name, &hash); err != nil {
-			return err
-		}
-		if subtle.ConstantTimeCompare(hash, want) == 1 {
-			match, found = name, true
-		}
-		return nil
-	}, `SELECT name, hash FROM api_keys WHERE revoked = 0`)
-	if err != nil {
-		return "", false, err
-	}
-	return match, found, nil
 }
 
 // APIKeys lists router keys, revoked ones included, by name.
