@@ -651,7 +651,7 @@ func (c *cluster) forward(ctx context.Context, u fleet.User, action fleet.Action
 		case a.State == store.ActionDone:
 			return a.Result, nil
 		case a.State == store.ActionFailed:
-			return "", fmt.Errorf("%s", a.Result)
+			return "", errors.New(a.Result)
 		case a.State == store.ActionPending:
 			if l, err := c.st.ReadLease(ctx); err == nil && (l.Holder == "" || l.ValidFor <= 0) {
 				if cancelled, err := c.st.CancelAction(context.WithoutCancel(ctx), id, errNoLeader.Error()); err == nil && cancelled {
