@@ -140,10 +140,10 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 	t.Cleanup(func() {
 		t.Logf("killed the hub at %d crash points of %d (apply, launch, stop, drain, retire)", tried.Load(), len(cases))
 	})
-	for i, tc := range cases {
-		// Away from the default range and TestLeaderKilledAtEveryCrashPointFailsOver's.
-		ports := "--engine-ports=" + fleet.PortRange{Min: 21000 + 40*i, Max: 21000 + 40*i + 39}.String()
-		t.Run(tc.scenario+"@"+tc.point, func(t *testing.T) {
+	for _, tc := range cases {
+		name := tc.scenario + "@" + tc.point
+		ports := "--engine-ports=" + enginePortsFor(t.Name()+"/"+name).String()
+		t.Run(name, func(t *testing.T) {
 			t.Parallel()
 			data := t.TempDir()
 			port := freePort(t)

@@ -90,9 +90,17 @@ const (
 // test, so the hubs its subtests start share it too.
 func enginePortsOf(t testing.TB) fleet.PortRange {
 	test, _, _ := strings.Cut(t.Name(), "/")
+	return enginePortsFor(test)
+}
+
+// enginePortsFor is the engine port range of the fleet named key: a
+// top-level test's, or one run's of a test whose parallel runs are fleets
+// of their own (the crash sweeps), which an engine of another run must not
+// take a port from.
+func enginePortsFor(key string) fleet.PortRange {
 	enginePorts.Lock()
 	defer enginePorts.Unlock()
-	if r, ok := enginePorts.of[test]; ok {
+	if r, ok := enginePorts.of[key]; ok {
 		return r
 	}
 	r := fleet.PortRange{Min: enginePorts.next, Max: enginePorts.next + enginePortsEach - 1}
@@ -103,7 +111,7 @@ func enginePortsOf(t testing.TB) fleet.PortRange {
 		r = fleet.PortRange{Min: enginePortsFrom, Max: enginePortsFrom + enginePortsEach - 1}
 	}
 	enginePorts.next = r.Max + 1
-	enginePorts.of[test] = r
+	enginePorts.of[key] = r
 	return r
 }
 

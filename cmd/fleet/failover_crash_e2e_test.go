@@ -73,12 +73,12 @@ func TestLeaderKilledAtEveryCrashPointFailsOver(t *testing.T) {
 		{scenario: "remove", point: "stop.signalled", mayFinish: true},
 		{scenario: "lease", point: "lease.taken", onFollower: true},
 	}
-	for i, tc := range cases {
+	for _, tc := range cases {
 		// Engine ports of their own for each run's fleet, away from the
 		// default range other tests use: an engine that cannot bind (another
 		// fleet's took its port) dies, and would look like one stopped or
 		// lost in the failover.
-		ports := fleet.PortRange{Min: 20000 + 40*i, Max: 20000 + 40*i + 39}
+		ports := enginePortsFor(t.Name() + "/" + tc.name())
 		t.Run(tc.name(), func(t *testing.T) {
 			t.Parallel()
 			failOver(t, tc, ports)
