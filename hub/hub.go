@@ -222,6 +222,13 @@ func LocalAdmin() fleet.User {
 	return fleet.User{Name: name + "@hub", Role: fleet.RoleAdmin}
 }
 
+// Admission names what it asks of a store and a router (admission.Store,
+// admission.Router); the hub hands it its own.
+var (
+	_ admission.Store  = (*store.Store)(nil)
+	_ admission.Router = (*router.Router)(nil)
+)
+
 // Open prepares a hub: opens (and migrates) the database, applies the demo or
 // fleet file, and restores the workers the database knew.
 func Open(ctx context.Context, opts Options) (_ *Hub, err error) {

@@ -8,14 +8,17 @@
 // transport and teaches the router what it measured.
 //
 // The package reads the fleet through Fleet (the hub's mirror implements
-// it) and authorizes and audits users' runs through Guard (the hub's
-// guard); the hub composes one Judge and one Runs (New).
+// it), authorizes and audits users' runs through Guard (the hub's guard),
+// keeps reference shapes and bench runs in a Store and teaches the Router
+// what it measured; the hub composes one Judge and one Runs (New) over its
+// own store and router.
 package admission
 
 import (
 	"context"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -74,13 +77,50 @@ type Nodes interface {
 	StartWorker(ctx context.Context, worker string) error
 }
 
+// Store keeps what admission judges against and what users' runs
+// measured (the hub's *store.Store): the models' reference shapes, where
+// the declared fleet places each model's reference worker, and the bench
+// sweeps with their samples.
+type Store interface {
+	// Reference is the stored reference shape of model (store.ErrNotFound
+	// if none was recorded yet); SetReference replaces it.
+	Reference(ctx context.Context, model string) (store.Reference, error)
+	SetReference(ctx context.Context, model string, r store.Reference) error
+	// LoadFleet is the declared fleet, which names each model's reference
+	// node.
+	LoadFleet(ctx context.Context) (fleet.Fleet, error)
+	// AddBenchRun keeps a bench sweep (JSON) under a worker's name or a
+	// model's router key, and AddSamples a worker's sweep as history.
+	AddBenchRun(ctx context.Context, worker string, run []byte) error
+	AddSamples(ctx context.Context, samples []fleet.Sample) error
+	// BenchRuns are the sweeps kept under one key, newest first;
+	// LatestBenchRuns the newest of each worker and split (read at start).
+	BenchRuns(ctx context.Context, worker string, limit int) ([]store.BenchRun, error)
+	LatestBenchRuns(ctx context.Context) ([]store.BenchRun, error)
+}
+
+// Router is what admission asks of the hub's router (*router.Router): the
+// speed figures a new worker is judged against, and what it learns from
+// admission's own measurements.
+type Router interface {
+	// Stats are the ready workers' live figures (their tok/s estimate is
+	// the bar for one with no admission figure).
+	Stats() []router.BackendStats
+	// CountingTransport wraps rt so that measuring a worker counts as its
+	// load while a request is in flight.
+	CountingTransport(rt http.RoundTripper, worker string) http.RoundTripper
+	// SeedSpeed teaches the scheduler a worker's speed curve from a
+	// measurement before traffic does.
+	SeedSpeed(worker string, points ...router.SpeedPoint)
+}
+
 // Config is what the Judge and the Runs are built from.
 type Config struct {
 	Fleet  Fleet
 	Guard  Guard
 	Nodes  Nodes
-	Store  *store.Store
-	Router *router.Router
+	Store  Store
+	Router Router
 	Log    *slog.Logger
 	// Registerer takes the verdicts' counter (fleet_admissions_total).
 	Registerer prometheus.Registerer

@@ -26,8 +26,8 @@ import (
 // reference shapes.
 type probe struct {
 	fleet  Fleet
-	store  *store.Store
-	router *router.Router
+	store  Store
+	router Router
 	nodes  Nodes
 	log    *slog.Logger
 	// event records an event of the fleet.
