@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -139,9 +141,74 @@ func (noNodes) Dialer(node string) func(ctx context.Context, network, addr strin
 func (noNodes) Judge(context.Context, string, error) error { return nil }
 func (noNodes) StartWorker(context.Context, string) error  { return nil }
 
+// loopbackNodes reach workers' engines on this machine, and record the
+// verdicts the Judge gives.
+type loopbackNodes struct {
+	mu       sync.Mutex
+	verdicts map[string]error
+}
+
+func (*loopbackNodes) Dialer(string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	var d net.Dialer
+	return d.DialContext
+}
+
+func (n *loopbackNodes) Judge(_ context.Context, worker string, verdict error) error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.verdicts == nil {
+		n.verdicts = map[string]error{}
+	}
+	n.verdicts[worker] = verdict
+	return nil
+}
+
+func (n *loopbackNodes) judged() map[string]error {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return maps.Clone(n.verdicts)
+}
+
+func (*loopbackNodes) StartWorker(context.Context, string) error { return nil }
+
+// failingReferences is a store whose SetReference fails while fail holds
+// (a database gone read-only or full); everything else reaches the real
+// store beneath.
+type failingReferences struct {
+	Store
+	fail atomic.Bool
+}
+
+var errStoreDown = errors.New("attempt to write a readonly database")
+
+func (s *failingReferences) SetReference(ctx context.Context, model string, r store.Reference) error {
+	if s.fail.Load() {
+		return fmt.Errorf("set reference shape of model %s: %w", model, errStoreDown)
+	}
+	return s.Store.SetReference(ctx, model, r)
+}
+
+// testJudge is a Judge and Runs over their own SQLite store and router.
+type testJudge struct {
+	j     *Judge
+	runs  *Runs
+	store *store.Store
+	// detached counts the work the Judge started to outlive its call
+	// (re-judging a model's workers).
+	detached atomic.Int32
+}
+
 // newTestJudge is a Judge and Runs over fl, with a SQLite store and a
 // router of their own, and every user allowed every run.
 func newTestJudge(t *testing.T, fl *testFleet) (*Judge, *Runs) {
+	t.Helper()
+	tj := newTestJudgeWith(t, fl, noNodes{}, nil)
+	return tj.j, tj.runs
+}
+
+// newTestJudgeWith is newTestJudge whose workers are reached through nodes
+// and whose store is the SQLite one as wrap wraps it (nil: as it is).
+func newTestJudgeWith(t *testing.T, fl *testFleet, nodes Nodes, wrap func(Store) Store) *testJudge {
 	t.Helper()
 	ctx := t.Context()
 	if fl.workers == nil {
@@ -157,14 +224,20 @@ func newTestJudge(t *testing.T, fl *testFleet) (*Judge, *Runs) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	tj := &testJudge{store: st}
+	var judged Store = st
+	if wrap != nil {
+		judged = wrap(st)
+	}
 	var detached sync.WaitGroup
 	t.Cleanup(detached.Wait)
-	j, r, err := New(ctx, Config{
-		Fleet: fl, Guard: allowAll{}, Nodes: noNodes{}, Store: st, Router: rt,
+	tj.j, tj.runs, err = New(ctx, Config{
+		Fleet: fl, Guard: allowAll{}, Nodes: nodes, Store: judged, Router: rt,
 		Log: slog.New(slog.DiscardHandler), Registerer: prometheus.NewRegistry(),
 		Event:      func(fleet.Event) {},
 		RouterAddr: func() string { return "127.0.0.1:1" },
 		Detach: func(ctx context.Context, f func(context.Context)) {
+			tj.detached.Add(1)
 			detached.Go(func() { f(context.WithoutCancel(ctx)) })
 		},
 		OnLeader: func(_ context.Context, _ fleet.User, _ fleet.ActionName, _ string, _ any, local func() (string, error)) (string, error) {
@@ -174,5 +247,5 @@ func newTestJudge(t *testing.T, fl *testFleet) (*Judge, *Runs) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return j, r
+	return tj
 }

@@ -525,7 +525,7 @@ func (j *Judge) retakeReference(ctx context.Context, w fleet.Worker, got shape.S
 	err = j.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Source: w.Name(), Argv: w.Argv})
 	j.refMu.Unlock()
 	if err != nil {
-		return false, fmt.Errorf("shape: storing the reference: %w", err)
+		return false, fmt.Errorf("shape: storing the reference of %s failed; the stored one is as it was ('restart %s' judges it again): %w", w.Model, w.Name(), err)
 	}
 	if !changed {
 		j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: reference worker of " + w.Model + ", its shape is the reference (unchanged)"})
@@ -570,7 +570,7 @@ func (j *Judge) retakePin(ctx context.Context, w fleet.Worker, got shape.Shape) 
 	}
 	j.refMu.Unlock()
 	if err != nil {
-		return false, fmt.Errorf("shape: storing the pinned reference: %w", err)
+		return false, fmt.Errorf("shape: storing the pinned reference of %s failed; the stored one is as it was ('restart %s' judges it again): %w", w.Model, w.Name(), err)
 	}
 	if !changed {
 		j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "admission shape: its shape is the pinned reference of " + w.Model + " (unchanged)"})
@@ -743,7 +743,7 @@ func (j *Judge) Pin(ctx context.Context, worker string) (string, error) {
 	err = j.store.SetReference(ctx, w.Model, store.Reference{Shape: data, Pinned: true, Source: w.Name(), Argv: argv})
 	j.refMu.Unlock()
 	if err != nil {
-		return "", err
+		return "", fmt.Errorf("storing %s's shape as the pinned reference of %s failed; the stored one is as it was (run 'shape pin %s' again): %w", w.Name(), w.Model, w.Name(), err)
 	}
 	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: "its shape is now the pinned reference of " + w.Model + "; every worker of the model is judged again"})
 	until := fmt.Sprintf("pinned until %s runs another command line; a new command line on %s retakes it with its new shape", refWorker, w.Name())

@@ -1,13 +1,22 @@
 package admission
 
 import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
 	"math"
+	"net"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"fleet"
+	"fleet/bench"
+	"fleet/bench/shape"
+	"fleet/sim/simtest"
+	"fleet/store"
 )
 
 // peer is a worker of model m beside the one being judged, with its
@@ -162,6 +171,115 @@ func TestCheckMemory(t *testing.T) {
 				t.Errorf("error %v, want one saying %q", err, tt.wantErr)
 			case err != nil && !strings.Contains(err.Error(), "place the model elsewhere"):
 				t.Errorf("error %q does not say what to do", err)
+			}
+		})
+	}
+}
+
+// A store that fails to keep a reference shape loses nothing: the Judge
+// says what failed and what to do, the stored reference stays the one
+// before, no worker is judged against a reference that was not kept, and
+// once the store answers again the same step goes through (nothing was
+// left held).
+func TestReferenceNotStored(t *testing.T) {
+	const model = "qwen3-4b"
+	// The workers answer as llama-server does; the stored reference was
+	// taken from vLLM, whose reasoning is elsewhere (a material change).
+	llama := simtest.Start(t, "--mimic", "llamacpp", "--profile", "instant", "--",
+		"-m", "Qwen3-4B-Q4_K_M.gguf", "-a", model, "-c", "16384", "--jinja")
+	vllm := simtest.Start(t, "--mimic", "vllm", "--profile", "instant", "--",
+		"serve", "Qwen/Qwen3-4B-AWQ", "--served-model-name", model, "--max-model-len", "16384")
+	before, err := shape.MeasureWith(t.Context(), bench.Target{Name: "vllm", BaseURL: vllm.URL + "/v1", Model: model}, shape.Options{MaxTokens: admissionShapeTokens})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oldShape, err := json.Marshal(before)
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := llama.Listener.Addr().(*net.TCPAddr).Port
+	argv := []string{"llama-server", "-a", model, "--jinja"}
+	ref := fleet.Worker{Node: "ref", Model: model, State: fleet.WorkerReady, PID: 7, Port: port, Argv: argv}
+	peer := fleet.Worker{Node: "peer", Model: model, State: fleet.WorkerProbation, PID: 8, Port: port, Argv: argv}
+	checkShape := func(w fleet.Worker) func(context.Context, *Judge) error {
+		return func(ctx context.Context, j *Judge) error {
+			_, err := j.checkShape(ctx, w)
+			return err
+		}
+	}
+
+	tests := []struct {
+		name string
+		old  store.Reference
+		// step is the Judge's step that stores taker's shape as the
+		// model's reference.
+		step    func(context.Context, *Judge) error
+		taker   string
+		wantErr string
+	}{
+		{"the reference worker retakes the reference",
+			store.Reference{Shape: oldShape, Source: ref.Name(), Argv: []string{"llama-server"}},
+			checkShape(ref), ref.Name(), "shape: storing the reference of qwen3-4b failed; the stored one is as it was ('restart ref/qwen3-4b' judges it again)"},
+		{"the pinned worker retakes the pin",
+			store.Reference{Shape: oldShape, Pinned: true, Source: peer.Name(), Argv: argv},
+			checkShape(peer), peer.Name(), "shape: storing the pinned reference of qwen3-4b failed; the stored one is as it was ('restart peer/qwen3-4b' judges it again)"},
+		{"shape pin",
+			store.Reference{Shape: oldShape, Source: ref.Name(), Argv: argv},
+			func(ctx context.Context, j *Judge) error {
+				_, err := j.Pin(ctx, peer.Name())
+				return err
+			}, peer.Name(), "storing peer/qwen3-4b's shape as the pinned reference of qwen3-4b failed; the stored one is as it was (run 'shape pin peer/qwen3-4b' again)"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx := t.Context()
+			fl := &testFleet{models: []fleet.Model{{ID: model}}}
+			nodes := &loopbackNodes{}
+			refs := &failingReferences{}
+			tj := newTestJudgeWith(t, fl, nodes, func(s Store) Store { refs.Store = s; return refs })
+			fl.put(ref)
+			fl.put(peer)
+			// ref is the model's reference node: placed first.
+			if err := tj.store.ApplyFleet(ctx, fleet.Fleet{
+				Nodes: []fleet.Node{{Name: "ref", Address: fleet.AddressLocal}, {Name: "peer", Address: fleet.AddressLocal}},
+				Models: []fleet.Model{{ID: model, Context: 16384, Recipes: map[fleet.EngineKind]fleet.Recipe{
+					fleet.EngineLlamaCpp: {Engine: fleet.EngineLlamaCpp, Model: "Qwen3-4B-Q4_K_M.gguf"},
+				}}},
+				Placements: []fleet.Placement{{Model: model, Node: "ref"}, {Model: model, Node: "peer"}},
+			}); err != nil {
+				t.Fatal(err)
+			}
+			if err := tj.store.SetReference(ctx, model, tt.old); err != nil {
+				t.Fatal(err)
+			}
+
+			refs.fail.Store(true)
+			err := tt.step(ctx, tj.j)
+			if !errors.Is(err, errStoreDown) || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Fatalf("error %v; want the store's, saying %q", err, tt.wantErr)
+			}
+			got, rerr := tj.store.Reference(ctx, model)
+			if rerr != nil || got.Source != tt.old.Source || got.Pinned != tt.old.Pinned || !bytes.Equal(got.Shape, tt.old.Shape) {
+				t.Errorf("stored reference from %s (pinned %v), %v; want the one before, from %s (pinned %v)", got.Source, got.Pinned, rerr, tt.old.Source, tt.old.Pinned)
+			}
+			if n := tj.detached.Load(); n != 0 {
+				t.Errorf("%d re-judging(s) started against a reference that was not kept", n)
+			}
+			if v := nodes.judged(); len(v) != 0 {
+				t.Errorf("workers judged against a reference that was not kept: %v", v)
+			}
+
+			refs.fail.Store(false)
+			if err := tt.step(ctx, tj.j); err != nil {
+				t.Fatalf("once the store answers: %v", err)
+			}
+			if got, err := tj.store.Reference(ctx, model); err != nil || got.Source != tt.taker || bytes.Equal(got.Shape, tt.old.Shape) {
+				t.Errorf("once the store answers, the stored reference is from %s, %v; want %s's new shape", got.Source, err, tt.taker)
+			}
+			// Kept, the new reference is what the model's workers are judged
+			// against again (Pin at once, the others detached).
+			if tj.detached.Load() == 0 && len(nodes.judged()) == 0 {
+				t.Error("once the store answers, no worker is judged again against the new reference")
 			}
 		})
 	}
