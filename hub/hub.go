@@ -480,10 +480,14 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 }
 
 // simPlatform and simMimic hand the node manager the sim profile lookup
-// cmd/fleet gave (Options.SimProfile); without one, sim nodes are refused.
+// cmd/fleet gave (Options.SimProfile); without one, sim nodes are refused
+// with an error that names the option (only a test or a program embedding
+// the hub can leave it out).
 func simPlatform(lookup func(string) (fleet.Platform, fleet.EngineKind, error)) func(string) (fleet.Platform, error) {
 	if lookup == nil {
-		return nil
+		return func(string) (fleet.Platform, error) {
+			return fleet.Platform{}, errors.New("this hub was opened without hub.Options.SimProfile, the lookup of sim profiles: open it with one (cmd/fleet passes the built-in profiles of sim/profiles), or give the node a user@host or local address")
+		}
 	}
 	return func(profile string) (fleet.Platform, error) {
 		p, _, err := lookup(profile)

@@ -8,7 +8,9 @@ import (
 	"strings"
 	"testing"
 
+	"fleet"
 	"fleet/internal/pgtest"
+	"fleet/nodes"
 	"fleet/store"
 )
 
@@ -189,5 +191,23 @@ func TestFirstKeyWithoutAHubOnPostgreSQL(t *testing.T) {
 	// data dir's lock, is what refuses it.
 	if _, err := CreateKeyWithoutHub(t.Context(), t.TempDir(), url, "other", &warn); !errors.Is(err, store.ErrOtherHub) {
 		t.Fatalf("a key made while a hub runs on the database: %v; want it refused", err)
+	}
+}
+
+// TestSimNodesWithoutSimProfile: a hub opened without Options.SimProfile
+// (a test, a program embedding the hub; cmd/fleet always passes one)
+// refuses sim nodes, and the node's reason names the option to set rather
+// than only saying that no lookup is configured. With the lookup, the same
+// node's profile is found.
+func TestSimNodesWithoutSimProfile(t *testing.T) {
+	node := fleet.Node{Name: "max", Address: "sim:m4max-llamacpp"}
+	// The node manager opens a node's transport with the lookup the hub
+	// gave it (nodes.Manager.transportOptions).
+	_, err := nodes.Open(t.Context(), node, nodes.Options{SimPlatform: simPlatform(nil)})
+	if err == nil || !strings.Contains(err.Error(), "node max: ") || !strings.Contains(err.Error(), "opened without hub.Options.SimProfile") {
+		t.Fatalf("sim node opened without a lookup: %v; want a refusal that names the node and hub.Options.SimProfile", err)
+	}
+	if p, err := simPlatform(simProfile)("m4max-llamacpp"); err != nil || p.OS != "darwin" {
+		t.Errorf("with the lookup: platform %+v, %v; want the profile's (darwin)", p, err)
 	}
 }

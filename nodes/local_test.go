@@ -189,7 +189,7 @@ func TestOpenRejectsBadAddresses(t *testing.T) {
 		{fleet.Node{Address: "local"}, Options{}, "no name"},
 		{fleet.Node{Name: "a"}, Options{}, "has no address"},
 		{fleet.Node{Name: "a", Address: "sim:"}, Options{SimPlatform: func(string) (fleet.Platform, error) { return fleet.Platform{}, nil }}, "names no sim profile"},
-		{fleet.Node{Name: "a", Address: "sim:x"}, Options{}, "not available"},
+		{fleet.Node{Name: "a", Address: "sim:x"}, Options{}, "none is configured: set nodes.Options.SimPlatform"},
 		{fleet.Node{Name: "a", Address: "ops@"}, Options{HostKeys: &MemoryHostKeys{}}, "no host"},
 		{fleet.Node{Name: "a", Address: "@rig"}, Options{HostKeys: &MemoryHostKeys{}}, "empty user"},
 		{fleet.Node{Name: "a", Address: "ops@rig:99999"}, Options{HostKeys: &MemoryHostKeys{}}, "between 1 and 65535"},

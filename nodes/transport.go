@@ -167,7 +167,7 @@ func Open(ctx context.Context, node fleet.Node, opts Options) (Transport, error)
 			return nil, fmt.Errorf("node %s: address %q names no sim profile; write it as sim:PROFILE, e.g. sim:m4max-llamacpp", node.Name, node.Address)
 		}
 		if opts.SimPlatform == nil {
-			return nil, fmt.Errorf("node %s: simulated nodes are not available in this hub (no sim profile lookup configured)", node.Name)
+			return nil, fmt.Errorf("node %s: simulated nodes need a sim profile lookup and none is configured: set nodes.Options.SimPlatform (a hub sets it from hub.Options.SimProfile), or give the node a user@host or %q address", node.Name, fleet.AddressLocal)
 		}
 		platform, err := opts.SimPlatform(profile)
 		if err != nil {
