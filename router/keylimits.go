@@ -37,12 +37,11 @@ func (r *Router) admitKey(w http.ResponseWriter, name, path, model string, reser
 	r.metrics.keyLimited.WithLabelValues(v.Which).Inc()
 	msg := fmt.Sprintf("this API key's limit of %s requests a minute is spent; retry in %s", w.Header().Get("x-ratelimit-limit-requests"), keylimit.ResetString(v.RetryAfter))
 	switch {
-	case v.Which == "requests" && w.Header().Get("x-ratelimit-remaining-requests") != "0":
-		// Refused with requests of the minute left: by the leash of a
-		// hub that shares the key with others (keylimit.Leash), the
-		// one refusal of requests a bucket holding one or more makes.
-		msg = fmt.Sprintf("this API key's %s requests a minute are shared by the hubs on this database, and this hub has spent its share until they next count each other's requests; retry in %s",
-			w.Header().Get("x-ratelimit-limit-requests"), keylimit.ResetString(v.RetryAfter))
+	case v.Hubs > 0:
+		// Refused with requests of the minute left, by the leash of a
+		// hub that shares the key with others (keylimit.Leash).
+		msg = fmt.Sprintf("this API key's %s requests a minute are shared by the %d hubs on this database, and this hub has spent its share until they next count each other's requests; retry in %s",
+			w.Header().Get("x-ratelimit-limit-requests"), v.Hubs, keylimit.ResetString(v.RetryAfter))
 	case v.Which == "tokens" && v.InFlight:
 		// The day is not spent: its rest is held by this key's requests
 		// in flight, which give back what they do not use as they end.

@@ -36,7 +36,7 @@ func TestKeyLeash429SaysTheLimitIsShared(t *testing.T) {
 		t.Fatalf("alice's request %d before the hubs counted each other: %d %s; want 429 after 10 to 20", admitted+1, resp.StatusCode, body)
 	}
 	e := errorOf(t, body)
-	for _, want := range []string{"240 requests a minute", "shared by the hubs on this database", "this hub has spent its share", "retry in 1s"} {
+	for _, want := range []string{"240 requests a minute", "shared by the 3 hubs on this database", "this hub has spent its share", "retry in 1s"} {
 		if !strings.Contains(e.Error.Message, want) {
 			t.Errorf("the leash's 429 says %q; want it to say %q", e.Error.Message, want)
 		}

@@ -247,7 +247,7 @@ func (k keyHit) run(t *testing.T, key string) {
 			admitted[i]++
 		case code == http.StatusTooManyRequests && strings.Contains(body, `"rate_limit_exceeded"`):
 			limited[i]++
-			if strings.Contains(body, "shared by the hubs") {
+			if strings.Contains(body, "hubs on this database") {
 				leashed++
 			} else {
 				spent++

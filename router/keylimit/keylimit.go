@@ -267,7 +267,10 @@ type Verdict struct {
 	// InFlight says the tokens refused are not spent but reserved by the
 	// key's requests in flight: they come back as those end.
 	InFlight bool
-	Header   http.Header
+	// Hubs is, for a refusal by the leash, how many hubs share the key's
+	// limit, this one included; 0 otherwise.
+	Hubs   int
+	Header http.Header
 }
 
 // judgeTokensLocked judges a request of s against the day's tokens at now
@@ -327,6 +330,7 @@ func (kl *Book) Admit(name string, now time.Time, spends bool, n int64) (Verdict
 			// Not spent, as far as this hub knows; but it has admitted
 			// its share of what the other hubs cannot see yet.
 			v.Limited, v.Which, v.RetryAfter = true, "requests", LeashWait
+			v.Hubs = kl.peers + 1
 		}
 	}
 	if s.TokensPerDay > 0 {
