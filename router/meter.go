@@ -189,10 +189,26 @@ func (m *meter) endLine(line []byte, cut bool, now time.Time) {
 // vectorised IndexByte, where a loop over every byte (or a search for the
 // key's quote, every few bytes) costs a step per byte of every event.
 func meterKeys(p []byte) (usage, timings, noChoices, apiUsage bool) {
-	return hasKey(p, completionField, len(`"completion`)),
-		hasKey(p, timingsField, len(`"timin`)),
-		hasKey(p, emptyChoices, len(`"choices":`)),
-		hasKey(p, outputTokensField, len(`"output`))
+	usage, apiUsage = tokensKeys(p)
+	return usage, hasKey(p, timingsField, len(`"timin`)), hasKey(p, emptyChoices, len(`"choices":`)), apiUsage
+}
+
+// tokensKeys reports whether p holds chat's usage key (completion_tokens)
+// and Anthropic's and the Responses API's (output_tokens), in one search
+// for the tail they share: "kens" is rarer in events than '_'.
+func tokensKeys(p []byte) (usage, apiUsage bool) {
+	const cut = len(`"completion_to`)
+	tail := completionField[cut:]
+	for off := 0; ; {
+		i := bytes.Index(p[off:], tail)
+		if i < 0 {
+			return usage, apiUsage
+		}
+		i += off
+		usage = usage || bytes.HasSuffix(p[:i], completionField[:cut])
+		apiUsage = apiUsage || bytes.HasSuffix(p[:i], outputTokensField[:len(`"output_to`)])
+		off = i + 1
+	}
 }
 
 // hasKey reports whether p holds key, looking for key[cut:] and checking

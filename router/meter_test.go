@@ -2,6 +2,7 @@ package router
 
 import (
 	"bytes"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -60,6 +61,32 @@ func BenchmarkMeterFeed(b *testing.B) {
 	}
 }
 
+// BenchmarkMeterFeedLlamaServer meters a stream shaped as llama-server's
+// (and the instant sim's): 128 token events with finish_reason,
+// reasoning_content and system_fingerprint, then the timings chunk, read
+// 2 KiB at a time as the router reads a fast engine.
+func BenchmarkMeterFeedLlamaServer(b *testing.B) {
+	var s strings.Builder
+	const tail = `"created":1796160612,"id":"chatcmpl-y5q8jFuq06bcOFCfup1pGppwX459QcrT","model":"qwen3-4b","system_fingerprint":"b6700-de3ff81","object":"chat.completion.chunk"`
+	s.WriteString(`data: {"choices":[{"finish_reason":null,"index":0,"delta":{"role":"assistant","content":null}}],` + tail + "}\n\n")
+	for i := range 128 {
+		s.WriteString(`data: {"choices":[{"finish_reason":null,"index":0,"delta":{"reasoning_content":" tok` + strconv.Itoa(i) + `"}}],` + tail + "}\n\n")
+	}
+	s.WriteString(`data: {"choices":[{"finish_reason":"length","index":0,"delta":{}}],` + tail + `,"timings":{"cache_n":0,"prompt_n":1,"prompt_ms":0.1,"predicted_n":128,"predicted_ms":1.087}}` + "\n\ndata: [DONE]\n\n")
+	stream := []byte(s.String())
+	now := time.Now()
+	b.SetBytes(int64(len(stream)))
+	for b.Loop() {
+		m := newMeter(true)
+		for i := 0; i < len(stream); i += 2048 {
+			m.feed(stream[i:min(i+2048, len(stream))], now)
+		}
+		if m.events != 130 || m.cache.computedN != 1 {
+			b.Fatalf("%d events, prompt_n %d", m.events, m.cache.computedN)
+		}
+	}
+}
+
 // TestMeterKeys: the one pass finds the keys the meter reads wherever they
 // sit, and not a key's name inside a string value (where its quotes are
 // escaped).
@@ -81,6 +108,9 @@ func TestMeterKeys(t *testing.T) {
 		{name: "prompt tokens alone", payload: `{"usage":{"prompt_tokens":3}}`},
 		{name: "a tail before the key", payload: `{"choices":[{"delta":{"content":"[]"}}],"x":[],"usage":{"prompt_tokens":1,"completion_tokens":2}}`, usage: true},
 		{name: "a key at the very start", payload: `"completion_tokens":1`, usage: true},
+		{name: "both usages, output first", payload: `{"usage":{"output_tokens":2,"total_tokens":3,"completion_tokens":2}}`, usage: true, apiUsage: true},
+		{name: "other token counts only", payload: `{"usage":{"input_tokens":2,"total_tokens":3,"reasoning_tokens":1}}`},
+		{name: "a key's tail without its head", payload: `{"x_tokens":1,"completion":"output_tokens"}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			u, tm, nc, au := meterKeys([]byte(tc.payload))
