@@ -266,14 +266,18 @@ func (r *Router) outbound(req *http.Request, b *backend, body []byte) *http.Requ
 // returns the engine's error (streamErr) or the client's (clientErr) that
 // ended it early, and whether write deadlines are in force.
 func (r *Router) copyAnswer(ctx context.Context, w http.ResponseWriter, rc *http.ResponseController, resp *http.Response, sse bool) (streamErr, clientErr error, deadlines bool) {
-	// Every write may block for WriteTimeout at most: a client that reads
-	// nothing fills the connection's buffers, and would else hold the
-	// engine's slot for as long as the engine has tokens to give. The
-	// deadline is renewed before each write, so only a client that stops
-	// reading is cut, however long the answer; a writer without deadlines
-	// (a recorder) has none.
+	// A write may block for WriteTimeout, and a sixteenth more at most: a
+	// client that reads nothing fills the connection's buffers, and would
+	// else hold the engine's slot for as long as the engine has tokens to
+	// give. The deadline is moved on before a write once that sixteenth
+	// has passed since it was set (not before every write: setting it is
+	// a lock and a timer in the runtime, at every read of a stream), so
+	// only a client that stops reading is cut, however long the answer; a
+	// writer without deadlines (a recorder) has none.
 	stall := r.opts.WriteTimeout
 	deadlines = stall > 0
+	slack := stall / 16
+	var renew time.Time
 
 	// Each read of the chain is one read of the upstream: what it brought
 	// leaves in one flush, so events that arrived together leave together
@@ -284,8 +288,9 @@ func (r *Router) copyAnswer(ctx context.Context, w http.ResponseWriter, rc *http
 	for {
 		n, rerr := resp.Body.Read(buf)
 		if n > 0 {
-			if deadlines && rc.SetWriteDeadline(time.Now().Add(stall)) != nil {
-				deadlines = false
+			if now := time.Now(); deadlines && !now.Before(renew) {
+				renew = now.Add(slack)
+				deadlines = rc.SetWriteDeadline(renew.Add(stall)) == nil
 			}
 			if _, werr := w.Write(buf[:n]); werr != nil {
 				clientErr = werr

@@ -63,7 +63,8 @@ type Options struct {
 	// connection closes, so trickled bodies cannot hold connections.
 	BodyTimeout time.Duration
 	// WriteTimeout is how long a write of an answer to its client may
-	// block (default DefaultWriteTimeout; negative: no limit). A client
+	// block, up to a sixteenth more (default DefaultWriteTimeout;
+	// negative: no limit). A client
 	// that reads nothing for that long, once the connection's buffers are
 	// full, is cut and its engine request cancelled, so a client that
 	// never reads cannot hold an engine slot for ever; it is counted in

@@ -215,3 +215,58 @@ func TestWriteDeadlineDoesNotOutliveItsAnswer(t *testing.T) {
 		}
 	}
 }
+
+// deadlineRecorder is a flushRecorder that records the write deadlines set
+// on it.
+type deadlineRecorder struct {
+	flushRecorder
+	deadlines []time.Time
+}
+
+func (w *deadlineRecorder) SetWriteDeadline(t time.Time) error {
+	w.deadlines = append(w.deadlines, t)
+	return nil
+}
+
+// eventReads gives one event per Read, as an engine that flushes each.
+type eventReads struct{ events []string }
+
+func (r *eventReads) Read(p []byte) (int, error) {
+	if len(r.events) == 0 {
+		return 0, io.EOF
+	}
+	n := copy(p, r.events[0])
+	r.events = r.events[1:]
+	return n, nil
+}
+
+func (r *eventReads) Close() error { return nil }
+
+// The copy loop flushes every read of a stream, but gives each write a
+// deadline of at least the write timeout without setting one before every
+// write (a lock and a runtime timer at each read): within a sixteenth of
+// the timeout, one deadline serves all of them. Before, 50 reads set 50.
+func TestWriteDeadlineIsNotSetAtEveryWrite(t *testing.T) {
+	const timeout = time.Hour
+	r := mustNew(t, Options{WriteTimeout: timeout})
+	events := make([]string, 50)
+	for i := range events {
+		events[i] = sseEvent(fmt.Sprint("tok", i))
+	}
+	resp := &http.Response{StatusCode: 200, Header: http.Header{"Content-Type": {"text/event-stream"}}, Body: &eventReads{events: events}}
+	w := &deadlineRecorder{flushRecorder: flushRecorder{header: http.Header{}}}
+	start := time.Now()
+	streamErr, clientErr, deadlines := r.copyAnswer(t.Context(), w, http.NewResponseController(w), resp, true)
+	if streamErr != nil || clientErr != nil || !deadlines {
+		t.Fatalf("copy: stream error %v, client error %v, deadlines %v", streamErr, clientErr, deadlines)
+	}
+	if len(w.flushes) != len(events) {
+		t.Errorf("%d reads left in %d flushes, want one each: none waits for a later one", len(events), len(w.flushes))
+	}
+	if len(w.deadlines) != 1 {
+		t.Fatalf("%d write deadlines set for %d writes within a second, want 1", len(w.deadlines), len(events))
+	}
+	if d := w.deadlines[0]; d.Before(start.Add(timeout)) || d.After(time.Now().Add(timeout+timeout/16)) {
+		t.Errorf("write deadline %v after the start, want between the timeout %v and a sixteenth more", d.Sub(start), timeout)
+	}
+}
