@@ -265,16 +265,24 @@ func (m *meter) readTail() {
 // lastIndex is bytes.LastIndex(p, sep) by forward searches: bytes.Index
 // is vectorised, LastIndex hashes every byte (Rabin-Karp), which made the
 // few searches of an answer's tail a tenth of the router's time on small
-// requests.
+// requests. The searches are for sep from its first '_' on, where it has
+// one, and the start is checked where that is found: a field's name
+// starts with a quote, JSON's commonest byte, where each search would
+// stop.
 func lastIndex(p, sep []byte) int {
+	cut := max(bytes.IndexByte(sep, '_'), 0)
+	tail := sep[cut:]
 	last := -1
-	for off := 0; off <= len(p); {
-		i := bytes.Index(p[off:], sep)
+	for off := cut; off <= len(p); {
+		i := bytes.Index(p[off:], tail)
 		if i < 0 {
 			break
 		}
-		last = off + i
-		off = last + 1
+		i += off
+		if bytes.Equal(p[i-cut:i], sep[:cut]) {
+			last = i - cut
+		}
+		off = i + 1
 	}
 	return last
 }

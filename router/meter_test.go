@@ -87,6 +87,24 @@ func BenchmarkMeterFeedLlamaServer(b *testing.B) {
 	}
 }
 
+// BenchmarkMeterTail reads what the end of a non-streamed llama-server
+// answer says (usage, timings, prompt time), as a request's end asks it.
+func BenchmarkMeterTail(b *testing.B) {
+	body := []byte(`{"choices":[{"finish_reason":"length","index":0,"message":{"role":"assistant","content":"` + strings.Repeat("word ", 300) + `"}}],` +
+		`"created":1796160612,"model":"qwen3-4b","system_fingerprint":"b6700-de3ff81","object":"chat.completion",` +
+		`"usage":{"completion_tokens":8,"prompt_tokens":3,"total_tokens":11},"id":"chatcmpl-x",` +
+		`"timings":{"cache_n":0,"prompt_n":3,"prompt_ms":0.5,"prompt_per_token_ms":0.1,"prompt_per_second":100,"predicted_n":8,"predicted_ms":1.0,"predicted_per_token_ms":0.1,"predicted_per_second":1000}}`)
+	now := time.Now()
+	for b.Loop() {
+		m := newMeter(false)
+		m.feed(body, now)
+		_, ok := promptTime(m.tail)
+		if m.outputTokens() != 8 || m.promptCache().computedN != 3 || !ok {
+			b.Fatalf("%d tokens, %+v", m.outputTokens(), m.promptCache())
+		}
+	}
+}
+
 // TestMeterKeys: the one pass finds the keys the meter reads wherever they
 // sit, and not a key's name inside a string value (where its quotes are
 // escaped).
@@ -130,6 +148,11 @@ func TestLastIndexIsBytesLastIndex(t *testing.T) {
 		{`"prompt_tokens":1 ... "prompt_tokens":2`, `"prompt_tokens":`},
 		{`"prompt_tokens"`, `"prompt_tokens":`},
 		{"xyz", "xyz"}, {"xyzxyz", "xyz"}, {"xy", "xyz"},
+		// Found from the '_' on: the part before it is checked, at the
+		// very start too, and a tail with another head is not it.
+		{`"total_tokens":1,"prompt_tokens":2,"x_tokens":3`, `"prompt_tokens":`},
+		{`_tokens":`, `"prompt_tokens":`}, {`ompt_tokens":1`, `"prompt_tokens":`},
+		{`a_b_c a_b_c_`, `a_b_c`}, {`__`, `_`}, {`x__y__`, `__`},
 	} {
 		if got, want := lastIndex([]byte(tc.p), []byte(tc.sep)), bytes.LastIndex([]byte(tc.p), []byte(tc.sep)); got != want {
 			t.Errorf("lastIndex(%q, %q) = %d, want %d", tc.p, tc.sep, got, want)
