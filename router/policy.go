@@ -269,14 +269,16 @@ func (p *fleetPolicy) chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (
 		}
 	}
 	// Prefix-aware, a full backend is waited for only when it is predicted
-	// to finish in less than half the time of the best free one. Its
-	// prediction is optimistic (the next free slot may go to an earlier
-	// request) and its cache advantage draws every session to it, so
-	// waiting on the smaller margin piles the fleet's sessions into its
-	// queue while the others idle (issue 10: "affinity must not pile a
-	// popular prefix onto one worker"). Where no backend holds any of the
-	// prompt, the choice is fleet-no-prefix's.
-	if p.prefix && affinity && bestFree >= 0 && bestFreeCost < waitMargin*bestCost {
+	// to finish sooner than the best free one by its speed advantage
+	// (waitMargin). Waiting for a faster worker is what piles the fleet's
+	// sessions into its queue while the others idle (issue 10: "affinity
+	// must not pile a popular prefix onto one worker"): each turn that
+	// waits there keeps its conversation there, so the next turn wants it
+	// too. Waiting for a worker no faster than the free one is waiting for
+	// the conversation alone, and is worth what it is predicted to save.
+	// Where no backend holds any of the prompt, the choice is
+	// fleet-no-prefix's.
+	if p.prefix && affinity && bestFree >= 0 && float64(bestFreeCost) < waitMargin(job, cands[best], cands[bestFree])*float64(bestCost) {
 		return bestFree, -1
 	}
 	if best >= 0 && !cands[best].free() {
@@ -285,8 +287,20 @@ func (p *fleetPolicy) chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (
 	return best, -1
 }
 
-// waitMargin: see fleetPolicy.Choose.
-const waitMargin = 2
+// waitMargin is how many times sooner the full backend must be predicted
+// to finish the job than the free one for the job to wait for it: how much
+// faster it runs the whole prompt alone, from 1 (as fast or slower) to
+// maxWaitMargin. Between equal workers a turn waits for its conversation
+// whenever that is predicted sooner; for a faster worker it must win by as
+// much as that worker is faster (docs/measurements.md: two equal
+// llama-servers, and the simulator's fast worker beside three slow ones).
+func waitMargin(job Job, full, free Candidate) float64 {
+	alone := float64(full.Speed.Completion(1, job))
+	return min(max(float64(free.Speed.Completion(1, job))/max(alone, 1), 1), maxWaitMargin)
+}
+
+// maxWaitMargin: see waitMargin.
+const maxWaitMargin = 2
 
 // loadPrice is what taking a free slot of c costs the requests that come
 // after: a share of the time a request takes at full slots, growing with the

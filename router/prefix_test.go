@@ -91,11 +91,56 @@ func TestFleetPolicyUsesPrefix(t *testing.T) {
 	if i := np.Choose(job, cands, rng); i != 0 {
 		t.Errorf("fleet-no-prefix chose %d, want the idle worker", i)
 	}
-	// Affinity does not pile onto a full worker when a free one finishes
-	// in less than twice its time.
-	cands[1].InFlight, cands[1].NextFree = 4, 3*time.Second
-	if i := p.Choose(job, cands, rng); i != 0 {
-		t.Errorf("fleet waited (%d) for a full holder with a long wait", i)
+}
+
+// A turn waits for the full worker holding its conversation when that is
+// predicted sooner than a free worker by the holder's speed advantage:
+// between equal workers, whenever it is sooner (on two real llama-servers a
+// margin of two sent sessions off the worker holding their files to one
+// predicted up to twice as slow, issue 21); for a worker faster than the
+// free one, by as much as it is faster, up to twice, so that affinity does
+// not pile a fleet's turns onto its fastest worker (issue 10).
+func TestFleetWaitsForTheConversationByItsSpeedAdvantage(t *testing.T) {
+	chain := PrefixChain([]byte(strings.Repeat("w", 8000*bytesPerToken)))
+	job := prefixJob(8000, chain)
+	seeded := func(prefill float64) *SpeedModel {
+		m := NewSpeedModel(SpeedPrior{})
+		m.Seed(SpeedPoint{Concurrency: 1, TTFT: 50 * time.Millisecond, ITL: 12 * time.Millisecond, PrefillTokPerSec: prefill})
+		return m
+	}
+	for _, tc := range []struct {
+		name string
+		// holderFaster is how many times the free worker's prefill rate
+		// the holder's is; waitShare the holder's predicted completion
+		// over the free worker's.
+		holderFaster, waitShare float64
+		wait                    bool
+	}{
+		{name: "equal workers, waiting a little sooner", holderFaster: 1, waitShare: 0.9, wait: true},
+		{name: "equal workers, waiting later", holderFaster: 1, waitShare: 1.1, wait: false},
+		{name: "slower holder, waiting sooner", holderFaster: 0.5, waitShare: 0.9, wait: true},
+		{name: "holder 1.5x faster, waiting 0.75x", holderFaster: 1.5, waitShare: 0.75, wait: false},
+		{name: "holder 1.5x faster, waiting 0.6x", holderFaster: 1.5, waitShare: 0.6, wait: true},
+		{name: "holder 4x faster, waiting 0.6x", holderFaster: 4, waitShare: 0.6, wait: false},
+		{name: "holder 4x faster, waiting 0.4x", holderFaster: 4, waitShare: 0.4, wait: true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p := &fleetPolicy{p2cAbove: 8, prefix: true}
+			cands := []Candidate{
+				{Name: "free", Slots: 4, Speed: seeded(1000)},
+				{Name: "holder", Slots: 4, InFlight: 4, Speed: seeded(1000 * tc.holderFaster), Cached: 7900},
+			}
+			free := p.cost(job, cands[0], true)
+			cands[1].NextFree = time.Duration(tc.waitShare*float64(free)) - p.cost(job, cands[1], true)
+			if cands[1].NextFree <= 0 {
+				t.Fatalf("setup: the holder's completion alone is %v against the free worker's %v", p.cost(job, cands[1], true), free)
+			}
+			i, waitFor := p.chooseOrWait(job, cands, newRNG(1))
+			if got := i < 0 && waitFor == 1; got != tc.wait {
+				t.Errorf("took %d, waited for %d; want waiting for the holder %v (its completion %v against the free worker's %v)",
+					i, waitFor, tc.wait, p.cost(job, cands[1], true), free)
+			}
+		})
 	}
 }
 

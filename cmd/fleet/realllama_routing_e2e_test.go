@@ -41,22 +41,20 @@ import (
 // session reads realLlamaRead bytes of files at turn 1, and from then on
 // exactly one worker holds them. A turn sent to the other worker computes
 // them again, fifteen times a small turn's tokens, while the worker holding
-// them frees a slot in about a small turn's time; `fleet` should wait for it,
-// `fleet-no-prefix`, blind to the prefix, sends most sessions' later turns
-// there at least once. Over the whole run, `fleet`'s hit ratio was sought
-// realLlamaMargin above `fleet-no-prefix`'s; the turns' TTFT, the engines'
-// prefill time, how often a read was computed again and the two ratios are
-// logged per policy, not asserted: on a loaded machine a turn takes 2 to
-// 15 s of which the read's prefill is 2 to 4, and `fleet` came out -5 to
-// +20 points above `fleet-no-prefix`, mean +2.3, over 20 runs: it moves
-// sessions off the worker holding their read about as often as the blind
-// policy on most runs. Not for want of pricing: with the prefill rate
-// learned per concurrency, the turns it moves go to a free worker it
-// predicts up to twice as slow as waiting, which the wait rule allows
-// (waitMargin, router/policy.go); at a margin of 1 this test wins but the
-// simulator's mixed fleet piles up (docs/measurements.md).
+// them frees a slot in about a small turn's time. `fleet-no-prefix`, blind
+// to the prefix, sends most sessions' later turns to the other worker at
+// least once (5 or 6 of the 6 reads computed again on most runs); `fleet`
+// waits for the worker holding the read whenever that is predicted sooner,
+// the two workers being equal (waitMargin, router/policy.go), and moves a
+// session only where its model predicts the move sooner.
 //
-// What is asserted: both engines are alive throughout, however starved the
+// What is asserted: over the whole run `fleet`'s hit ratio is at least
+// realLlamaMargin above `fleet-no-prefix`'s. The turns' TTFT, the
+// engines' prefill time and how often a read was computed again are logged
+// per policy: `fleet`'s TTFT came out lower too, but on a loaded machine a
+// turn takes 2 to 15 s, so time is not asserted.
+//
+// Also asserted: both engines are alive throughout, however starved the
 // machine, and the hedge takes no request back from them (it asks a
 // worker's engine before it takes a request past its deadline for
 // silent). A request taken back is prefilled on both workers, unseen by
@@ -93,13 +91,15 @@ func TestRealLlamaRoutingCacheHit(t *testing.T) {
 			t.Errorf("%s: the hedge took back %d request(s) from two live engines; a starved engine is not a silent one", policy, n)
 		}
 	}
-	// Logged, not asserted: on this model the margin is not structural
-	// (see the comment at the top).
-	t.Logf("cache hit: fleet %.1f%%, fleet-no-prefix %.1f%%: %+.1f points (the margin sought is %.0f)",
-		100*fleetRun.hit(), 100*blind.hit(), 100*(fleetRun.hit()-blind.hit()), 100*realLlamaMargin)
+	if d := fleetRun.hit() - blind.hit(); d < realLlamaMargin {
+		t.Errorf("cache hit: fleet %.1f%%, fleet-no-prefix %.1f%%: %+.1f points, want at least %.0f; fleet computed the read again %d times, fleet-no-prefix %d",
+			100*fleetRun.hit(), 100*blind.hit(), 100*d, 100*realLlamaMargin, fleetRun.readsAgain(), blind.readsAgain())
+	} else {
+		t.Logf("cache hit: fleet %.1f%%, fleet-no-prefix %.1f%%: %+.1f points (at least %.0f wanted)",
+			100*fleetRun.hit(), 100*blind.hit(), 100*d, 100*realLlamaMargin)
+	}
 	// Where each turn went and what its engine reused, to tell a routing
-	// mistake from an engine that evicted, on every run while the
-	// comparison is not asserted (-v shows it).
+	// mistake from an engine that evicted (-v shows it).
 	for _, policy := range policies {
 		for _, tr := range results[policy].turns {
 			t.Logf("%-16s t=%6.2fs..%6.2fs session %d turn %d on %-3s prompt %5d cached %5d computed %5d in %5.0f ms",
@@ -131,8 +131,8 @@ const (
 	// realLlamaMargin is how far above `fleet-no-prefix`'s cache hit
 	// ratio `fleet`'s must be over the whole run: a read computed again
 	// is about 3 points of the run's prompt tokens, and `fleet-no-prefix`
-	// computed 2 to 6 of them again in the runs measured, fewer the more
-	// turns the hedge took back (docs/measurements.md).
+	// computed 4 to 6 of them again in the runs measured
+	// (docs/measurements.md).
 	realLlamaMargin = 0.05
 )
 
