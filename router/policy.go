@@ -278,13 +278,15 @@ func (p *fleetPolicy) chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (
 	// the conversation alone, and is worth what it is predicted to save.
 	// Where no backend holds any of the prompt, the choice is
 	// fleet-no-prefix's.
-	if p.prefix && affinity && bestFree >= 0 && float64(bestFreeCost) < waitMargin(job, cands[best], cands[bestFree])*float64(bestCost) {
+	switch {
+	case best < 0:
+		return -1, -1
+	case cands[best].free():
+		return best, -1
+	case p.prefix && affinity && bestFree >= 0 && float64(bestFreeCost) < waitMargin(job, cands[best], cands[bestFree])*float64(bestCost):
 		return bestFree, -1
 	}
-	if best >= 0 && !cands[best].free() {
-		return -1, best
-	}
-	return best, -1
+	return -1, best
 }
 
 // waitMargin is how many times sooner the full backend must be predicted
