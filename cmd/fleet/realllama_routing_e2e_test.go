@@ -129,11 +129,14 @@ const (
 	// realLlamaStagger is the time between two sessions' starts.
 	realLlamaStagger = 400 * time.Millisecond
 	// realLlamaMargin is how far above `fleet-no-prefix`'s cache hit
-	// ratio `fleet`'s must be over the whole run: a read computed again
-	// is about 3 points of the run's prompt tokens, and `fleet-no-prefix`
-	// computed 4 to 6 of them again in the runs measured
-	// (docs/measurements.md).
-	realLlamaMargin = 0.05
+	// ratio `fleet`'s must be over the whole run: about one read computed
+	// again (3.5 points of the run's prompt tokens), so the test fails
+	// when `fleet` recomputes as many reads as the blind policy, which
+	// recomputed 5 or 6 in every one of 27 runs measured while `fleet`
+	// recomputed 0 to 4 and came out 7.0 to 22.7 points above it
+	// (docs/measurements.md). A bar at the smallest gap seen would fail
+	// on the next run with one more read recomputed.
+	realLlamaMargin = 0.03
 )
 
 // realLlamaRun is one policy's sums over every turn of every session.
