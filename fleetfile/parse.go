@@ -22,6 +22,7 @@ import (
 	"github.com/goccy/go-yaml/parser"
 
 	"fleet"
+	"fleet/enginectl"
 )
 
 // Demo is the built-in demo fleet (`fleet serve --demo`): the three machines
@@ -784,6 +785,12 @@ func engineList() string {
 	return strings.Join(names, ", ")
 }
 
+// stemOwner is the placement that named an engine file stem first.
+type stemOwner struct {
+	model, node string
+	line        int
+}
+
 func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, models map[string]fleet.Model) {
 	if n == nil {
 		return
@@ -793,6 +800,7 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 		return
 	}
 	placed := map[[2]string]int{}
+	stems := map[string]stemOwner{}
 	for i, it := range items {
 		where := fmt.Sprintf("placement %d", i+1)
 		if model := d.peek(it, "model"); model != "" {
@@ -885,6 +893,17 @@ func (d *decoder) placements(n ast.Node, f *fleet.Fleet, nodes map[string]int, m
 				continue
 			}
 			placed[key] = line(targetAt[j])
+			// An engine's pid, argv and log files on its node are named
+			// NODE-MODEL, so two workers whose names join alike would share
+			// them on a machine both nodes reach, and each hub would take
+			// the other's engine for its own (and stop it).
+			stem := enginectl.FileStem(node, model)
+			if other, clash := stems[stem]; clash {
+				d.errorf(targetAt[j], where, "model %s on node %s names its engine's files %s.*, as model %s on node %s does (line %d): on a machine both nodes reach they would take each other's engine; rename a node or a model",
+					model, node, stem, other.model, other.node, other.line)
+				continue
+			}
+			stems[stem] = stemOwner{model: model, node: node, line: line(targetAt[j])}
 			f.Placements = append(f.Placements, fleet.Placement{Model: model, Node: node, Engine: engine, Context: context})
 		}
 	}

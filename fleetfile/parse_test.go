@@ -176,6 +176,24 @@ models:
 			[]string{`fleet.yaml:13: placement 1 (model qwen3-8b): model "qwen3-8b" is not declared under models:`}},
 		{"duplicate placement", validBase + "  - model: qwen3-4b\n    node: ultra\n",
 			[]string{"fleet.yaml:16: placement 2 (model qwen3-4b): model qwen3-4b is already placed on node ultra (line 14); a node runs one worker per model"}},
+		{"two workers whose engine files share a name", `nodes:
+  - name: a-b
+    address: ops@one.lan
+  - name: a
+    address: ops@two.lan
+models:
+  - id: c
+    context: 1
+    recipes: {llamacpp: {model: c.gguf}}
+  - id: b-c
+    context: 1
+    recipes: {llamacpp: {model: bc.gguf}}
+placements:
+  - model: c
+    node: a-b
+  - model: b-c
+    node: a
+`, []string{"fleet.yaml:17: placement 2 (model b-c): model b-c on node a names its engine's files a-b-c.*, as model c on node a-b does (line 15): on a machine both nodes reach they would take each other's engine; rename a node or a model"}},
 		{"node and nodes", validBase + "    node: rig\n",
 			[]string{"fleet.yaml:14: placement 1 (model qwen3-4b): give either node: or nodes:, not both"}},
 		{"no node", "nodes: []\nmodels:\n  - id: m\n    context: 1\n    recipes: {sim: {}}\nplacements:\n  - model: m\n",
