@@ -213,19 +213,25 @@ func tokensKeys(p []byte) (usage, apiUsage bool) {
 
 // hasKey reports whether p holds key, looking for key[cut:] and checking
 // the start of key before each place it is found.
-func hasKey(p, key []byte, cut int) bool {
+func hasKey(p, key []byte, cut int) bool { return nextKey(p, key, cut, 0) >= 0 }
+
+// nextKey is where key starts in p at from or after, or -1: it looks for
+// key[cut:] with bytes.Index, which hops between the places the tail's
+// first byte sits, and checks key[:cut] before each place it is found.
+func nextKey(p, key []byte, cut, from int) int {
 	tail := key[cut:]
-	for off := 0; ; {
+	for off := from + cut; off <= len(p); {
 		i := bytes.Index(p[off:], tail)
 		if i < 0 {
-			return false
+			return -1
 		}
 		i += off
-		if i >= cut && bytes.Equal(p[i-cut:i], key[:cut]) {
-			return true
+		if bytes.Equal(p[i-cut:i], key[:cut]) {
+			return i - cut
 		}
 		off = i + 1
 	}
+	return -1
 }
 
 // usageTokens finds "completion_tokens":N in p, or -1.
@@ -271,18 +277,9 @@ func (m *meter) readTail() {
 // stop.
 func lastIndex(p, sep []byte) int {
 	cut := max(bytes.IndexByte(sep, '_'), 0)
-	tail := sep[cut:]
 	last := -1
-	for off := cut; off <= len(p); {
-		i := bytes.Index(p[off:], tail)
-		if i < 0 {
-			break
-		}
-		i += off
-		if bytes.Equal(p[i-cut:i], sep[:cut]) {
-			last = i - cut
-		}
-		off = i + 1
+	for i := nextKey(p, sep, cut, 0); i >= 0; i = nextKey(p, sep, cut, i+1) {
+		last = i
 	}
 	return last
 }
