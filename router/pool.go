@@ -4,7 +4,6 @@ import (
 	"context"
 	"log/slog"
 	"net"
-	"net/http"
 	"net/url"
 	"slices"
 	"sync"
@@ -114,28 +113,9 @@ func (p *pool) newBackend(cfg Backend) *backend {
 	b := &backend{}
 	b.setDial(cfg.Dial)
 	conns := cfg.Slots + p.opts.ExtraConns
-	t := &http.Transport{
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := (*b.dial.Load())(ctx, network, addr)
-			if err != nil {
-				return nil, &dialError{err: err} // see retry.go
-			}
-			return c, nil
-		},
-		MaxConnsPerHost:     conns,
-		MaxIdleConnsPerHost: conns,
-		MaxIdleConns:        conns,
-		IdleConnTimeout:     90 * time.Second,
-		// Bodies pass through untouched: never ask the engine for gzip on
-		// the client's behalf.
-		DisableCompression: true,
-		ForceAttemptHTTP2:  false,
-		// One read of the socket brings all a fast engine has sent since
-		// the last, up to the copy loop's buffer: the default 4 KiB took
-		// a system call per 4 KiB of its backlog (32 KiB per connection,
-		// up to Slots+ExtraConns of them).
-		ReadBufferSize: streamReadBytes,
-	}
+	t := newEngineTransport(cfg.Addr, conns, func(ctx context.Context, network, addr string) (net.Conn, error) {
+		return (*b.dial.Load())(ctx, network, addr)
+	})
 	labels := prometheus.Labels{"model": cfg.Model, "backend": cfg.Name}
 	b.cfg = cfg
 	b.base = url.URL{Scheme: "http", Host: cfg.Addr}

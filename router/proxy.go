@@ -254,11 +254,6 @@ func (r *Router) outbound(req *http.Request, b *backend, body []byte) *http.Requ
 	// The meter reads the engine's bytes as they come: an engine asked for
 	// gzip could answer in it, and escape usage counting and key limits.
 	out.Header.Del("Accept-Encoding")
-	// llama-server closes a kept-alive connection after a stream without
-	// saying so; a request sent on it at once meets EOF before any answer.
-	// An idempotency key with no value (never sent) lets the transport
-	// send it again on a new connection then, as it does a GET.
-	out.Header["X-Idempotency-Key"] = nil
 	return out
 }
 

@@ -228,7 +228,7 @@ type BackendStats struct {
 type backend struct {
 	cfg       Backend
 	base      url.URL
-	transport *http.Transport
+	transport *engineTransport
 	// dial is the current way to reach Addr; the transport reads it on
 	// every new connection.
 	dial      atomic.Pointer[dialFunc]
@@ -428,7 +428,7 @@ func (r *Router) setBackends(bs []Backend, byModel map[string]Outlook, outlook b
 	// Removed backends: close their idle connections now; busy ones close
 	// when their response body is done.
 	for _, b := range left {
-		b.transport.CloseIdleConnections()
+		b.transport.retire()
 	}
 	for _, m := range models {
 		r.sched.dispatch(m)
