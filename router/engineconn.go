@@ -45,9 +45,12 @@ const engineIdleTimeout = 90 * time.Second
 
 type engineConn struct {
 	net.Conn
-	br        *bufio.Reader
-	bw        *bufio.Writer
-	idleSince time.Time
+	br *bufio.Reader
+	bw *bufio.Writer
+	// closeUnblocks is set for a connection whose Close ends a read or
+	// write blocked on it at once (TCP; not a tunnel through SSH).
+	closeUnblocks bool
+	idleSince     time.Time
 }
 
 func newEngineTransport(addr string, maxConns int, dial func(ctx context.Context, network, addr string) (net.Conn, error)) *engineTransport {
@@ -98,9 +101,52 @@ func closedUnderUs(err error) bool {
 // gives c back when it is read to its end, or closes it when it is closed
 // before. On an error c is closed.
 func (t *engineTransport) exchange(c *engineConn, req *http.Request) (*http.Response, error) {
+	ctx := req.Context()
 	// The request's context ends the exchange where it stands: the
 	// connection is closed under the read or write that waits.
-	stop := context.AfterFunc(req.Context(), func() { c.Close() })
+	stop := context.AfterFunc(ctx, func() { c.Close() })
+	var resp *http.Response
+	var err error
+	if c.closeUnblocks {
+		resp, err = sendAndReadHead(c, req)
+	} else {
+		// A tunnel through SSH ends a read blocked on it only when the
+		// node answers the close, which a silent node never does: the
+		// head is read on a goroutine the request can leave behind, so
+		// that a request the hedge took back goes to another worker now.
+		// (A body's reads stay on the caller's goroutine, as they were
+		// with net/http's Transport.)
+		type head struct {
+			resp *http.Response
+			err  error
+		}
+		got := make(chan head, 1)
+		go func() {
+			resp, err := sendAndReadHead(c, req)
+			got <- head{resp, err}
+		}()
+		select {
+		case h := <-got:
+			resp, err = h.resp, h.err
+		case <-ctx.Done():
+			// Counted closed now, as the close is asked now: the next
+			// request to this worker must not wait for a silent node.
+			stop()
+			t.discard(c)
+			return nil, context.Cause(ctx)
+		}
+	}
+	if err != nil {
+		stop()
+		t.discard(c)
+		return nil, err
+	}
+	resp.Body = &engineBody{body: resp.Body, c: c, t: t, stop: stop, keep: !resp.Close && !req.Close}
+	return resp, nil
+}
+
+// sendAndReadHead writes req on c and reads the head of its answer.
+func sendAndReadHead(c *engineConn, req *http.Request) (*http.Response, error) {
 	err := req.Write(c.bw)
 	if err == nil {
 		err = c.bw.Flush()
@@ -111,22 +157,15 @@ func (t *engineTransport) exchange(c *engineConn, req *http.Request) (*http.Resp
 		// the first as an unexpected EOF, like one in the middle.
 		_, err = c.br.Peek(1)
 	}
-	var resp *http.Response
 	for err == nil {
-		resp, err = http.ReadResponse(c.br, req)
+		resp, err := http.ReadResponse(c.br, req)
 		// An interim answer (100 Continue, 103 Early Hints) comes before
 		// the one that counts.
 		if err != nil || resp.StatusCode >= 200 || resp.StatusCode == http.StatusSwitchingProtocols {
-			break
+			return resp, err
 		}
 	}
-	if err != nil {
-		stop()
-		t.discard(c)
-		return nil, err
-	}
-	resp.Body = &engineBody{body: resp.Body, c: c, t: t, stop: stop, keep: !resp.Close && !req.Close}
-	return resp, nil
+	return nil, err
 }
 
 // conn is an idle connection, or a new one when there is none and fewer
@@ -146,7 +185,8 @@ func (t *engineTransport) conn(ctx context.Context) (c *engineConn, reused bool,
 			}
 			// One read of the socket brings all a fast engine has sent
 			// since the last, up to the copy loop's buffer.
-			return &engineConn{Conn: nc, br: bufio.NewReaderSize(nc, streamReadBytes), bw: bufio.NewWriterSize(nc, 4<<10)}, false, nil
+			_, tcp := nc.(*net.TCPConn)
+			return &engineConn{Conn: nc, br: bufio.NewReaderSize(nc, streamReadBytes), bw: bufio.NewWriterSize(nc, 4<<10), closeUnblocks: tcp}, false, nil
 		case <-t.freed:
 		case <-ctx.Done():
 			return nil, false, context.Cause(ctx)

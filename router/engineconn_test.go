@@ -159,38 +159,83 @@ func TestEngineConnectionsCappedAndHandedOn(t *testing.T) {
 
 // TestEngineExchangeEndsWithItsContext: a request whose context ends while
 // the engine has not answered returns at once with the context's cause, and
-// its connection is not reused.
+// its connection is not reused; also over a tunnel whose Close does not end
+// a blocked read until the node answers (SSH), which a silent node never
+// does.
 func TestEngineExchangeEndsWithItsContext(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
-	defer cancel()
-	addr, conns := countedEngine(t, func(w http.ResponseWriter, req *http.Request) {
-		if req.URL.Query().Has("never") {
-			// The server sees the connection close once the body is read.
-			_, _ = io.Copy(io.Discard, req.Body)
-			<-req.Context().Done()
-			return
-		}
-		okJSON(w, req)
-	})
-	tr := newEngineTransport(addr, 2, dialTCP)
-	defer tr.CloseIdleConnections()
-	short, stop := context.WithCancelCause(ctx)
-	why := errors.New("taken back by the hedge")
-	req := engineRequest(short, t, addr)
-	req.URL.RawQuery = "never"
-	time.AfterFunc(20*time.Millisecond, func() { stop(why) })
-	if _, err := tr.RoundTrip(req); !errors.Is(err, why) {
-		t.Fatalf("got %v, want the context's cause", err)
+	for _, tunnel := range []bool{false, true} {
+		t.Run(map[bool]string{false: "tcp", true: "tunnel"}[tunnel], func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), hangGuard)
+			defer cancel()
+			addr, conns := countedEngine(t, func(w http.ResponseWriter, req *http.Request) {
+				if req.URL.Query().Has("never") {
+					// The server sees the connection close once the body is read.
+					_, _ = io.Copy(io.Discard, req.Body)
+					<-req.Context().Done()
+					return
+				}
+				okJSON(w, req)
+			})
+			// The node stays silent until the test says so: a tunnel's
+			// Close then reaches it.
+			silent := make(chan struct{})
+			dial := dialTCP
+			if tunnel {
+				dial = func(ctx context.Context, network, addr string) (net.Conn, error) {
+					c, err := dialTCP(ctx, network, addr)
+					return &silentTunnel{Conn: c, silent: silent}, err
+				}
+			}
+			tr := newEngineTransport(addr, 1, dial)
+			defer tr.CloseIdleConnections()
+			short, stop := context.WithCancelCause(ctx)
+			why := errors.New("taken back by the hedge")
+			req := engineRequest(short, t, addr)
+			req.URL.RawQuery = "never"
+			time.AfterFunc(20*time.Millisecond, func() { stop(why) })
+			gaveUp := make(chan error, 1)
+			go func() {
+				_, err := tr.RoundTrip(req)
+				gaveUp <- err
+			}()
+			select {
+			case err := <-gaveUp:
+				if !errors.Is(err, why) {
+					t.Fatalf("got %v, want the context's cause", err)
+				}
+			case <-time.After(hangGuard):
+				t.Fatalf("a request whose context ended still waited for the engine after %v", hangGuard)
+			}
+			// With a cap of one connection, the next request gets a new
+			// one: the one given up counts as closed even while a silent
+			// node keeps the tunnel's read waiting.
+			defer close(silent)
+			resp, err := tr.RoundTrip(engineRequest(ctx, t, addr))
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, _ = io.Copy(io.Discard, resp.Body)
+			resp.Body.Close()
+			if n := conns.Load(); n != 2 {
+				t.Errorf("the engine saw %d connections, want 2: the one given up must not be reused", n)
+			}
+		})
 	}
-	resp, err := tr.RoundTrip(engineRequest(ctx, t, addr))
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, _ = io.Copy(io.Discard, resp.Body)
-	resp.Body.Close()
-	if n := conns.Load(); n != 2 {
-		t.Errorf("the engine saw %d connections, want 2: the one given up must not be reused", n)
-	}
+}
+
+// silentTunnel is a connection whose Close takes effect only once the node
+// is no longer silent, as a tunnel through SSH to a silent node.
+type silentTunnel struct {
+	net.Conn
+	silent <-chan struct{}
+}
+
+func (c *silentTunnel) Close() error {
+	go func() {
+		<-c.silent
+		c.Conn.Close()
+	}()
+	return nil
 }
 
 // TestRetiredEngineKeepsNoConnection: once its worker left, an answer that
