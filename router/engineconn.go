@@ -13,15 +13,14 @@ import (
 	"time"
 )
 
-// engineTransport is the HTTP/1.1 client for one worker's engine: requests
-// go out and answers come back on the caller's goroutine, over connections
-// kept alive between requests. net/http's Transport hands every request to
-// a writer goroutine and every answer's head through a reader goroutine;
-// measured on 64 instant streams (BenchmarkStreams64Instant) those
-// hand-offs were about a third of what the second hop cost, the larger
-// part of what keeps a proxy behind direct. The protocol itself is the
-// standard library's (Request.Write, ReadResponse); only the pooling is
-// here.
+// engineTransport is the HTTP/1.1 client for one worker's engine, over
+// connections kept alive between requests. On TCP a request is written and
+// its answer read on the caller's goroutine; net/http's Transport handed
+// every request to a writer goroutine and every answer's head through a
+// reader goroutine, which cost small requests a tenth of their throughput
+// through the router (BenchmarkSmallRPS64; docs/measurements.md). The
+// protocol is the standard library's (Request.Write, ReadResponse); only
+// the pooling is here.
 type engineTransport struct {
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	addr string
@@ -60,8 +59,8 @@ func newEngineTransport(addr string, maxConns int, dial func(ctx context.Context
 // RoundTrip sends req and reads the answer's head. A connection that had
 // served a request before and ends before any byte of the answer is one the
 // engine closed while it was idle (llama-server closes a kept-alive
-// connection after a stream without saying so): the request goes again,
-// once, on a new connection.
+// connection after a stream without saying so): the request goes again on
+// another connection, until one that is new has failed.
 func (t *engineTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	ctx := req.Context()
 	for {
@@ -183,9 +182,9 @@ func (t *engineTransport) conn(ctx context.Context) (c *engineConn, reused bool,
 				t.signalFreed()
 				return nil, false, &dialError{err: err} // see retry.go
 			}
+			_, tcp := nc.(*net.TCPConn)
 			// One read of the socket brings all a fast engine has sent
 			// since the last, up to the copy loop's buffer.
-			_, tcp := nc.(*net.TCPConn)
 			return &engineConn{Conn: nc, br: bufio.NewReaderSize(nc, streamReadBytes), bw: bufio.NewWriterSize(nc, 4<<10), closeUnblocks: tcp}, false, nil
 		case <-t.freed:
 		case <-ctx.Done():
