@@ -23,7 +23,8 @@ import (
 //	modelNameTransport the engine's served name out, the client's name back
 //	normaliseTransport reasoning in the model's one shape
 //	meterTransport     tokens, times and usage as the answer goes by
-//	(hedged)           the worker's connection, with the first-byte hedge
+//	(hedged)           the first-byte hedge, then the worker's connection
+//	                   pool (engineconn.go)
 //
 // A piece that rewrites a stream wraps the body in a rewrittenStream, which
 // reads the upstream once per Read: an event leaves in the flush of the
