@@ -38,9 +38,29 @@ func auditEntry(u fleet.User, action fleet.ActionName, target, outcome string) f
 		Target: fleet.Sanitize(fleet.Clip(target, auditTargetBytes)), Outcome: fleet.Sanitize(fleet.Clip(outcome, auditOutcomeBytes))}
 }
 
-// auditStarted is the outcome of an action's audit line while it runs (and
-// for good, should the hub die before it ends).
+// auditStarted is the outcome of an action's audit line while it runs
+// (until the hub's next start, should it die before the action ends:
+// auditInterrupted).
 const auditStarted = "started"
+
+// auditInterrupted is the outcome of an action's audit line that a hub
+// stopped (killed, or its machine lost) left started.
+const auditInterrupted = "interrupted: the hub stopped before this action ended; `fleet workers` and `fleet events` show what it did"
+
+// interruptedBefore names this run of hub as the writer of audit lines from
+// now on, and marks the lines a run before it left started as interrupted:
+// what was under way when a hub died is not under way any more.
+func (g *guard) interruptedBefore(ctx context.Context, hub, instance string) error {
+	g.store.SetAuditOrigin(hub, instance)
+	n, err := g.store.InterruptAudit(ctx, auditStarted, auditInterrupted)
+	if err != nil {
+		return err
+	}
+	if n > 0 {
+		g.log.Warn("audit lines of actions the hub's last run left unfinished are marked interrupted", "lines", n)
+	}
+	return nil
+}
 
 // auditLine is the audit line of an action under way.
 type auditLine struct {

@@ -304,6 +304,9 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 	if err := h.cluster.register(ctx, opts.HTTPAddr, opts.SSHAddr, opts.Version); err != nil {
 		return nil, err
 	}
+	if err := h.guard.interruptedBefore(ctx, h.cluster.name, h.cluster.instance); err != nil {
+		return nil, err
+	}
 	if stored, err := st.LoadFleet(ctx); err != nil {
 		return nil, err
 	} else if err := h.cluster.checkMachines(ctx, stored); err != nil {

@@ -148,12 +148,49 @@ func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, erro
 		a.At = s.now()
 	}
 	var id int64
-	err := s.db.QueryRowContext(ctx, `INSERT INTO audit (at, "user", action, target, outcome, count, last_at) VALUES (?, ?, ?, ?, ?, ?, ?) RETURNING id`,
-		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome, a.Count, unixNano(a.Last)).Scan(&id)
+	origin := s.auditOrigin.Load()
+	if origin == nil {
+		origin = &auditOrigin{}
+	}
+	err := s.db.QueryRowContext(ctx, `INSERT INTO audit (at, "user", action, target, outcome, count, last_at, hub, instance) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?) RETURNING id`,
+		unixNano(a.At), a.User, a.Action, a.Target, a.Outcome, a.Count, unixNano(a.Last), origin.hub, origin.instance).Scan(&id)
 	if err != nil {
 		return 0, fmt.Errorf("add audit entry %q by %s: %w", a.Action, a.User, err)
 	}
 	return id, nil
+}
+
+// auditOrigin is the hub that writes audit lines, and the run of it.
+type auditOrigin struct{ hub, instance string }
+
+// SetAuditOrigin names the hub (hubs.name) and the run of it (a new
+// instance each start) that write audit lines from now on. Lines written
+// before it is called, or by a command that opens the database without a
+// hub, name neither.
+func (s *Store) SetAuditOrigin(hub, instance string) {
+	s.auditOrigin.Store(&auditOrigin{hub: hub, instance: instance})
+}
+
+// InterruptAudit gives the lines still saying started that an earlier run
+// left (a hub killed while its action ran) the outcome interrupted, and
+// returns how many. On SQLite, one hub at a time under the data dir's lock,
+// that is every such line but this run's. On PostgreSQL, where other hubs
+// may be running theirs, it is the lines of this hub's name from another
+// run: a name is held by one running hub at a time (RegisterHub).
+func (s *Store) InterruptAudit(ctx context.Context, started, interrupted string) (int64, error) {
+	origin := s.auditOrigin.Load()
+	if origin == nil || origin.instance == "" {
+		return 0, errors.New("mark interrupted audit lines: this hub has not named itself (SetAuditOrigin)")
+	}
+	query, args := `UPDATE audit SET outcome = ? WHERE outcome = ? AND instance <> ?`, []any{interrupted, started, origin.instance}
+	if s.Clustered() {
+		query, args = query+` AND hub = ?`, append(args, origin.hub)
+	}
+	res, err := s.db.ExecContext(ctx, query, args...)
+	if err != nil {
+		return 0, fmt.Errorf("mark the audit lines of actions a stopped hub left unfinished: %w", err)
+	}
+	return res.RowsAffected()
 }
 
 // SetAuditOutcome records how the action of audit entry id ended.

@@ -292,4 +292,12 @@ CREATE TABLE drain_inflight (
 	PRIMARY KEY (hub, worker)
 );
 `,
+	// 12: which hub wrote an audit line (its name, hubs.name) and which run
+	// of it (hubs.instance): a hub started again marks the lines its killed
+	// run left "started" as interrupted (InterruptAudit), and never
+	// another running hub's.
+	`
+ALTER TABLE audit ADD COLUMN hub TEXT NOT NULL DEFAULT '';
+ALTER TABLE audit ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+`,
 }

@@ -285,4 +285,10 @@ CREATE TABLE drain_inflight (
 	PRIMARY KEY (hub, worker)
 );
 `,
+	// 12: which hub and which run of it wrote an audit line (SQLite's
+	// migration 12).
+	`
+ALTER TABLE audit ADD COLUMN hub TEXT COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE audit ADD COLUMN instance TEXT NOT NULL DEFAULT '';
+`,
 }

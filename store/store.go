@@ -40,6 +40,9 @@ type Store struct {
 	now    func() time.Time
 	// epoch is the lease epoch this hub writes with (SetEpoch).
 	epoch atomic.Int64
+	// auditOrigin is the hub and the run of it that write audit lines
+	// (SetAuditOrigin).
+	auditOrigin atomic.Pointer[auditOrigin]
 	// pgConfig is how to open another connection to the PostgreSQL server
 	// (Listen's); nil on SQLite.
 	pgConfig *pgx.ConnConfig

@@ -835,6 +835,65 @@ func TestDemoFleetSurvivesTheDatabase(t *testing.T) {
 	})
 }
 
+// TestInterruptAudit: a hub started again marks the lines its killed run
+// left started as interrupted, and none of its own run's, nor another
+// running hub's on PostgreSQL (where lines carry the writer's name); on
+// SQLite, one hub at a time, every earlier run's line, also a command's
+// that ran without a hub.
+func TestInterruptAudit(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, db testDB) {
+		ctx := t.Context()
+		s := db.openTest(t)
+		if _, err := s.InterruptAudit(ctx, "started", "interrupted"); err == nil {
+			t.Error("a store that was not told its hub marked lines")
+		}
+		begin := func(user string) int64 {
+			t.Helper()
+			id, err := s.BeginAudit(ctx, fleet.AuditEntry{User: user, Action: "stop", Target: "all", Outcome: "started"})
+			if err != nil {
+				t.Fatal(err)
+			}
+			return id
+		}
+		begin("no-hub") // a command run without a hub
+		s.SetAuditOrigin("a", "run1")
+		begin("a-run1")
+		done := begin("a-run1-done")
+		if err := s.SetAuditOutcome(ctx, done, "ok"); err != nil {
+			t.Fatal(err)
+		}
+		s.SetAuditOrigin("b", "run1")
+		begin("b-run1") // another hub, still running
+		s.SetAuditOrigin("a", "run2")
+		begin("a-run2")
+
+		n, err := s.InterruptAudit(ctx, "started", "interrupted")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want := map[string]string{"no-hub": "interrupted", "a-run1": "interrupted", "a-run1-done": "ok", "b-run1": "interrupted", "a-run2": "started"}
+		if s.Clustered() {
+			want["no-hub"], want["b-run1"] = "started", "started"
+		}
+		es, err := s.Audit(ctx, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		marked := 0
+		for _, e := range es {
+			if e.Outcome != want[e.User] {
+				t.Errorf("%s's line says %q, want %q", e.User, e.Outcome, want[e.User])
+			}
+			if e.Outcome == "interrupted" {
+				marked++
+			}
+		}
+		if int64(marked) != n {
+			t.Errorf("InterruptAudit says it marked %d lines; %d say interrupted", n, marked)
+		}
+	})
+}
+
 // TestBeginAuditThenOutcome: an action's audit line is written before it
 // runs and its outcome recorded after.
 func TestBeginAuditThenOutcome(t *testing.T) {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"database/sql"
+	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -176,6 +177,8 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				waitKilled(t, h, tc.point)
 				tried.Add(1)
 				launchHub(t, data, port, ports)
+				// The killed action's lines say so once the hub is back.
+				defer checkInterrupted(t, data, fleet.ActionName(tc.scenario))
 				if tc.scenario == "drain" {
 					// rig stays drained (no new requests): draining, not ready.
 					ws := waitWorkers(t, data, 90*time.Second, func(ws []fleet.WorkerView) bool {
@@ -219,6 +222,33 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 				checkEnginesTracked(t, ws, data)
 			}
 		})
+	}
+}
+
+// checkInterrupted checks that once the hub is back after a kill no audit
+// line says its action is still under way, and that action's lines (one a
+// worker) say the kill cut it short.
+func checkInterrupted(t *testing.T, data string, action fleet.ActionName) {
+	t.Helper()
+	out, code := fleetCmd(t, data, "audit", "--json", "--limit", "500")
+	if code != 0 {
+		t.Fatalf("fleet audit: exit %d:\n%s", code, out)
+	}
+	var es []fleet.AuditEntry
+	if err := json.Unmarshal([]byte(out), &es); err != nil {
+		t.Fatalf("audit --json: %v\n%s", err, out)
+	}
+	interrupted := 0
+	for _, e := range es {
+		if e.Outcome == "started" {
+			t.Errorf("after the hub came back, the audit line of %s %s still says started", e.Action, e.Target)
+		}
+		if e.Action == string(action) && strings.HasPrefix(e.Outcome, "interrupted: ") {
+			interrupted++
+		}
+	}
+	if interrupted == 0 {
+		t.Errorf("no audit line of the killed %s says interrupted: %+v", action, es)
 	}
 }
 
