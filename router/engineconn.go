@@ -195,20 +195,27 @@ func (t *engineTransport) conn(ctx context.Context) (c *engineConn, reused bool,
 
 // takeIdle is the newest idle connection that has not waited too long.
 func (t *engineTransport) takeIdle() *engineConn {
+	var stale []*engineConn
+	defer func() {
+		for _, c := range stale {
+			t.discard(c)
+		}
+	}()
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for len(t.idle) > 0 {
 		c := t.idle[len(t.idle)-1]
 		t.idle = t.idle[:len(t.idle)-1]
-		if time.Since(c.idleSince) < engineIdleTimeout {
-			if len(t.idle) > 0 {
-				// Two put back at once woke one waiter: the next one
-				// looks too.
-				t.signalFreed()
-			}
-			return c
+		if time.Since(c.idleSince) >= engineIdleTimeout {
+			stale = append(stale, c)
+			continue
 		}
-		t.closeLocked(c)
+		if len(t.idle) > 0 {
+			// Two put back at once woke one waiter: the next one looks
+			// too.
+			t.signalFreed()
+		}
+		return c
 	}
 	return nil
 }
@@ -216,23 +223,22 @@ func (t *engineTransport) takeIdle() *engineConn {
 func (t *engineTransport) putIdle(c *engineConn) {
 	c.idleSince = time.Now()
 	t.mu.Lock()
-	if t.retired {
-		t.closeLocked(c)
-	} else {
+	retired := t.retired
+	if !retired {
 		t.idle = append(t.idle, c)
 	}
 	t.mu.Unlock()
+	if retired {
+		t.discard(c)
+		return
+	}
 	t.signalFreed()
 }
 
+// discard closes c and frees its place under the cap. It takes no lock: a
+// tunnel's Close writes to the node, and a request for another connection
+// must not wait on that.
 func (t *engineTransport) discard(c *engineConn) {
-	t.mu.Lock()
-	t.closeLocked(c)
-	t.mu.Unlock()
-	t.signalFreed()
-}
-
-func (t *engineTransport) closeLocked(c *engineConn) {
 	c.Close()
 	<-t.open
 }
@@ -255,12 +261,12 @@ func (t *engineTransport) retire() { t.close(true) }
 func (t *engineTransport) close(retire bool) {
 	t.mu.Lock()
 	t.retired = t.retired || retire
-	for _, c := range t.idle {
-		t.closeLocked(c)
-	}
+	idle := t.idle
 	t.idle = nil
 	t.mu.Unlock()
-	t.signalFreed()
+	for _, c := range idle {
+		t.discard(c)
+	}
 }
 
 // engineBody is an answer's body: read to its end, it gives its connection
