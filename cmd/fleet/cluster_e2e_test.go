@@ -53,16 +53,8 @@ func waitRole(t *testing.T, data, role string, within time.Duration) fleet.HubSt
 // database).
 func auditLines(t *testing.T, data string, action fleet.ActionName, target string) []fleet.AuditEntry {
 	t.Helper()
-	out, code := fleetCmd(t, data, "audit", "--json", "--limit", "500")
-	if code != 0 {
-		t.Fatalf("fleet audit: exit %d:\n%s", code, out)
-	}
-	var es []fleet.AuditEntry
-	if err := json.Unmarshal([]byte(out), &es); err != nil {
-		t.Fatalf("audit --json: %v\n%s", err, out)
-	}
 	var got []fleet.AuditEntry
-	for _, e := range es {
+	for _, e := range auditJSON(t, data) {
 		if e.Action == string(action) && e.Target == target {
 			got = append(got, e)
 		}

@@ -2,7 +2,6 @@ package main
 
 import (
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"os"
 	"os/exec"
@@ -230,14 +229,7 @@ func TestHubKilledAtEveryCrashPointLosesNothing(t *testing.T) {
 // worker) say the kill cut it short.
 func checkInterrupted(t *testing.T, data string, action fleet.ActionName) {
 	t.Helper()
-	out, code := fleetCmd(t, data, "audit", "--json", "--limit", "500")
-	if code != 0 {
-		t.Fatalf("fleet audit: exit %d:\n%s", code, out)
-	}
-	var es []fleet.AuditEntry
-	if err := json.Unmarshal([]byte(out), &es); err != nil {
-		t.Fatalf("audit --json: %v\n%s", err, out)
-	}
+	es := auditJSON(t, data)
 	interrupted := 0
 	for _, e := range es {
 		if e.Outcome == "started" {
