@@ -218,11 +218,13 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(shutCtx)
 	// Whatever is still streaming after the grace period is aborted, as a
-	// real engine does on SIGTERM.
-	cancelBase()
+	// real engine does on SIGTERM: the connections are closed before the
+	// handlers are told to stop, or a handler that returns first ends its
+	// stream cleanly and a proxy cannot tell it was cut.
 	if err != nil {
 		srv.Close()
 	}
+	cancelBase()
 	if err := <-errc; err != nil && !errors.Is(err, http.ErrServerClosed) {
 		return fmt.Errorf("sim: serving on %s: %w", ln.Addr(), err)
 	}
