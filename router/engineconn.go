@@ -179,7 +179,6 @@ func (t *engineTransport) conn(ctx context.Context) (c *engineConn, reused bool,
 			nc, err := t.dial(ctx, "tcp", t.addr)
 			if err != nil {
 				<-t.open
-				t.signalFreed()
 				return nil, false, &dialError{err: err} // see retry.go
 			}
 			_, tcp := nc.(*net.TCPConn)
