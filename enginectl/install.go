@@ -1,6 +1,7 @@
 package enginectl
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -8,16 +9,20 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 
 	"fleet"
 )
 
 // Default install scripts, constants like every script enginectl runs.
-// They install into the user's home (no root), where the default binaries
-// and nodeScript's PATH look.
+// They run in node.sh's environment (its install operation), whose PATH has
+// both Homebrew prefixes and ~/.local/bin, and each one may run again after a
+// failure: what an earlier run put in place (uv, the venv) is used, not
+// installed twice. What cannot work unattended (a password for sudo, a
+// missing compiler) is refused up front, saying what to do.
 const (
 	installBrewLlama = `set -e
-command -v brew >/dev/null 2>&1 || { echo "Homebrew is not installed on this Mac; install it from https://brew.sh or set install: in the llamacpp recipe" >&2; exit 69; }
+command -v brew >/dev/null 2>&1 || { echo "Homebrew is not installed on this Mac (no brew in /opt/homebrew/bin or /usr/local/bin); install it from https://brew.sh or set install: in the llamacpp recipe" >&2; exit 69; }
 brew install llama.cpp`
 
 	installLinuxLlama = `set -e
@@ -26,13 +31,19 @@ echo "no default way to install llama.cpp on this Linux node: build it (https://
 exit 69`
 
 	// A uv venv keeps vLLM and its torch apart from the system Python; the
-	// link puts its entry point where nodeScript's PATH finds it.
+	// link puts its entry point on the node's PATH. uv's installer puts uv
+	// in ~/.local/bin and edits only the shell profiles, which this
+	// environment already has on its PATH.
 	installVLLM = `set -e
+command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 || {
+	echo "vLLM needs a C compiler when it runs (Triton compiles its GPU kernels with one), and this node has none (no cc, gcc or clang): install one (Debian, Ubuntu: sudo apt-get install gcc; Fedora: sudo dnf install gcc), then start the worker again" >&2; exit 69; }
 if ! command -v uv >/dev/null 2>&1; then
-	echo "installing uv (https://astral.sh/uv)"
+	command -v curl >/dev/null 2>&1 || { echo "installing vLLM needs uv, and installing uv needs curl, which this node lacks: install curl or uv (https://docs.astral.sh/uv/)" >&2; exit 69; }
+	echo "installing uv (https://astral.sh/uv) into ~/.local/bin"
 	curl -LsSf https://astral.sh/uv/install.sh | sh
+	command -v uv >/dev/null 2>&1 || { echo "the uv installer ran, but there is no uv in ~/.local/bin (or ~/.cargo/bin): install uv by hand (https://docs.astral.sh/uv/) and start the worker again" >&2; exit 69; }
 fi
-uv venv --python 3.12 --seed "$HOME/.venv-vllm"
+[ -x "$HOME/.venv-vllm/bin/python" ] || uv venv --python 3.12 --seed "$HOME/.venv-vllm"
 uv pip install --python "$HOME/.venv-vllm/bin/python" vllm --torch-backend=auto
 mkdir -p "$HOME/.local/bin"
 ln -sf "$HOME/.venv-vllm/bin/vllm" "$HOME/.local/bin/vllm"`
@@ -41,8 +52,19 @@ ln -sf "$HOME/.venv-vllm/bin/vllm" "$HOME/.local/bin/vllm"`
 [ "$(uname -m)" = arm64 ] || { echo "vllm-metal needs an Apple Silicon Mac (uname -m says $(uname -m))" >&2; exit 69; }
 curl -fsSL https://raw.githubusercontent.com/vllm-project/vllm-metal/main/install.sh | bash`
 
-	installBrewOllama  = `brew install ollama`
-	installLinuxOllama = `curl -fsSL https://ollama.com/install.sh | sh`
+	installBrewOllama = `set -e
+command -v brew >/dev/null 2>&1 || { echo "Homebrew is not installed on this Mac (no brew in /opt/homebrew/bin or /usr/local/bin); install it from https://brew.sh, or Ollama from https://ollama.com/download, or set install: in the ollama recipe" >&2; exit 69; }
+brew install ollama`
+
+	// Ollama's Linux installer needs root: it writes /usr/local and sets up
+	// a systemd service, with sudo when not root. A sudo that would ask for
+	// a password, which nobody is there to type, is refused before it asks.
+	installLinuxOllama = `set -e
+if [ "$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then
+	echo "Ollama's Linux installer needs root (it installs into /usr/local and sets up a systemd service with sudo), and sudo on this node wants a password, which fleet cannot type: run 'curl -fsSL https://ollama.com/install.sh | sh' on the node yourself, allow this user sudo without a password, or set install: in the ollama recipe" >&2
+	exit 77
+fi
+curl -fsSL https://ollama.com/install.sh | sh`
 )
 
 // InstallCommand is the shell command that installs spec's engine on its
@@ -84,17 +106,26 @@ func InstallCommand(spec Spec) (string, error) {
 
 // Installed reports whether cmd's binary (cmd.Bin) is on the node.
 func Installed(ctx context.Context, r Runner, cmd Command) (bool, error) {
-	if cmd.Bin == "" {
-		return false, fmt.Errorf("installed: the command names no binary")
+	where, err := Locate(ctx, r, cmd.Bin)
+	return where != "", err
+}
+
+// Locate is where bin is found on the node, "" when nowhere: bin itself when
+// it is a path, else the first on the node's PATH (both Homebrew prefixes and
+// ~/.local/bin included), else one in the usual virtual environments off PATH
+// (~/.venv*, conda and miniforge envs), which Start then runs.
+func Locate(ctx context.Context, r Runner, bin string) (string, error) {
+	if bin == "" {
+		return "", fmt.Errorf("locate: the command names no binary")
 	}
-	_, err := runScript(ctx, r, "which", cmd.Bin)
+	out, err := runScript(ctx, r, "which", bin)
 	if err == nil {
-		return true, nil
+		return strings.TrimSpace(string(out)), nil
 	}
 	if code, ok := ExitCode(err); ok && code == 1 {
-		return false, nil
+		return "", nil
 	}
-	return false, fmt.Errorf("is %s installed: %w", cmd.Bin, err)
+	return "", fmt.Errorf("is %s installed: %w", bin, err)
 }
 
 // Install makes spec's engine present on its node, streaming the
@@ -111,13 +142,13 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	if err != nil {
 		return err
 	}
-	ok, err := Installed(ctx, r, cmd)
+	where, err := Locate(ctx, r, cmd.Bin)
 	if err != nil {
 		return err
 	}
 	name := path.Base(cmd.Bin)
-	if ok {
-		fmt.Fprintf(progress, "%s is installed on %s\n", name, spec.Node.Name)
+	if where != "" {
+		fmt.Fprintf(progress, "%s is installed on %s: %s\n", name, spec.Node.Name, where)
 		return nil
 	}
 	if cmd.Simulated {
@@ -134,18 +165,46 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	// One writer for both streams: installers interleave them, and a
 	// progress log reads best in the order things happened.
 	w := &lockedWriter{w: progress}
-	if err := r.Run(ctx, []string{"sh", "-c", script}, nil, w, w); err != nil {
+	sudo := &sudoPrompt{}
+	out := io.MultiWriter(w, sudo)
+	if err := r.Run(ctx, []string{"sh", "-c", nodeScript, "fleet-enginectl", "install", script}, nil, out, out); err != nil {
+		if sudo.asked {
+			return fmt.Errorf("installing %s on node %s failed: its installer asked sudo for a password, which fleet cannot type; run the installer on the node yourself, allow this user sudo without a password, or set install: in the recipe: %w", name, spec.Node.Name, err)
+		}
 		return fmt.Errorf("installing %s on node %s failed (its output is in the node's event log): %w", name, spec.Node.Name, err)
 	}
-	ok, err = Installed(ctx, r, cmd)
+	where, err = Locate(ctx, r, cmd.Bin)
 	if err != nil {
 		return err
 	}
-	if !ok {
+	if where == "" {
 		return fmt.Errorf("the installer for %s on node %s finished, but %s is still not found; set bin: in the recipe to where it installed", name, spec.Node.Name, cmd.Bin)
 	}
-	fmt.Fprintf(progress, "%s installed on %s\n", name, spec.Node.Name)
+	fmt.Fprintf(progress, "%s installed on %s: %s\n", name, spec.Node.Name, where)
 	return nil
+}
+
+// sudoPrompt notices sudo failing for want of a password in an installer's
+// output: without a terminal, sudo says "a terminal is required to read the
+// password" (or, with -n, "a password is required").
+type sudoPrompt struct {
+	mu    sync.Mutex
+	tail  []byte
+	asked bool
+}
+
+func (s *sudoPrompt) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	// A message split over two writes is still seen whole.
+	s.tail = append(s.tail, p...)
+	if bytes.Contains(s.tail, []byte("sudo: a terminal is required")) || bytes.Contains(s.tail, []byte("sudo: a password is required")) {
+		s.asked = true
+	}
+	if n := len(s.tail); n > 256 {
+		s.tail = append(s.tail[:0], s.tail[n-256:]...)
+	}
+	return len(p), nil
 }
 
 func firstLine(s string) string {

@@ -1,11 +1,44 @@
 # shellcheck shell=sh
 # fleet-enginectl: the only shell code enginectl runs on a node (see script.go).
 set -u
-# Non-interactive SSH shells often lack the directories installers use.
-PATH="${PATH:-/usr/bin:/bin}:$HOME/.local/bin:/opt/homebrew/bin:/usr/local/bin"
+# The node's environment, defined here once: every operation, every
+# installer (install) and every engine (start) runs with it. sshd gives a
+# command a bare PATH (macOS: /usr/bin:/bin:/usr/sbin:/sbin; Homebrew's
+# shellenv is in ~/.zprofile, which only login shells read), and installers
+# put engines and their tools in these: uv in ~/.local/bin (older ones in
+# ~/.cargo/bin), Homebrew in /opt/homebrew (Apple Silicon) or /usr/local
+# (Intel). Appended, so the system's own tools still come first.
+PATH=${PATH:-/usr/bin:/bin}
+for d in "$HOME/.local/bin" "$HOME/.cargo/bin" /opt/homebrew/bin /opt/homebrew/sbin /usr/local/bin /usr/local/sbin; do
+	case ":$PATH:" in *":$d:"*) ;; *) PATH=$PATH:$d ;; esac
+done
 export PATH
 op=$1
 shift
+
+# find_bin NAME: sets fb to the engine binary NAME runs: NAME itself when it
+# is a path, else the first NAME on PATH, else one in the usual virtual
+# environments off PATH (uv and pip venvs in ~/.venv*, conda's and
+# miniforge's envs), where an engine installed by hand often is. Returns 1
+# when there is none.
+find_bin() {
+	case $1 in
+	*/*)
+		fb=$1
+		[ -f "$fb" ] && [ -x "$fb" ] && return 0
+		fb=; return 1 ;;
+	esac
+	fb=$(command -v "$1" 2>/dev/null) && [ -n "$fb" ] && return 0
+	for fb in "$HOME"/.venv*/bin/"$1" "$HOME"/venv*/bin/"$1" \
+		"$HOME"/miniforge3/envs/*/bin/"$1" "$HOME"/miniforge3/bin/"$1" \
+		"$HOME"/mambaforge/envs/*/bin/"$1" "$HOME"/mambaforge/bin/"$1" \
+		"$HOME"/miniconda3/envs/*/bin/"$1" "$HOME"/miniconda3/bin/"$1" \
+		"$HOME"/anaconda3/envs/*/bin/"$1" "$HOME"/anaconda3/bin/"$1" \
+		"$HOME"/.conda/envs/*/bin/"$1" /opt/conda/envs/*/bin/"$1" /opt/conda/bin/"$1"; do
+		[ -f "$fb" ] && [ -x "$fb" ] && return 0
+	done
+	fb=; return 1
+}
 
 have_proc() { [ -z "${FLEET_ENGINECTL_NO_PROC:-}" ] && [ -r /proc/self/stat ]; }
 
@@ -60,7 +93,10 @@ start)
 		expand_home "$1"; shift; set -- "$@" "$xh"; n=$((n - 1))
 	done
 	mkdir -p "$dir" || { echo "cannot create the state directory $dir on the node" >&2; exit 73; }
-	command -v "$bin" >/dev/null 2>&1 || { echo "$bin: not found on the node (PATH=$PATH); install the engine or set bin: in the recipe" >&2; exit 127; }
+	find_bin "$bin" || { echo "$bin: not found on the node (PATH=$PATH, nor in ~/.venv*, conda or miniforge envs); install the engine or set bin: in the recipe" >&2; exit 127; }
+	# An engine found in a venv off PATH runs as if the venv were
+	# activated: its python and tools first.
+	case $bin in */*) ;; *) command -v "$bin" >/dev/null 2>&1 || { PATH=${fb%/*}:$PATH; export PATH; } ;; esac
 	log=$dir/$stem.log; pidf=$dir/$stem.pid; argvf=$dir/$stem.argv
 	[ -f "$log" ] && mv -f "$log" "$log.1"
 	printf '%s\000' "$@" >"$argvf"
@@ -74,13 +110,23 @@ start)
 		# A background job of a non-interactive sh is not a group leader,
 		# so setsid(1) execs in place and $! stays the engine's PID.
 		setsid "$@" </dev/null >"$log" 2>&1 &
-	elif command -v perl >/dev/null 2>&1; then
+	elif perl -MPOSIX -e 1 >/dev/null 2>&1; then
+		# macOS has no setsid(1), but /usr/bin/perl.
 		# shellcheck disable=SC2016 # perl's own variables
 		perl -MPOSIX -e 'POSIX::setsid() or die "setsid: $!\n"; exec { $ARGV[0] } @ARGV or die "exec $ARGV[0]: $!\n"' "$@" </dev/null >"$log" 2>&1 &
-	elif command -v python3 >/dev/null 2>&1; then
+	elif [ -n "${BASH_VERSION:-}" ]; then
+		# bash (macOS's /bin/sh) gives a background job a process group of
+		# its own under set -m, terminal or not: the group Stop signals,
+		# apart from this script's. (dash cannot: it needs a terminal.)
+		set -m
+		"$@" </dev/null >"$log" 2>&1 &
+		set +m
+	elif python3 -c 'import os' >/dev/null 2>&1; then
+		# Run, not just found: a Mac's /usr/bin/python3 without the
+		# Command Line Tools is a stub that only offers to install them.
 		python3 -c 'import os, sys; os.setsid(); os.execvp(sys.argv[1], sys.argv[1:])' "$@" </dev/null >"$log" 2>&1 &
 	else
-		echo "cannot detach the engine: the node has none of setsid, perl, python3" >&2; exit 69
+		echo "cannot detach the engine: the node has no setsid(1), its sh is not bash, and neither perl nor python3 runs; install one of them (on a Mac, the Command Line Tools: xcode-select --install)" >&2; exit 69
 	fi
 	pid=$!
 	# Until setsid runs in the child, the engine is still in this script's
@@ -215,10 +261,17 @@ tailbytes)
 	[ -f "$xh" ] && tail -c "$1" "$xh"
 	;;
 which)
-	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
-	# says 127, which a transport could also mean).
+	# which BIN: the engine binary BIN resolves to (find_bin), exit 1 when
+	# there is none (dash says 127, which a transport could also mean).
 	expand_home "$1"
-	command -v "$xh" || exit 1
+	find_bin "$xh" || exit 1
+	printf '%s\n' "$fb"
+	;;
+install)
+	# install SCRIPT: run an engine's installer (fleet's default or a
+	# recipe's install:) in the node's environment above, so that it finds
+	# Homebrew, and uv the moment its installer has put it in ~/.local/bin.
+	exec sh -c "$1" fleet-install
 	;;
 *)
 	echo "fleet-enginectl: unknown operation $op" >&2; exit 64
