@@ -76,6 +76,10 @@ type Platform struct {
 	MemFreeBytes  uint64 `json:"mem_free_bytes,omitempty"`
 	// Profile is set on simulated nodes: the sim profile whose platform this is.
 	Profile string `json:"profile,omitempty"`
+	// Engines is where the probe found each engine's default binary on the
+	// node (Homebrew, ~/.local/bin, a venv off PATH…); an engine not found
+	// is absent.
+	Engines map[EngineKind]string `json:"engines,omitempty"`
 }
 
 // GiB is how fleet writes an amount of memory, everywhere (tables, events,

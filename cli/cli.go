@@ -557,13 +557,15 @@ func printNodes(w io.Writer, ns []fleet.Node, hubPorts fleet.PortRange) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	// USABLE is the figure a model's memory_gb is compared with (free GPU
 	// memory on NVIDIA), in the unit a memory rejection uses.
-	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tUSABLE\tMEMORY FREE/TOTAL\tPORTS\tDRAINED")
+	// ENGINES says where each engine was found on the node.
+	fmt.Fprintln(tw, "NODE\tADDRESS\tSTATE\tHOST\tGPU\tUSABLE\tMEMORY FREE/TOTAL\tPORTS\tDRAINED\tENGINES")
 	for _, n := range ns {
-		host, gpu, usable, mem := "?", "?", "?", "?"
+		host, gpu, usable, mem, engines := "?", "?", "?", "?", "?"
 		if n.Platform != nil {
 			host, gpu = n.Platform.HostLabel(), n.Platform.GPULabel()
 			usable = fleet.GiB(n.Platform.UsableMemory())
 			mem = strings.TrimSuffix(fleet.GiB(n.Platform.MemFreeBytes), " GiB") + "/" + fleet.GiB(n.Platform.MemTotalBytes)
+			engines = engineLocations(n.Platform.Engines)
 		}
 		state := string(n.State)
 		if n.Reason != "" {
@@ -573,9 +575,24 @@ func printNodes(w io.Writer, ns []fleet.Node, hubPorts fleet.PortRange) error {
 		if ports == "" {
 			ports = hubPorts.String() + " (hub's)"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\n", n.Name, n.Address, state, host, gpu, usable, mem, ports, n.Drained)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%v\t%s\n", n.Name, n.Address, state, host, gpu, usable, mem, ports, n.Drained, engines)
 	}
 	return tw.Flush()
+}
+
+// engineLocations is "llamacpp=/opt/homebrew/bin/llama-server vllm=…", or
+// "none" when the node has no engine installed yet.
+func engineLocations(found map[fleet.EngineKind]string) string {
+	var s []string
+	for _, k := range fleet.EngineKinds {
+		if where, ok := found[k]; ok {
+			s = append(s, string(k)+"="+where)
+		}
+	}
+	if len(s) == 0 {
+		return "none"
+	}
+	return strings.Join(s, " ")
 }
 
 func printModels(w io.Writer, ms []fleet.Model) error {

@@ -128,6 +128,43 @@ func Locate(ctx context.Context, r Runner, bin string) (string, error) {
 	return "", fmt.Errorf("is %s installed: %w", bin, err)
 }
 
+// LocateEngines is where each engine that can run on p is found on the
+// node, by its default binary (see Locate); engines not found are absent.
+func LocateEngines(ctx context.Context, r Runner, p fleet.Platform) (map[fleet.EngineKind]string, error) {
+	var kinds []fleet.EngineKind
+	var bins []string
+	for _, k := range []fleet.EngineKind{fleet.EngineLlamaCpp, fleet.EngineVLLM, fleet.EngineVLLMMetal, fleet.EngineOllama} {
+		if _, err := EngineFor(p, fleet.Model{Recipes: map[fleet.EngineKind]fleet.Recipe{k: {}}}, k); err == nil {
+			kinds, bins = append(kinds, k), append(bins, defaultBin(k))
+		}
+	}
+	out, err := runScript(ctx, r, "whichall", bins...)
+	if err != nil {
+		return nil, fmt.Errorf("looking for engines on the node: %w", err)
+	}
+	found := map[fleet.EngineKind]string{}
+	lines := strings.Split(string(out), "\n")
+	for i, k := range kinds {
+		if i < len(lines) && lines[i] != "" {
+			found[k] = lines[i]
+		}
+	}
+	return found, nil
+}
+
+// defaultBin is the binary an engine's recipe runs when it sets no bin:.
+func defaultBin(k fleet.EngineKind) string {
+	switch k {
+	case fleet.EngineVLLM:
+		return defaultVLLMBin
+	case fleet.EngineVLLMMetal:
+		return defaultVLLMMetalBin
+	case fleet.EngineOllama:
+		return defaultOllamaBin
+	}
+	return defaultLlamaBin
+}
+
 // Install makes spec's engine present on its node, streaming the
 // installer's output to progress (nil discards it). It does nothing when
 // the binary is already there, so it is safe to call before every launch.

@@ -267,6 +267,14 @@ which)
 	find_bin "$xh" || exit 1
 	printf '%s\n' "$fb"
 	;;
+whichall)
+	# whichall BIN...: one line per BIN, the binary it resolves to or empty.
+	for b in "$@"; do
+		expand_home "$b"
+		find_bin "$xh" || true
+		printf '%s\n' "$fb"
+	done
+	;;
 install)
 	# install SCRIPT: run an engine's installer (fleet's default or a
 	# recipe's install:) in the node's environment above, so that it finds

@@ -2,6 +2,7 @@ package enginectl
 
 import (
 	"bytes"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -66,6 +67,10 @@ func TestLandMacDefaultLlamaInstall(t *testing.T) {
 		if got := land.Installs(); !slices.Equal(got, []string{"brew install llama.cpp"}) {
 			t.Errorf("after install %d the node saw installs %q, want brew install llama.cpp once", run, got)
 		}
+	}
+	found, err := LocateEngines(testCtx(t), land, *macPlatform)
+	if want := map[fleet.EngineKind]string{fleet.EngineLlamaCpp: "/opt/homebrew/bin/llama-server"}; err != nil || !maps.Equal(found, want) {
+		t.Errorf("LocateEngines = %v, %v; want %v", found, err, want)
 	}
 }
 
@@ -167,6 +172,10 @@ func TestLandFindsVLLMInVenv(t *testing.T) {
 	if !strings.Contains(progress.String(), "is installed on node: "+venv) || land.Installs() != nil {
 		t.Errorf("install did not use the vLLM in %s (installs %q):\n%s", venv, land.Installs(), progress.String())
 	}
+	found, err := LocateEngines(testCtx(t), land, *linuxPlatform)
+	if want := map[fleet.EngineKind]string{fleet.EngineVLLM: venv}; err != nil || !maps.Equal(found, want) {
+		t.Errorf("LocateEngines = %v, %v; want %v", found, err, want)
+	}
 	p, _ := startEngine(t, land, spec)
 	if err := WaitReady(testCtx(t), land, port, p, spec.Engine, fast...); err != nil {
 		t.Fatalf("the engine found in the venv did not come up: %v", err)
@@ -182,6 +191,39 @@ func TestLandRefusals(t *testing.T) {
 		err := Install(testCtx(t), land, landSpec(linuxPlatform, fleet.EngineVLLM, 18000), &progress)
 		if err == nil || !strings.Contains(progress.String(), "needs a C compiler") || land.Installs() != nil {
 			t.Errorf("install = %v, installs %q; want a refusal naming the C compiler:\n%s", err, land.Installs(), progress.String())
+		}
+	})
+	// A user (uid 501, a Mac's first) whose sudo wants a password, as
+	// sudo answers without a terminal.
+	sudoer := t.TempDir()
+	for name, script := range map[string]string{
+		"id":   "#!/bin/sh\n[ \"$1\" = -u ] && echo 501 || echo 'uid=501(ops) gid=20(staff)'\n",
+		"sudo": "#!/bin/sh\ncase $1 in -n) echo 'sudo: a password is required' >&2 ;; *) echo 'sudo: a terminal is required to read the password; either use the -S option to read from standard input or configure an askpass helper' >&2 ;; esac\nexit 1\n",
+	} {
+		if err := os.MkdirAll(filepath.Join(sudoer, "bin"), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(sudoer, "bin", name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("Ollama on Linux without passwordless sudo", func(t *testing.T) {
+		land := newLand(t, nodeland.Options{Kind: nodeland.Linux, Machine: sudoer})
+		spec := landSpec(linuxPlatform, fleet.EngineOllama, 18000)
+		spec.Model.Recipes = map[fleet.EngineKind]fleet.Recipe{fleet.EngineOllama: {Model: "qwen3:4b"}}
+		var progress bytes.Buffer
+		err := Install(testCtx(t), land, spec, &progress)
+		if code, _ := ExitCode(err); code != 77 || !strings.Contains(progress.String(), "sudo on this node wants a password") {
+			t.Errorf("install = %v; want exit 77 and a refusal that names sudo:\n%s", err, progress.String())
+		}
+	})
+	t.Run("a recipe's installer that asks sudo for a password", func(t *testing.T) {
+		land := newLand(t, nodeland.Options{Kind: nodeland.Linux, Machine: sudoer})
+		spec := landSpec(linuxPlatform, fleet.EngineLlamaCpp, 18000)
+		spec.Model.Recipes[fleet.EngineLlamaCpp] = fleet.Recipe{Model: "m.gguf", Install: "sudo apt-get install -y llama.cpp"}
+		err := Install(testCtx(t), land, spec, nil)
+		if err == nil || !strings.Contains(err.Error(), "asked sudo for a password, which fleet cannot type") {
+			t.Errorf("install = %v; want an error that says sudo wanted a password", err)
 		}
 	})
 	t.Run("detaching with none of setsid, perl, bash, python3", func(t *testing.T) {

@@ -47,4 +47,24 @@ func TestManagerInstallReportsProgress(t *testing.T) {
 	if !h.rec.eventLike("install: ######## 55%") {
 		t.Errorf("the installer's output is not in the events\n%s", h.rec.dump())
 	}
+	// Where the engine is, once installed.
+	if !h.rec.eventLike("installed on hub: " + bin) {
+		t.Errorf("the events do not say where the engine is\n%s", h.rec.dump())
+	}
+}
+
+// An engine already on the node is launched with an event that says where
+// it was found.
+func TestManagerSaysWhereTheEngineIs(t *testing.T) {
+	h := newHarness(t, t.TempDir(), nil)
+	cleanupEngines(t, h)
+	h.m.SetDesired(localFleet(localModel()))
+	h.run()
+	h.waitReady("hub/qwen3-4b")
+	if !h.rec.eventLike(fakeEngine + " found on the node at " + fakeEngine) {
+		t.Errorf("no event says where the engine was found\n%s", h.rec.dump())
+	}
+	if h.rec.eventLike("install") {
+		t.Errorf("an engine on the node was installed again\n%s", h.rec.dump())
+	}
 }

@@ -99,11 +99,14 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		w.Context, w.Slots = cmd.Context, cmd.Slots
 	})
 
-	installed, err := enginectl.Installed(ctx, t, cmd)
+	where, err := enginectl.Locate(ctx, t, cmd.Bin)
 	if err != nil {
 		return err
 	}
-	if !installed {
+	if where != "" && !cmd.Simulated {
+		m.workerEvent(ws, "info", fmt.Sprintf("%s found on the node at %s", cmd.Bin, where))
+	}
+	if where == "" {
 		if !m.leads(ws, "install") {
 			return notLeading()
 		}

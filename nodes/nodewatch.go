@@ -192,6 +192,9 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 	if err == nil {
 		p, err = Probe(pctx, t)
 	}
+	if err == nil && p.Profile == "" {
+		m.locateEngines(pctx, node.Name, t, &p)
+	}
 	if ctx.Err() != nil {
 		return
 	}
