@@ -11,7 +11,8 @@
 // /opt/homebrew (or /usr/local), where only a login shell's profile would
 // look. A Linux-like land keeps Debian's userland with sshd's Linux PATH.
 // Both may take a captured machine's folder (testdata/machines/<machine>):
-// its bin/ comes first on PATH, and its proc/ is mounted over /proc.
+// its bin/ comes first on PATH, its proc/ is mounted over /proc, and any
+// other folder (usr/…) lies over the machine's own.
 //
 // The network a node would download from is stood in for too: curl serves
 // the uv installer (which, as the real one, writes ~/.local/bin/uv and only
@@ -67,7 +68,8 @@ type Package struct {
 type Options struct {
 	Kind Kind
 	// Machine is a captured machine's folder (testdata/machines/<machine>):
-	// its bin/ goes first on PATH, its proc/ over /proc ("": none).
+	// its bin/ goes first on PATH, its proc/ over /proc, any other folder
+	// (usr/lib/wsl/lib on WSL2) over the machine's own ("": none).
 	Machine string
 	// BrewPrefix is where Homebrew is: "/opt/homebrew" (Apple Silicon) or
 	// "/usr/local" (Intel); "" is no Homebrew.
@@ -251,6 +253,23 @@ func (l *Land) build(o Options) error {
 			mounts = append(mounts, "mount --bind "+q(filepath.Join(m, "proc"))+" /proc")
 			hiddenProc = false
 		}
+		// Any other folder lays its files over the machine's own (WSL2's
+		// usr/lib/wsl/lib/nvidia-smi), first, under the mounts above.
+		entries, err := os.ReadDir(m)
+		if err != nil {
+			return err
+		}
+		var overlays []string
+		for _, e := range entries {
+			if !e.IsDir() || e.Name() == "bin" || e.Name() == "proc" {
+				continue
+			}
+			if fi, err := os.Stat("/" + e.Name()); err != nil || !fi.IsDir() {
+				return fmt.Errorf("machine %s: its folder %s has no /%s to lie over", m, e.Name(), e.Name())
+			}
+			overlays = append(overlays, "mount -t overlay fleet-machine -o lowerdir="+q(filepath.Join(m, e.Name()))+":/"+e.Name()+" /"+e.Name())
+		}
+		mounts = append(overlays, mounts...)
 	}
 	if hiddenProc {
 		mounts = append(mounts, "mount -t tmpfs -o size=64k,mode=555 fleet-no-proc /proc")

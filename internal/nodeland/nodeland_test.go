@@ -105,7 +105,20 @@ func TestMachineFolder(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(m, "proc", "meminfo"), []byte("MemTotal:       65536 kB\n"), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	wsl := filepath.Join(m, "usr", "lib", "wsl", "lib")
+	if err := os.MkdirAll(wsl, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(wsl, "nvidia-smi"), []byte("#!/bin/sh\necho 'NVIDIA GeForce RTX 5080, 16303, 15900'\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
 	l := newLand(t, Options{Kind: Linux, Machine: m})
+	if got, _ := run(t, l, `/usr/lib/wsl/lib/nvidia-smi; [ -x /usr/bin/env ] && echo usr-too`); got != "NVIDIA GeForce RTX 5080, 16303, 15900\nusr-too" {
+		t.Errorf("the machine's usr/ does not lie over /usr: %q", got)
+	}
+	if _, err := os.Stat("/usr/lib/wsl/lib/nvidia-smi"); err == nil {
+		t.Errorf("/usr/lib/wsl/lib/nvidia-smi exists outside the land")
+	}
 	if got, _ := run(t, l, `uname; cat /proc/meminfo; [ -r /proc/self/stat ] || echo no-self`); got != "Darwin\nMemTotal:       65536 kB\nno-self" {
 		t.Errorf("the machine's folder is not what the land shows: %q", got)
 	}
