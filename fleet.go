@@ -749,6 +749,9 @@ type WorkerView struct {
 	// short answers), shown beside the chat one.
 	AgentBench   []BenchPoint `json:"agent_bench,omitempty"`
 	AgentBenchAt time.Time    `json:"agent_bench_at,omitzero"`
+	// EngineBin is where the worker's engine binary was found on its node
+	// (the node's Platform.Engines), when it runs that binary.
+	EngineBin string `json:"engine_bin,omitempty"`
 }
 
 // BenchPoint is one concurrency level of a bench sweep.

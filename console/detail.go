@@ -128,6 +128,9 @@ func (d *detailView) lines() []string {
 	for _, line := range wrapArgs(w.Argv, max(d.width-4, 10)) {
 		out = append(out, "  "+t.Text.Render(line))
 	}
+	if w.EngineBin != "" {
+		out = append(out, label("  found on the node at ")+t.Text.Render(w.EngineBin))
+	}
 	if w.Simulated && len(w.LaunchArgv) > 0 {
 		out = append(out, label("Simulated; really runs:"))
 		for _, line := range wrapArgs(w.LaunchArgv, max(d.width-4, 10)) {

@@ -438,6 +438,7 @@ func (h *Hub) snapshot(ctx context.Context) fleet.Snapshot {
 				v.CacheHit = &s.CacheHit
 			}
 		}
+		v.EngineBin = engineBin(w, h.state.nodes[w.Node].Platform)
 		snap.Workers = append(snap.Workers, v)
 	}
 	h.state.mu.Unlock()
