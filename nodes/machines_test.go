@@ -148,3 +148,68 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 		})
 	}
 }
+
+// Failure 3 of issue 27: a node whose nvidia-smi fails (the driver upgraded
+// under the loaded module) is up, shows a CPU platform with what is wrong,
+// an event says what to do, and a llama.cpp worker serves on it.
+func TestFailingGPUIsANodeStateWithAnEvent(t *testing.T) {
+	mismatch := probeMachine(t, "nvidia-driver-mismatch")
+	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+		o.SimPlatform = func(string) (fleet.Platform, error) { return mismatch, nil }
+	})
+	cleanupEngines(t, h)
+	h.m.SetDesired(simFleet(testModel(), "rig"))
+	h.run()
+
+	h.waitReady("rig/qwen3-4b")
+	if !h.rec.eventLike("node up: Linux, CPU (GPU failed)") {
+		t.Errorf("no node up event shows the failed GPU:\n%s", h.rec.dump())
+	}
+	if !h.rec.eventLike("Driver/library version mismatch; NVML library version: 535.161. The NVIDIA driver was upgraded while the old one is still loaded (unattended upgrades do this): reboot the node, or reinstall the driver; the node serves on CPU until then") {
+		t.Errorf("no event says what is wrong and what to do:\n%s", h.rec.dump())
+	}
+	h.rec.mu.Lock()
+	last := h.rec.nodes[len(h.rec.nodes)-1]
+	h.rec.mu.Unlock()
+	if last.State != fleet.NodeUp || last.Platform == nil || last.Platform.GPUError == "" || len(last.Platform.GPUs) != 0 {
+		t.Errorf("node rig = %s %+v, want up with no GPU and the GPU error", last.State, last.Platform)
+	}
+}
+
+// A GPU that fails while its node stays up (an unattended driver upgrade)
+// is warned about once per failure, and its recovery (a reboot) told.
+func TestPlatformEventsOnAGPUThatFailsAndRecovers(t *testing.T) {
+	mismatch, noDevices, healthy := probeMachine(t, "nvidia-driver-mismatch"), probeMachine(t, "nvidia-no-devices"), probeMachine(t, "nvidia-8x3090")
+	rec := &recorder{}
+	m := &Manager{opts: ManagerOptions{OnEvent: rec.event}}
+	steps := []struct {
+		prev, now *fleet.Platform
+		cameUp    bool
+		want      []string // the events' level and start, in order
+	}{
+		{nil, &healthy, true, []string{"info node up: Linux, 8x RTX 3090, 157.2 GiB usable"}},
+		{&healthy, &healthy, false, nil},
+		{&healthy, &mismatch, false, []string{"warn nvidia-smi failed (exit status 18)"}},
+		{&mismatch, &mismatch, false, nil},
+		{&mismatch, &noDevices, false, []string{"warn nvidia-smi failed (exit status 6)"}},
+		{&noDevices, &healthy, false, []string{"info nvidia-smi answers again: 8x RTX 3090"}},
+		{&healthy, &mismatch, true, []string{"info node up: Linux, CPU (GPU failed)", "warn nvidia-smi failed (exit status 18)"}},
+	}
+	for i, s := range steps {
+		rec.events = nil
+		m.platformEvents(fleet.Node{Name: "rig", Platform: s.now}, s.prev, s.cameUp)
+		var got []string
+		for _, e := range rec.events {
+			got = append(got, e.Level+" "+e.Message)
+		}
+		if len(got) != len(s.want) {
+			t.Errorf("step %d: events %q, want %q", i, got, s.want)
+			continue
+		}
+		for j := range got {
+			if !strings.HasPrefix(got[j], s.want[j]) {
+				t.Errorf("step %d: event %q, want it to start %q", i, got[j], s.want[j])
+			}
+		}
+	}
+}
