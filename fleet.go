@@ -100,7 +100,9 @@ func GiB(bytes uint64) string {
 // UsableMemory is the memory a new engine on the node can count on, which
 // admission compares a model's memory_gb with: on a Mac three quarters of
 // free memory (Metal's working-set limit keeps the rest); on NVIDIA the free
-// GPU memory summed over the GPUs; on unified-memory NVIDIA parts that
+// GPU memory summed over the GPUs, as llama.cpp splits a model over them all
+// (a vLLM engine is instead checked GPU by GPU, on the GPUs its recipe
+// uses: hub/admission.CheckMemory); on unified-memory NVIDIA parts that
 // report no GPU memory, and on CPU machines, MemAvailable.
 func (p Platform) UsableMemory() uint64 {
 	if p.OS == "darwin" {
