@@ -4,6 +4,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -16,6 +17,13 @@ import (
 // usr/lib/wsl/) read through the script's root argument.
 func probeMachine(t *testing.T, name string) fleet.Platform {
 	t.Helper()
+	return probeMachineWith(t, name, "sh")
+}
+
+// probeMachineWith is probeMachine with another shell: macOS's sh is bash
+// in POSIX mode ("bash", "--posix").
+func probeMachineWith(t *testing.T, name string, shell ...string) fleet.Platform {
+	t.Helper()
 	dir, err := filepath.Abs(filepath.Join("..", "testdata", "machines", name))
 	if err != nil {
 		t.Fatal(err)
@@ -23,7 +31,7 @@ func probeMachine(t *testing.T, name string) fleet.Platform {
 	if _, err := os.Stat(filepath.Join(dir, "PROVENANCE")); err != nil {
 		t.Fatalf("captured machine %s has no PROVENANCE: %v", name, err)
 	}
-	cmd := exec.Command("sh", "-c", probeScript, "sh", dir)
+	cmd := exec.Command(shell[0], append(shell[1:], "-c", probeScript, "sh", dir)...)
 	cmd.Env = []string{"PATH=" + filepath.Join(dir, "bin") + ":/usr/bin:/bin", "LC_ALL=C"}
 	out, err := cmd.Output()
 	if err != nil {
@@ -144,6 +152,11 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			notes := strings.Join(p.Notes, "\n")
 			if tt.note == "" && notes != "" || !strings.Contains(notes, tt.note) {
 				t.Errorf("notes = %q, want %q", notes, tt.note)
+			}
+			if _, err := exec.LookPath("bash"); err == nil {
+				if b := probeMachineWith(t, tt.machine, "bash", "--posix"); !reflect.DeepEqual(b, p) {
+					t.Errorf("bash --posix (a Mac's sh) found %+v, sh %+v", b, p)
+				}
 			}
 		})
 	}
