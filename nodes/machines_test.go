@@ -200,7 +200,7 @@ func TestPlatformEventsOnAGPUThatFailsAndRecovers(t *testing.T) {
 		cameUp    bool
 		want      []string // the events' level and start, in order
 	}{
-		{nil, &healthy, true, []string{"info node up: Linux, 8x RTX 3090, 157.2 GiB usable"}},
+		{nil, &healthy, true, []string{"info node up: Linux, 8x RTX 3090, 157.2 GiB usable (at most 24.0 GiB on one GPU)"}},
 		{&healthy, &healthy, false, nil},
 		{&healthy, &mismatch, false, []string{"warn nvidia-smi failed (exit status 18)"}},
 		{&mismatch, &mismatch, false, nil},

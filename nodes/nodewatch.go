@@ -1,9 +1,11 @@
 package nodes
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -254,7 +256,12 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 func (m *Manager) platformEvents(node fleet.Node, prev *fleet.Platform, cameUp bool) {
 	p := node.Platform
 	if cameUp {
-		m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable", p.HostLabel(), p.GPULabel(), fleet.GiB(p.UsableMemory())))
+		perGPU := ""
+		if most := slices.MaxFunc(append([]fleet.GPU{{}}, p.GPUs...), func(a, b fleet.GPU) int { return cmp.Compare(a.MemFreeMiB, b.MemFreeMiB) }); len(p.GPUs) > 1 && most.MemFreeMiB > 0 {
+			// A vLLM engine is checked GPU by GPU, not against the sum.
+			perGPU = fmt.Sprintf(" (at most %s on one GPU)", fleet.GiB(uint64(most.MemFreeMiB)<<20))
+		}
+		m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable%s", p.HostLabel(), p.GPULabel(), fleet.GiB(p.UsableMemory()), perGPU))
 		for _, n := range p.Notes {
 			m.event("info", node.Name, n)
 		}
