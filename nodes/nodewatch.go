@@ -1,11 +1,9 @@
 package nodes
 
 import (
-	"cmp"
 	"context"
 	"fmt"
 	"net"
-	"slices"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -256,10 +254,14 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 func (m *Manager) platformEvents(node fleet.Node, prev *fleet.Platform, cameUp bool) {
 	p := node.Platform
 	if cameUp {
+		var most int64
+		for _, g := range p.GPUs {
+			most = max(most, g.MemFreeMiB)
+		}
 		perGPU := ""
-		if most := slices.MaxFunc(append([]fleet.GPU{{}}, p.GPUs...), func(a, b fleet.GPU) int { return cmp.Compare(a.MemFreeMiB, b.MemFreeMiB) }); len(p.GPUs) > 1 && most.MemFreeMiB > 0 {
+		if len(p.GPUs) > 1 && most > 0 {
 			// A vLLM engine is checked GPU by GPU, not against the sum.
-			perGPU = fmt.Sprintf(" (at most %s on one GPU)", fleet.GiB(uint64(most.MemFreeMiB)<<20))
+			perGPU = fmt.Sprintf(" (at most %s on one GPU)", fleet.GiB(uint64(most)<<20))
 		}
 		m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable%s", p.HostLabel(), p.GPULabel(), fleet.GiB(p.UsableMemory()), perGPU))
 		for _, n := range p.Notes {

@@ -16,9 +16,9 @@ import (
 // so no data is ever spliced into it; each section starts with a marker line
 // and tolerates the command being absent (a Mac has no /proc, Linux has no
 // vm_stat). On WSL nvidia-smi may live outside the non-interactive PATH.
-// nvidia-smi prints its failures ("No devices were found") on stdout or
-// stderr and says which by its exit status, so both are kept, and the
-// status too. Its one optional argument is a directory the files it reads
+// A failing nvidia-smi ("No devices were found", exit status 6) is told
+// apart by its exit status, which is kept, with its output on both
+// streams. Its one optional argument is a directory the files it reads
 // (/proc, /usr/lib/wsl) are looked for under, for tests on captured
 // machines (testdata/machines); nodes run it without.
 const probeScript = `exec 2>/dev/null
