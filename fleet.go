@@ -55,7 +55,9 @@ func (k EngineKind) Label() string {
 }
 
 // GPU is one accelerator as the node's probe reported it. Memory figures are
-// zero when the driver reports them as [N/A] (unified-memory parts).
+// zero when the driver reports them as [N/A] (unified-memory parts). A GPU's
+// index is its place in Platform.GPUs: nvidia-smi lists GPUs by index, which
+// is PCI bus order, the order CUDA_DEVICE_ORDER=PCI_BUS_ID numbers them in.
 type GPU struct {
 	Name        string `json:"name"`
 	MemTotalMiB int64  `json:"mem_total_mib,omitempty"`
@@ -70,6 +72,14 @@ type Platform struct {
 	// Chip is the CPU brand string; on Apple Silicon it names the GPU too ("Apple M4 Max").
 	Chip string `json:"chip,omitempty"`
 	GPUs []GPU  `json:"gpus,omitempty"`
+	// GPUError is set when nvidia-smi is there but failed (a driver upgraded
+	// under the loaded module, no device found): what it said and what to
+	// do. GPUs is then empty and the node serves on its CPU.
+	GPUError string `json:"gpu_error,omitempty"`
+	// Notes are what the probe found worth telling the operator about this
+	// kind of machine (WSL2, unified memory, an Intel Mac), each with what
+	// it means for fleet.
+	Notes []string `json:"notes,omitempty"`
 	// MemTotalBytes is installed memory. MemFreeBytes is what can be allocated
 	// without swapping: MemAvailable on Linux, free+inactive+speculative on macOS.
 	MemTotalBytes uint64 `json:"mem_total_bytes,omitempty"`
@@ -94,7 +104,9 @@ func GiB(bytes uint64) string {
 // UsableMemory is the memory a new engine on the node can count on, which
 // admission compares a model's memory_gb with: on a Mac three quarters of
 // free memory (Metal's working-set limit keeps the rest); on NVIDIA the free
-// GPU memory summed over the GPUs; on unified-memory NVIDIA parts that
+// GPU memory summed over the GPUs, as llama.cpp splits a model over them all
+// (a vLLM engine is instead checked GPU by GPU, on the GPUs its recipe
+// uses: hub/admission.CheckMemory); on unified-memory NVIDIA parts that
 // report no GPU memory, and on CPU machines, MemAvailable.
 func (p Platform) UsableMemory() uint64 {
 	if p.OS == "darwin" {
@@ -132,7 +144,8 @@ func (p Platform) AppleSilicon() bool {
 	return p.OS == "darwin" && (p.Arch == "arm64" || strings.HasPrefix(p.Chip, "Apple"))
 }
 
-// GPULabel is the "GPU" column: "8x RTX 3060", "Apple M1 Ultra" or "CPU".
+// GPULabel is the "GPU" column: "8x RTX 3060", "Apple M1 Ultra", "CPU", or
+// "CPU (GPU failed)" when nvidia-smi is there but failed.
 func (p Platform) GPULabel() string {
 	if len(p.GPUs) > 0 {
 		name := strings.TrimPrefix(strings.TrimPrefix(p.GPUs[0].Name, "NVIDIA "), "GeForce ")
@@ -153,7 +166,37 @@ func (p Platform) GPULabel() string {
 	if p.AppleSilicon() && p.Chip != "" {
 		return p.Chip
 	}
+	if p.GPUError != "" {
+		return "CPU (GPU failed)"
+	}
 	return "CPU"
+}
+
+// GPUIndices writes GPU indices as the worker table shows them: "#3",
+// "#0,2", "#0-3".
+func GPUIndices(gpus []int) string {
+	if len(gpus) == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteByte('#')
+	for i := 0; i < len(gpus); {
+		j := i
+		for j+1 < len(gpus) && gpus[j+1] == gpus[j]+1 {
+			j++
+		}
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.Itoa(gpus[i]))
+		if j > i+1 {
+			b.WriteString("-" + strconv.Itoa(gpus[j]))
+		} else if j == i+1 {
+			b.WriteString("," + strconv.Itoa(gpus[j]))
+		}
+		i = j + 1
+	}
+	return b.String()
 }
 
 // DefaultEngine is the engine a placement gets when it does not pin one:
@@ -374,7 +417,11 @@ type Worker struct {
 	Argv []string `json:"argv,omitempty"`
 	// LaunchArgv is what was really executed; it differs from Argv only on
 	// simulated nodes, where the engine is `fleet sim --mimic …`.
-	LaunchArgv    []string  `json:"launch_argv,omitempty"`
+	LaunchArgv []string `json:"launch_argv,omitempty"`
+	// GPUs are the indices of the node's GPUs the admission gate gave the
+	// engine (its CUDA_VISIBLE_DEVICES); none when the engine sees them all.
+	// Not stored: a hub restarted shows none for an engine it adopted.
+	GPUs          []int     `json:"gpus,omitempty"`
 	Simulated     bool      `json:"simulated,omitempty"`
 	StartedAt     time.Time `json:"started_at,omitzero"`
 	Context       int       `json:"ctx,omitempty"`

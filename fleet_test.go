@@ -156,3 +156,17 @@ func TestParsePortRange(t *testing.T) {
 		t.Errorf("String = %q", s)
 	}
 }
+
+func TestGPUIndices(t *testing.T) {
+	for _, tt := range []struct {
+		in   []int
+		want string
+	}{
+		{nil, ""}, {[]int{3}, "#3"}, {[]int{0, 1}, "#0,1"}, {[]int{0, 2}, "#0,2"},
+		{[]int{0, 1, 2, 3}, "#0-3"}, {[]int{0, 1, 2, 5, 6}, "#0-2,5,6"}, {[]int{1, 3, 4, 5, 7}, "#1,3-5,7"},
+	} {
+		if got := GPUIndices(tt.in); got != tt.want {
+			t.Errorf("GPUIndices(%v) = %q, want %q", tt.in, got, tt.want)
+		}
+	}
+}

@@ -29,7 +29,7 @@ type Column struct {
 var (
 	Node   = Column{Header: "Node", Max: 24, Cell: func(w fleet.WorkerView) string { return w.Node }}
 	Model  = Column{Header: "Model", Max: 32, Cell: func(w fleet.WorkerView) string { return w.Model }}
-	GPU    = Column{Header: "GPU", Max: 18, Cell: func(w fleet.WorkerView) string { return w.GPU }}
+	GPU    = Column{Header: "GPU", Max: gpuMax, Cell: GPUCell}
 	Host   = Column{Header: "Host", Max: 11, Cell: func(w fleet.WorkerView) string { return w.Host }}
 	Engine = Column{Header: "Engine", Max: 10, Cell: func(w fleet.WorkerView) string { return w.Engine.Label() }}
 	Ctx    = Column{Header: "Ctx", Width: 5, Right: true, Cell: func(w fleet.WorkerView) string { return Tokens(w.Context) }}
@@ -48,6 +48,24 @@ var (
 // only each shows (the CLI PID, Port and Started with; the console
 // sparklines and Started with fitted to the window).
 var Table = []Column{Node, Model, GPU, Host, Engine, Ctx, State, Load, TokS, TTFT, ITL}
+
+const gpuMax = 18
+
+// GPUCell is the node's GPUs and, after them, the indices of those the
+// worker's engine was given ("8x RTX 3060 #2,3"). The indices are what
+// tells two workers of one node apart, so a long GPU name is shortened to
+// keep them within the column.
+func GPUCell(w fleet.WorkerView) string {
+	if len(w.GPUs) == 0 {
+		return w.GPU
+	}
+	ids := fleet.GPUIndices(w.GPUs)
+	label := []rune(w.GPU)
+	if room := gpuMax - len(ids) - 1; len(label) > room {
+		label = append(label[:max(room-1, 0)], '…')
+	}
+	return string(label) + " " + ids
+}
 
 // StateCell is the lifecycle state, with the progress of an engine's
 // install or of its weights' download. A drained worker is already "draining" in the

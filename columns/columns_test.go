@@ -52,3 +52,29 @@ func TestCLIHeaderIsTheHeaderInCapitals(t *testing.T) {
 		t.Errorf("Argv.CLIHeader() = %q, want STARTED WITH", got)
 	}
 }
+
+// The GPU cell shows which of the node's GPUs a worker holds, within the
+// column's width.
+func TestGPUCell(t *testing.T) {
+	tests := []struct {
+		gpu  string
+		gpus []int
+		want string
+	}{
+		{"Apple M4 Max", nil, "Apple M4 Max"},
+		{"8x RTX 3060", []int{2, 3}, "8x RTX 3060 #2,3"},
+		{"8x RTX 3060", []int{0, 1, 2, 3}, "8x RTX 3060 #0-3"},
+		{"8x RTX 3090", []int{6}, "8x RTX 3090 #6"},
+		{"8x RTX PRO 6000 Blackwell", []int{0, 1, 2, 3, 4, 5, 6, 7}, "8x RTX PRO 6… #0-7"},
+		{"GB10", []int{0}, "GB10 #0"},
+	}
+	for _, tt := range tests {
+		got := GPUCell(fleet.WorkerView{GPU: tt.gpu, Worker: fleet.Worker{GPUs: tt.gpus}})
+		if got != tt.want {
+			t.Errorf("GPUCell(%q, %v) = %q, want %q", tt.gpu, tt.gpus, got, tt.want)
+		}
+		if n := len([]rune(got)); n > GPU.Max {
+			t.Errorf("GPUCell(%q, %v) = %q: %d cells, wider than the column's %d", tt.gpu, tt.gpus, got, n, GPU.Max)
+		}
+	}
+}

@@ -10,6 +10,7 @@ import (
 
 	"fleet"
 	"fleet/hub/admission"
+	"fleet/nodes"
 )
 
 // One unit for memory: a memory rejection and the nodes table print the
@@ -27,7 +28,7 @@ func TestMemoryRejectionAndNodesTableAgree(t *testing.T) {
 	h.state.mu.Unlock()
 	node.Platform, node.ProbedAt, node.State = &p, time.Now(), fleet.NodeUp
 	h.onNode(node)
-	rejection := admission.CheckMemory(fleet.Worker{Node: "rig", Model: "big"}, fleet.Model{ID: "big", MemoryGB: 30}, node, 0)
+	_, rejection := admission.CheckMemory(fleet.Worker{Node: "rig", Model: "big"}, fleet.Model{ID: "big", MemoryGB: 30}, node, nodes.Held{})
 	if rejection == nil {
 		t.Fatal("a model of 30 GiB was admitted on 22.3 GiB")
 	}

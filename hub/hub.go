@@ -418,7 +418,7 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 		SimMimic:          simMimic(opts.SimProfile),
 		// The judge is built on the manager just below; the manager asks
 		// for verdicts only once it runs.
-		Gate: func(ctx context.Context, w fleet.Worker, n fleet.Node, held uint64) error {
+		Gate: func(ctx context.Context, w fleet.Worker, n fleet.Node, held nodes.Held) ([]int, error) {
 			return h.judge.Gate(ctx, w, n, held)
 		},
 		Admit:           func(ctx context.Context, w fleet.Worker) error { return h.judge.Admit(ctx, w) },

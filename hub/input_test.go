@@ -199,3 +199,17 @@ func TestActUnknownNames(t *testing.T) {
 		})
 	}
 }
+
+// A failing nvidia-smi's output reaches the hub quoted in the node's
+// GPUError: it is sanitized as the GPU names are.
+func TestSanitizeNodeGPUErrorAndNotes(t *testing.T) {
+	n := sanitizeNode(fleet.Node{Name: "rig", Platform: &fleet.Platform{
+		GPUError: "nvidia-smi failed (exit status 18): \x1b]0;owned\x07mismatch",
+		Notes:    []string{"note \x1b[2J"},
+	}})
+	for _, s := range append([]string{n.Platform.GPUError}, n.Platform.Notes...) {
+		if strings.ContainsRune(s, '\x1b') || strings.ContainsRune(s, '\x07') {
+			t.Errorf("%q still holds terminal control characters", s)
+		}
+	}
+}

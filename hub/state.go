@@ -226,6 +226,12 @@ func sanitizeNode(n fleet.Node) fleet.Node {
 		for i := range p.GPUs {
 			p.GPUs[i].Name = fleet.Sanitize(p.GPUs[i].Name)
 		}
+		// A failing nvidia-smi's output, quoted.
+		p.GPUError = fleet.Sanitize(p.GPUError)
+		p.Notes = slices.Clone(p.Notes)
+		for i := range p.Notes {
+			p.Notes[i] = fleet.Sanitize(p.Notes[i])
+		}
 		n.Platform = &p
 	}
 	return n

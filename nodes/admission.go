@@ -22,6 +22,15 @@ type gateError struct{ err error }
 func (e gateError) Error() string { return e.err.Error() }
 func (e gateError) Unwrap() error { return e.err }
 
+// Held is what other engines on a node hold that a fresh probe may not
+// show: the memory of launches that passed the gate and whose engines are
+// not up yet, and the GPUs the gate gave engines still launching or
+// running (a simulated node's GPUs never show their engines' use).
+type Held struct {
+	Bytes uint64
+	GPUs  []int
+}
+
 // memoryHolds is the memory of launches that passed the gate and whose
 // engines are not up yet, per node and worker. A fresh probe does not see an
 // engine that is still installing or loading its weights, so without it two
@@ -65,11 +74,28 @@ func (h *memoryHolds) release(node, worker string) {
 	}
 }
 
+// gpusTaken are the GPUs of node given to other workers whose engines
+// launch or run: a worker keeps its GPUs from its gate until its engine
+// stops (stopEngineAnd clears them).
+func (m *Manager) gpusTaken(node, worker string) []int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	var taken []int
+	for _, o := range m.workers {
+		if o.placement.Node == node && o.name != worker {
+			taken = append(taken, o.gpus...)
+		}
+	}
+	slices.Sort(taken)
+	return slices.Compact(taken)
+}
+
 // gate runs the before-launch admission check (memory) on the node as
 // probed now, less what other launches on it hold. A worker that fails it is
 // rejected and no engine starts; one that passes holds its model's memory on
 // the node until the caller releases it (m.holds.release), once its engine
-// is up or its launch failed.
+// is up or its launch failed, and the GPUs the check gave it until its
+// engine stops.
 func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t Transport, spec enginectl.Spec, cmd enginectl.Command) error {
 	if m.opts.Gate == nil {
 		return nil
@@ -94,12 +120,17 @@ func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t 
 	m.mu.Unlock()
 	w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots = spec.Engine, cmd.Argv, cmd.LaunchArgv, cmd.Simulated, cmd.Context, cmd.Slots
 	m.holds.mu.Lock()
-	gerr := m.opts.Gate(ctx, w, node, m.holds.heldOn(node.Name, ws.name))
+	held := Held{Bytes: m.holds.heldOn(node.Name, ws.name), GPUs: m.gpusTaken(node.Name, ws.name)}
+	gpus, gerr := m.opts.Gate(ctx, w, node, held)
 	if gerr == nil {
 		m.holds.hold(node.Name, ws.name, need)
+		m.mu.Lock()
+		ws.gpus = gpus
+		m.mu.Unlock()
 	}
 	m.holds.mu.Unlock()
 	if gerr == nil {
+		m.update(ws, func(x *fleet.Worker) { x.GPUs = gpus })
 		return nil
 	}
 	if ctx.Err() != nil {
@@ -107,7 +138,7 @@ func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t 
 	}
 	again := ws.w.State == fleet.WorkerRejected && ws.w.Reason == gerr.Error()
 	m.update(ws, func(x *fleet.Worker) {
-		x.State, x.Reason, x.PID, x.PGID = fleet.WorkerRejected, gerr.Error(), 0, 0
+		x.State, x.Reason, x.PID, x.PGID, x.GPUs = fleet.WorkerRejected, gerr.Error(), 0, 0, nil
 		x.Engine, x.Argv, x.LaunchArgv, x.Simulated, x.Context, x.Slots = w.Engine, w.Argv, w.LaunchArgv, w.Simulated, w.Context, w.Slots
 	})
 	if !again {

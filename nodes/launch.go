@@ -206,6 +206,9 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		// nothing, and launches.
 		return notLeading()
 	}
+	m.mu.Lock()
+	cmd.Env = gpuEnv(cmd.Env, ws.gpus)
+	m.mu.Unlock()
 	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
 	if err != nil {
 		// The engine may have started before the failure (a connection

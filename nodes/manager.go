@@ -83,7 +83,7 @@ type ManagerOptions struct {
 	// ProbeInterval, on `start`, and when the worker's command line changes.
 	// Calls are serialised (check and hold are one step), so Gate must not
 	// wait. nil admits everyone.
-	Gate func(ctx context.Context, w fleet.Worker, node fleet.Node, held uint64) error
+	Gate func(ctx context.Context, w fleet.Worker, node fleet.Node, held Held) ([]int, error)
 	// Admit is the admission check between probation and ready; an error
 	// rejects the worker with the error's text. nil admits everyone.
 	Admit func(ctx context.Context, w fleet.Worker) error
@@ -261,6 +261,9 @@ type workerState struct {
 	attempt  context.CancelFunc // cancels a launch in progress for a request
 	held     bool               // operator-stopped: stay down until started
 	retiring bool
+	// gpus are the node's GPUs the gate gave the worker's engine, from the
+	// gate until the engine stops. Guarded by Manager.mu.
+	gpus []int
 	// strangerPorts are ports fleet picked for this worker and found held
 	// by a process that is not an engine of ours; allocatePort skips them.
 	strangerPorts map[int]bool

@@ -529,14 +529,14 @@ func TestManagerGateRejectsBeforeLaunch(t *testing.T) {
 	)
 	added := time.Now()
 	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
-		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, _ uint64) error {
+		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, _ Held) ([]int, error) {
 			mu.Lock()
 			judged = append(judged, node)
 			mu.Unlock()
 			if len(w.Argv) == 0 {
-				return errors.New("the gate saw no command line")
+				return nil, errors.New("the gate saw no command line")
 			}
-			return fmt.Errorf("memory: qwen3-4b needs 90.0 GB but %s has %.1f GB usable", node.Name, float64(node.Platform.MemFreeBytes)/(1<<30))
+			return nil, fmt.Errorf("memory: qwen3-4b needs 90.0 GB but %s has %.1f GB usable", node.Name, float64(node.Platform.MemFreeBytes)/(1<<30))
 		}
 	})
 	cleanupEngines(t, h)
@@ -609,7 +609,8 @@ func TestManagerGateHoldsMemoryOfLaunchesInProgress(t *testing.T) {
 			mu.Unlock()
 			report(w)
 		}
-		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
+		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, h Held) ([]int, error) {
+			held := h.Bytes
 			mu.Lock()
 			calls++
 			first := calls == 1
@@ -634,9 +635,9 @@ func TestManagerGateHoldsMemoryOfLaunchesInProgress(t *testing.T) {
 				}
 			}
 			if usable < 20*gib {
-				return fmt.Errorf("memory: %s needs 20.0 GB but %s has %.1f GB usable (%.1f GB held)", w.Model, node.Name, float64(usable)/gib, float64(held)/gib)
+				return nil, fmt.Errorf("memory: %s needs 20.0 GB but %s has %.1f GB usable (%.1f GB held)", w.Model, node.Name, float64(usable)/gib, float64(held)/gib)
 			}
-			return nil
+			return nil, nil
 		}
 	})
 	cleanupEngines(t, h)

@@ -199,7 +199,7 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 		return
 	}
 	m.mu.Lock()
-	prev := ns.node.State
+	prev, prevPlatform := ns.node.State, ns.node.Platform
 	if err != nil {
 		ns.node.State, ns.node.Reason = fleet.NodeUnreachable, err.Error()
 	} else {
@@ -236,16 +236,47 @@ func (m *Manager) probeNode(ctx context.Context, ns *nodeState) {
 	for _, ws := range affected {
 		signal(ws.poke)
 	}
+	if node.State == fleet.NodeUp {
+		m.platformEvents(node, prevPlatform, prev != node.State)
+	}
 	if prev != node.State {
-		if node.State == fleet.NodeUp {
-			m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable", node.Platform.HostLabel(), node.Platform.GPULabel(), fleet.GiB(node.Platform.UsableMemory())))
-		} else {
+		if node.State != fleet.NodeUp {
 			m.event("error", node.Name, "node unreachable: "+node.Reason)
 		}
 		m.logger.Info("node state", "node", node.Name, "state", node.State, "reason", node.Reason)
 	}
 	if m.opts.OnNode != nil {
 		m.opts.OnNode(node)
+	}
+}
+
+// platformEvents tells what a probe found on a node that is up: what it is
+// when it comes up, with the probe's notes and a failing GPU, and a GPU that
+// fails or recovers while it stays up (a driver upgraded under a running
+// node).
+func (m *Manager) platformEvents(node fleet.Node, prev *fleet.Platform, cameUp bool) {
+	p := node.Platform
+	if cameUp {
+		var most int64
+		for _, g := range p.GPUs {
+			most = max(most, g.MemFreeMiB)
+		}
+		perGPU := ""
+		if len(p.GPUs) > 1 && most > 0 {
+			// A vLLM engine is checked GPU by GPU, not against the sum.
+			perGPU = fmt.Sprintf(" (at most %s on one GPU)", fleet.GiB(uint64(most)<<20))
+		}
+		m.event("info", node.Name, fmt.Sprintf("node up: %s, %s, %s usable%s", p.HostLabel(), p.GPULabel(), fleet.GiB(p.UsableMemory()), perGPU))
+		for _, n := range p.Notes {
+			m.event("info", node.Name, n)
+		}
+	}
+	wasFailing := prev != nil && prev.GPUError != ""
+	switch {
+	case p.GPUError != "" && (cameUp || !wasFailing || prev.GPUError != p.GPUError):
+		m.event("warn", node.Name, p.GPUError)
+	case p.GPUError == "" && wasFailing && !cameUp:
+		m.event("info", node.Name, fmt.Sprintf("nvidia-smi answers again: %s, %s usable", p.GPULabel(), fleet.GiB(p.UsableMemory())))
 	}
 }
 

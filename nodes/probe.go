@@ -16,15 +16,26 @@ import (
 // so no data is ever spliced into it; each section starts with a marker line
 // and tolerates the command being absent (a Mac has no /proc, Linux has no
 // vm_stat). On WSL nvidia-smi may live outside the non-interactive PATH.
+// A failing nvidia-smi ("No devices were found", exit status 6) is told
+// apart by its exit status, which is kept, with its output on both
+// streams. Its one optional argument is a directory the files it reads
+// (/proc, /usr/lib/wsl) are looked for under, for tests on captured
+// machines (testdata/machines); nodes run it without.
 const probeScript = `exec 2>/dev/null
+root=$1
 echo '@@fleet:uname'; uname -s; uname -m
-echo '@@fleet:version'; cat /proc/version
-echo '@@fleet:osrelease'; cat /proc/sys/kernel/osrelease
-echo '@@fleet:meminfo'; cat /proc/meminfo
-echo '@@fleet:cpuinfo'; grep -m1 '^model name' /proc/cpuinfo
-echo '@@fleet:nvidia'
-if command -v nvidia-smi >/dev/null; then nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader,nounits
-elif [ -x /usr/lib/wsl/lib/nvidia-smi ]; then /usr/lib/wsl/lib/nvidia-smi --query-gpu=name,memory.total,memory.free --format=csv,noheader,nounits
+echo '@@fleet:version'; cat "$root/proc/version"
+echo '@@fleet:osrelease'; cat "$root/proc/sys/kernel/osrelease"
+echo '@@fleet:meminfo'; cat "$root/proc/meminfo"
+echo '@@fleet:cpuinfo'; grep -m1 '^model name' "$root/proc/cpuinfo"
+smi=
+if command -v nvidia-smi >/dev/null; then smi=nvidia-smi
+elif [ -x "$root/usr/lib/wsl/lib/nvidia-smi" ]; then smi=$root/usr/lib/wsl/lib/nvidia-smi
+fi
+if [ -n "$smi" ]; then
+echo '@@fleet:nvidia'; "$smi" --query-gpu=name,memory.total,memory.free --format=csv,noheader,nounits 2>&1
+status=$?
+echo '@@fleet:nvidiastatus'; echo "$status"
 fi
 echo '@@fleet:sysctl'; sysctl -n machdep.cpu.brand_string hw.memsize
 echo '@@fleet:vmstat'; command -v vm_stat >/dev/null && vm_stat
@@ -78,11 +89,7 @@ func ParseProbe(out string) (fleet.Platform, error) {
 		}
 		p.MemTotalBytes, p.MemFreeBytes = total, avail
 		p.Chip = parseCPUInfoModel(sec["cpuinfo"])
-		gpus, err := ParseNvidiaSMI(sec["nvidia"])
-		if err != nil {
-			return fleet.Platform{}, err
-		}
-		p.GPUs = gpus
+		p.GPUs, p.GPUError = parseGPUs(sec)
 	case "darwin":
 		chip, memsize, err := ParseSysctl(sec["sysctl"])
 		if err != nil {
@@ -95,7 +102,64 @@ func ParseProbe(out string) (fleet.Platform, error) {
 		}
 		p.MemFreeBytes = free
 	}
+	p.Notes = platformNotes(p)
 	return p, nil
+}
+
+// parseGPUs reads nvidia-smi's section. A failing nvidia-smi is a state of
+// the node, not a failed probe: it yields no GPUs and what went wrong, with
+// what to do, and the node serves on its CPU meanwhile.
+func parseGPUs(sec map[string]string) ([]fleet.GPU, string) {
+	out, ran := sec["nvidia"]
+	if !ran {
+		return nil, "" // no nvidia-smi: a CPU node
+	}
+	status := strings.TrimSpace(sec["nvidiastatus"])
+	gpus, err := ParseNvidiaSMI(out)
+	if status == "0" && err == nil {
+		return gpus, ""
+	}
+	said := strings.Join(nonEmptyLines(out), "; ")
+	what := fmt.Sprintf("nvidia-smi failed (exit status %s): %s", status, truncate(said, 300))
+	if status == "0" {
+		what = fmt.Sprintf("nvidia-smi printed what fleet cannot read: %v", err)
+	}
+	return nil, what + ". " + gpuAdvice(said) + "; the node serves on CPU until then, and vLLM is refused on it"
+}
+
+// gpuAdvice says what to do about what a failing nvidia-smi said.
+func gpuAdvice(said string) string {
+	switch {
+	case strings.Contains(said, "Driver/library version mismatch"):
+		return "The NVIDIA driver was upgraded while the old one is still loaded (unattended upgrades do this): reboot the node, or reinstall the driver"
+	case strings.Contains(said, "No devices were found"):
+		return "The driver sees no GPU: check that the GPU is seated and powered and that this driver supports it (`dmesg | grep NVRM` on the node), then reboot or reinstall the driver"
+	case strings.Contains(said, "couldn't communicate with the NVIDIA driver"), strings.Contains(said, "Driver Not Loaded"):
+		return "The NVIDIA driver is not loaded: reboot the node, or reinstall the driver"
+	}
+	return "Reboot the node, or reinstall the NVIDIA driver"
+}
+
+// platformNotes are what a probe found that changes what fleet does on the
+// node, worded for its operator.
+func platformNotes(p fleet.Platform) []string {
+	var notes []string
+	switch {
+	case p.WSL && len(p.GPUs) > 0:
+		notes = append(notes, "Windows/WSL2: its GPUs are the Windows driver's, seen through /usr/lib/wsl/lib; its memory is what WSL2 is given (.wslconfig), not the whole PC's")
+	case p.WSL && p.GPUError == "":
+		notes = append(notes, "Windows/WSL: no NVIDIA GPU seen (WSL2 sees the Windows driver's GPUs through /usr/lib/wsl/lib, WSL1 none): the node serves on CPU")
+	}
+	for _, g := range p.GPUs {
+		if g.MemTotalMiB == 0 {
+			notes = append(notes, g.Name+" reports no GPU memory of its own ([N/A]: unified memory): admission counts the system's available memory for it")
+			break
+		}
+	}
+	if p.OS == "darwin" && !p.AppleSilicon() {
+		notes = append(notes, "Intel Mac: no Apple GPU, so llama.cpp runs on the CPU, and vllm-metal is refused (it needs Apple Silicon)")
+	}
+	return notes
 }
 
 func splitSections(out string) map[string]string {
@@ -189,14 +253,12 @@ func ParseMeminfo(s string) (total, available uint64, err error) {
 
 // ParseNvidiaSMI reads `nvidia-smi --query-gpu=name,memory.total,memory.free
 // --format=csv,noheader,nounits`: one "name, total MiB, free MiB" line per
-// GPU. Unified-memory parts (DGX Spark, Jetson) print [N/A] for the memory
-// figures, which become zero; callers fall back to system memory.
+// GPU, in index order. Unified-memory parts (DGX Spark, Jetson) print [N/A]
+// for the memory figures, which become zero; callers fall back to system
+// memory. Anything else (an error nvidia-smi printed) is an error.
 func ParseNvidiaSMI(s string) ([]fleet.GPU, error) {
 	var gpus []fleet.GPU
 	for _, line := range nonEmptyLines(s) {
-		if strings.HasPrefix(line, "NVIDIA-SMI has failed") || strings.Contains(line, "command not found") {
-			continue
-		}
 		f := strings.Split(line, ",")
 		if len(f) < 3 {
 			return nil, fmt.Errorf("nvidia-smi line %q: expected name, memory.total, memory.free", line)

@@ -120,7 +120,9 @@ func TestParseNvidiaSMI(t *testing.T) {
 		{"not supported", "Orin, [Not Supported], [Not Supported]", []fleet.GPU{{Name: "Orin"}}, ""},
 		{"units left on", "NVIDIA A100-SXM4-80GB, 81920 MiB, 80000 MiB", []fleet.GPU{{Name: "NVIDIA A100-SXM4-80GB", MemTotalMiB: 81920, MemFreeMiB: 80000}}, ""},
 		{"crlf and blank lines", "\r\nNVIDIA L4, 23034, 22000\r\n\r\n", []fleet.GPU{{Name: "NVIDIA L4", MemTotalMiB: 23034, MemFreeMiB: 22000}}, ""},
-		{"driver failure is no GPU", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", nil, ""},
+		// A failure nvidia-smi prints is not a GPU line; ParseProbe turns it
+		// into the platform's GPUError (TestProbeOnCapturedMachines).
+		{"driver failure is an error", "NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.", nil, "expected name, memory.total, memory.free"},
 		{"too few fields", "NVIDIA L4, 23034", nil, "expected name, memory.total, memory.free"},
 		{"garbage figure", "NVIDIA L4, lots, 1", nil, "memory.total"},
 	}

@@ -94,38 +94,69 @@ func waitUntil(ctx context.Context, deadline time.Time, cond func() bool) bool {
 // Gate is the admission check before launch: the model's memory against
 // what the node, probed just before, has usable, less what launches on it
 // that passed their gate hold until their engines are up. A worker that
-// fails it never starts an engine.
-func (j *Judge) Gate(_ context.Context, w fleet.Worker, node fleet.Node, held uint64) error {
+// fails it never starts an engine. It returns the GPUs a vLLM engine is to
+// take.
+func (j *Judge) Gate(_ context.Context, w fleet.Worker, node fleet.Node, held nodes.Held) ([]int, error) {
 	m, ok := j.fleet.Model(w.Model)
 	if !ok {
-		return fmt.Errorf("model %s is no longer declared", w.Model)
+		return nil, fmt.Errorf("model %s is no longer declared", w.Model)
 	}
 	return CheckMemory(w, m, node, held)
 }
 
 // CheckMemory compares the model's memory with what the node has usable
-// once held (other launches' memory, not yet visible to a probe) is taken off.
-func CheckMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held uint64) error {
+// once held (other launches' memory, not yet visible to a probe) is taken
+// off. A vLLM engine holds its weights on the GPUs its recipe spreads them
+// over (tensor × pipeline parallel, times data parallel copies, among its
+// CUDA_VISIBLE_DEVICES): it is given the first such group of GPUs, not
+// held by another engine, with its share of the memory free on each, and
+// those GPUs are returned. Other engines (llama.cpp splits a model over
+// every GPU it sees) are compared with the free memory of all GPUs
+// together. vLLM is refused on a node whose nvidia-smi fails.
+func CheckMemory(w fleet.Worker, m fleet.Model, n fleet.Node, held nodes.Held) ([]int, error) {
+	if n.Platform == nil {
+		return nil, nil // a node launched on before any probe
+	}
+	p := n.Platform
 	need := nodes.MemoryNeed(m)
-	if need == 0 || n.Platform == nil {
-		return nil // no figure to check, or a node launched on before any probe
+	var gpus []int
+	if w.Engine == fleet.EngineVLLM {
+		if p.GPUError != "" {
+			return nil, fmt.Errorf("gpu: vLLM needs the NVIDIA GPUs of %s, and %s", w.Node, p.GPUError)
+		}
+		if len(p.GPUs) > 0 {
+			d, err := nodes.RecipeGPUDemand(m.Recipes[w.Engine])
+			if err != nil {
+				return nil, fmt.Errorf("memory: %s's vllm recipe: %w", m.ID, err)
+			}
+			if gpus, err = nodes.PlaceOnGPUs(*p, w.Node, m.ID, need, d, held.GPUs); err != nil {
+				return nil, err
+			}
+			if p.GPUs[gpus[0]].MemTotalMiB > 0 {
+				return gpus, nil // checked GPU by GPU
+			}
+			// A unified-memory part: its GPUs are the system's memory.
+		}
 	}
-	usable := n.Platform.UsableMemory()
+	if need == 0 {
+		return gpus, nil // no figure to check
+	}
+	usable := p.UsableMemory()
 	how := "free memory"
-	if n.Platform.OS == "darwin" {
+	if p.OS == "darwin" {
 		how = "three quarters of free + inactive + speculative memory"
-	} else if len(n.Platform.GPUs) > 0 {
-		how = "free GPU memory"
+	} else if slices.ContainsFunc(p.GPUs, func(g fleet.GPU) bool { return g.MemFreeMiB > 0 }) {
+		how = "free GPU memory" // what UsableMemory counts then
 	}
-	if held > 0 {
-		how += fmt.Sprintf(", less %s held for launches in progress on it", fleet.GiB(held))
-		usable -= min(held, usable)
+	if held.Bytes > 0 {
+		how += fmt.Sprintf(", less %s held for launches in progress on it", fleet.GiB(held.Bytes))
+		usable -= min(held.Bytes, usable)
 	}
 	if usable < need {
-		return fmt.Errorf("memory: %s needs %s but %s has %s usable (%s); free memory on the node or place the model elsewhere",
+		return nil, fmt.Errorf("memory: %s needs %s but %s has %s usable (%s); free memory on the node or place the model elsewhere",
 			m.ID, fleet.GiB(need), w.Node, fleet.GiB(usable), how)
 	}
-	return nil
+	return gpus, nil
 }
 
 // admit is the admission check between probation and ready: the response
@@ -620,7 +651,7 @@ func (j *Judge) rejudge(ctx context.Context, model, skip string, onlyRejected bo
 func (j *Judge) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, refWorker string, onlyRejected bool) string {
 	name := w.Name()
 	switch {
-	case w.State == fleet.WorkerRejected && strings.HasPrefix(w.Reason, "memory:"):
+	case w.State == fleet.WorkerRejected && (strings.HasPrefix(w.Reason, "memory:") || strings.HasPrefix(w.Reason, "gpu:")):
 		return "" // judged before launch, not by its shape
 	case w.State == fleet.WorkerRejected && w.PID == 0:
 		j.detach(ctx, func(ctx context.Context) {

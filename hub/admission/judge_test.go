@@ -15,6 +15,7 @@ import (
 	"fleet"
 	"fleet/bench"
 	"fleet/bench/shape"
+	"fleet/nodes"
 	"fleet/sim/simtest"
 	"fleet/store"
 )
@@ -163,7 +164,7 @@ func TestCheckMemory(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			err := CheckMemory(worker, tt.model, tt.node, tt.held)
+			_, err := CheckMemory(worker, tt.model, tt.node, nodes.Held{Bytes: tt.held})
 			switch {
 			case tt.wantErr == "" && err != nil:
 				t.Errorf("rejected: %v", err)
@@ -280,6 +281,62 @@ func TestReferenceNotStored(t *testing.T) {
 			// against again (Pin at once, the others detached).
 			if tj.detached.Load() == 0 && len(nodes.judged()) == 0 {
 				t.Error("once the store answers, no worker is judged again against the new reference")
+			}
+		})
+	}
+}
+
+// Failure 4 of issue 27 at the gate: a vLLM engine's memory against the
+// GPUs its recipe spreads it over, not the node's GPUs summed; vLLM refused
+// on a node whose nvidia-smi fails.
+func TestCheckMemoryPerGPU(t *testing.T) {
+	const gib = 1 << 30
+	eight := make([]fleet.GPU, 8)
+	for i := range eight {
+		eight[i] = fleet.GPU{Name: "NVIDIA GeForce RTX 3060", MemTotalMiB: 12288, MemFreeMiB: 12036}
+	}
+	rig := fleet.Node{Name: "rig", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 117 * gib, GPUs: eight}}
+	failed := fleet.Node{Name: "rig", Platform: &fleet.Platform{OS: "linux", MemFreeBytes: 60 * gib,
+		GPUError: "nvidia-smi failed (exit status 18): Failed to initialize NVML: Driver/library version mismatch. The NVIDIA driver was upgraded while the old one is still loaded (unattended upgrades do this): reboot the node, or reinstall the driver; the node serves on CPU until then, and vLLM is refused on it"}}
+	spark := fleet.Node{Name: "spark", Platform: &fleet.Platform{OS: "linux", Arch: "arm64", MemFreeBytes: 7789944 * 1024, GPUs: []fleet.GPU{{Name: "NVIDIA GB10"}}}}
+	model := func(engine fleet.EngineKind, gb float64, args ...string) fleet.Model {
+		return fleet.Model{ID: "big", MemoryGB: gb, Recipes: map[fleet.EngineKind]fleet.Recipe{engine: {Model: "m", Args: args}}}
+	}
+	tests := []struct {
+		name    string
+		engine  fleet.EngineKind
+		model   fleet.Model
+		node    fleet.Node
+		held    nodes.Held
+		want    []int
+		wantErr string
+	}{
+		{name: "20 GiB, tensor-parallel 1, 8 × 12 GiB: refused with the per-GPU figure", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 20), node: rig,
+			wantErr: "memory: big needs 20.0 GiB on one GPU (tensor-parallel 1 × pipeline-parallel 1) but rig's GPUs have at most 11.8 GiB free each (8x RTX 3060)"},
+		{name: "20 GiB, tensor-parallel 2: admitted on two GPUs", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 20, "--tensor-parallel-size", "2"), node: rig, want: []int{0, 1}},
+		{name: "beside an engine on GPUs 0 and 1", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 20, "-tp", "2"), node: rig, held: nodes.Held{GPUs: []int{0, 1}}, want: []int{2, 3}},
+		{name: "llama.cpp splits over every GPU: summed", engine: fleet.EngineLlamaCpp, model: model(fleet.EngineLlamaCpp, 20), node: rig},
+		{name: "vLLM on a failed GPU is refused with what to do", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 3), node: failed,
+			wantErr: "gpu: vLLM needs the NVIDIA GPUs of rig, and nvidia-smi failed (exit status 18): Failed to initialize NVML: Driver/library version mismatch. The NVIDIA driver was upgraded"},
+		{name: "llama.cpp on a failed GPU serves on CPU", engine: fleet.EngineLlamaCpp, model: model(fleet.EngineLlamaCpp, 20), node: failed},
+		{name: "unified memory: system memory counts", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 20), node: spark,
+			wantErr: "memory: big needs 20.0 GiB but spark has 7.4 GiB usable (free memory)"},
+		{name: "unified memory with room", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 5), node: spark, want: []int{0}},
+		{name: "unreadable recipe", engine: fleet.EngineVLLM, model: model(fleet.EngineVLLM, 5, "-tp", "all"), node: rig,
+			wantErr: `memory: big's vllm recipe: recipe argument -tp "all" is not a whole number`},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			w := fleet.Worker{Node: tt.node.Name, Model: "big", Engine: tt.engine}
+			got, err := CheckMemory(w, tt.model, tt.node, tt.held)
+			if tt.wantErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+					t.Fatalf("GPUs %v, error %v; want one saying %q", got, err, tt.wantErr)
+				}
+				return
+			}
+			if err != nil || !slices.Equal(got, tt.want) {
+				t.Fatalf("GPUs %v, error %v; want GPUs %v", got, err, tt.want)
 			}
 		})
 	}
