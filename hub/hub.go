@@ -618,7 +618,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		console, err = sshserver.New(sshserver.Options{
 			Addr:                     h.opts.SSHAddr,
 			HostKeyPath:              filepath.Join(h.opts.DataDir, "ssh_host_ed25519_key"),
-			Users:                    h.store,
+			Users:                    newConsoleUsers(h.store),
 			Audit:                    h.guard.auditSSH,
 			Source:                   h.ConsoleSource,
 			Exec:                     h.Exec,

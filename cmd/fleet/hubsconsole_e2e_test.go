@@ -26,8 +26,8 @@ import (
 // reaches the console through the virtual IP: its title says which hub and
 // that it follows; a drain there is carried out by the leader. With
 // PostgreSQL stopped, `fleet status` answers on every hub and says what it
-// could not read; once it is back, a hub killed with kill -9 is listed as
-// gone.
+// could not read, on the control socket and over SSH; once it is back, a
+// hub killed with kill -9 is listed as gone.
 func TestFollowerConsoleThroughTheVirtualIP(t *testing.T) {
 	vrrptest.Skip(t)
 	if _, err := os.Stat(sshdtest.Path); err != nil {
@@ -171,6 +171,11 @@ func TestFollowerConsoleThroughTheVirtualIP(t *testing.T) {
 				t.Errorf("hub %s: fleet status with PostgreSQL stopped does not match %s:\n%s", h.name, want, out)
 			}
 		}
+	}
+	// And over SSH, through the virtual IP, by the operator hub2 knows.
+	if out, err := exec.Command("ssh", append(sshArgs, "status")...).CombinedOutput(); err != nil ||
+		!regexp.MustCompile(`(?m)^hubs +unknown, the database did not answer`).Match(out) {
+		t.Errorf("ssh %s status with PostgreSQL stopped: %v\n%s", vip, err, out)
 	}
 	pg.Start()
 
