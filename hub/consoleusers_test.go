@@ -25,8 +25,11 @@ func (d *usersDB) UserByFingerprint(_ context.Context, fp string) (fleet.User, e
 	}
 	return fleet.User{}, fmt.Errorf("user with key %s: %w", fp, store.ErrNotFound)
 }
-func (d *usersDB) CountUsers(context.Context) (int, error)      { return len(d.users), nil }
-func (d *usersDB) AddUser(_ context.Context, u fleet.User) error { d.users[u.Fingerprint] = u; return nil }
+func (d *usersDB) CountUsers(context.Context) (int, error) { return len(d.users), nil }
+func (d *usersDB) AddUser(_ context.Context, u fleet.User) error {
+	d.users[u.Fingerprint] = u
+	return nil
+}
 
 // TestConsoleUsersWithoutTheDatabase: while the database does not answer,
 // a user this hub found before still logs in, as found then; one it never
