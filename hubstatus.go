@@ -40,8 +40,13 @@ type HubStatus struct {
 	// Router is the router's base URL, "" before it listens.
 	Router       string `json:"router"`
 	KeysRequired bool   `json:"keys_required"`
-	// Keys counts the router API keys not revoked.
-	Keys int `json:"keys"`
+	// Keys counts the router API keys not revoked. KeysError says why it
+	// is not the database's count now (it did not answer); Keys is then
+	// the hub's own copy's when KeysFromMemory (a hub that checks keys
+	// keeps one), else unknown (0).
+	Keys           int    `json:"keys"`
+	KeysError      string `json:"keys_error,omitempty"`
+	KeysFromMemory bool   `json:"keys_from_memory,omitempty"`
 	// Console is the SSH console's address ("" = none); ConsoleName its
 	// mDNS name when announced.
 	Console     string `json:"console,omitempty"`
@@ -63,12 +68,17 @@ type HubStatus struct {
 	// Hubs are the hubs sharing the PostgreSQL database, with their last
 	// heartbeats (none on SQLite).
 	Hubs []HubView `json:"hubs,omitempty"`
+	// HubsError says why Hubs could not be read (the database did not
+	// answer); Hub, HubRole and Leader are this hub's own knowledge.
+	HubsError string `json:"hubs_error,omitempty"`
 }
 
 // HubView is one hub of a fleet of several, as status shows it.
 type HubView struct {
 	Name string `json:"name"`
 	Role string `json:"role"`
+	// Role is "leader", "follower" or "gone": a hub whose heartbeat
+	// lapsed (killed, frozen or cut off; its name may be taken).
 	// HeartbeatAgeSeconds is how long ago it last heartbeated, by the
 	// database's clock.
 	HeartbeatAgeSeconds float64 `json:"heartbeat_age_s"`

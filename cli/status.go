@@ -53,7 +53,7 @@ func printStatus(w io.Writer, st fleet.HubStatus) error {
 		up += ", state in " + st.Database
 	}
 	fmt.Fprintf(tw, "hub\tfleet %s, %s\n", st.Version, up)
-	if len(st.Hubs) > 0 {
+	if len(st.Hubs) > 0 || st.HubsError != "" {
 		leader := "no hub leads: none holds the lease, so actions are refused"
 		if st.Leader != "" {
 			leader = "leader " + st.Leader
@@ -64,7 +64,11 @@ func printStatus(w io.Writer, st fleet.HubStatus) error {
 			hubs = append(hubs, fmt.Sprintf("%s %s, heartbeat %s ago", o.Name, o.Role,
 				time.Duration(o.HeartbeatAgeSeconds*float64(time.Second)).Round(100*time.Millisecond)))
 		}
-		fmt.Fprintf(tw, "hubs\t%d: %s\n", len(st.Hubs), strings.Join(hubs, "; "))
+		if st.HubsError != "" {
+			fmt.Fprintf(tw, "hubs\t%s\n", st.HubsError)
+		} else {
+			fmt.Fprintf(tw, "hubs\t%d: %s\n", len(st.Hubs), strings.Join(hubs, "; "))
+		}
 	}
 	router := st.Router
 	if router == "" {
@@ -73,6 +77,12 @@ func printStatus(w io.Writer, st fleet.HubStatus) error {
 	keys := fmt.Sprintf("%d API key", st.Keys)
 	if st.Keys != 1 {
 		keys += "s"
+	}
+	switch {
+	case st.KeysError != "" && st.KeysFromMemory:
+		keys += " as this hub last read them, " + st.KeysError
+	case st.KeysError != "":
+		keys = "API keys unknown, " + st.KeysError
 	}
 	if st.KeysRequired {
 		keys += ", required"

@@ -55,6 +55,8 @@ const (
 const (
 	RoleLeader   = "leader"
 	RoleFollower = "follower"
+	// RoleGone is status's word for a hub whose heartbeat lapsed.
+	RoleGone = "gone"
 )
 
 // errNoLeader is an action asked on a follower while no hub leads.
@@ -84,6 +86,11 @@ type cluster struct {
 	until time.Time
 	// leader is the hub holding the lease as last seen ("" none).
 	leader string
+	// nameTaken: another instance took this hub's name while this one
+	// missed its heartbeats (it was frozen or cut off); until this one
+	// has it back, it is unhealthy, so that keepalived sends the clients
+	// elsewhere.
+	nameTaken bool
 	// dbSeen is when the database last answered.
 	dbSeen time.Time
 	// readAt is when, by the database's clock, this hub read the workers
@@ -290,9 +297,27 @@ func (c *cluster) renew(ctx context.Context) {
 	// The heartbeat first: an instance whose name another took (it was
 	// thought dead) must not renew the lease that name holds.
 	if err := c.st.HubHeartbeat(rctx, c.name, c.instance); errors.Is(err, store.ErrHubNameTaken) {
-		c.log.Error("another hub runs with this hub's name: this one follows and claims nothing; stop one of them", "err", err)
-		c.follow(ctx, "another hub took its name")
-		return
+		// Registered again once the name is free (the other stopped, or
+		// its heartbeat lapsed).
+		if err := c.st.RegisterHub(rctx, store.HubInfo{Name: c.name, Instance: c.instance, Home: c.home,
+			HTTPAddr: c.h.routerAddr(), SSHAddr: c.h.opts.SSHAddr, Version: c.h.opts.Version}); err != nil {
+			c.mu.Lock()
+			first := !c.nameTaken
+			c.nameTaken = true
+			c.mu.Unlock()
+			if first {
+				c.log.Error("another hub runs with this hub's name: this one follows, claims nothing and answers /healthz 503 until it has the name back; stop one of them", "err", err)
+			}
+			c.follow(ctx, "another hub took its name")
+			return
+		}
+		c.mu.Lock()
+		was := c.nameTaken
+		c.nameTaken = false
+		c.mu.Unlock()
+		if was {
+			c.log.Info("this hub has its name again", "hub", c.name)
+		}
 	}
 	l, err := c.st.ClaimLease(rctx, c.name, c.ttl)
 	if ctx.Err() != nil {
@@ -771,14 +796,21 @@ func (c *cluster) hubsStatus(ctx context.Context, st *fleet.HubStatus) {
 	if !c.on {
 		return
 	}
+	ctx, cancel := context.WithTimeout(ctx, statusReadTimeout)
+	defer cancel()
 	hubs, err := c.st.Hubs(ctx)
 	if err != nil {
-		c.log.Warn("could not read the hubs for status", "err", err)
+		st.HubsError = fmt.Sprintf("unknown, the database did not answer (%v); this hub's role is as it last knew it", err)
 		return
 	}
 	for _, o := range hubs {
 		r := RoleFollower
-		if o.Name == leader {
+		switch {
+		case o.HeartbeatAge >= store.HubStaleAfter:
+			// Killed, frozen or cut off: its lease (if it held it) has
+			// lapsed too, and its name may be taken.
+			r = RoleGone
+		case o.Name == leader:
 			r = RoleLeader
 		}
 		st.Hubs = append(st.Hubs, fleet.HubView{Name: o.Name, Role: r, HeartbeatAgeSeconds: o.HeartbeatAge.Seconds(),
@@ -791,7 +823,13 @@ func (c *cluster) hubsStatus(ctx context.Context, st *fleet.HubStatus) {
 func (c *cluster) health() (int, []byte) {
 	role, leader := c.role()
 	code, status := 200, "ok"
-	if c.on && !c.dbAnswers() && !c.h.state.anyReady() {
+	c.mu.Lock()
+	nameTaken := c.nameTaken
+	c.mu.Unlock()
+	switch {
+	case nameTaken:
+		code, status = 503, "another hub runs with this hub's name (--hub-name "+c.name+"), taken while this one missed its heartbeats: stop one of them"
+	case c.on && !c.dbAnswers() && !c.h.state.anyReady():
 		code, status = 503, "cannot route: no ready worker known and the database does not answer"
 	}
 	body, _ := json.Marshal(map[string]string{"status": status, "hub": c.name, "role": role, "leader": leader})

@@ -4,6 +4,8 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"maps"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -293,3 +295,130 @@ const sshFleetModel = `models:
       sim:
         profile: m4max-llamacpp
 `
+
+// TestStatusAnswersWithoutTheDatabase: with PostgreSQL unreachable,
+// `status` still answers from the hub's memory (its role, the workers, the
+// keys it checks), and says, line by line, what it could not read.
+func TestStatusAnswersWithoutTheDatabase(t *testing.T) {
+	proxy, proxied, direct := newDBProxy(t)
+	ctx := t.Context()
+	if _, err := openPGStore(t, direct).CreateAPIKey(ctx, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	h, err := openHub(t, Options{DatabaseURL: proxied, Demo: true, HubName: "a", RequireKeys: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.cluster.renew(ctx)
+	proxy.down()
+	st, err := h.Status(ctx, LocalAdmin())
+	if err != nil {
+		t.Fatalf("status with the database down: %v", err)
+	}
+	if st.Hub != "a" || st.HubRole != RoleLeader || st.Keys != 1 || !st.KeysFromMemory || st.KeysError == "" || st.HubsError == "" || len(st.Nodes) == 0 {
+		t.Errorf("status with the database down: hub %q %s, %d keys (from memory %v, %q), hubs error %q, nodes %+v; want hub a leading, its 1 key from memory, both reads saying why, the nodes",
+			st.Hub, st.HubRole, st.Keys, st.KeysFromMemory, st.KeysError, st.HubsError, st.Nodes)
+	}
+	var out, errOut strings.Builder
+	if code := h.Exec(ctx, LocalAdmin(), []string{"status"}, strings.NewReader(""), &out, &errOut); code != 0 {
+		t.Fatalf("fleet status with the database down: exit %d: %s%s", code, out.String(), errOut.String())
+	}
+	for _, want := range []string{`(?m)^this hub +a, leader`, `(?m)^hubs +unknown, the database did not answer`,
+		`(?m)^router .*\(1 API key as this hub last read them, the database did not answer`, `(?m)^nodes +3: `} {
+		if !regexp.MustCompile(want).MatchString(out.String()) {
+			t.Errorf("fleet status with the database down lacks %q:\n%s", want, out.String())
+		}
+	}
+}
+
+// TestStatusSaysGoneOfAHubWhoseHeartbeatLapsed: a hub killed with kill -9
+// leaves its row; once its heartbeat is older than HubStaleAfter, status
+// lists it as gone, not as a follower.
+func TestStatusSaysGoneOfAHubWhoseHeartbeatLapsed(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.cluster.renew(ctx)
+	other := openPGStore(t, url)
+	for _, name := range []string{"killed", "alive"} {
+		if err := other.RegisterHub(ctx, store.HubInfo{Name: name, Instance: name + "-1", Home: "elsewhere:/var/lib/" + name}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	// Its last heartbeat, a little more than HubStaleAfter ago by the
+	// database's clock.
+	if _, err := db.ExecContext(ctx, `UPDATE hubs SET heartbeat_at = heartbeat_at - $1 WHERE name = 'killed'`, int64(store.HubStaleAfter+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	st, err := h.Status(ctx, LocalAdmin())
+	if err != nil {
+		t.Fatal(err)
+	}
+	roles := map[string]string{}
+	for _, o := range st.Hubs {
+		roles[o.Name] = o.Role
+	}
+	if want := map[string]string{"a": RoleLeader, "alive": RoleFollower, "killed": RoleGone}; !maps.Equal(roles, want) {
+		t.Errorf("status lists the hubs as %v, want %v", roles, want)
+	}
+}
+
+// TestHubWhoseNameWasTakenIsUnhealthy: a hub that missed its heartbeats
+// (frozen) while another instance took its name answers /healthz 503, so
+// keepalived sends the clients elsewhere, until it has its name back.
+func TestHubWhoseNameWasTakenIsUnhealthy(t *testing.T) {
+	url := pgtest.URL(t)
+	ctx := t.Context()
+	h, err := openHub(t, Options{DatabaseURL: url, Demo: true, HubName: "a"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	h.cluster.renew(ctx)
+	if code, body := h.cluster.health(); code != 200 {
+		t.Fatalf("health of the only hub: %d %s", code, body)
+	}
+	// Another instance takes the name, as one started (from a data dir of
+	// its own) while this hub was frozen past HubStaleAfter does.
+	other := openPGStore(t, url)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.ExecContext(ctx, `UPDATE hubs SET heartbeat_at = heartbeat_at - $1 WHERE name = 'a'`, int64(store.HubStaleAfter+time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	taker := store.HubInfo{Name: "a", Instance: "taker", Home: "elsewhere:/var/lib/fleet"}
+	if err := other.RegisterHub(ctx, taker); err != nil {
+		t.Fatal(err)
+	}
+	h.cluster.renew(ctx)
+	if code, body := h.cluster.health(); code != 503 || !strings.Contains(string(body), "another hub runs with this hub's name") {
+		t.Errorf("health of a hub whose name another took: %d %s; want 503 saying why", code, body)
+	}
+	if role, _ := h.cluster.role(); role != RoleFollower {
+		t.Errorf("a hub whose name another took is %s, want a follower", role)
+	}
+	h.cluster.renew(ctx)
+	if code, _ := h.cluster.health(); code != 503 {
+		t.Errorf("health at the next renewal, the name still taken: %d, want 503", code)
+	}
+	if err := other.UnregisterHub(ctx, "a", "taker"); err != nil {
+		t.Fatal(err)
+	}
+	h.cluster.renew(ctx)
+	if code, body := h.cluster.health(); code != 200 {
+		t.Errorf("health once the other left and this hub has its name again: %d %s; want 200", code, body)
+	}
+}

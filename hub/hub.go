@@ -618,7 +618,7 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 		console, err = sshserver.New(sshserver.Options{
 			Addr:                     h.opts.SSHAddr,
 			HostKeyPath:              filepath.Join(h.opts.DataDir, "ssh_host_ed25519_key"),
-			Users:                    h.store,
+			Users:                    newConsoleUsers(h.store),
 			Audit:                    h.guard.auditSSH,
 			Source:                   h.ConsoleSource,
 			Exec:                     h.Exec,
@@ -647,10 +647,14 @@ func (h *Hub) Run(ctx context.Context, ready func(httpAddr string)) error {
 			f()
 		}()
 	}
-	if console != nil && h.cluster.on {
-		spawn(func() { h.cluster.announceWhileServing(ctx, h.announce) })
-	} else if console != nil {
-		defer h.announce()()
+	if console != nil {
+		// Every hub serves the console, a follower as well as the leader;
+		// on PostgreSQL it is announced only while this hub can serve.
+		if h.cluster.on {
+			spawn(func() { h.cluster.announceWhileServing(ctx, h.announce) })
+		} else {
+			defer h.announce()()
+		}
 		spawn(func() {
 			if err := console.ListenAndServe(ctx); err != nil && ctx.Err() == nil {
 				errc <- fmt.Errorf("ssh console: %w", err)

@@ -42,6 +42,14 @@ func (c *keyCache) VerifyAPIKey(_ context.Context, key string) (string, bool, er
 	return name, ok, nil
 }
 
+// count is how many live keys the cache holds; ok is false before it
+// was first loaded (a hub that does not check keys never loads it).
+func (c *keyCache) count() (n int, ok bool) {
+	c.mu.RLock()
+	defer c.mu.RUnlock()
+	return len(c.byHash), c.byHash != nil
+}
+
 // reload reads the live keys again; on an error the keys known stay.
 func (c *keyCache) reload(ctx context.Context) error {
 	keys, err := c.store.LiveAPIKeyHashes(ctx)
@@ -137,6 +145,10 @@ type keySync struct {
 	// dropped counts unwritten counts given up (older than the window).
 	dropped int
 	pruned  time.Time
+	// skew is the database's clock less this hub's, as last read: the
+	// minutes are the database's, as the lease's expiry is, so that a hub
+	// whose clock is off counts in the same minutes as the others.
+	skew time.Duration
 }
 
 type minuteKey struct {
@@ -185,8 +197,14 @@ func (ks *keySync) run(ctx context.Context, every time.Duration) {
 }
 
 // sync publishes what the book admitted and spent since the last sync and
-// counts what the other hubs did since, as of now.
-func (ks *keySync) sync(ctx context.Context, now time.Time) error {
+// counts what the other hubs did since, as of now by this hub's clock. The
+// minutes counted in are the database's: with its clock unread (it does
+// not answer), this hub's corrected by the skew last seen.
+func (ks *keySync) sync(ctx context.Context, local time.Time) error {
+	if db, err := ks.store.Now(ctx); err == nil {
+		ks.skew = time.Unix(0, db).Sub(local)
+	}
+	now := local.Add(ks.skew)
 	minute := now.Truncate(time.Minute).Unix()
 	for key, c := range ks.book.Take() {
 		mk := minuteKey{minute, key}
@@ -224,15 +242,15 @@ func (ks *keySync) sync(ctx context.Context, now time.Time) error {
 		// matter to the others, and they must not hold the leash.
 		ks.book.Published(ks.taken)
 		clear(ks.taken)
-		err = ks.readOthers(ctx, now)
+		err = ks.readOthers(ctx, now, local)
 	}
 	if err != nil {
 		if ks.failing.IsZero() {
-			ks.failing = now
+			ks.failing = local
 		}
-		if !ks.alone && now.Sub(ks.failing) >= keyAloneAfter {
+		if !ks.alone && local.Sub(ks.failing) >= keyAloneAfter {
 			ks.log.Warn("cannot reach the database: this hub holds the API keys' limits on its own until it can", "err", err)
-			ks.book.Others(nil, 0, now)
+			ks.book.Others(nil, 0, local)
 			ks.alone = true
 		}
 		return err
@@ -251,8 +269,9 @@ func (ks *keySync) sync(ctx context.Context, now time.Time) error {
 }
 
 // readOthers counts into the book what the other hubs admitted and spent
-// since the last read, and how many there are.
-func (ks *keySync) readOthers(ctx context.Context, now time.Time) error {
+// since the last read, and how many there are: now is the database's
+// time, local this hub's (the book's clock).
+func (ks *keySync) readOthers(ctx context.Context, now, local time.Time) error {
 	counts, err := ks.store.KeyCountsSince(ctx, ks.hub, now.Add(-keyCountsWindow))
 	if err != nil {
 		return err
@@ -295,7 +314,7 @@ func (ks *keySync) readOthers(ctx context.Context, now time.Time) error {
 		}
 	}
 	ks.read = true
-	ks.book.Others(news, len(hubs), now)
+	ks.book.Others(news, len(hubs), local)
 	return nil
 }
 

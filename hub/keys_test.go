@@ -411,3 +411,74 @@ func TestKeySyncAloneWhileTheDatabaseIsDown(t *testing.T) {
 		t.Fatalf("hub a has %d requests of ci left after hub b's %d, want at most %d", remaining, first+alone, most)
 	}
 }
+
+// TestKeySyncCountsInTheDatabasesMinutes: the minutes of the key counts are
+// the database's, not each hub's: hub b, whose clock is 3 minutes behind,
+// still counts in hub a's book, and hub c, 11 minutes ahead, prunes
+// nobody's rows. The skew is injected as what each hub's sync takes for
+// its clock (run passes time.Now()).
+func TestKeySyncCountsInTheDatabasesMinutes(t *testing.T) {
+	_, _, url := newDBProxy(t)
+	ctx := t.Context()
+	a, b, c := newHubPart(t, url, "a"), newHubPart(t, url, "b"), newHubPart(t, url, "c")
+	if _, err := a.admin.CreateKey(ctx, admin, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	const rpm = 600
+	if err := a.lg.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: rpm}); err != nil {
+		t.Fatal(err)
+	}
+	for _, p := range []*hubPart{a, b, c} {
+		if err := p.lg.reloadKeys(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	now := time.Now()
+	behind, ahead := now.Add(-3*time.Minute), now.Add(11*time.Minute)
+	syncAll := func() {
+		t.Helper()
+		for _, s := range []struct {
+			p  *hubPart
+			at time.Time
+		}{{a, now}, {b, behind}, {c, ahead}} {
+			if err := s.p.ks.sync(ctx, s.at); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	syncAll()
+	syncAll()
+	const sent = 7
+	for range sent {
+		if v, _ := b.rt.KeyBook().Admit("ci", behind, false, 0); v.Limited {
+			t.Fatal("hub b refused one of a few requests of a key with a full bucket")
+		}
+	}
+	syncAll()                                   // b publishes, c prunes
+	if err := a.ks.sync(ctx, now); err != nil { // a reads them
+		t.Fatal(err)
+	}
+	counts, err := a.st.KeyCountsSince(ctx, "a", now.Add(-keyCountsWindow))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fromB int64
+	hubs := map[string]bool{}
+	for _, k := range counts {
+		hubs[k.Hub] = true
+		if k.Hub == "b" {
+			fromB += k.Requests
+		}
+	}
+	if !hubs["b"] || !hubs["c"] || fromB != sent {
+		t.Fatalf("hub a reads the counts of hubs %v, %d requests of ci from b; want b's and c's marks (after c's prune), and b's %d requests", hubs, fromB, sent)
+	}
+	v, _ := a.rt.KeyBook().Admit("ci", now, false, 0)
+	remaining, err := strconv.Atoi(v.Header.Get("x-ratelimit-remaining-requests"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if most := rpm - sent - 1; remaining > most {
+		t.Fatalf("hub a has %d requests of ci left after hub b (3 minutes behind) admitted %d, want at most %d: b's counts fell out of its minutes", remaining, sent, most)
+	}
+}

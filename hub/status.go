@@ -22,14 +22,11 @@ var (
 func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error) {
 	var st fleet.HubStatus
 	err := h.guard.do(u, fleet.ActionStatus, "", func() (string, error) {
-		keys, err := h.store.APIKeys(ctx)
-		if err != nil {
-			return "", fmt.Errorf("counting the API keys: %w", err)
-		}
-		for _, k := range keys {
-			if k.Revoked.IsZero() {
-				st.Keys++
-			}
+		// Status is what an operator reaches for when something is wrong,
+		// the database included: what the hub holds in memory is answered
+		// from there, and what it cannot read says so on its own line.
+		if err := h.countKeys(ctx, &st); err != nil {
+			st.KeysError = fmt.Sprintf("the database did not answer (%v)", err)
 		}
 		snap := h.snapshot(ctx)
 		h.mu.Lock()
@@ -81,4 +78,27 @@ func (h *Hub) Status(ctx context.Context, u fleet.User) (fleet.HubStatus, error)
 		return "", nil
 	})
 	return st, err
+}
+
+// statusReadTimeout bounds each of status's reads of the database, so that
+// one that does not answer (a partition drops the packets) delays status
+// by that much, not by the driver's connect timeout.
+const statusReadTimeout = 2 * time.Second
+
+// countKeys counts the live API keys in the database; when it does not
+// answer, in the hub's own copy if it keeps one (a hub that checks keys).
+func (h *Hub) countKeys(ctx context.Context, st *fleet.HubStatus) error {
+	ctx, cancel := context.WithTimeout(ctx, statusReadTimeout)
+	defer cancel()
+	keys, err := h.store.APIKeys(ctx)
+	if err != nil {
+		st.Keys, st.KeysFromMemory = h.ledger.keys.count()
+		return err
+	}
+	for _, k := range keys {
+		if k.Revoked.IsZero() {
+			st.Keys++
+		}
+	}
+	return nil
 }

@@ -12,7 +12,7 @@ import (
 // database publish theirs and read the others', so a key's limits hold
 // across them. Key "" is a hub's mark that it is there.
 type KeyCount struct {
-	Minute   time.Time // the minute's start, by the publishing hub's clock
+	Minute   time.Time // the minute's start, by the database's clock (keySync reads it)
 	Hub, Key string
 	Requests int64
 	Tokens   int64

@@ -265,7 +265,7 @@ CREATE TABLE actions (
 CREATE INDEX actions_pending ON actions (state, id);
 `,
 	// 10: each hub's count of a key's requests admitted and tokens spent in
-	// one minute (the minute's start in Unix seconds, by that hub's clock),
+	// one minute (the minute's start in Unix seconds, by the database's clock),
 	// which the hubs sharing one database read of each other to hold a
 	// key's limits across them; rows go after a few minutes (key_name ''
 	// is a hub's mark that it is there, with or without traffic).

@@ -35,9 +35,9 @@ type Member struct {
 	// VIP is the virtual IP with its prefix length, e.g. 10.0.0.100/24.
 	VIP string
 	// RouterID is VRRP's virtual_router_id (1-255), the same for every
-	// member; Priority orders the members at the first election: the
-	// highest healthy one takes the address and keeps it (nopreempt)
-	// until its check fails.
+	// member; Priority orders the members found healthy within about a
+	// second of each other; the first found healthy takes the address
+	// and keeps it (nopreempt) until its check fails.
 	RouterID, Priority int
 	// HealthURL is what the check script asks (curl, 1 s timeout); any
 	// answer but 2xx, or none, is a failure.
@@ -70,9 +70,11 @@ vrrp_script fleet_healthz {
 `, m.Name, Curl, m.HealthURL)
 	fmt.Fprintf(&b, `
 vrrp_instance fleet {
-    # Every hub starts as a backup; the healthy one with the highest
-    # priority takes the address and keeps it while its check passes
-    # (nopreempt): a hub that comes back does not move the clients again.
+    # Every hub starts as a backup; the first one found healthy takes the
+    # address (priority decides only between hubs found healthy within
+    # about a second of each other) and keeps it while its check passes
+    # (nopreempt): a hub that starts later or comes back does not move the
+    # clients again.
     state BACKUP
     nopreempt
     interface %s

@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -118,4 +120,74 @@ func TestVirtualIPMovesToAHealthyMember(t *testing.T) {
 	if hs := Holders(ks); !slices.Equal(hs, []int{j}) {
 		t.Errorf("after the second move holders are %v, want only %d (%s)", hs, j, second)
 	}
+}
+
+// TestTheFirstHealthyMemberKeepsTheAddress is the start-up placement:
+// with nopreempt, priority decides only between members whose checks
+// begin to pass within the same second or so; the first member found
+// healthy takes the address and keeps it. Here the lowest priority (130)
+// is healthy first, the other two only once it holds the address: when
+// they are candidates (BACKUP), it still holds it, and nobody else does.
+func TestTheFirstHealthyMemberKeepsTheAddress(t *testing.T) {
+	Skip(t)
+	b := netnstest.NewBridge(t)
+	var nss []*netnstest.Namespace
+	for range 3 {
+		nss = append(nss, b.Join(t))
+	}
+	vip := b.NewIP()
+	const port = 8080
+	members := Members(b, vip, nss...)
+	healthy := make([]*atomic.Bool, 3)
+	for i, ns := range nss {
+		healthy[i] = switchedHealthServer(t, ns, port)
+		members[i].HealthURL = fmt.Sprintf("http://127.0.0.1:%d/healthz", port)
+	}
+	last := len(nss) - 1
+	healthy[last].Store(true)
+	var ks []*Keepalived
+	for i, ns := range nss {
+		ks = append(ks, Start(t, ns, members[i]))
+	}
+	for deadline := time.Now().Add(60 * time.Second); !ks[last].Holds(); time.Sleep(50 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the only healthy member (priority %d) did not take the virtual IP within 60 s; holders %v", members[last].Priority, Holders(ks))
+		}
+	}
+	healthy[0].Store(true)
+	healthy[1].Store(true)
+	for deadline := time.Now().Add(60 * time.Second); ; time.Sleep(50 * time.Millisecond) {
+		if strings.Contains(ks[0].Log(), "Entering BACKUP STATE") && strings.Contains(ks[1].Log(), "Entering BACKUP STATE") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("the members turned healthy did not become candidates (BACKUP) within 60 s")
+		}
+	}
+	// Several master-down intervals (3 adverts and a skew, under 2 s):
+	// a candidate that would take the address has by then.
+	time.Sleep(4 * time.Second)
+	if hs := Holders(ks); !slices.Equal(hs, []int{last}) {
+		t.Fatalf("holders %v once every member is healthy, want only %d (priority %d, healthy first): a hub found healthy later took the address from it", hs, last, members[last].Priority)
+	}
+}
+
+// switchedHealthServer answers GET /healthz on every address of ns: 200
+// while the flag it returns is set, 503 (a hub that cannot route) while
+// not.
+func switchedHealthServer(t *testing.T, ns *netnstest.Namespace, port int) *atomic.Bool {
+	t.Helper()
+	var ln net.Listener
+	if err := ns.Do(func() (err error) { ln, err = net.Listen("tcp", ":"+strconv.Itoa(port)); return err }); err != nil {
+		t.Fatalf("listen in %s: %v", ns, err)
+	}
+	healthy := &atomic.Bool{}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !healthy.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+		}
+	})}
+	go srv.Serve(ln)
+	t.Cleanup(func() { srv.Close() })
+	return healthy
 }
