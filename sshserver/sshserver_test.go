@@ -633,8 +633,11 @@ func TestConsoleOverSSHRolesAndDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.emu.Resize(90, 14)
+	// A 90-column table drops the OS column and keeps the command line's
+	// short form.
 	v.waitFor("a 90-column layout", func(s string) bool {
-		return strings.Contains(s, "ultra") && !strings.Contains(s, "Started with")
+		return strings.Contains(s, "ultra") && !strings.Contains(s, "Host") && strings.Contains(s, "Started with") &&
+			strings.Contains(s, "vllm serve Qwen")
 	})
 
 	o.emu.SendText("q")
