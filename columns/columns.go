@@ -68,15 +68,29 @@ func GPUCell(w fleet.WorkerView) string {
 }
 
 // StateCell is the lifecycle state, with the progress of an engine's
-// install or of its weights' download. A drained worker is already "draining" in the
-// snapshot, so no column looks at the drain flag.
+// install or of its weights' download, and the operator's drain: a ready
+// worker drained is "draining" while requests are in flight and "drained"
+// once none are (the hub's event says so then), and a worker drained before
+// it is ready (on probation, starting) says so beside its state, as it will
+// take no requests once ready.
 func StateCell(w fleet.WorkerView) string {
+	state := string(w.State)
 	// Installing: the engine's installer; starting: the engine's download
 	// of its weights.
 	if (w.State == fleet.WorkerInstalling || w.State == fleet.WorkerStarting) && w.Progress > 0 {
-		return fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
+		state = fmt.Sprintf("%s %.0f%%", w.State, w.Progress)
 	}
-	return string(w.State)
+	switch w.State {
+	case fleet.WorkerDraining:
+		if w.InFlight == 0 {
+			return "drained"
+		}
+	case fleet.WorkerPending, fleet.WorkerInstalling, fleet.WorkerStarting, fleet.WorkerProbation:
+		if w.Drained {
+			return state + ", drained"
+		}
+	}
+	return state
 }
 
 // LoadCell is requests in flight over the worker's slots, "-" for slots

@@ -35,6 +35,11 @@ func TestCells(t *testing.T) {
 		{"state installing with progress", State, w(func(v *fleet.WorkerView) { v.State, v.Progress = fleet.WorkerInstalling, 42.4 }), "installing 42%"},
 		{"state installing before progress", State, w(func(v *fleet.WorkerView) { v.State = fleet.WorkerInstalling }), "installing"},
 		{"state ignores a finished install's progress", State, w(func(v *fleet.WorkerView) { v.Progress = 100 }), "ready"},
+		{"drained with requests in flight", State, w(func(v *fleet.WorkerView) { v.State, v.Drained, v.InFlight = fleet.WorkerDraining, true, 2 }), "draining"},
+		{"drained with nothing in flight", State, w(func(v *fleet.WorkerView) { v.State, v.Drained = fleet.WorkerDraining, true }), "drained"},
+		{"drained on probation", State, w(func(v *fleet.WorkerView) { v.State, v.Drained = fleet.WorkerProbation, true }), "probation, drained"},
+		{"drained while downloading", State, w(func(v *fleet.WorkerView) { v.State, v.Drained, v.Progress = fleet.WorkerStarting, true, 40 }), "starting 40%, drained"},
+		{"stopped after a drain", State, w(func(v *fleet.WorkerView) { v.State, v.Drained = fleet.WorkerStopped, true }), "stopped"},
 		{"argv", Argv, w(func(v *fleet.WorkerView) { v.Argv = []string{"llama-server", "-c", "16384"} }), "llama-server -c 16384"},
 		{"engine", Engine, w(func(v *fleet.WorkerView) { v.Engine = fleet.EngineLlamaCpp }), "llama.cpp"},
 	}

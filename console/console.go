@@ -29,6 +29,11 @@ type Action struct {
 	Targets []string
 	// Split is a bench's: "chat" or "agent" (the bench package's splits).
 	Split string
+	// Width is the console's width in cells, for an answer shown as text
+	// (the shape diff), which the Source lays out to fit it. The answer is
+	// plain text: the console colours it (a Source's text is sanitised, so
+	// escape codes in it would be shown, not obeyed).
+	Width int
 }
 
 // The bench splits b offers.
@@ -453,6 +458,7 @@ func (m *Model) actionDone(msg actionMsg) tea.Cmd {
 		m.track()
 	case fleet.ActionShape:
 		m.showText(fmt.Sprintf("%s %s", a.Kind, strings.Join(a.Targets, " vs ")), msg.text)
+		m.text.style = shapeLineStyle
 		m.setFlash(flashOK, fmt.Sprintf("%s done (esc closes)", a.Kind))
 	case fleet.ActionDrain, fleet.ActionRestart:
 		now := m.opts.Now()
@@ -692,7 +698,7 @@ func (m *Model) shapeKey(b binding) tea.Cmd {
 		m.setFlash(flashWarn, fmt.Sprintf("shape compares two workers: mark exactly two with space (%d marked)", len(t)))
 		return nil
 	}
-	return m.do(Action{Kind: b.action, Targets: t})
+	return m.do(Action{Kind: b.action, Targets: t, Width: m.width})
 }
 
 // clamped keeps every view's cursor on a row after a key changed it.

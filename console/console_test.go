@@ -281,6 +281,42 @@ func TestOperatorDrainConfirmsAndShowsProgress(t *testing.T) {
 	mustNotContain(t, s, "draining ultra/qwen3-4b:")
 }
 
+// screenRow is the first line of screen containing substr.
+func screenRow(screen, substr string) string {
+	for _, l := range strings.Split(screen, "\n") {
+		if strings.Contains(l, substr) {
+			return l
+		}
+	}
+	return ""
+}
+
+// The table says what the drain did: a worker drained on probation says
+// so (its state alone said nothing had happened), and a drained worker
+// with nothing in flight is "drained", as its event says, not "draining".
+func TestDrainShowsInTheTable(t *testing.T) {
+	src := consoletest.Demo()
+	src.SetState("max/qwen3-4b", fleet.WorkerProbation)
+	h := newHarness(t, src, operator, 160, 30)
+	h.keys("down", "down") // max
+	h.keys("d", "y")
+	h.refresh()
+	if row := screenRow(h.screen(), "Apple M4 Max"); !strings.Contains(row, "probation, drained") {
+		t.Fatalf("max drained on probation: its row is %q", row)
+	}
+	h.keys("up") // ultra, with 3 requests in flight
+	h.keys("d", "y")
+	h.refresh()
+	if row := screenRow(h.screen(), "Apple M1 Ultra"); !strings.Contains(row, " draining ") {
+		t.Fatalf("ultra drained with 3 in flight: its row is %q", row)
+	}
+	src.SetInFlight("ultra/qwen3-4b", 0)
+	h.refresh()
+	if row := screenRow(h.screen(), "Apple M1 Ultra"); !strings.Contains(row, " drained ") || strings.Contains(row, "draining") {
+		t.Fatalf("ultra drained with nothing in flight: its row is %q", row)
+	}
+}
+
 func TestConfirmNoCancels(t *testing.T) {
 	src := consoletest.Demo()
 	h := newHarness(t, src, operator, 160, 30)

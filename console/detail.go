@@ -102,7 +102,7 @@ func (d *detailView) lines() []string {
 	}
 	label := func(s string) string { return t.Muted.Render(s) }
 	out := []string{
-		t.Accent.Render(w.Name()) + "  " + t.State(w.State).Render(string(w.State)) + "  " +
+		t.Accent.Render(w.Name()) + "  " + t.State(w.State).Render(columns.StateCell(w)) + "  " +
 			t.Text.Render(fmt.Sprintf("%s %s · %s · %s", w.Engine.Label(), w.EngineVersion, w.GPU, w.Host)),
 	}
 	if w.Reason != "" {

@@ -2,10 +2,14 @@ package console
 
 import (
 	"fmt"
+	"strings"
 
 	"charm.land/bubbles/v2/key"
 	tea "charm.land/bubbletea/v2"
+	"charm.land/lipgloss/v2"
 	"github.com/charmbracelet/x/ansi"
+
+	"fleet/themes"
 )
 
 // textPanel shows a long text (a shape diff, a bench table, a whole event).
@@ -14,6 +18,8 @@ type textPanel struct {
 	title  string
 	lines  []string
 	offset int
+	// style picks a line's style; nil draws every line as text.
+	style func(t themes.Theme, line string) lipgloss.Style
 }
 
 func (p *textPanel) scroll(k tea.KeyPressMsg) {
@@ -35,9 +41,35 @@ func (p *textPanel) render() []string {
 	t := p.theme
 	out := []string{t.Accent.Render(fit(p.title, p.width))}
 	for i := p.offset; i < len(p.lines) && len(out) < p.bodyHeight(); i++ {
-		out = append(out, t.Text.Render(fit(p.lines[i], p.width)))
+		style := t.Text
+		if p.style != nil {
+			style = p.style(t, p.lines[i])
+		}
+		out = append(out, style.Render(fit(p.lines[i], p.width)))
 	}
 	return out
+}
+
+// shapeLineStyle colours the shape diff (bench/shape's Report.Text, sent
+// plain): the verdict green when the shapes are the same and red when they
+// differ, the rows that differ (marked ≠) and what a client would notice
+// (✗) red, the notes muted.
+func shapeLineStyle(t themes.Theme, line string) lipgloss.Style {
+	trimmed := strings.TrimSpace(line)
+	switch {
+	case strings.HasPrefix(line, "Response shape:"):
+		if strings.Contains(line, ": SAME") {
+			return t.OK
+		}
+		return t.Err
+	case strings.HasSuffix(trimmed, "≠"), strings.HasPrefix(trimmed, "✗"):
+		return t.Err
+	case strings.HasPrefix(trimmed, "·"), strings.HasPrefix(line, "Notes ("):
+		return t.Muted
+	case strings.HasPrefix(line, "What a client would notice"):
+		return t.Accent
+	}
+	return t.Text
 }
 
 // helpPanel is the help screen, generated from the keymap: each key with

@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -228,23 +229,37 @@ func (m *Model) renderHints() string {
 	default:
 		pairs = k.mainHints(m.opts.User.Role)
 	}
-	var b strings.Builder
-	width := 0
-	for i, p := range pairs {
-		w := ansi.StringWidth(p.key) + 1 + ansi.StringWidth(p.what)
-		if i > 0 {
-			w += 2
+	// The keys to help and to quit are always shown, at the end: a narrow
+	// window drops the hints before them.
+	var pinned []hint
+	for _, b := range []binding{k.Help, k.Quit} {
+		if i := slices.IndexFunc(pairs, func(p hint) bool { return p.key == b.hintKey }); i >= 0 {
+			pinned = append(pinned, pairs[i])
+			pairs = slices.Delete(pairs, i, i+1)
 		}
-		if width+w > m.width {
+	}
+	hintWidth := func(p hint) int { return ansi.StringWidth(p.key) + 1 + ansi.StringWidth(p.what) }
+	room := m.width
+	for _, p := range pinned {
+		room -= hintWidth(p) + 2
+	}
+	var shown []hint
+	for _, p := range pairs {
+		w := hintWidth(p) + 2
+		if w > room {
 			break
 		}
+		shown = append(shown, p)
+		room -= w
+	}
+	var b strings.Builder
+	for i, p := range append(shown, pinned...) {
 		if i > 0 {
 			b.WriteString("  ")
 		}
 		b.WriteString(t.Key.Render(p.key) + " " + t.Muted.Render(p.what))
-		width += w
 	}
-	return b.String()
+	return ansi.Truncate(b.String(), m.width, "")
 }
 
 // wrapArgs packs a command line into lines of at most width cells, breaking

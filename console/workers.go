@@ -2,6 +2,7 @@ package console
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/charmbracelet/x/ansi"
@@ -51,7 +52,7 @@ func (v *workersView) setSnapshot(previous string) {
 	v.haystack = v.haystack[:0]
 	for _, w := range v.snap.Workers {
 		v.haystack = append(v.haystack, strings.ToLower(strings.Join([]string{
-			w.Name(), w.GPU, w.Host, w.Engine.Label(), string(w.State), strings.Join(w.Argv, " "),
+			w.Name(), w.GPU, w.Host, w.Engine.Label(), columns.StateCell(w), strings.Join(w.Argv, " "),
 		}, " ")))
 	}
 	v.refilter()
@@ -109,12 +110,37 @@ func (v *workersView) marked() []string {
 	return out
 }
 
+// narrowDrops are the columns a narrow window goes without, in order, so
+// that the command line keeps a short form (minArgv cells; enter shows it
+// whole): the OS (the GPU says as much), the context size (the detail has
+// it) and the engine (the command line names it).
+var narrowDrops = []string{columns.Host.Header, columns.Ctx.Header, columns.Engine.Header}
+
+// minArgv is the least of "Started with" the table shows: the program and
+// the start of its first argument ("vllm serve Qwen…").
+const minArgv = 16
+
 // relayout sizes the shared columns (columns.Table, the CLI's too) to the
 // rows shown and the window: the sparklines get what is left first (they
-// are the point of the table), then "Started with".
+// are the point of the table), then "Started with"; a window too narrow
+// for its short form drops the columns of narrowDrops.
 func (v *workersView) relayout() {
+	for drop := 0; ; drop++ {
+		l := v.layoutWithout(narrowDrops[:drop])
+		if l.argv >= minArgv || drop == len(narrowDrops) {
+			v.layout = l
+			return
+		}
+	}
+}
+
+// layoutWithout lays the table out without the columns headed dropped.
+func (v *workersView) layoutWithout(dropped []string) workerLayout {
 	l := workerLayout{}
 	for _, c := range columns.Table {
+		if slices.Contains(dropped, c.Header) {
+			continue
+		}
 		wc := workerColumn{Column: c}
 		switch c.Header {
 		case columns.State.Header:
@@ -157,7 +183,7 @@ func (v *workersView) relayout() {
 		}
 	}
 	l.argv = max(l.argv, 0)
-	v.layout = l
+	return l
 }
 
 func (v *workersView) render() []string {

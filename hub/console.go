@@ -81,7 +81,9 @@ func (s consoleSource) do(ctx context.Context, a console.Action) (string, error)
 		if err != nil {
 			return "", err
 		}
-		return r.Text(120, true), nil
+		// Plain: the console colours it. Colour codes in the answer would
+		// be sanitised into text and printed, not obeyed.
+		return r.Text(a.Width, false), nil
 	case fleet.ActionBench:
 		if _, err := s.h.guard.authorize(s.u, fleet.ActionBench, strings.Join(a.Targets, " ")); err != nil {
 			return "", err

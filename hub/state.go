@@ -437,8 +437,13 @@ func (h *Hub) snapshot(ctx context.Context) fleet.Snapshot {
 		}
 		if s, ok := stats[name]; ok {
 			v.InFlight = s.InFlight
-			v.TokPerSec, v.TTFTms, v.ITLms = s.TokPerSec, s.TTFTms, s.ITLms
-			v.PredictedTTFTms = s.PredictedTTFTms
+			v.TTFTms = s.TTFTms
+			if s.SpeedMeasured {
+				// Before, the figures are the router's prior, the same for
+				// every worker: shown as "-", not as a measurement.
+				v.TokPerSec, v.ITLms = s.TokPerSec, s.ITLms
+				v.PredictedTTFTms = s.PredictedTTFTms
+			}
 			v.TTFTHistory, v.ITLHistory = s.TTFTHistory, s.ITLHistory
 			if s.CacheHitKnown {
 				v.CacheHit = &s.CacheHit

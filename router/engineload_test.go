@@ -226,3 +226,28 @@ func TestQueuedRequestGoesWhenTheEngineFrees(t *testing.T) {
 		})
 	}
 }
+
+// A worker the router has measured nothing of reports its figures as the
+// prior's, marked unmeasured, so that nobody shows the same default guess
+// (66.7 tok/s, 15 ms) for every worker after a restart as a measurement.
+func TestStatsSayWhetherTheSpeedWasMeasured(t *testing.T) {
+	r := mustNew(t, Options{Policy: PolicyFleet, Seed: 1})
+	r.SetModels(testModels())
+	r.SetBackends([]Backend{
+		{Name: "new/qwen3-4b", Model: "qwen3-4b", Addr: "127.0.0.1:1", Context: 16384, Slots: 4},
+		{Name: "benched/qwen3-4b", Model: "qwen3-4b", Addr: "127.0.0.1:2", Context: 16384, Slots: 4},
+	})
+	r.SeedSpeed("benched/qwen3-4b", SpeedPoint{Concurrency: 1, TTFT: 80 * time.Millisecond, ITL: 4 * time.Millisecond})
+	for _, st := range r.Stats() {
+		switch st.Name {
+		case "new/qwen3-4b":
+			if st.SpeedMeasured {
+				t.Errorf("%s: measured, but nothing was: %+v", st.Name, st)
+			}
+		case "benched/qwen3-4b":
+			if !st.SpeedMeasured || st.ITLms != 4 || st.TokPerSec != 250 {
+				t.Errorf("%s: %+v, want measured at 4 ms, 250 tok/s", st.Name, st)
+			}
+		}
+	}
+}

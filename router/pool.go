@@ -292,6 +292,7 @@ func (w *worker) stats(b *backend, now time.Time) BackendStats {
 		ITLms:           ms(itl),
 		TTFTHistory:     w.ttftHistory.values(),
 		ITLHistory:      w.itlHistory.values(),
+		SpeedMeasured:   w.speed.Measured(),
 	}
 	if itl > 0 {
 		st.TokPerSec = float64(time.Second) / float64(itl)

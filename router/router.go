@@ -208,6 +208,11 @@ type BackendStats struct {
 	// the backend's current load; ITLms likewise.
 	TokPerSec float64
 	ITLms     float64
+	// SpeedMeasured is false while TokPerSec, ITLms and PredictedTTFTms
+	// are only the speed model's prior (no request measured and no bench
+	// or engine figure seeded since the router started): the scheduler
+	// needs a guess, a person reading them needs to know it is one.
+	SpeedMeasured bool
 	// TTFTms is the measured median time to first token of the backend's
 	// recent requests, from the moment the router sent each (0 before
 	// any); PredictedTTFTms is what the speed model expects for a short

@@ -201,7 +201,7 @@ func New(opts Options) (*Server, error) {
 		wish.WithIdleTimeout(opts.IdleTimeout),
 		ssh.WrapConn(s.rateLimit),
 		wish.WithMiddleware(
-			bm.MiddlewareWithProgramHandler(s.program),
+			s.runConsole,
 			s.dispatch,
 			s.identify,
 		),
@@ -327,6 +327,51 @@ func (s *Server) dispatch(next ssh.Handler) ssh.Handler {
 		if idle.Load() {
 			fmt.Fprintf(sess, "fleet: disconnected after %s without input\n", s.opts.IdleTimeout)
 		}
+	}
+}
+
+// runConsole runs the console of an interactive session until the user
+// quits, the connection drops, or the session channel closes. It replaces
+// wish's bubbletea middleware, whose window-change loop read the session's
+// window channel after the channel had closed: a client that closed its
+// session but kept the connection (an OpenSSH ControlMaster whose terminal
+// was closed) got zero-sized resizes in a loop, a core of the hub each,
+// until the master exited.
+func (s *Server) runConsole(next ssh.Handler) ssh.Handler {
+	return func(sess ssh.Session) {
+		p := s.program(sess)
+		if p == nil {
+			next(sess)
+			return
+		}
+		_, windowChanges, _ := sess.Pty()
+		ctx, cancel := context.WithCancel(sess.Context())
+		defer cancel()
+		go func() {
+			for {
+				select {
+				case <-ctx.Done():
+					p.Quit()
+					return
+				case w, open := <-windowChanges:
+					if !open {
+						// The client closed the session channel: nothing
+						// it shows or types reaches us any more.
+						u, _ := userFrom(sess)
+						s.log.Info("console ended: the client closed its session", "user", u.Name, "remote", sess.RemoteAddr().String())
+						p.Quit()
+						return
+					}
+					p.Send(tea.WindowSizeMsg{Width: w.Width, Height: w.Height})
+				}
+			}
+		}()
+		if _, err := p.Run(); err != nil && !errors.Is(err, tea.ErrProgramKilled) {
+			s.log.Warn("console ended with an error", "err", err)
+		}
+		// Kill restores what the program changed if Run ended on a panic.
+		p.Kill()
+		next(sess)
 	}
 }
 

@@ -633,8 +633,11 @@ func TestConsoleOverSSHRolesAndDrain(t *testing.T) {
 		t.Fatal(err)
 	}
 	v.emu.Resize(90, 14)
+	// A 90-column table drops the OS column and keeps the command line's
+	// short form.
 	v.waitFor("a 90-column layout", func(s string) bool {
-		return strings.Contains(s, "ultra") && !strings.Contains(s, "Started with")
+		return strings.Contains(s, "ultra") && !strings.Contains(s, "Host") && strings.Contains(s, "Started with") &&
+			strings.Contains(s, "vllm serve Qwen")
 	})
 
 	o.emu.SendText("q")
@@ -758,5 +761,81 @@ func TestListenAndServeStopsWithContext(t *testing.T) {
 	}
 	if err := s2.ListenAndServe(context.Background()); err == nil || !strings.Contains(err.Error(), "is another fleet already serving there") {
 		t.Fatalf("busy address: %v", err)
+	}
+}
+
+// consolesOpen is how many console slots the server holds.
+func (s *Server) consolesOpen() int {
+	s.limits.mu.Lock()
+	defer s.limits.mu.Unlock()
+	return s.limits.console
+}
+
+// A client that closes its console's session channel but keeps the
+// connection, as an OpenSSH ControlMaster does when the terminal of the
+// session is closed, ends the console: before, the console ran on with its
+// window channel closed, resizing to 0x0 in a loop at a core of the hub,
+// until the master exited.
+func TestConsoleEndsWhenItsChannelClosesOnAnOpenConnection(t *testing.T) {
+	op := newIdentity(t, "olga", fleet.RoleOperator)
+	ts := startServer(t, Options{Users: newUsers(op.user)})
+	c, err := dial(ts.addr, gossh.PublicKeys(op.signer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	sess, err := c.NewSession()
+	if err != nil {
+		t.Fatal(err)
+	}
+	screen := consoletest.NewScreen(120, 30)
+	defer screen.Close()
+	stdin, err := sess.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sess.Stdout = screen.Emu
+	if err := sess.RequestPty("xterm-256color", 30, 120, gossh.TerminalModes{}); err != nil {
+		t.Fatal(err)
+	}
+	screen.Pump(stdin)
+	if err := sess.Shell(); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(20 * time.Second) // hang guard
+	for !strings.Contains(ansi.Strip(screen.Emu.Render()), "Started with") {
+		if time.Now().After(deadline) {
+			t.Fatalf("the console did not show; screen:\n%s", ansi.Strip(screen.Emu.Render()))
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	if n := ts.consolesOpen(); n != 1 {
+		t.Fatalf("%d consoles open, want 1", n)
+	}
+	// Close the session channel only; the connection stays.
+	if err := sess.Close(); err != nil {
+		t.Fatal(err)
+	}
+	for ts.consolesOpen() != 0 {
+		if time.Now().After(deadline.Add(10 * time.Second)) {
+			t.Fatalf("the console still runs after its session channel closed (%d open)", ts.consolesOpen())
+		}
+		time.Sleep(25 * time.Millisecond)
+	}
+	ticks := ts.src.Ticks()
+	// The connection still serves: a command on it answers.
+	s2, err := c.NewSession()
+	if err != nil {
+		t.Fatalf("the connection no longer opens sessions: %v", err)
+	}
+	defer s2.Close()
+	out, err := s2.Output("whoami")
+	if err != nil || !strings.Contains(string(out), "olga") {
+		t.Fatalf("whoami on the same connection: %q, %v", out, err)
+	}
+	// And the ended console reads the hub no more.
+	time.Sleep(5 * ts.opts.Refresh)
+	if now := ts.src.Ticks(); now != ticks {
+		t.Fatalf("the closed console read %d snapshots after it ended", now-ticks)
 	}
 }

@@ -120,11 +120,17 @@ func (s *tmuxServer) tmux(args ...string) string {
 // prints its exit status and stays, so a failed login can be read.
 func (s *tmuxServer) open(name string, argv []string) {
 	s.t.Helper()
+	s.openSized(name, 200, 50, argv)
+}
+
+// openSized is open with a window of width x height.
+func (s *tmuxServer) openSized(name string, width, height int, argv []string) {
+	s.t.Helper()
 	quoted := make([]string, len(argv))
 	for i, a := range argv {
 		quoted[i] = shellQuote(a)
 	}
-	s.tmux("new-session", "-d", "-s", name, "-x", "200", "-y", "50",
+	s.tmux("new-session", "-d", "-s", name, "-x", fmt.Sprint(width), "-y", fmt.Sprint(height),
 		strings.Join(quoted, " ")+"; echo EXIT:$?; sleep 600")
 	// Esc must reach the console at once, not after tmux's 500 ms wait.
 	s.tmux("set", "-s", "escape-time", "0")
@@ -421,7 +427,8 @@ func TestConsoleOverOpenSSH(t *testing.T) {
 	// The second session sees it too.
 	tm.waitFor("watch", "ultra draining in the second session", 10*time.Second, func(s string) bool {
 		rows, _ := tableRows(s, nodes...)
-		return strings.Contains(rows["ultra"], "draining") && strings.Contains(rows["rig"], "ready")
+		// "draining" while ultra's streams run, "drained" once they ended.
+		return strings.Contains(rows["ultra"], " drain") && strings.Contains(rows["rig"], "ready")
 	})
 
 	t.Logf("ultra drained with %d requests in flight", inFlightAtDrain)

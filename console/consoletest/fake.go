@@ -182,7 +182,7 @@ func (s *Source) Ticks() int {
 func (s *Source) Do(_ context.Context, a console.Action) (string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.actions = append(s.actions, console.Action{Kind: a.Kind, Targets: slices.Clone(a.Targets), Split: a.Split})
+	s.actions = append(s.actions, console.Action{Kind: a.Kind, Targets: slices.Clone(a.Targets), Split: a.Split, Width: a.Width})
 	if s.Err != nil {
 		return "", s.Err
 	}
@@ -192,10 +192,18 @@ func (s *Source) Do(_ context.Context, a console.Action) (string, error) {
 			continue
 		}
 		switch a.Kind {
+		// As the hub's snapshot: the drain flag, and "draining" for the
+		// state of a ready worker only.
 		case fleet.ActionDrain:
-			w.State, w.Drained = fleet.WorkerDraining, true
+			w.Drained = true
+			if w.State == fleet.WorkerReady {
+				w.State = fleet.WorkerDraining
+			}
 		case fleet.ActionUndrain:
-			w.State, w.Drained = fleet.WorkerReady, false
+			w.Drained = false
+			if w.State == fleet.WorkerDraining {
+				w.State = fleet.WorkerReady
+			}
 		}
 	}
 	switch a.Kind {
@@ -256,6 +264,11 @@ func (s *Source) AddEvent(e fleet.Event) {
 		e.ID = int64(len(s.snap.Events) + 1)
 	}
 	s.snap.Events = append(s.snap.Events, e)
+}
+
+// SetState sets a worker's lifecycle state.
+func (s *Source) SetState(worker string, state fleet.WorkerState) {
+	s.updateWorker(worker, func(w *fleet.WorkerView) { w.State = state })
 }
 
 // SetInFlight sets a worker's in-flight count (a drain finishes at 0).
