@@ -35,7 +35,7 @@ type forwardResult struct {
 	notServed bool
 	// full: the worker's KV pool was full; the request queues again.
 	full bool
-	err       error
+	err  error
 	// answer ends the request with this answer instead (the client went
 	// away before the worker answered).
 	answer *answerError
