@@ -451,3 +451,38 @@ func ollamaCommand(m fleet.Model, r fleet.Recipe, host string, port int) (Comman
 	// Ollama answers to its own tag, so that is the name /v1/models lists.
 	return Command{Argv: []string{bin, "serve"}, Env: env, ServedName: ServedName(m, fleet.EngineOllama), Context: m.Context, Slots: slots}, nil
 }
+
+// SharedKVPool is the KV tokens the requests of a llama-server started with
+// argv share, 0 when its slots do not share one: with --kv-unified (which
+// -np auto, the default, turns on) every slot may use the whole -c, and
+// all of them together hold at most -c tokens; without it each slot has
+// -c / -np of its own. The last of -kvu and -no-kvu wins, as in
+// llama-server's own parsing; a -c of 0 (the model's) is not known here.
+func SharedKVPool(argv []string) int {
+	unified := true // -np auto
+	if v, ok := flagValue(argv, "-np", "--parallel"); ok {
+		if n, err := strconv.Atoi(v); err == nil && n > 0 {
+			unified = false
+		}
+	}
+	for _, a := range argv {
+		switch flagName(a) {
+		case "-kvu", "--kv-unified":
+			unified = true
+		case "-no-kvu", "--no-kv-unified":
+			unified = false
+		}
+	}
+	if !unified {
+		return 0
+	}
+	v, ok := flagValue(argv, "-c", "--ctx-size")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.Atoi(v)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	return n
+}

@@ -293,6 +293,11 @@ func (h *Hub) syncRouter() {
 		if w.State != fleet.WorkerReady && w.State != fleet.WorkerDraining {
 			continue
 		}
+		var kvPool int
+		if w.Engine == fleet.EngineLlamaCpp {
+			// Its slots share one cache of -c tokens (router/kvpool.go).
+			kvPool = enginectl.SharedKVPool(w.Argv)
+		}
 		bs = append(bs, router.Backend{
 			Name:       name,
 			Model:      w.Model,
@@ -302,6 +307,7 @@ func (h *Hub) syncRouter() {
 			Dial:       h.mgr.Dialer(w.Node),
 			Context:    w.Context,
 			Slots:      w.Slots,
+			KVPool:     kvPool,
 		})
 		if takesNoRequests(w) {
 			drained = append(drained, name)

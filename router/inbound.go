@@ -252,6 +252,7 @@ func (r *Router) resolve(c *call) (reserve int64, known bool) {
 	}
 	c.model = model
 	c.job.OutputTokens = r.outputs.expected(model, info.MaxTokens)
+	c.job.KVOutput = kvOutput(info.MaxTokens, c.job.OutputTokens)
 	c.mode = r.catalog.normalisation(model, c.path)
 	return keylimit.ReserveFor(info.PromptTokens, info.MaxTokens, choices, r.largestContext(model)), true
 }
@@ -260,7 +261,7 @@ func (r *Router) resolve(c *call) (reserve int64, known bool) {
 // answers, or retry.go's rules say no other worker may be tried.
 func (r *Router) attempts(w http.ResponseWriter, req *http.Request, c *call) *answerError {
 	var lastErr error
-	retries := 0
+	retries, requeues := 0, 0
 	for attempt := 0; ; attempt++ {
 		f, err := r.acquire(req.Context(), c.model, c.job, c.excluded)
 		if err != nil {
@@ -269,6 +270,13 @@ func (r *Router) attempts(w http.ResponseWriter, req *http.Request, c *call) *an
 		res := r.forward(w, req, f, c.body, c)
 		if res.answer != nil || !res.retry {
 			return res.answer
+		}
+		if res.full && requeues < maxOverflowRequeues {
+			requeues++
+			r.metrics.retries.WithLabelValues(c.model).Inc()
+			r.log.Info("worker's KV pool was full; the request queues again", "model", c.model, "worker", f.b.cfg.Name, "requeues", requeues)
+			lastErr = res.err
+			continue
 		}
 		c.excluded = append(c.excluded, f.b.cfg.Name)
 		if res.notServed {

@@ -31,6 +31,9 @@ type Job struct {
 	OutputTokens int
 	// NeedContext is what the worker must hold: prompt + max_tokens.
 	NeedContext int
+	// KVOutput is the output it is counted to hold in a worker's shared
+	// KV pool: max_tokens, or a bounded reserve without (kvpool.go).
+	KVOutput int
 	// Behind is how many requests wait in the queue behind this one: while
 	// it waits for a fast slot, they wait too.
 	Behind int

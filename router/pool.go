@@ -78,6 +78,7 @@ func (p *pool) replace(bs []Backend) (left []*backend, ready []Backend) {
 		w := p.workerLocked(cfg.Name)
 		w.coolingUntil = time.Time{}
 		w.failures = w.failures[:0]
+		w.kvRefusedAt, w.kvRefusing = 0, false
 		// A new or restarted engine starts with an empty prompt cache.
 		w.prefix.Clear()
 		next = append(next, p.newBackend(cfg))

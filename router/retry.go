@@ -18,6 +18,10 @@ import (
 //   - a worker that took the request and failed before answering (no
 //     response, a 5xx, an unreadable answer, no first byte in time) may
 //     have spent work on it: another is tried at most MaxRetries times;
+//   - a worker whose engine said its KV pool was full is not failing: the
+//     request queues again, for it or another, at most
+//     maxOverflowRequeues times, neither counted against MaxRetries nor
+//     leaving the worker out;
 //   - once the status line went to the client, never: a broken stream ends
 //     with an error event, a broken body with a cut connection (forward).
 
@@ -29,7 +33,9 @@ type forwardResult struct {
 	dial bool
 	// notServed: the worker's engine does not serve the path.
 	notServed bool
-	err       error
+	// full: the worker's KV pool was full; the request queues again.
+	full bool
+	err  error
 	// answer ends the request with this answer instead (the client went
 	// away before the worker answered).
 	answer *answerError
@@ -101,6 +107,13 @@ func (r *Router) classify(f *flight, req *http.Request, resp *http.Response, err
 	if resp.StatusCode >= 500 {
 		// Nothing reached the client yet, so another worker may answer.
 		snippet, _ := io.ReadAll(io.LimitReader(resp.Body, 512))
+		if isOverflowAnswer(snippet) {
+			// Full, not failing: the request queues again (kvpool.go).
+			r.pool.refusedFull(f)
+			r.release(f, nil)
+			resp.Body.Close()
+			return forwardResult{retry: true, full: true, err: fmt.Errorf("%s refused it, its KV pool full: %s", b.cfg.Name, bytes.TrimSpace(snippet))}, true
+		}
 		r.release(f, nil)
 		r.recordFailure(b, false, fmt.Errorf("status %s", resp.Status))
 		resp.Body.Close()

@@ -41,6 +41,10 @@ type Backend struct {
 	Dial    func(ctx context.Context, network, addr string) (net.Conn, error)
 	Context int // tokens the worker can hold
 	Slots   int // concurrent requests it serves
+	// KVPool is the tokens all its requests in flight share, 0 when each
+	// slot holds its own Context: llama-server's -c under --kv-unified
+	// (kvpool.go).
+	KVPool int
 }
 
 // Options configure a Router. Zero values pick the defaults documented on
@@ -279,6 +283,15 @@ type worker struct {
 	engine engineView
 	// prefix is which prompt prefixes its engine is thought to hold.
 	prefix *PrefixIndex
+	// kvHeld is the KV tokens its requests in flight may hold, tokenScale
+	// its engine's tokens per router token (0 unknown), kvRefusedAt the
+	// held tokens its engine last refused at (0 never) and kvRefusing
+	// whether it refused since its last request that ended well
+	// (kvpool.go).
+	kvHeld      int
+	tokenScale  float64
+	kvRefusedAt int
+	kvRefusing  bool
 	// ready is whether the name is in the ready set. Outside it, the state
 	// is kept only while requests are in flight, while drained, or when it
 	// was seeded before joining (an admission bench runs on probation):
@@ -446,7 +459,7 @@ type dialFunc = func(ctx context.Context, network, addr string) (net.Conn, error
 // every field but how it is dialled, so its backend can be kept as is.
 func sameEngine(a, b Backend) bool {
 	return a.Name == b.Name && a.Model == b.Model && a.ServedName == b.ServedName && a.Engine == b.Engine && a.Addr == b.Addr &&
-		a.Context == b.Context && a.Slots == b.Slots
+		a.Context == b.Context && a.Slots == b.Slots && a.KVPool == b.KVPool
 }
 
 func (b *backend) setDial(dial dialFunc) {

@@ -28,6 +28,8 @@ type flight struct {
 	// predicted is how many chunks of the job's prefix the worker's prefix
 	// index held when it was sent.
 	predicted int
+	// kv is the KV tokens it is counted to hold on its worker (kvpool.go).
+	kv int
 }
 
 // waiter is a request queued for a slot.
@@ -115,6 +117,11 @@ func (m member) fits(job Job) bool { return m.b.cfg.Context <= 0 || job.NeedCont
 // candidate is what selection scores of an available member.
 func (p *pool) candidateLocked(m member, job Job, now time.Time) Candidate {
 	c := Candidate{Name: m.b.cfg.Name, InFlight: m.w.load(now), Slots: m.w.slots(m.b.cfg.Slots, now), Speed: m.w.speed}
+	if !m.w.kvRoom(m.b, job) {
+		// Its pool would overflow: full for this job, which may wait for
+		// it as for a busy worker or go to one with room.
+		c.Slots = min(c.Slots, c.InFlight)
+	}
 	c.Cached, _ = m.w.prefix.Predict(job)
 	if !c.free() {
 		c.NextFree = p.nextFreeLocked(m.b, m.w, job, c.InFlight, c.Slots, now)
@@ -266,6 +273,8 @@ func (p *pool) takeLocked(b *backend, model string, job Job, now time.Time) *fli
 	// sent the next turn of a busy holder's session to the other worker to
 	// compute it all again (issue 21, two real llama-servers).
 	f.predictedEnd = now.Add(w.speed.Completion(load, job.Uncached(cached)))
+	f.kv = w.kvTokens(job)
+	w.kvHeld += f.kv
 	b.active[f] = struct{}{}
 	return f
 }
@@ -559,6 +568,7 @@ func (p *pool) finish(f *flight, o *outcome, outputs *outputEstimates, now time.
 		mean = (w.area - f.area0) / d
 	}
 	w.inFlight--
+	w.kvHeld -= f.kv
 	delete(f.b.active, f)
 	f.b.observers.inFlight.Dec()
 	if o != nil && o.ok {
@@ -571,6 +581,8 @@ func (p *pool) finish(f *flight, o *outcome, outputs *outputEstimates, now time.
 			w.itlHistory.add(ms(o.itl))
 		}
 		w.speed.Observe(f.startConcurrency, mean, w.observeCache(f, o.cache), o.ttft, o.itl)
+		w.learnTokenScale(f.job.PromptTokens, o.cache.promptTokens)
+		w.kvRefusing = false
 		if o.outputTokens > 0 {
 			outputs.add(f.model, o.outputTokens)
 		}

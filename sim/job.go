@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
@@ -55,7 +57,9 @@ type job struct {
 
 func (j *job) run() {
 	s := j.s
-	ctx := j.r.Context()
+	// ctx also ends when the slots' shared KV pool overflows (errKVFull).
+	ctx, fail := context.WithCancelCause(j.r.Context())
+	defer fail(nil)
 	arrival := time.Now()
 	j.created = arrival.Unix()
 	j.id = j.newID()
@@ -70,7 +74,7 @@ func (j *job) run() {
 	if s.llamaCache != nil {
 		choose = func(idle []int) int { return s.llamaCache.choose(idle, tokens) }
 	}
-	slot, err := s.pool.acquire(ctx, j.promptTokens, len(j.plan.pieces), choose)
+	slot, err := s.pool.acquire(ctx, j.promptTokens, len(j.plan.pieces), choose, fail)
 	if err != nil {
 		s.metrics.finish("abort", j.promptTokens, 0, 0, time.Since(arrival).Seconds())
 		s.log.Debug("request gave up while queued", "id", j.id, "err", err)
@@ -87,12 +91,12 @@ func (j *job) run() {
 	// the first request's timings of a real engine.
 	cold, err := s.warmUp(ctx)
 	if err != nil {
-		j.abort(arrival, "client gone while the engine warmed up")
+		j.abort(ctx, arrival, "client gone while the engine warmed up")
 		return
 	}
 	j.prefill = s.opts.Profile.PrefillDelay(j.promptTokens - j.cached)
 	if err := sleepCtx(ctx, j.prefill); err != nil {
-		j.abort(arrival, "client gone during prefill")
+		j.abort(ctx, arrival, "client gone during prefill")
 		return
 	}
 	cache.computed()
@@ -109,7 +113,7 @@ func (j *job) run() {
 	for i := range steps {
 		busy := s.pool.busy()
 		if err := pc.wait(ctx, s.opts.Profile.TokenDelay(busy)); err != nil {
-			j.abort(arrival, "client gone while decoding")
+			j.abort(ctx, arrival, "client gone while decoding")
 			return
 		}
 		now := time.Now()
@@ -140,7 +144,7 @@ func (j *job) run() {
 				c.emit(c.plan.pieces[i], i == len(c.plan.pieces)-1)
 			}
 			if c.writeErr != nil {
-				j.abort(arrival, "write failed: "+c.writeErr.Error())
+				j.abort(ctx, arrival, "write failed: "+c.writeErr.Error())
 				return
 			}
 		}
@@ -150,9 +154,33 @@ func (j *job) run() {
 	s.metrics.finish(j.plan.finish, j.promptTokens, j.totalGenerated(), j.decode.Seconds(), time.Since(arrival).Seconds())
 }
 
-func (j *job) abort(arrival time.Time, why string) {
+// abort ends the job early: its client gone (why), or the shared KV pool
+// full (ctx's cause), which llama-server answers with an error.
+func (j *job) abort(ctx context.Context, arrival time.Time, why string) {
 	j.s.metrics.finish("abort", j.promptTokens, j.generated, time.Since(arrival).Seconds(), time.Since(arrival).Seconds())
+	if cause := context.Cause(ctx); errors.Is(cause, errKVFull) && j.r.Context().Err() == nil {
+		j.s.log.Warn("decode() failed: Context size has been exceeded", "id", j.id, "kv_pool", j.s.pool.kvPool)
+		j.failKVFull()
+		return
+	}
 	j.s.log.Debug("request aborted", "id", j.id, "reason", why, "generated", j.generated)
+}
+
+// failKVFull answers as llama-server does a request it ended for a full
+// KV pool: HTTP 500 server_error before its stream started, an error event
+// (data: {"error": …}, or Anthropic's event: error) and no [DONE] after.
+func (j *job) failKVFull() {
+	e := obj{{"code", http.StatusInternalServerError}, {"message", kvFullMessage}, {"type", "server_error"}}
+	switch {
+	case !j.streaming:
+		writeJSON(j.w, http.StatusInternalServerError, obj{{"error", e}})
+	case j.api == apiMessages:
+		if _, err := fmt.Fprintf(j.w, "event: error\ndata: %s\n\n", marshal(e)); err == nil {
+			j.flush()
+		}
+	default:
+		j.sendEvent(marshal(obj{{"error", e}}))
+	}
 }
 
 func (j *job) newID() string {

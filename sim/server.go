@@ -105,7 +105,7 @@ func NewServer(opts Options) (*Server, error) {
 	s := &Server{
 		opts:     opts,
 		log:      log,
-		pool:     newSlotPool(opts.Slots, opts.Ctx),
+		pool:     newSlotPool(opts.Slots, opts.Ctx, sharedKV(opts)),
 		metrics:  newEngineMetrics(),
 		created:  now,
 		loadedAt: now.Add(opts.LoadTime),
@@ -271,4 +271,15 @@ func Main(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	ctx, stop := signal.NotifyContext(ctx, syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return srv.ListenAndServe(ctx)
+}
+
+// sharedKV is the KV pool all slots share: llama-server's -c under
+// --kv-unified, where every slot may use all of it; 0 otherwise (vLLM
+// preempts rather than fails, and a split llama-server's slots each hold
+// their own part).
+func sharedKV(opts Options) int {
+	if opts.Mimic == fleet.EngineLlamaCpp && opts.KVUnified {
+		return opts.TotalCtx
+	}
+	return 0
 }

@@ -762,9 +762,9 @@ func TestSlotsQueueAndDisconnect(t *testing.T) {
 }
 
 func TestSlotPoolFIFO(t *testing.T) {
-	p := newSlotPool(1, 100)
+	p := newSlotPool(1, 100, 0)
 	ctx := context.Background()
-	first, err := p.acquire(ctx, 1, 1, nil)
+	first, err := p.acquire(ctx, 1, 1, nil, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -774,7 +774,7 @@ func TestSlotPoolFIFO(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			slot, err := p.acquire(ctx, 1, 1, nil)
+			slot, err := p.acquire(ctx, 1, 1, nil, nil)
 			if err != nil {
 				t.Error(err)
 				return

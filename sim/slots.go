@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 )
@@ -14,6 +15,9 @@ type slotState struct {
 	promptTokens int
 	decoded      int
 	remain       int
+	// fail ends the request on the slot when the shared KV pool
+	// overflows.
+	fail context.CancelCauseFunc
 }
 
 // waiter is a queued request; ready is closed when a slot is handed to it.
@@ -25,14 +29,25 @@ type waiter struct {
 // slotPool hands out a fixed number of slots; requests beyond them wait in
 // FIFO order, as both engines' schedulers do.
 type slotPool struct {
-	mu       sync.Mutex
-	slots    []slotState
-	queue    []*waiter
+	mu    sync.Mutex
+	slots []slotState
+	queue []*waiter
+	// kvPool is the KV tokens all busy slots share (llama-server's -c
+	// under --kv-unified), 0 when each slot has its own nCtx.
+	kvPool   int
 	nextTask int64
 }
 
-func newSlotPool(n, nCtx int) *slotPool {
-	p := &slotPool{slots: make([]slotState, n)}
+// errKVFull is why a request ended when the slots' shared KV pool
+// overflowed: llama-server then fails every request in flight at once
+// (server-context.cpp, update_slots, after purging idle slots).
+var errKVFull = errors.New("the shared KV pool is full")
+
+// kvFullMessage is llama-server's own words for errKVFull.
+const kvFullMessage = "Context size has been exceeded."
+
+func newSlotPool(n, nCtx, kvPool int) *slotPool {
+	p := &slotPool{slots: make([]slotState, n), kvPool: kvPool}
 	for i := range p.slots {
 		p.slots[i].nCtx = nCtx
 		p.slots[i].taskID = -1
@@ -43,12 +58,14 @@ func newSlotPool(n, nCtx int) *slotPool {
 // acquire waits for a free slot, FIFO, until ctx ends. A request that gives
 // up while queued leaves the queue at once. choose, when set, picks among
 // the idle slots (llama-server's choice by prompt similarity); a queued
-// request takes the slot that frees up.
-func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int, choose func(idle []int) int) (int, error) {
+// request takes the slot that frees up. fail ends the request when the
+// shared KV pool overflows while it holds the slot, its own prompt's
+// arrival included.
+func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int, choose func(idle []int) int, fail context.CancelCauseFunc) (int, error) {
 	p.mu.Lock()
 	if len(p.queue) == 0 {
 		if i := p.freeSlotLocked(choose); i >= 0 {
-			p.takeLocked(i, promptTokens, remain)
+			p.takeLocked(i, promptTokens, remain, fail)
 			p.mu.Unlock()
 			return i, nil
 		}
@@ -60,7 +77,7 @@ func (p *slotPool) acquire(ctx context.Context, promptTokens, remain int, choose
 	select {
 	case <-w.ready:
 		p.mu.Lock()
-		p.takeLocked(w.slot, promptTokens, remain)
+		p.takeLocked(w.slot, promptTokens, remain, fail)
 		p.mu.Unlock()
 		return w.slot, nil
 	case <-ctx.Done():
@@ -94,10 +111,37 @@ func (p *slotPool) freeSlotLocked(choose func(idle []int) int) int {
 	return choose(idle)
 }
 
-func (p *slotPool) takeLocked(i, promptTokens, remain int) {
+func (p *slotPool) takeLocked(i, promptTokens, remain int, fail context.CancelCauseFunc) {
 	p.nextTask++
 	s := &p.slots[i]
-	s.busy, s.taskID, s.promptTokens, s.decoded, s.remain = true, p.nextTask, promptTokens, 0, remain
+	s.busy, s.taskID, s.promptTokens, s.decoded, s.remain, s.fail = true, p.nextTask, promptTokens, 0, remain, fail
+	p.checkKVLocked()
+}
+
+// checkKVLocked fails every request holding a slot when the tokens the
+// busy slots hold (prompt, cached part included, and decoded) overflow the
+// shared pool, as llama-server does: it cannot tell which request to end,
+// so it ends them all and clears their slots.
+func (p *slotPool) checkKVLocked() {
+	if p.kvPool <= 0 {
+		return
+	}
+	held := 0
+	for _, s := range p.slots {
+		if s.busy && s.fail != nil {
+			held += s.promptTokens + s.decoded
+		}
+	}
+	if held <= p.kvPool {
+		return
+	}
+	for i := range p.slots {
+		if s := &p.slots[i]; s.busy && s.fail != nil {
+			s.fail(errKVFull)
+			s.fail = nil
+			s.promptTokens, s.decoded = 0, 0
+		}
+	}
 }
 
 func (p *slotPool) release(i int) {
@@ -110,7 +154,7 @@ func (p *slotPool) release(i int) {
 // so no late arrival can overtake a waiting request.
 func (p *slotPool) releaseLocked(i int) {
 	s := &p.slots[i]
-	s.busy, s.taskID, s.decoded, s.remain = false, -1, 0, 0
+	s.busy, s.taskID, s.decoded, s.remain, s.fail = false, -1, 0, 0, nil
 	if len(p.queue) > 0 {
 		w := p.queue[0]
 		p.queue = p.queue[1:]
@@ -128,6 +172,7 @@ func (p *slotPool) progress(i int) {
 	if p.slots[i].remain > 0 {
 		p.slots[i].remain--
 	}
+	p.checkKVLocked()
 }
 
 // busy is how many requests occupy a slot: the concurrency the speed curve
