@@ -14,7 +14,9 @@ import (
 )
 
 // AddSamples stores a batch of measurements in one transaction, so a busy
-// router pays one fsync per batch rather than one per request.
+// router pays one fsync per batch rather than one per request. Inserts of
+// new rows only, numbered by the database: hubs adding samples at once
+// wait on nothing of each other's.
 func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
 	if len(samples) == 0 {
 		return nil
@@ -140,6 +142,8 @@ func (s *Store) AddAudit(ctx context.Context, a fleet.AuditEntry) error {
 // BeginAudit writes the audit entry of an action about to happen and
 // returns its id, for SetAuditOutcome to record how it ended. The hub writes
 // it first so that an action whose audit cannot be written does not happen.
+// One insert of a new row, numbered by the database: it waits on no other
+// hub; SetAuditOutcome and SetAuditCount then write that row alone.
 func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, error) {
 	if a.User == "" || a.Action == "" {
 		return 0, errors.New("add audit entry: an entry needs a user and an action")
@@ -164,9 +168,9 @@ func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, erro
 type auditOrigin struct{ hub, instance string }
 
 // SetAuditOrigin names the hub (hubs.name) and the run of it (a new
-// instance each start) that write audit lines from now on. Lines written
-// before it is called, or by a command that opens the database without a
-// hub, name neither.
+// instance each start) that write audit lines from now on, and the hub
+// whose usage rows AddUsage adds to. Lines written before it is called, or
+// by a command that opens the database without a hub, name neither.
 func (s *Store) SetAuditOrigin(hub, instance string) {
 	s.auditOrigin.Store(&auditOrigin{hub: hub, instance: instance})
 }

@@ -137,9 +137,12 @@ func (s *Store) Path() string { return s.path }
 
 func (s *Store) migrate(ctx context.Context) error {
 	migrations := s.db.d.migrations
-	// In a transaction, so that hubs starting together on one PostgreSQL
-	// database queue on the writer lock rather than race to create it.
+	// Under the schema lock, so that hubs starting together on one
+	// PostgreSQL database queue rather than race to create it.
 	err := s.inTx(ctx, func(tx *txn) error {
+		if err := tx.lock(ctx, lockSchema, false); err != nil {
+			return err
+		}
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version    INTEGER PRIMARY KEY,
 			applied_at BIGINT NOT NULL
@@ -160,7 +163,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	for v := current + 1; v <= len(migrations); v++ {
 		applied := false
 		err := s.inTx(ctx, func(tx *txn) error {
-			// Another hub may have applied it while this one waited.
+			if err := tx.lock(ctx, lockSchema, false); err != nil {
+				return err
+			}
+			// Another hub may have applied it while this one waited: the
+			// lock came first, so this statement sees its commit.
 			now, err := schemaVersion(ctx, tx)
 			if err != nil || now >= v {
 				return err
@@ -190,9 +197,9 @@ func schemaVersion(ctx context.Context, q queryer) (int, error) {
 	return v, nil
 }
 
-// inTx runs fn in one transaction. Writers queue rather than fail: on
-// SQLite through BEGIN IMMEDIATE (the DSN) and the busy timeout, on
-// PostgreSQL on the dialect's lock.
+// inTx runs fn in one transaction (begin says what it holds). Writers
+// queue rather than fail: on SQLite through BEGIN IMMEDIATE (the DSN) and
+// the busy timeout, on PostgreSQL on the rows (and named lock) they share.
 func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 	tx, err := s.db.begin(ctx)
 	if err != nil {

@@ -1,8 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"fleet"
@@ -13,7 +16,14 @@ const UsageBucket = time.Minute
 
 // AddUsage adds one batch of usage, each row to its minute bucket (the row's
 // Bucket, truncated), in one transaction: rows already there for the same
-// bucket, key, model and worker are added to.
+// bucket, key, model and worker, of this hub (SetAuditOrigin), are added
+// to.
+//
+// Each hub adds to rows of its own (the hub is in the key), so on
+// PostgreSQL it never waits for another hub's transaction, and the upsert
+// adds to the row as last committed (READ COMMITTED), so two writes of one
+// hub at once lose nothing. They lock their rows in one order (sorted
+// here), so they cannot deadlock.
 func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 	if len(rows) == 0 {
 		return nil
@@ -23,10 +33,19 @@ func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 			return fmt.Errorf("add usage: row %d has no time, model or worker; nothing was stored", i)
 		}
 	}
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, func(a, b fleet.Usage) int {
+		return cmp.Or(a.Bucket.Truncate(UsageBucket).Compare(b.Bucket.Truncate(UsageBucket)),
+			strings.Compare(a.Key, b.Key), strings.Compare(a.Model, b.Model), strings.Compare(a.Worker, b.Worker))
+	})
+	hub := ""
+	if o := s.auditOrigin.Load(); o != nil {
+		hub = o.hub
+	}
 	err := s.inTx(ctx, func(tx *txn) error {
-		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (bucket, key, model, worker) DO UPDATE SET
+		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (bucket, key, model, worker, hub, requests, prompt_tokens, cached_tokens, completion_tokens)
+			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)
+			ON CONFLICT (bucket, key, model, worker, hub) DO UPDATE SET
 				requests = usage.requests + excluded.requests,
 				prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens,
 				cached_tokens = usage.cached_tokens + excluded.cached_tokens,
@@ -35,8 +54,8 @@ func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 			return err
 		}
 		defer stmt.Close()
-		for _, u := range rows {
-			if _, err := stmt.ExecContext(ctx, u.Bucket.Truncate(UsageBucket).Unix(), u.Key, u.Model, u.Worker,
+		for _, u := range sorted {
+			if _, err := stmt.ExecContext(ctx, u.Bucket.Truncate(UsageBucket).Unix(), u.Key, u.Model, u.Worker, hub,
 				u.Requests, u.PromptTokens, u.CachedTokens, u.CompletionTokens); err != nil {
 				return err
 			}
