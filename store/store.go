@@ -212,6 +212,38 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 	return tx.tx.Commit()
 }
 
+// maxRowsPerInsert bounds the rows of one INSERT: at 9 columns, well inside
+// either database's limit on placeholders.
+const maxRowsPerInsert = 500
+
+// insertRows writes n rows, insert(lo, hi) giving the statement and
+// arguments of rows lo to hi: one statement when they fit in one (atomic on
+// its own, and one round trip to the database), else statements of
+// maxRowsPerInsert rows in one transaction.
+func (s *Store) insertRows(ctx context.Context, n int, insert func(lo, hi int) (string, []any)) error {
+	if n <= maxRowsPerInsert {
+		query, args := insert(0, n)
+		_, err := s.db.ExecContext(ctx, query, args...)
+		return err
+	}
+	return s.inTx(ctx, func(tx *txn) error {
+		for lo := 0; lo < n; lo += maxRowsPerInsert {
+			query, args := insert(lo, min(lo+maxRowsPerInsert, n))
+			if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// valueRows is the VALUES list of an insert of rows rows of columns values:
+// "(?, ?), (?, ?)".
+func valueRows(rows, columns int) string {
+	row := "(" + strings.Repeat("?, ", columns-1) + "?)"
+	return strings.Repeat(row+", ", rows-1) + row
+}
+
 // unixNano stores a time; the zero time is 0 so "never" survives a round trip.
 func unixNano(t time.Time) int64 {
 	if t.IsZero() {
