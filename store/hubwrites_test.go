@@ -299,7 +299,7 @@ func hubWriters(hub string, at time.Time) []func(ctx context.Context, s *Store, 
 
 // writeFlat runs every writer of every hub for n writes each, all at once,
 // and returns how long they took.
-func writeFlat(b *testing.B, hubs []*Store, names []string, at time.Time, n int) time.Duration {
+func writeFlat(b testing.TB, hubs []*Store, names []string, at time.Time, n int) time.Duration {
 	ctx := context.Background()
 	errs := make(chan error, 16)
 	start := time.Now()
