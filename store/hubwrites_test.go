@@ -355,3 +355,57 @@ func BenchmarkHubWrites(b *testing.B) {
 	b.ReportMetric(rate(3, three)/rate(1, one), "3hubs/1hub")
 	b.ReportMetric(0, "ns/op")
 }
+
+// TestTakeActionPassesOverOneBeingTaken: while another transaction takes
+// the oldest pending action (holding its row, not yet committed), the
+// leader takes the next one at once, neither waiting for that transaction
+// nor taking the same action when it commits.
+func TestTakeActionPassesOverOneBeingTaken(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	a, aApp := openHub(t, url, "hub-a")
+	if err := leadForTest(ctx, a); err != nil {
+		t.Fatal(err)
+	}
+	var ids []int64
+	for _, target := range []string{"rig", "ultra"} {
+		id, err := a.QueueAction(ctx, Action{Hub: "hub-b", User: "ops", Action: "drain", Target: target})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ids = append(ids, id)
+	}
+	other, err := a.db.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer other.Rollback()
+	if _, err := other.ExecContext(ctx, `UPDATE actions SET state = 'running' WHERE id = $1`, ids[0]); err != nil {
+		t.Fatal(err)
+	}
+	var took Action
+	done := make(chan error, 1)
+	go func() {
+		var ok bool
+		var err error
+		took, ok, err = a.TakeAction(ctx)
+		if err == nil && !ok {
+			err = fmt.Errorf("no action taken though action %d was pending", ids[1])
+		}
+		done <- err
+	}()
+	if !finishUnblocked(t, a, aApp, "the leader's take", done) {
+		other.Rollback()
+		<-done
+		return
+	}
+	if took.ID != ids[1] || took.State != ActionRunning {
+		t.Errorf("took action %d (%s), want %d running: the one being taken is passed over", took.ID, took.State, ids[1])
+	}
+	if err := other.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if again, ok, err := a.TakeAction(ctx); err != nil || ok {
+		t.Errorf("a take once both were taken: %+v, %v, %v; want none", again, ok, err)
+	}
+}
