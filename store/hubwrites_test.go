@@ -72,7 +72,7 @@ func finishUnblocked(t *testing.T, s *Store, app, what string, done <-chan error
 			t.Fatal(err)
 		}
 		if len(waits) > 0 {
-			t.Errorf("%s waits on another hub's transaction: %s", what, strings.Join(waits, "; "))
+			t.Errorf("%s waits on another transaction: %s", what, strings.Join(waits, "; "))
 			return false
 		}
 		time.Sleep(time.Millisecond)
