@@ -49,12 +49,25 @@ const HubStaleAfter = 10 * time.Second
 // follower whose caller reads its result late.
 const finishedActionsKept = 24 * time.Hour
 
-// change is what a write does besides its statement: fence it by the
-// lease's epoch, notify the other hubs.
+// change is what a write does besides its statement: hold the fleet-state
+// lock, fence it by the lease's epoch, notify the other hubs.
 type change struct {
+	state            stateLock
 	fenced           bool
 	channel, payload string
 }
+
+// stateLock is how a write holds lockFleetState.
+type stateLock int
+
+const (
+	stateNone stateLock = iota
+	// stateShared: a write of workers or pending stops, which an apply
+	// must not interleave with; such writes run side by side.
+	stateShared
+	// stateExclusive: an apply, alone.
+	stateExclusive
+)
 
 // SetEpoch is the lease epoch this hub writes with (ClaimLease's): every
 // write about workers, launches and pending stops then carries it, and on
@@ -70,9 +83,17 @@ func (s *Store) Epoch() int64 { return s.epoch.Load() }
 // then only the lease's holder may write about workers.
 func (s *Store) Clustered() bool { return s.db.d.fence != "" }
 
-// inChangeTx runs fn in a transaction fenced and notifying as c says.
+// inChangeTx runs fn in a transaction locked, fenced and notifying as c
+// says. The state lock comes before the fence's share lock on the lease
+// row, so a write waiting for an apply holds nothing a lease renewal (or
+// the apply) waits on.
 func (s *Store) inChangeTx(ctx context.Context, c change, fn func(tx *txn) error) error {
 	return s.inTx(ctx, func(tx *txn) error {
+		if c.state != stateNone {
+			if err := tx.lock(ctx, lockFleetState, c.state == stateShared); err != nil {
+				return err
+			}
+		}
 		if c.fenced {
 			if err := s.fence(ctx, tx); err != nil {
 				return err
@@ -218,7 +239,8 @@ func (s *Store) RegisterHub(ctx context.Context, h HubInfo) error {
 
 // HubHeartbeat tells the other hubs that hub name, this instance, lives.
 // It fails with ErrHubNameTaken when another instance took the name (this
-// one was thought dead).
+// one was thought dead). One UPDATE of the hub's own row, which only a
+// RegisterHub of its name writes too: it waits on no other hub.
 func (s *Store) HubHeartbeat(ctx context.Context, name, instance string) error {
 	res, err := s.db.ExecContext(ctx, `UPDATE hubs SET heartbeat_at = `+s.db.d.nowNanos+` WHERE name = ? AND instance = ?`, name, instance)
 	if err != nil {
@@ -278,8 +300,9 @@ type Lease struct {
 // holds it. Expiry is by the database's clock, so hubs whose clocks
 // disagree still agree on it. A holder whose own lease expired takes it
 // again with a new epoch: another hub may have led in between as far as
-// it knows. The writer lock is not taken: renewing must not wait for a
-// long apply.
+// it knows. It takes no named lock: renewing must not wait for a long
+// apply (it waits only for fenced writes in flight, whose share lock on the
+// lease row keeps it from changing hands under them).
 func (s *Store) ClaimLease(ctx context.Context, holder string, ttl time.Duration) (Lease, error) {
 	if holder == "" {
 		return Lease{}, errors.New("claim the leader's lease: no hub name given")
@@ -289,7 +312,7 @@ func (s *Store) ClaimLease(ctx context.Context, holder string, ttl time.Duration
 	}
 	now := `(SELECT ` + s.db.d.nowNanos + ` AS t) AS n`
 	var l Lease
-	err := s.plainTx(ctx, func(tx *txn) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		renew := func() (bool, error) {
 			err := tx.QueryRowContext(ctx, `UPDATE lease SET expires_at = n.t + ? FROM `+now+`
 				WHERE id = 1 AND holder = ? AND expires_at > n.t RETURNING epoch`, int64(ttl), holder).Scan(&l.Epoch)
@@ -328,7 +351,7 @@ func (s *Store) ClaimLease(ctx context.Context, holder string, ttl time.Duration
 // ReleaseLease gives up holder's lease of epoch at once, so another hub may
 // take it without waiting for it to expire (a hub that stops cleanly).
 func (s *Store) ReleaseLease(ctx context.Context, holder string, epoch int64) error {
-	err := s.plainTx(ctx, func(tx *txn) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		res, err := tx.ExecContext(ctx, `UPDATE lease SET expires_at = 0 WHERE id = 1 AND holder = ? AND epoch = ?`, holder, epoch)
 		if err != nil {
 			return err
@@ -363,21 +386,6 @@ func readLease(ctx context.Context, q queryer, d *dialect) (Lease, error) {
 	}
 	l.ValidFor = time.Duration(left)
 	return l, nil
-}
-
-// plainTx is a transaction without the writer lock, for the lease and the
-// heartbeats, which take only their own rows.
-func (s *Store) plainTx(ctx context.Context, fn func(tx *txn) error) error {
-	sqlTx, err := s.db.db.BeginTx(ctx, nil)
-	if err != nil {
-		return err
-	}
-	tx := &txn{tx: sqlTx, d: s.db.d}
-	if err := fn(tx); err != nil {
-		sqlTx.Rollback()
-		return err
-	}
-	return sqlTx.Commit()
 }
 
 // ActionState is where an action asked on a follower stands.
@@ -431,6 +439,9 @@ func (s *Store) QueueAction(ctx context.Context, a Action) (int64, error) {
 		a.Args = "{}"
 	}
 	var id int64
+	// No named lock: hubs that queue at once delete the same finished rows
+	// (the second waits for the first's row locks, then skips what is
+	// gone) and insert rows of their own.
 	err := s.inTx(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM actions WHERE state IN ('done', 'failed') AND done_at < `+s.db.d.nowNanos+` - ?`, int64(finishedActionsKept)); err != nil {
 			return err
@@ -453,8 +464,15 @@ func (s *Store) QueueAction(ctx context.Context, a Action) (int64, error) {
 func (s *Store) TakeAction(ctx context.Context) (a Action, ok bool, err error) {
 	err = s.inChangeTx(ctx, change{fenced: true}, func(tx *txn) error {
 		var err error
+		// Two takers at once (a leader's two calls, or a new leader's
+		// while the old one's is in flight) must not both take one action:
+		// the subquery skips an action another taker has locked (on
+		// PostgreSQL; SQLite's takers queue on the file), and the outer
+		// state test, which READ COMMITTED evaluates again on the row as
+		// last committed, refuses one a canceller changed meanwhile.
 		a, err = scanAction(tx.QueryRowContext(ctx, `UPDATE actions SET state = 'running', epoch = ?
-			WHERE id = (SELECT id FROM actions WHERE state = 'pending' ORDER BY id LIMIT 1) RETURNING `+actionColumns, s.epoch.Load()))
+			WHERE state = 'pending' AND id = (SELECT id FROM actions WHERE state = 'pending' ORDER BY id LIMIT 1`+s.db.d.skipLocked+`)
+			RETURNING `+actionColumns, s.epoch.Load()))
 		if errors.Is(err, sql.ErrNoRows) {
 			return nil
 		}

@@ -26,10 +26,14 @@ type dialect struct {
 	elsewhere string
 	// numbered placeholders: $1, $2, … instead of ?.
 	numbered bool
-	// lockTx, when set, runs first in every transaction: the store's writers
-	// then queue one after another on any database, as SQLite's BEGIN
-	// IMMEDIATE makes them do on a file.
-	lockTx string
+	// lock and lockShared, when set, take a transaction-scoped advisory
+	// lock, exclusive or shared, named by their one argument (txn.lock).
+	// SQLite has none: BEGIN IMMEDIATE (the DSN) queues every writer on
+	// the file already.
+	lock, lockShared string
+	// skipLocked ends a subquery that picks a row to take, so that it
+	// passes over rows another transaction has locked.
+	skipLocked string
 	// jsonStrings is a subquery giving one row per string of the JSON
 	// array bound to its one placeholder.
 	jsonStrings string
@@ -77,10 +81,12 @@ var postgresDialect = dialect{
 	migrations: postgresMigrations,
 	elsewhere:  "point --database-url at another database",
 	numbered:   true,
-	// Transaction-scoped, so a hub that dies mid-transaction frees it; keyed
-	// by the schema, so fleets sharing a database in different schemas do
-	// not queue on each other.
-	lockTx:      `SELECT pg_advisory_xact_lock(hashtext('fleet store ' || current_schema()))`,
+	// Transaction-scoped, so a hub that dies mid-transaction frees them;
+	// keyed by the schema too, so fleets sharing a database in different
+	// schemas do not queue on each other.
+	lock:        `SELECT pg_advisory_xact_lock(hashtext(? || current_schema()))`,
+	lockShared:  `SELECT pg_advisory_xact_lock_shared(hashtext(? || current_schema()))`,
+	skipLocked:  ` FOR UPDATE SKIP LOCKED`,
 	jsonStrings: `SELECT json_array_elements_text(CAST(? AS json))`,
 	jsonField: func(column, key string) string {
 		return `(CAST(` + column + ` AS json) ->> '` + key + `')`
@@ -88,7 +94,7 @@ var postgresDialect = dialect{
 	unique:     func(err error) bool { return pgCode(err) == "23505" },
 	foreignKey: func(err error) bool { return pgCode(err) == "23503" },
 	// clock_timestamp, not now(): now() is the transaction's start, which
-	// may be a wait on the writer lock ago.
+	// may be a wait on a lock ago.
 	nowNanos:  `CAST(EXTRACT(EPOCH FROM clock_timestamp()) * 1000000000 AS BIGINT)`,
 	fence:     `SELECT fleet_fence(?)`,
 	notLeader: func(err error) bool { return pgCode(err) == "FL001" },
@@ -152,17 +158,14 @@ func (p *pool) QueryRowContext(ctx context.Context, query string, args ...any) *
 	return p.db.QueryRowContext(ctx, p.d.rebind(query), args...)
 }
 
-// begin starts a transaction that holds the dialect's writer lock.
+// begin starts a transaction: on SQLite it holds the file's write lock
+// (BEGIN IMMEDIATE), on PostgreSQL nothing but the rows it writes, in READ
+// COMMITTED. Each write says beside its statements why that is enough;
+// those that need more take a named lock (txn.lock).
 func (p *pool) begin(ctx context.Context) (*txn, error) {
 	tx, err := p.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
-	}
-	if p.d.lockTx != "" {
-		if _, err := tx.ExecContext(ctx, p.d.lockTx); err != nil {
-			tx.Rollback()
-			return nil, fmt.Errorf("wait for the other writers: %w", err)
-		}
 	}
 	return &txn{tx: tx, d: p.d}, nil
 }
@@ -183,6 +186,39 @@ func (t *txn) QueryContext(ctx context.Context, query string, args ...any) (*sql
 
 func (t *txn) QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row {
 	return t.tx.QueryRowContext(ctx, t.d.rebind(query), args...)
+}
+
+// The advisory locks' names. A transaction takes at most one of them, as
+// its first statement, so locks are always taken in one order: named lock,
+// then rows.
+const (
+	// lockSchema keeps two hubs starting together from migrating at once.
+	lockSchema = "fleet schema "
+	// lockFleetState is the declared fleet's: an apply (and a new fleet
+	// identity) takes it exclusive, the leader's writes of workers and
+	// pending stops take it shared. An apply reads the workers and writes
+	// pending stops from what it read, and deletes the workers its
+	// placements lost; a launch recorded in between would be lost with
+	// them, so no such write runs during an apply. Only the leader takes
+	// it, so a follower never waits on it.
+	lockFleetState = "fleet state "
+)
+
+// lock takes the advisory lock name (exclusive, or shared with others who
+// take it shared) until the transaction ends. It is the transaction's
+// first statement, before any row lock.
+func (t *txn) lock(ctx context.Context, name string, shared bool) error {
+	query := t.d.lock
+	if shared {
+		query = t.d.lockShared
+	}
+	if query == "" {
+		return nil
+	}
+	if _, err := t.ExecContext(ctx, query, name); err != nil {
+		return fmt.Errorf("wait for the lock %q: %w", strings.TrimSpace(name), err)
+	}
+	return nil
 }
 
 func (t *txn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {

@@ -31,7 +31,7 @@ func (s *Store) Now(ctx context.Context) (int64, error) {
 // what it publishes then, as read at since or later, answers this drain; a
 // read before it may have preceded the drain.
 func (s *Store) AskDrainAnswers(ctx context.Context, worker string) (since int64, err error) {
-	err = s.plainTx(ctx, func(tx *txn) error {
+	err = s.inTx(ctx, func(tx *txn) error {
 		if err := tx.QueryRowContext(ctx, `SELECT `+s.db.d.nowNanos).Scan(&since); err != nil {
 			return err
 		}
@@ -46,14 +46,15 @@ func (s *Store) AskDrainAnswers(ctx context.Context, worker string) (since int64
 // PublishDrainInFlight makes hub's rows the requests it has in flight on
 // each worker its router has drained (worker → count), its router
 // following the workers as read at readAt; a worker not in inflight loses
-// its row. A statement or two, not behind the store's writers.
+// its row. It writes only hub's rows, which no other hub writes, so it
+// waits on no other hub.
 func (s *Store) PublishDrainInFlight(ctx context.Context, hub string, readAt int64, inflight map[string]int) error {
 	names := make([]string, 0, len(inflight))
 	for name := range inflight {
 		names = append(names, name)
 	}
 	sort.Strings(names)
-	err := s.plainTx(ctx, func(tx *txn) error {
+	err := s.inTx(ctx, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `DELETE FROM drain_inflight WHERE hub = ?`, hub); err != nil {
 			return err
 		}

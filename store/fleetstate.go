@@ -166,7 +166,10 @@ func (s *Store) ApplyFleet(ctx context.Context, f fleet.Fleet) error {
 	if pause == nil {
 		pause = func(string) {}
 	}
-	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelFleet}, func(tx *txn) error {
+	// Exclusive on the fleet state: it reads the workers to record pending
+	// stops and deletes those without a placement, so no worker write of
+	// the leader's may slip in between (lockFleetState).
+	err := s.inChangeTx(ctx, change{state: stateExclusive, fenced: true, channel: ChannelFleet}, func(tx *txn) error {
 		if err := tx.notify(ctx, ChannelWorkers, ""); err != nil {
 			return err
 		}
@@ -387,6 +390,8 @@ func (s *Store) Nodes(ctx context.Context) ([]fleet.Node, error) {
 }
 
 // updateNode runs one UPDATE on a node and turns "no row" into ErrNotFound.
+// It needs no named lock: one statement on one row, which waits for an
+// apply only if that apply writes the same node.
 func (s *Store) updateNode(ctx context.Context, what, name, query string, args ...any) error {
 	return s.changeOne(ctx, change{channel: ChannelFleet, payload: name}, fmt.Sprintf("set %s of node %s", what, name), fmt.Sprintf("node %q", name),
 		"; `fleet nodes` lists the declared ones", query, append(args, name)...)

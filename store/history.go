@@ -13,8 +13,10 @@ import (
 	"fleet"
 )
 
-// AddSamples stores a batch of measurements in one transaction, so a busy
-// router pays one fsync per batch rather than one per request.
+// AddSamples stores a batch of measurements at once, so a busy router pays
+// one commit per batch rather than one per request. Inserts of
+// new rows only, numbered by the database: hubs adding samples at once
+// wait on nothing of each other's.
 func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
 	if len(samples) == 0 {
 		return nil
@@ -24,20 +26,15 @@ func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
 			return fmt.Errorf("add samples: sample %d has no worker or no time; nothing was stored", i)
 		}
 	}
-	err := s.inTx(ctx, func(tx *txn) error {
-		stmt, err := tx.PrepareContext(ctx, `INSERT INTO samples (worker, at, kind, ttft_ns, itl_ns, e2e_ns, output_tokens, tok_s, detail)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)`)
-		if err != nil {
-			return err
+	const columns = 9
+	err := s.insertRows(ctx, len(samples), func(lo, hi int) (string, []any) {
+		args := make([]any, 0, columns*(hi-lo))
+		for _, sm := range samples[lo:hi] {
+			args = append(args, sm.Worker, unixNano(sm.At), sm.Kind, int64(sm.TTFT), int64(sm.ITL), int64(sm.E2E),
+				sm.OutputTokens, sm.TokPerSec, sm.Detail)
 		}
-		defer stmt.Close()
-		for _, sm := range samples {
-			if _, err := stmt.ExecContext(ctx, sm.Worker, unixNano(sm.At), sm.Kind, int64(sm.TTFT), int64(sm.ITL), int64(sm.E2E),
-				sm.OutputTokens, sm.TokPerSec, sm.Detail); err != nil {
-				return err
-			}
-		}
-		return nil
+		return `INSERT INTO samples (worker, at, kind, ttft_ns, itl_ns, e2e_ns, output_tokens, tok_s, detail)
+			VALUES ` + valueRows(hi-lo, columns), args
 	})
 	if err != nil {
 		return fmt.Errorf("add %d samples to %s: %w", len(samples), s.path, err)
@@ -140,6 +137,8 @@ func (s *Store) AddAudit(ctx context.Context, a fleet.AuditEntry) error {
 // BeginAudit writes the audit entry of an action about to happen and
 // returns its id, for SetAuditOutcome to record how it ended. The hub writes
 // it first so that an action whose audit cannot be written does not happen.
+// One insert of a new row, numbered by the database: it waits on no other
+// hub; SetAuditOutcome and SetAuditCount then write that row alone.
 func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, error) {
 	if a.User == "" || a.Action == "" {
 		return 0, errors.New("add audit entry: an entry needs a user and an action")
@@ -164,9 +163,9 @@ func (s *Store) BeginAudit(ctx context.Context, a fleet.AuditEntry) (int64, erro
 type auditOrigin struct{ hub, instance string }
 
 // SetAuditOrigin names the hub (hubs.name) and the run of it (a new
-// instance each start) that write audit lines from now on. Lines written
-// before it is called, or by a command that opens the database without a
-// hub, name neither.
+// instance each start) that write audit lines from now on, and the hub
+// whose usage rows AddUsage adds to. Lines written before it is called, or
+// by a command that opens the database without a hub, name neither.
 func (s *Store) SetAuditOrigin(hub, instance string) {
 	s.auditOrigin.Store(&auditOrigin{hub: hub, instance: instance})
 }

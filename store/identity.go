@@ -54,7 +54,9 @@ func (s *Store) NewFleet(ctx context.Context, home string) (Identity, error) {
 		return Identity{}, fmt.Errorf("make a fleet ID: %w", err)
 	}
 	id := hex.EncodeToString(b)
-	err := s.inTx(ctx, func(tx *txn) error {
+	// Exclusive on the fleet state: it forgets launches and pending stops,
+	// which a launch or an apply in flight would write back.
+	err := s.inChangeTx(ctx, change{state: stateExclusive}, func(tx *txn) error {
 		if _, err := tx.ExecContext(ctx, `UPDATE fleet_identity SET fleet_id = ?, home = ? WHERE id = 1`, id, home); err != nil {
 			return err
 		}
@@ -72,7 +74,9 @@ func (s *Store) NewFleet(ctx context.Context, home string) (Identity, error) {
 }
 
 // SawNewerLaunch records that an engine of this fleet carries launch, a
-// serial above the last this database gave out.
+// serial above the last this database gave out. The maximum is taken in
+// the one UPDATE, which READ COMMITTED runs again on the row as last
+// committed if another write of it came first: no sighting is lost.
 func (s *Store) SawNewerLaunch(ctx context.Context, launch int64) error {
 	if _, err := s.db.ExecContext(ctx, `UPDATE fleet_identity SET newest_seen = CASE WHEN newest_seen > ? THEN newest_seen ELSE ? END WHERE id = 1`, launch, launch); err != nil {
 		return fmt.Errorf("record launch %d seen on an engine in %s: %w", launch, s.path, err)

@@ -101,7 +101,7 @@ func (s *Store) PendingStops(ctx context.Context) ([]PendingStop, error) {
 // DeletePendingStop forgets the pending stop of worker (NODE/MODEL) once its
 // engine is stopped; forgetting one that is not recorded is not an error.
 func (s *Store) DeletePendingStop(ctx context.Context, worker string) error {
-	err := s.inChangeTx(ctx, change{fenced: true}, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{state: stateShared, fenced: true}, func(tx *txn) error {
 		_, err := tx.ExecContext(ctx, `DELETE FROM pending_stops WHERE worker = ?`, worker)
 		return err
 	})

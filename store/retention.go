@@ -30,8 +30,8 @@ func (s *Store) PruneHistory(ctx context.Context, before time.Time) (Pruned, err
 	}{
 		{"request samples", &p.Samples, `DELETE FROM samples WHERE id IN
 			(SELECT id FROM samples WHERE at < ? AND kind = 'request' LIMIT ?)`, unixNano(before)},
-		{"usage", &p.Usage, `DELETE FROM usage WHERE (bucket, key, model, worker) IN
-			(SELECT bucket, key, model, worker FROM usage WHERE bucket < ? LIMIT ?)`, before.Unix()},
+		{"usage", &p.Usage, `DELETE FROM usage WHERE (bucket, key, model, worker, hub) IN
+			(SELECT bucket, key, model, worker, hub FROM usage WHERE bucket < ? LIMIT ?)`, before.Unix()},
 		// Events have no index on at, but ids grow with time: the oldest
 		// come first in id order.
 		{"events", &p.Events, `DELETE FROM events WHERE id IN

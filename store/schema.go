@@ -300,4 +300,26 @@ CREATE TABLE drain_inflight (
 ALTER TABLE audit ADD COLUMN hub TEXT NOT NULL DEFAULT '';
 ALTER TABLE audit ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 `,
+	// 13: usage per hub as well (its name, hubs.name; '' before, and for a
+	// store without a hub): each hub adds to rows of its own, so hubs
+	// sharing a database never wait on each other's usage rows. Readers
+	// sum over hubs. SQLite changes a primary key by copying the table.
+	`
+CREATE TABLE usage_by_hub (
+	bucket            INTEGER NOT NULL,
+	key               TEXT NOT NULL,
+	model             TEXT NOT NULL,
+	worker            TEXT NOT NULL,
+	requests          INTEGER NOT NULL DEFAULT 0,
+	prompt_tokens     INTEGER NOT NULL DEFAULT 0,
+	cached_tokens     INTEGER NOT NULL DEFAULT 0,
+	completion_tokens INTEGER NOT NULL DEFAULT 0,
+	hub               TEXT NOT NULL DEFAULT '',
+	PRIMARY KEY (bucket, key, model, worker, hub)
+);
+INSERT INTO usage_by_hub (bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens)
+	SELECT bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens FROM usage;
+DROP TABLE usage;
+ALTER TABLE usage_by_hub RENAME TO usage;
+`,
 }

@@ -291,4 +291,10 @@ CREATE TABLE drain_inflight (
 ALTER TABLE audit ADD COLUMN hub TEXT COLLATE "C" NOT NULL DEFAULT '';
 ALTER TABLE audit ADD COLUMN instance TEXT NOT NULL DEFAULT '';
 `,
+	// 13: usage per hub as well (SQLite's migration 13 says why).
+	`
+ALTER TABLE usage ADD COLUMN hub TEXT COLLATE "C" NOT NULL DEFAULT '';
+ALTER TABLE usage DROP CONSTRAINT usage_pkey;
+ALTER TABLE usage ADD PRIMARY KEY (bucket, key, model, worker, hub);
+`,
 }

@@ -137,9 +137,12 @@ func (s *Store) Path() string { return s.path }
 
 func (s *Store) migrate(ctx context.Context) error {
 	migrations := s.db.d.migrations
-	// In a transaction, so that hubs starting together on one PostgreSQL
-	// database queue on the writer lock rather than race to create it.
+	// Under the schema lock, so that hubs starting together on one
+	// PostgreSQL database queue rather than race to create it.
 	err := s.inTx(ctx, func(tx *txn) error {
+		if err := tx.lock(ctx, lockSchema, false); err != nil {
+			return err
+		}
 		_, err := tx.ExecContext(ctx, `CREATE TABLE IF NOT EXISTS schema_migrations (
 			version    INTEGER PRIMARY KEY,
 			applied_at BIGINT NOT NULL
@@ -160,7 +163,11 @@ func (s *Store) migrate(ctx context.Context) error {
 	for v := current + 1; v <= len(migrations); v++ {
 		applied := false
 		err := s.inTx(ctx, func(tx *txn) error {
-			// Another hub may have applied it while this one waited.
+			if err := tx.lock(ctx, lockSchema, false); err != nil {
+				return err
+			}
+			// Another hub may have applied it while this one waited: the
+			// lock came first, so this statement sees its commit.
 			now, err := schemaVersion(ctx, tx)
 			if err != nil || now >= v {
 				return err
@@ -190,9 +197,9 @@ func schemaVersion(ctx context.Context, q queryer) (int, error) {
 	return v, nil
 }
 
-// inTx runs fn in one transaction. Writers queue rather than fail: on
-// SQLite through BEGIN IMMEDIATE (the DSN) and the busy timeout, on
-// PostgreSQL on the dialect's lock.
+// inTx runs fn in one transaction (begin says what it holds). Writers
+// queue rather than fail: on SQLite through BEGIN IMMEDIATE (the DSN) and
+// the busy timeout, on PostgreSQL on the rows (and named lock) they share.
 func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 	tx, err := s.db.begin(ctx)
 	if err != nil {
@@ -203,6 +210,38 @@ func (s *Store) inTx(ctx context.Context, fn func(tx *txn) error) error {
 		return err
 	}
 	return tx.tx.Commit()
+}
+
+// maxRowsPerInsert bounds the rows of one INSERT: at 9 columns, well inside
+// either database's limit on placeholders.
+const maxRowsPerInsert = 500
+
+// insertRows writes n rows, insert(lo, hi) giving the statement and
+// arguments of rows lo to hi: one statement when they fit in one (atomic on
+// its own, and one round trip to the database), else statements of
+// maxRowsPerInsert rows in one transaction.
+func (s *Store) insertRows(ctx context.Context, n int, insert func(lo, hi int) (string, []any)) error {
+	if n <= maxRowsPerInsert {
+		query, args := insert(0, n)
+		_, err := s.db.ExecContext(ctx, query, args...)
+		return err
+	}
+	return s.inTx(ctx, func(tx *txn) error {
+		for lo := 0; lo < n; lo += maxRowsPerInsert {
+			query, args := insert(lo, min(lo+maxRowsPerInsert, n))
+			if _, err := tx.ExecContext(ctx, query, args...); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// valueRows is the VALUES list of an insert of rows rows of columns values:
+// "(?, ?), (?, ?)".
+func valueRows(rows, columns int) string {
+	row := "(" + strings.Repeat("?, ", columns-1) + "?)"
+	return strings.Repeat(row+", ", rows-1) + row
 }
 
 // unixNano stores a time; the zero time is 0 so "never" survives a round trip.

@@ -1,8 +1,11 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"fleet"
@@ -12,8 +15,14 @@ import (
 const UsageBucket = time.Minute
 
 // AddUsage adds one batch of usage, each row to its minute bucket (the row's
-// Bucket, truncated), in one transaction: rows already there for the same
-// bucket, key, model and worker are added to.
+// Bucket, truncated), at once: rows already there for the same bucket, key,
+// model and worker, of this hub (SetAuditOrigin), are added to.
+//
+// Each hub adds to rows of its own (the hub is in the key), so on
+// PostgreSQL it never waits for another hub's transaction, and the upsert
+// adds to the row as last committed (READ COMMITTED), so two writes of one
+// hub at once lose nothing. They lock their rows in one order (sorted
+// here), so they cannot deadlock.
 func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 	if len(rows) == 0 {
 		return nil
@@ -23,25 +32,51 @@ func (s *Store) AddUsage(ctx context.Context, rows []fleet.Usage) error {
 			return fmt.Errorf("add usage: row %d has no time, model or worker; nothing was stored", i)
 		}
 	}
-	err := s.inTx(ctx, func(tx *txn) error {
-		stmt, err := tx.PrepareContext(ctx, `INSERT INTO usage (bucket, key, model, worker, requests, prompt_tokens, cached_tokens, completion_tokens)
-			VALUES (?, ?, ?, ?, ?, ?, ?, ?)
-			ON CONFLICT (bucket, key, model, worker) DO UPDATE SET
+	// One statement cannot upsert a row twice: rows of one minute, key,
+	// model and worker are summed first.
+	type rowKey struct {
+		bucket             int64
+		key, model, worker string
+	}
+	byRow := map[rowKey]*fleet.Usage{}
+	for _, u := range rows {
+		u.Bucket = u.Bucket.Truncate(UsageBucket)
+		at := rowKey{u.Bucket.Unix(), u.Key, u.Model, u.Worker}
+		if sum, ok := byRow[at]; ok {
+			sum.Requests += u.Requests
+			sum.PromptTokens += u.PromptTokens
+			sum.CachedTokens += u.CachedTokens
+			sum.CompletionTokens += u.CompletionTokens
+			continue
+		}
+		byRow[at] = &u
+	}
+	sums := make([]*fleet.Usage, 0, len(byRow))
+	for _, u := range byRow {
+		sums = append(sums, u)
+	}
+	slices.SortFunc(sums, func(a, b *fleet.Usage) int {
+		return cmp.Or(a.Bucket.Compare(b.Bucket), strings.Compare(a.Key, b.Key),
+			strings.Compare(a.Model, b.Model), strings.Compare(a.Worker, b.Worker))
+	})
+	hub := ""
+	if o := s.auditOrigin.Load(); o != nil {
+		hub = o.hub
+	}
+	const columns = 9
+	err := s.insertRows(ctx, len(sums), func(lo, hi int) (string, []any) {
+		args := make([]any, 0, columns*(hi-lo))
+		for _, u := range sums[lo:hi] {
+			args = append(args, u.Bucket.Unix(), u.Key, u.Model, u.Worker, hub,
+				u.Requests, u.PromptTokens, u.CachedTokens, u.CompletionTokens)
+		}
+		return `INSERT INTO usage (bucket, key, model, worker, hub, requests, prompt_tokens, cached_tokens, completion_tokens)
+			VALUES ` + valueRows(hi-lo, columns) + `
+			ON CONFLICT (bucket, key, model, worker, hub) DO UPDATE SET
 				requests = usage.requests + excluded.requests,
 				prompt_tokens = usage.prompt_tokens + excluded.prompt_tokens,
 				cached_tokens = usage.cached_tokens + excluded.cached_tokens,
-				completion_tokens = usage.completion_tokens + excluded.completion_tokens`)
-		if err != nil {
-			return err
-		}
-		defer stmt.Close()
-		for _, u := range rows {
-			if _, err := stmt.ExecContext(ctx, u.Bucket.Truncate(UsageBucket).Unix(), u.Key, u.Model, u.Worker,
-				u.Requests, u.PromptTokens, u.CachedTokens, u.CompletionTokens); err != nil {
-				return err
-			}
-		}
-		return nil
+				completion_tokens = usage.completion_tokens + excluded.completion_tokens`, args
 	})
 	if err != nil {
 		return fmt.Errorf("add %d usage rows to %s: %w", len(rows), s.path, err)

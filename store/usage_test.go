@@ -3,6 +3,7 @@ package store
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -117,6 +118,39 @@ func TestKeyActivity(t *testing.T) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Errorf("key activity = %+v, want %+v", got, want)
+		}
+	})
+}
+
+// A batch may hold one minute, key, model and worker twice (and more rows
+// than one statement takes): each counts once, and two hubs' usage of one
+// minute, key, model and worker adds up.
+func TestUsageBatchesSumAndHubsAddUp(t *testing.T) {
+	forEachDialect(t, func(t *testing.T, db testDB) {
+		ctx := context.Background()
+		a, b := db.openTest(t), db.openTest(t)
+		a.SetAuditOrigin("hub-a", "1")
+		b.SetAuditOrigin("hub-b", "1")
+		t0 := time.Date(2026, 12, 2, 12, 0, 0, 0, time.UTC)
+		var batch []fleet.Usage
+		for i := range 2*maxRowsPerInsert + 1 {
+			batch = append(batch, fleet.Usage{Bucket: t0.Add(time.Duration(i%3) * time.Second), Key: fmt.Sprint("key", i%(maxRowsPerInsert+7)),
+				Model: "qwen3-4b", Worker: "rig/qwen3-4b", Requests: 1, PromptTokens: 2})
+		}
+		if err := a.AddUsage(ctx, batch); err != nil {
+			t.Fatal(err)
+		}
+		if err := b.AddUsage(ctx, batch[:1]); err != nil {
+			t.Fatal(err)
+		}
+		byModel, err := a.Usage(ctx, t0, UsageByModel)
+		want := []fleet.Usage{{Model: "qwen3-4b", Requests: int64(len(batch) + 1), PromptTokens: int64(2 * (len(batch) + 1))}}
+		if err != nil || !reflect.DeepEqual(byModel, want) {
+			t.Errorf("usage by model = %+v, %v; want %+v", byModel, err, want)
+		}
+		var rows int
+		if err := a.db.QueryRowContext(ctx, `SELECT COUNT(*) FROM usage WHERE key = 'key0'`).Scan(&rows); err != nil || rows != 2 {
+			t.Errorf("key0's minute has %d rows (%v), want 2: one per hub", rows, err)
 		}
 	})
 }

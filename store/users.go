@@ -1,6 +1,7 @@
 package store
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
@@ -138,15 +139,28 @@ func (s *Store) CreateAPIKey(ctx context.Context, name string) (string, error) {
 	}
 	key := APIKeyPrefix + base64.RawURLEncoding.EncodeToString(secret)
 	hash := HashAPIKey(key)
+	exists := fmt.Errorf("create API key: a key named %s exists; revoke it first or choose another name", name)
+	// One upsert, not a delete of the revoked key and an insert: two hubs
+	// creating one name at once, or a create while a revoke of the name is
+	// in flight, then queue on the name's row and decide by the row as last
+	// committed (a live key stays, a revoked one is replaced, its limits
+	// with it), where the delete would have missed a revoke committed in
+	// between and the insert failed on the name.
 	err := s.inChangeTx(ctx, change{channel: ChannelKeys, payload: name}, func(tx *txn) error {
-		if _, err := tx.ExecContext(ctx, `DELETE FROM api_keys WHERE name = ? AND revoked != 0`, name); err != nil {
+		res, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)
+			ON CONFLICT (name) DO UPDATE SET hash = excluded.hash, created = excluded.created, revoked = 0,
+				requests_per_minute = 0, tokens_per_day = 0
+			WHERE api_keys.revoked != 0`, name, hash[:], s.now().UnixNano())
+		if err != nil {
 			return err
 		}
-		_, err := tx.ExecContext(ctx, `INSERT INTO api_keys (name, hash, created) VALUES (?, ?, ?)`, name, hash[:], s.now().UnixNano())
-		return err
+		if n, err := res.RowsAffected(); err != nil || n == 0 {
+			return cmp.Or(err, exists) // nothing written: no notice either
+		}
+		return nil
 	})
-	if s.db.d.unique(err) {
-		return "", fmt.Errorf("create API key: a key named %s exists; revoke it first or choose another name", name)
+	if errors.Is(err, exists) {
+		return "", err
 	}
 	if err != nil {
 		return "", fmt.Errorf("create API key %s: %w", name, err)
@@ -168,6 +182,8 @@ func (s *Store) APIKeys(ctx context.Context) ([]fleet.APIKey, error) {
 }
 
 // RevokeAPIKey stops a router key from working; it stays listed as revoked.
+// One UPDATE of the key's row: a create of its name in flight waits for it
+// (CreateAPIKey).
 func (s *Store) RevokeAPIKey(ctx context.Context, name string) error {
 	return s.changeOne(ctx, change{channel: ChannelKeys, payload: name}, "revoke API key "+name, "live API key "+name, "",
 		`UPDATE api_keys SET revoked = ? WHERE name = ? AND revoked = 0`, s.now().UnixNano(), name)

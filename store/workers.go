@@ -74,7 +74,7 @@ func (s *Store) SaveWorker(ctx context.Context, w fleet.Worker) (fleet.Worker, e
 		return fleet.Worker{}, fmt.Errorf("save worker %q: a worker needs both a node and a model", w.Name())
 	}
 	var saved fleet.Worker
-	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
+	err := s.inChangeTx(ctx, change{state: stateShared, fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
 		var err error
 		saved, err = saveWorkerTx(ctx, tx, w)
 		return err
@@ -121,7 +121,9 @@ func saveWorkerTx(ctx context.Context, tx *txn, w fleet.Worker) (fleet.Worker, e
 // It returns the worker as stored.
 func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker, error) {
 	var saved fleet.Worker
-	err := s.inChangeTx(ctx, change{fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
+	// The serial is one UPDATE … RETURNING: two launches at once queue on
+	// the identity row, and each gets its own.
+	err := s.inChangeTx(ctx, change{state: stateShared, fenced: true, channel: ChannelWorkers, payload: w.Name()}, func(tx *txn) error {
 		if err := tx.QueryRowContext(ctx, `UPDATE fleet_identity SET launches = launches + 1 RETURNING launches`).Scan(&w.Launch); err != nil {
 			return err
 		}
@@ -140,6 +142,6 @@ func (s *Store) RecordLaunch(ctx context.Context, w fleet.Worker) (fleet.Worker,
 
 // DeleteWorker forgets the worker of model on node.
 func (s *Store) DeleteWorker(ctx context.Context, node, model string) error {
-	return s.changeOne(ctx, change{fenced: true, channel: ChannelWorkers, payload: node + "/" + model}, "delete worker "+node+"/"+model, "worker "+node+"/"+model,
+	return s.changeOne(ctx, change{state: stateShared, fenced: true, channel: ChannelWorkers, payload: node + "/" + model}, "delete worker "+node+"/"+model, "worker "+node+"/"+model,
 		"; `fleet workers` lists the existing ones", `DELETE FROM workers WHERE node = ? AND model = ?`, node, model)
 }
