@@ -55,6 +55,9 @@ type Hub interface {
 	Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error)
 	RevokeKey(ctx context.Context, u fleet.User, name string) error
 	SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error
+	// KeysNotChecked says why the router checks no API key ("" when it
+	// does), which key commands tell whoever sets a limit.
+	KeysNotChecked() string
 	Usage(ctx context.Context, u fleet.User, since time.Time, by string) ([]fleet.Usage, error)
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 	LogsHub
@@ -279,10 +282,19 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		}),
 		userCmd(h, u, stdin),
 		&cobra.Command{
-			Use:   "theme dark|light|high-contrast|auto",
-			Short: "choose your console theme (auto follows your terminal's background)",
-			Args:  exactArgs(1, "one theme name"),
+			Use:   "theme [dark|light|high-contrast|auto]",
+			Short: "show, or choose, your console theme (auto follows your terminal's background)",
+			Args: func(c *cobra.Command, args []string) error {
+				if len(args) > 1 {
+					return usageError{fmt.Errorf("theme takes one theme name, or none to show yours; got %q", args)}
+				}
+				return nil
+			},
 			RunE: func(c *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					fmt.Fprintln(c.OutOrStdout(), themeText(u))
+					return nil
+				}
 				name := args[0]
 				if name == "auto" {
 					name = ""
@@ -303,6 +315,17 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		logsCmd(h, u),
 		statusCmd(h, u),
 	)
+}
+
+// themeText says which console theme u has.
+func themeText(u fleet.User) string {
+	switch {
+	case u.Fingerprint == "":
+		return u.Name + " is not a console user: themes are per SSH user (see yours with: ssh -p PORT hub theme)"
+	case u.Theme == "":
+		return "theme auto: the hub's --theme if it sets one, else from your terminal's background; choose one with: theme dark|light|high-contrast"
+	}
+	return "theme " + u.Theme + " (theme auto to follow your terminal's background)"
 }
 
 func noArgs(c *cobra.Command, args []string) error {

@@ -32,7 +32,11 @@ type fakeHub struct {
 	// subjects are what each Events call asked for.
 	subjects []string
 	keys     []fleet.APIKey // what Keys lists
+	// keysNotChecked is what KeysNotChecked says.
+	keysNotChecked string
 }
+
+func (f *fakeHub) KeysNotChecked() string { return f.keysNotChecked }
 
 func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
 	f.authorized = append(f.authorized, [2]string{string(action), target})
@@ -411,6 +415,23 @@ func TestUnknownThemeIsAFailure(t *testing.T) {
 	h := &themeHub{fakeHub: &fakeHub{}}
 	if code := Run(context.Background(), h, fleet.User{Role: fleet.RoleViewer}, []string{"theme", "purple"}, nil, io.Discard, &errOut); code != ExitFail || strings.Contains(errOut.String(), "usage:") {
 		t.Errorf("theme purple: exit %d, stderr %q; want %d and no usage", code, errOut.String(), ExitFail)
+	}
+}
+
+// theme without a name shows the user's theme.
+func TestThemeWithoutANameShowsIt(t *testing.T) {
+	for _, tc := range []struct {
+		u    fleet.User
+		want string
+	}{
+		{fleet.User{Name: "vic", Role: fleet.RoleViewer, Fingerprint: "SHA256:x", Theme: "light"}, "theme light"},
+		{fleet.User{Name: "vic", Role: fleet.RoleViewer, Fingerprint: "SHA256:x"}, "theme auto"},
+		{fleet.User{Name: "root@hub", Role: fleet.RoleAdmin}, "root@hub is not a console user"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := Run(context.Background(), &fakeHub{}, tc.u, []string{"theme"}, nil, &out, &errOut); code != ExitOK || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("theme as %+v: exit %d, %q %q; want %q", tc.u, code, out.String(), errOut.String(), tc.want)
+		}
 	}
 }
 

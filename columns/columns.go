@@ -38,8 +38,8 @@ var (
 	TokS   = Column{Header: "tok/s", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Rate(w.TokPerSec) }}
 	TTFT   = Column{Header: "TTFT", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.TTFTms) }}
 	ITL    = Column{Header: "ITL", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.ITLms) }}
-	PID    = Column{Header: "PID", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.PID) }}
-	Port   = Column{Header: "Port", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.Port) }}
+	PID    = Column{Header: "PID", Right: true, Cell: PIDCell}
+	Port   = Column{Header: "Port", Right: true, Cell: PortCell}
 	Argv   = Column{Header: "Started with", Cell: func(w fleet.WorkerView) string { return strings.Join(w.Argv, " ") }}
 )
 
@@ -48,6 +48,24 @@ var (
 // only each shows (the CLI PID, Port and Started with; the console
 // sparklines and Started with fitted to the window).
 var Table = []Column{Node, Model, GPU, Host, Engine, Ctx, State, Load, TokS, TTFT, ITL}
+
+// PIDCell is the engine's process ID, "-" when no engine process runs (a
+// stopped or rejected worker).
+func PIDCell(w fleet.WorkerView) string {
+	if w.PID == 0 {
+		return "-"
+	}
+	return fmt.Sprint(w.PID)
+}
+
+// PortCell is the port the engine listens on, "-" while no engine process
+// runs: the port a stopped worker keeps for its next start answers nothing.
+func PortCell(w fleet.WorkerView) string {
+	if w.PID == 0 || w.Port == 0 {
+		return "-"
+	}
+	return fmt.Sprint(w.Port)
+}
 
 // StateCell is the lifecycle state, with the progress of an engine's
 // install or of its weights' download. A drained worker is already "draining" in the

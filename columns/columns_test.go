@@ -36,6 +36,10 @@ func TestCells(t *testing.T) {
 		{"state installing before progress", State, w(func(v *fleet.WorkerView) { v.State = fleet.WorkerInstalling }), "installing"},
 		{"state ignores a finished install's progress", State, w(func(v *fleet.WorkerView) { v.Progress = 100 }), "ready"},
 		{"argv", Argv, w(func(v *fleet.WorkerView) { v.Argv = []string{"llama-server", "-c", "16384"} }), "llama-server -c 16384"},
+		{"pid", PID, w(func(v *fleet.WorkerView) { v.PID, v.Port = 42, 18000 }), "42"},
+		{"port", Port, w(func(v *fleet.WorkerView) { v.PID, v.Port = 42, 18000 }), "18000"},
+		{"no pid when stopped", PID, w(func(v *fleet.WorkerView) { v.State, v.Port = fleet.WorkerStopped, 18000 }), "-"},
+		{"no port without a process", Port, w(func(v *fleet.WorkerView) { v.State, v.Port = fleet.WorkerStopped, 18000 }), "-"},
 		{"engine", Engine, w(func(v *fleet.WorkerView) { v.Engine = fleet.EngineLlamaCpp }), "llama.cpp"},
 	}
 	for _, tt := range tests {

@@ -134,7 +134,9 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	// One writer for both streams: installers interleave them, and a
 	// progress log reads best in the order things happened.
 	w := &lockedWriter{w: progress}
-	if err := r.Run(ctx, []string{"sh", "-c", script}, nil, w, w); err != nil {
+	err = r.Run(ctx, []string{"sh", "-c", script}, nil, w, w)
+	w.endLine()
+	if err != nil {
 		return fmt.Errorf("installing %s on node %s failed (its output is in the node's event log): %w", name, spec.Node.Name, err)
 	}
 	ok, err = Installed(ctx, r, cmd)

@@ -50,7 +50,8 @@ func TestInstall(t *testing.T) {
 	bin := filepath.Join(dir, "bin", "llama-server")
 	counter := filepath.Join(dir, "runs")
 	// A recipe's install: is the operator's own shell command.
-	install := "echo fetching llama.cpp; echo 'a warning' >&2; mkdir -p '" + filepath.Dir(bin) + "' && cp '" + fakeEngine + "' '" + bin + "' && echo run >> '" + counter + "'"
+	install := "echo fetching llama.cpp; echo 'a warning' >&2; mkdir -p '" + filepath.Dir(bin) + "' && cp '" + fakeEngine + "' '" + bin + "' && echo run >> '" + counter + "'" +
+		" && printf '\\r 50.0%%\\r100.0%%'" // a progress bar's last line, not ended
 	spec := testSpec("inst", 18100, dir, bin)
 	r := spec.Model.Recipes[fleet.EngineLlamaCpp]
 	r.Install = install
@@ -60,7 +61,7 @@ func TestInstall(t *testing.T) {
 	if err := Install(testCtx(t), LocalRunner{}, spec, &progress); err != nil {
 		t.Fatalf("Install: %v\n%s", err, progress.String())
 	}
-	for _, want := range []string{"installing llama-server on inst", "fetching llama.cpp", "a warning", "llama-server installed on inst"} {
+	for _, want := range []string{"installing llama-server on inst", "fetching llama.cpp", "a warning", "100.0%\nllama-server installed on inst"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress lacks %q:\n%s", want, progress.String())
 		}

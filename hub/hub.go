@@ -333,6 +333,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, err
 		}
 		keys = &h.ledger.keys
+	} else {
+		h.ledger.keysNotChecked = router.KeysNotCheckedNote
 	}
 	if err := requireConsoleAdmins(ctx, st, opts); err != nil {
 		return nil, err
