@@ -359,12 +359,17 @@ func actCmd(h Hub, u fleet.User, kind fleet.ActionName, short string) *cobra.Com
 
 func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	var dryRun bool
-	var filename string
+	var filename, file string
 	c := &cobra.Command{
-		Use:   "apply",
-		Short: "make the fleet match a fleet file read from standard input (adds, changes, removes; at most 4 MiB)",
+		Use:   "apply [-f FILE|-]",
+		Short: "make the fleet match a fleet file, read from standard input or -f (adds, changes, removes; at most 4 MiB)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			// The local fleet command reads -f FILE itself and sends it here
+			// as standard input; over SSH the file is on the other machine.
+			if file != "" && file != "-" {
+				return usageError{fmt.Errorf("apply -f %s: the file is on your machine, not the hub's; send it on standard input: ssh … apply -f - < %s", file, file)}
+			}
 			// One byte past the limit tells a file at the limit from a
 			// longer one: a cut file can still parse, and applying what is
 			// left of it would remove what the cut dropped.
@@ -388,6 +393,7 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
+	c.Flags().StringVarP(&file, "file", "f", "", "the fleet file; - (or no -f) reads standard input")
 	c.Flags().StringVar(&filename, "filename", "stdin", "name used for the file in error messages")
 	c.Annotations = map[string]string{annotationFlagAction: "dry-run", annotationTargetFlag: "filename"}
 	return c

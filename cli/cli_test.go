@@ -249,6 +249,25 @@ func TestApplyReadsStdinWithItsName(t *testing.T) {
 
 // TestApplyRefusesInputOverTheLimit: a fleet file past the limit used to be
 // cut and the rest applied; now it is refused whole, naming the limit.
+// apply takes -f - as the local fleet command does (docs/fleet-file.md),
+// and its help lists -f: over SSH the tree is this one.
+func TestApplyTakesFileFlag(t *testing.T) {
+	admin := fleet.User{Role: fleet.RoleAdmin}
+	h := &fakeHub{}
+	var out, errOut bytes.Buffer
+	if code := Run(context.Background(), h, admin, []string{"apply", "-f", "-"}, strings.NewReader("nodes: []\n"), &out, &errOut); code != ExitOK || h.applied != "stdin:nodes: []\n" {
+		t.Errorf("apply -f -: exit %d, applied %q, %s", code, h.applied, errOut.String())
+	}
+	errOut.Reset()
+	if code := Run(context.Background(), &fakeHub{}, admin, []string{"apply", "-f", "fleet.yaml"}, strings.NewReader("nodes: []\n"), &out, &errOut); code != ExitUsage || !strings.Contains(errOut.String(), "-f - < fleet.yaml") {
+		t.Errorf("apply -f FILE on the hub: exit %d, %q; want usage naming standard input", code, errOut.String())
+	}
+	out.Reset()
+	if code := Run(context.Background(), h, admin, []string{"apply", "--help"}, nil, &out, &errOut); code != ExitOK || !strings.Contains(out.String(), "-f, --file") {
+		t.Errorf("apply --help: exit %d, %q; want -f listed", code, out.String())
+	}
+}
+
 func TestApplyRefusesInputOverTheLimit(t *testing.T) {
 	head := "nodes: []\n"
 	pad := func(n int) string { return head + "#" + strings.Repeat("x", n-len(head)-2) + "\n" }
