@@ -192,7 +192,7 @@ func (r *Router) read(w http.ResponseWriter, req *http.Request, c *call, hold *b
 	info, err := parseRequest(body)
 	n := 0
 	if err == nil {
-		n, err = choiceCount(c.path, info.N)
+		n, err = choiceCount(c.path, info.N, info.MaxTokens)
 	}
 	if err != nil {
 		var rerr *requestError
