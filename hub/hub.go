@@ -100,8 +100,9 @@ type Options struct {
 	// MDNSName is announced by mDNS as NAME.local with an _ssh._tcp service
 	// when the console listens off loopback ("" = no announcement).
 	MDNSName string
-	// SSHMaxConnsPerIPPerMinute limits new SSH connections per address
-	// (0 = the server's default; negative disables).
+	// SSHMaxConnsPerIPPerMinute limits failed SSH logins per address a
+	// minute (sshserver.Options.MaxConnsPerIPPerMinute; 0 = the server's
+	// default; negative disables).
 	SSHMaxConnsPerIPPerMinute int
 	// SSH session limits per connection, per user and consoles per hub
 	// (0 = the server's defaults; negative disables).
