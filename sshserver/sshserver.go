@@ -130,9 +130,9 @@ const (
 
 // Server is the SSH console server.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	srv     *ssh.Server
+	opts Options
+	log  *slog.Logger
+	srv  *ssh.Server
 	// failures counts the failed logins per address (MaxConnsPerIPPerMinute).
 	failures *connLimiter
 	limits   *sessionLimits
