@@ -112,6 +112,11 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 		return err
 	}
 	ok, err := Installed(ctx, r, cmd)
+	if err != nil && cmd.Simulated {
+		return fmt.Errorf("simulated engines on node %s run from the fleet binary %s, which the node's user cannot use (%w); "+
+			"let that user reach it (the hub's data dir is private: chmod o+x each directory on the way) or reach the node as the hub's own user",
+			spec.Node.Name, cmd.Bin, err)
+	}
 	if err != nil {
 		return err
 	}

@@ -216,9 +216,45 @@ tailbytes)
 	;;
 which)
 	# which BIN: the path BIN resolves to, exit 1 when it does not (dash
-	# says 127, which a transport could also mean).
+	# says 127, which a transport could also mean). A path that is there
+	# but that this user cannot run (a directory on the way it may not
+	# enter, or a file it may not execute) exits 3 saying which.
 	expand_home "$1"
-	command -v "$xh" || exit 1
+	case $xh in
+	*/*)
+		# command -v takes a path that exists, runnable or not.
+		if [ -f "$xh" ] && [ -x "$xh" ]; then
+			echo "$xh"
+			exit 0
+		fi
+		;;
+	*) command -v "$xh" && exit 0 ;;
+	esac
+	case $xh in
+	/*)
+		me=$(id -un 2>/dev/null || echo "this user")
+		dir=
+		rest=${xh#/}
+		while :; do
+			case $rest in
+			*/*) dir=$dir/${rest%%/*}; rest=${rest#*/} ;;
+			*) break ;;
+			esac
+			if [ -d "$dir" ] && ! [ -x "$dir" ]; then
+				# ls -ld of one path: only its mode, owner and group are read.
+				# shellcheck disable=SC2012
+				echo "$xh cannot be reached by $me: it may not enter the directory $dir ($(ls -ld "$dir" | awk '{ print $1, $3, $4 }'))" >&2
+				exit 3
+			fi
+		done
+		if [ -e "$xh" ]; then
+			# shellcheck disable=SC2012
+			echo "$xh is there but $me may not run it ($(ls -ld "$xh" | awk '{ print $1, $3, $4 }'))" >&2
+			exit 3
+		fi
+		;;
+	esac
+	exit 1
 	;;
 *)
 	echo "fleet-enginectl: unknown operation $op" >&2; exit 64
