@@ -699,6 +699,14 @@ type KeyLimits struct {
 	TokensPerDay      int64 `json:"tokens_per_day,omitempty"`
 }
 
+// LimitText is a key limit as people read it: 0 (or below) is no limit.
+func LimitText(n int64) string {
+	if n <= 0 {
+		return "unlimited"
+	}
+	return strconv.FormatInt(n, 10)
+}
+
 // KeyCounts is what one hub admitted of a router key (requests) and what
 // they spent (tokens), as hubs sharing a database tell each other to hold
 // the key's limits together.

@@ -24,8 +24,10 @@ const Redacted = "<redacted>"
 //     `export HF_TOKEN=…` or `HF_TOKEN=… hf download`);
 //   - a URL's user info and query (signed download URLs, index tokens);
 //   - a bearer token ("Authorization: Bearer …");
-//   - a secret's value where a program logs its settings as a dict or JSON
-//     (vLLM's "non-default args: {'api_key': ['…']}").
+//   - a secret's value where a program names it as a setting, in any case
+//     and with "-", "_" or nothing between the words: api_key=…, API-Key: …,
+//     apiKey=…, and settings logged as a dict or JSON (vLLM's
+//     "non-default args: {'api_key': ['…']}").
 //
 // Only admins, who can apply a fleet file and so set all of these, see them;
 // everyone else sees the names with Redacted, which apply refuses as a value.
@@ -158,13 +160,32 @@ var (
 	urlCredentials = regexp.MustCompile(`([A-Za-z][A-Za-z0-9+.-]*://)([^\s/?#@]+@)?([^\s?#]*)(\?[^\s#]*)?`)
 	// bearerToken is an HTTP bearer credential, as a curl -H or a log shows it.
 	bearerToken = regexp.MustCompile(`(?i)(\bbearer\s+)([^\s'",;]+)`)
-	// loggedSecret is a secret setting where a program logs its settings as
-	// a Python dict or JSON: 'api_key': ['k'], "hf_token": "t".
-	loggedSecret = regexp.MustCompile(`(?i)(['"](?:api[-_]key|hf[-_]token|token)['"]\s*:\s*)(\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,}]+)`)
+	// secretSetting is a secret named as a setting rather than a flag, in
+	// every spelling a program logs it: api_key=k, API-KEY: k, apiKey=k,
+	// openai_api_key=k, a Python dict or JSON ('api_key': ['k'],
+	// "hf_token": "t"). The names are secretLongFlags', "-" read as "_" or
+	// nothing, in any case.
+	secretSetting = regexp.MustCompile(`(?i)((?:^|[^A-Za-z0-9_.-])['"]?(?:` +
+		secretSettingNames() + `)['"]?\s*[:=]\s*)(\[[^\]]*\]|'[^']*'|"[^"]*"|[^\s,}&'"]+)`)
 )
 
+// secretSettingNames is the alternation of the secret flags' names for
+// secretSetting, each "-" matching "-", "_" or nothing. A name of two words
+// may have more before it (openai_api_key); "token" alone may not, or
+// n_token and max_token would be secrets.
+func secretSettingNames() string {
+	names := make([]string, len(secretLongFlags))
+	for i, f := range secretLongFlags {
+		names[i] = strings.ReplaceAll(f.name, "-", "[-_]?")
+		if strings.Contains(f.name, "-") {
+			names[i] = "(?:[a-z0-9]+[-_])*" + names[i]
+		}
+	}
+	return strings.Join(names, "|")
+}
+
 // redactInline applies the parts of the rule that a single stretch of text
-// shows whole: URLs, bearer tokens and logged settings.
+// shows whole: URLs, bearer tokens and secret settings.
 func redactInline(s string) string {
 	if strings.Contains(s, "://") {
 		s = urlCredentials.ReplaceAllStringFunc(s, func(u string) string {
@@ -181,7 +202,7 @@ func redactInline(s string) string {
 		})
 	}
 	s = bearerToken.ReplaceAllString(s, "${1}"+Redacted)
-	return loggedSecret.ReplaceAllString(s, "${1}"+Redacted)
+	return secretSetting.ReplaceAllString(s, "${1}"+Redacted)
 }
 
 // RedactArgv returns argv for a log line or a non-admin's worker table with

@@ -71,6 +71,12 @@ func TestRedactText(t *testing.T) {
 		{"INFO non-default args: {'model': 'm', 'api_key': ['sk-1', 'sk-2'], 'hf_token': 'hf_1'}",
 			"INFO non-default args: {'model': 'm', 'api_key': " + Redacted + ", 'hf_token': " + Redacted + "}"},
 		{"don't stop: --api-key sk-1", "don't stop: --api-key " + Redacted},
+		// The same secrets named as settings, in every spelling.
+		{"INFO starting with api_key=sk-1 port=8000", "INFO starting with api_key=" + Redacted + " port=8000"},
+		{"cfg: API-Key: sk-1, apiKey=sk-2 openai_api_key='sk 3' hf_token=\"hf_4\"",
+			"cfg: API-Key: " + Redacted + ", apiKey=" + Redacted + " openai_api_key=" + Redacted + " hf_token=" + Redacted},
+		{`{"model":"m","api_key":"sk-1","max_tokens":8}`, `{"model":"m","api_key":` + Redacted + `,"max_tokens":8}`},
+		{"max_tokens=8 n_token=3 tokens: 12", "max_tokens=8 n_token=3 tokens: 12"},
 	}
 	for _, tt := range tests {
 		if got := RedactText(tt.in); got != tt.want {

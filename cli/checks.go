@@ -219,7 +219,7 @@ func keyCmd(h Hub, u fleet.User) *cobra.Command {
 					lastUsed = k.LastUsed.Local().Format("2006-01-02 15:04")
 				}
 				fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", k.Name, k.Created.Local().Format(time.DateTime), revoked,
-					lastUsed, k.RequestsToday, limitText(int64(k.RequestsPerMinute)), limitText(k.TokensPerDay))
+					lastUsed, k.RequestsToday, fleet.LimitText(int64(k.RequestsPerMinute)), fleet.LimitText(k.TokensPerDay))
 			}
 			return tw.Flush()
 		},

@@ -55,6 +55,9 @@ type Hub interface {
 	Keys(ctx context.Context, u fleet.User) ([]fleet.APIKey, error)
 	RevokeKey(ctx context.Context, u fleet.User, name string) error
 	SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error
+	// KeysNotChecked says why the router checks no API key ("" when it
+	// does), which key commands tell whoever sets a limit.
+	KeysNotChecked() string
 	Usage(ctx context.Context, u fleet.User, since time.Time, by string) ([]fleet.Usage, error)
 	SetTheme(ctx context.Context, u fleet.User, name string) error
 	LogsHub
@@ -279,10 +282,19 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		}),
 		userCmd(h, u, stdin),
 		&cobra.Command{
-			Use:   "theme dark|light|high-contrast|auto",
-			Short: "choose your console theme (auto follows your terminal's background)",
-			Args:  exactArgs(1, "one theme name"),
+			Use:   "theme [dark|light|high-contrast|auto]",
+			Short: "show, or choose, your console theme (auto follows your terminal's background)",
+			Args: func(c *cobra.Command, args []string) error {
+				if len(args) > 1 {
+					return usageError{fmt.Errorf("theme takes one theme name, or none to show yours; got %q", args)}
+				}
+				return nil
+			},
 			RunE: func(c *cobra.Command, args []string) error {
+				if len(args) == 0 {
+					fmt.Fprintln(c.OutOrStdout(), themeText(u))
+					return nil
+				}
 				name := args[0]
 				if name == "auto" {
 					name = ""
@@ -303,6 +315,17 @@ func Attach(root *cobra.Command, h Hub, u fleet.User, stdin io.Reader) {
 		logsCmd(h, u),
 		statusCmd(h, u),
 	)
+}
+
+// themeText says which console theme u has.
+func themeText(u fleet.User) string {
+	switch {
+	case u.Fingerprint == "":
+		return u.Name + " is not a console user: themes are per SSH user (see yours with: ssh -p PORT hub theme)"
+	case u.Theme == "":
+		return "theme auto: the hub's --theme if it sets one, else from your terminal's background; choose one with: theme dark|light|high-contrast"
+	}
+	return "theme " + u.Theme + " (theme auto to follow your terminal's background)"
 }
 
 func noArgs(c *cobra.Command, args []string) error {
@@ -336,12 +359,17 @@ func actCmd(h Hub, u fleet.User, kind fleet.ActionName, short string) *cobra.Com
 
 func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 	var dryRun bool
-	var filename string
+	var filename, file string
 	c := &cobra.Command{
-		Use:   "apply",
-		Short: "make the fleet match a fleet file read from standard input (adds, changes, removes; at most 4 MiB)",
+		Use:   "apply [-f FILE|-]",
+		Short: "make the fleet match a fleet file, read from standard input or -f (adds, changes, removes; at most 4 MiB)",
 		Args:  noArgs,
 		RunE: func(c *cobra.Command, _ []string) error {
+			// The local fleet command reads -f FILE itself and sends it here
+			// as standard input; over SSH the file is on the other machine.
+			if file != "" && file != "-" {
+				return usageError{fmt.Errorf("apply -f %s: the file is on your machine, not the hub's; send it on standard input: ssh … apply -f - < %s", file, file)}
+			}
 			// One byte past the limit tells a file at the limit from a
 			// longer one: a cut file can still parse, and applying what is
 			// left of it would remove what the cut dropped.
@@ -365,6 +393,7 @@ func applyCmd(h Hub, u fleet.User, stdin io.Reader) *cobra.Command {
 		},
 	}
 	c.Flags().BoolVar(&dryRun, "dry-run", false, "print the plan and change nothing")
+	c.Flags().StringVarP(&file, "file", "f", "", "the fleet file; - (or no -f) reads standard input")
 	c.Flags().StringVar(&filename, "filename", "stdin", "name used for the file in error messages")
 	c.Annotations = map[string]string{annotationFlagAction: "dry-run", annotationTargetFlag: "filename"}
 	return c

@@ -32,7 +32,11 @@ type fakeHub struct {
 	// subjects are what each Events call asked for.
 	subjects []string
 	keys     []fleet.APIKey // what Keys lists
+	// keysNotChecked is what KeysNotChecked says.
+	keysNotChecked string
 }
+
+func (f *fakeHub) KeysNotChecked() string { return f.keysNotChecked }
 
 func (f *fakeHub) Authorize(_ context.Context, u fleet.User, action fleet.ActionName, target string) error {
 	f.authorized = append(f.authorized, [2]string{string(action), target})
@@ -245,6 +249,25 @@ func TestApplyReadsStdinWithItsName(t *testing.T) {
 
 // TestApplyRefusesInputOverTheLimit: a fleet file past the limit used to be
 // cut and the rest applied; now it is refused whole, naming the limit.
+// apply takes -f - as the local fleet command does (docs/fleet-file.md),
+// and its help lists -f: over SSH the tree is this one.
+func TestApplyTakesFileFlag(t *testing.T) {
+	admin := fleet.User{Role: fleet.RoleAdmin}
+	h := &fakeHub{}
+	var out, errOut bytes.Buffer
+	if code := Run(context.Background(), h, admin, []string{"apply", "-f", "-"}, strings.NewReader("nodes: []\n"), &out, &errOut); code != ExitOK || h.applied != "stdin:nodes: []\n" {
+		t.Errorf("apply -f -: exit %d, applied %q, %s", code, h.applied, errOut.String())
+	}
+	errOut.Reset()
+	if code := Run(context.Background(), &fakeHub{}, admin, []string{"apply", "-f", "fleet.yaml"}, strings.NewReader("nodes: []\n"), &out, &errOut); code != ExitUsage || !strings.Contains(errOut.String(), "-f - < fleet.yaml") {
+		t.Errorf("apply -f FILE on the hub: exit %d, %q; want usage naming standard input", code, errOut.String())
+	}
+	out.Reset()
+	if code := Run(context.Background(), h, admin, []string{"apply", "--help"}, nil, &out, &errOut); code != ExitOK || !strings.Contains(out.String(), "-f, --file") {
+		t.Errorf("apply --help: exit %d, %q; want -f listed", code, out.String())
+	}
+}
+
 func TestApplyRefusesInputOverTheLimit(t *testing.T) {
 	head := "nodes: []\n"
 	pad := func(n int) string { return head + "#" + strings.Repeat("x", n-len(head)-2) + "\n" }
@@ -411,6 +434,23 @@ func TestUnknownThemeIsAFailure(t *testing.T) {
 	h := &themeHub{fakeHub: &fakeHub{}}
 	if code := Run(context.Background(), h, fleet.User{Role: fleet.RoleViewer}, []string{"theme", "purple"}, nil, io.Discard, &errOut); code != ExitFail || strings.Contains(errOut.String(), "usage:") {
 		t.Errorf("theme purple: exit %d, stderr %q; want %d and no usage", code, errOut.String(), ExitFail)
+	}
+}
+
+// theme without a name shows the user's theme.
+func TestThemeWithoutANameShowsIt(t *testing.T) {
+	for _, tc := range []struct {
+		u    fleet.User
+		want string
+	}{
+		{fleet.User{Name: "vic", Role: fleet.RoleViewer, Fingerprint: "SHA256:x", Theme: "light"}, "theme light"},
+		{fleet.User{Name: "vic", Role: fleet.RoleViewer, Fingerprint: "SHA256:x"}, "theme auto"},
+		{fleet.User{Name: "root@hub", Role: fleet.RoleAdmin}, "root@hub is not a console user"},
+	} {
+		var out, errOut bytes.Buffer
+		if code := Run(context.Background(), &fakeHub{}, tc.u, []string{"theme"}, nil, &out, &errOut); code != ExitOK || !strings.Contains(out.String(), tc.want) {
+			t.Errorf("theme as %+v: exit %d, %q %q; want %q", tc.u, code, out.String(), errOut.String(), tc.want)
+		}
 	}
 }
 

@@ -100,18 +100,14 @@ func keyLimitCmd(h Hub, u fleet.User) *cobra.Command {
 			if err := h.SetKeyLimits(c.Context(), u, args[0], l); err != nil {
 				return err
 			}
-			fmt.Fprintf(c.OutOrStdout(), "%s: %s requests a minute, %s tokens a day (UTC)\n", args[0], limitText(int64(l.RequestsPerMinute)), limitText(l.TokensPerDay))
+			fmt.Fprintf(c.OutOrStdout(), "%s: %s requests a minute, %s tokens a day (UTC)\n", args[0], fleet.LimitText(int64(l.RequestsPerMinute)), fleet.LimitText(l.TokensPerDay))
+			if why := h.KeysNotChecked(); why != "" {
+				fmt.Fprintf(c.ErrOrStderr(), "the limit is stored but holds nothing now: %s\n", why)
+			}
 			return nil
 		},
 	}
 	c.Flags().IntVar(&l.RequestsPerMinute, "rpm", 0, "requests a minute (0: no limit)")
 	c.Flags().Int64Var(&l.TokensPerDay, "tokens-per-day", 0, "prompt plus completion tokens a UTC day (0: no limit)")
 	return c
-}
-
-func limitText(n int64) string {
-	if n <= 0 {
-		return "unlimited"
-	}
-	return strconv.FormatInt(n, 10)
 }

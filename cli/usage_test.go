@@ -60,6 +60,16 @@ func TestKeyLimitCommand(t *testing.T) {
 	if len(h.limits) != 1 || h.limits[0] != "ci 60 100000" || !strings.Contains(out.String(), "60 requests a minute, 100000 tokens a day") {
 		t.Errorf("limits set %v, printed %q", h.limits, out.String())
 	}
+	if errb.Len() > 0 {
+		t.Errorf("a limit a router that checks keys will apply: stderr %q", errb.String())
+	}
+	// Where the router checks no key, setting a limit says it holds nothing.
+	h.keysNotChecked = "the router checks no key"
+	if code := Run(context.Background(), h, admin, []string{"key", "limit", "ci", "--rpm", "60"}, nil, &out, &errb); code != ExitOK ||
+		!strings.Contains(errb.String(), "holds nothing now: the router checks no key") {
+		t.Errorf("a limit a router without keys ignores: exit %d, stderr %q", code, errb.String())
+	}
+	h.limits = h.limits[:1]
 	errb.Reset()
 	if code := Run(context.Background(), h, admin, []string{"key", "limit", "ci", "--rpm", "-1"}, nil, &out, &errb); code != ExitUsage || !strings.Contains(errb.String(), "negative") {
 		t.Errorf("a negative limit: exit %d %s", code, errb.String())

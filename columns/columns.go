@@ -38,8 +38,8 @@ var (
 	TokS   = Column{Header: "tok/s", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Rate(w.TokPerSec) }}
 	TTFT   = Column{Header: "TTFT", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.TTFTms) }}
 	ITL    = Column{Header: "ITL", Width: 6, Right: true, Cell: func(w fleet.WorkerView) string { return Millis(w.ITLms) }}
-	PID    = Column{Header: "PID", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.PID) }}
-	Port   = Column{Header: "Port", Right: true, Cell: func(w fleet.WorkerView) string { return fmt.Sprint(w.Port) }}
+	PID    = Column{Header: "PID", Right: true, Cell: PIDCell}
+	Port   = Column{Header: "Port", Right: true, Cell: PortCell}
 	Argv   = Column{Header: "Started with", Cell: func(w fleet.WorkerView) string { return strings.Join(w.Argv, " ") }}
 )
 
@@ -65,6 +65,24 @@ func GPUCell(w fleet.WorkerView) string {
 		label = append(label[:max(room-1, 0)], '…')
 	}
 	return string(label) + " " + ids
+}
+
+// PIDCell is the engine's process ID, "-" when no engine process runs (a
+// stopped or rejected worker).
+func PIDCell(w fleet.WorkerView) string {
+	if w.PID == 0 {
+		return "-"
+	}
+	return fmt.Sprint(w.PID)
+}
+
+// PortCell is the port the engine listens on, "-" while no engine process
+// runs: the port a stopped worker keeps for its next start answers nothing.
+func PortCell(w fleet.WorkerView) string {
+	if w.PID == 0 || w.Port == 0 {
+		return "-"
+	}
+	return fmt.Sprint(w.Port)
 }
 
 // StateCell is the lifecycle state, with the progress of an engine's

@@ -41,6 +41,10 @@ func TestCells(t *testing.T) {
 		{"drained while downloading", State, w(func(v *fleet.WorkerView) { v.State, v.Drained, v.Progress = fleet.WorkerStarting, true, 40 }), "starting 40%, drained"},
 		{"stopped after a drain", State, w(func(v *fleet.WorkerView) { v.State, v.Drained = fleet.WorkerStopped, true }), "stopped"},
 		{"argv", Argv, w(func(v *fleet.WorkerView) { v.Argv = []string{"llama-server", "-c", "16384"} }), "llama-server -c 16384"},
+		{"pid", PID, w(func(v *fleet.WorkerView) { v.PID, v.Port = 42, 18000 }), "42"},
+		{"port", Port, w(func(v *fleet.WorkerView) { v.PID, v.Port = 42, 18000 }), "18000"},
+		{"no pid when stopped", PID, w(func(v *fleet.WorkerView) { v.State, v.Port = fleet.WorkerStopped, 18000 }), "-"},
+		{"no port without a process", Port, w(func(v *fleet.WorkerView) { v.State, v.Port = fleet.WorkerStopped, 18000 }), "-"},
 		{"engine", Engine, w(func(v *fleet.WorkerView) { v.Engine = fleet.EngineLlamaCpp }), "llama.cpp"},
 	}
 	for _, tt := range tests {

@@ -117,7 +117,7 @@ func (d *detailView) lines() []string {
 		started = fmt.Sprintf("%s (%s ago)", w.StartedAt.Format("2006-01-02 15:04:05"), d.opts.Now().Sub(w.StartedAt).Round(time.Second))
 	}
 	out = append(out,
-		label("PID ")+fmt.Sprint(w.PID)+label("  port ")+fmt.Sprint(w.Port)+label("  memory ")+mem+
+		label("PID ")+columns.PIDCell(w)+label("  port ")+columns.PortCell(w)+label("  memory ")+mem+
 			label("  started ")+started+label("  restarts ")+fmt.Sprint(w.Restarts),
 		label("load ")+columns.LoadCell(w)+label("  tok/s ")+columns.Rate(w.TokPerSec)+label("  TTFT p50 ")+columns.Millis(w.TTFTms)+
 			label(" (predicted ")+columns.Millis(w.PredictedTTFTms)+label(")")+

@@ -180,6 +180,11 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 		return err
 	}
 	where, err := Locate(ctx, r, cmd.Bin)
+	if err != nil && cmd.Simulated {
+		return fmt.Errorf("simulated engines on node %s run from the fleet binary %s, which the node's user cannot use (%w); "+
+			"let that user reach it (the hub's data dir is private: chmod o+x each directory on the way) or reach the node as the hub's own user",
+			spec.Node.Name, cmd.Bin, err)
+	}
 	if err != nil {
 		return err
 	}
@@ -204,7 +209,9 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	w := &lockedWriter{w: progress}
 	sudo := &sudoPrompt{}
 	out := io.MultiWriter(w, sudo)
-	if err := r.Run(ctx, []string{"sh", "-c", nodeScript, "fleet-enginectl", "install", script}, nil, out, out); err != nil {
+	err = r.Run(ctx, []string{"sh", "-c", nodeScript, "fleet-enginectl", "install", script}, nil, out, out)
+	w.endLine()
+	if err != nil {
 		if sudo.asked {
 			return fmt.Errorf("installing %s on node %s failed: its installer asked sudo for a password, which fleet cannot type; run the installer on the node yourself, allow this user sudo without a password, or set install: in the recipe: %w", name, spec.Node.Name, err)
 		}

@@ -2,7 +2,11 @@ package enginectl
 
 import (
 	"bytes"
+	"context"
+	"errors"
+	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -50,7 +54,8 @@ func TestInstall(t *testing.T) {
 	bin := filepath.Join(dir, "bin", "llama-server")
 	counter := filepath.Join(dir, "runs")
 	// A recipe's install: is the operator's own shell command.
-	install := "echo fetching llama.cpp; echo 'a warning' >&2; mkdir -p '" + filepath.Dir(bin) + "' && cp '" + fakeEngine + "' '" + bin + "' && echo run >> '" + counter + "'"
+	install := "echo fetching llama.cpp; echo 'a warning' >&2; mkdir -p '" + filepath.Dir(bin) + "' && cp '" + fakeEngine + "' '" + bin + "' && echo run >> '" + counter + "'" +
+		" && printf '\\r 50.0%%\\r100.0%%'" // a progress bar's last line, not ended
 	spec := testSpec("inst", 18100, dir, bin)
 	r := spec.Model.Recipes[fleet.EngineLlamaCpp]
 	r.Install = install
@@ -60,7 +65,7 @@ func TestInstall(t *testing.T) {
 	if err := Install(testCtx(t), LocalRunner{}, spec, &progress); err != nil {
 		t.Fatalf("Install: %v\n%s", err, progress.String())
 	}
-	for _, want := range []string{"installing llama-server on inst", "fetching llama.cpp", "a warning", "llama-server installed on inst"} {
+	for _, want := range []string{"installing llama-server on inst", "fetching llama.cpp", "a warning", "100.0%\nllama-server installed on inst"} {
 		if !strings.Contains(progress.String(), want) {
 			t.Errorf("progress lacks %q:\n%s", want, progress.String())
 		}
@@ -105,6 +110,50 @@ func TestInstallFailures(t *testing.T) {
 			}
 		})
 	}
+	// The fleet binary is there, in the hub's private data dir, but the
+	// node's user may not reach it: the error says so, not "not on node".
+	t.Run("simulated with the fleet binary out of the node user's reach", func(t *testing.T) {
+		if os.Geteuid() != 0 {
+			t.Skip("needs root to run the node's script as another user (setpriv); tests run as root in CI")
+		}
+		if _, err := exec.LookPath("setpriv"); err != nil {
+			t.Skip("setpriv (util-linux) is not installed")
+		}
+		open := t.TempDir()
+		for _, d := range []string{open, filepath.Dir(open)} {
+			if err := os.Chmod(d, 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+		data := filepath.Join(open, "data")
+		for _, tc := range []struct {
+			name    string
+			dirMode os.FileMode
+			binMode os.FileMode
+			want    string
+		}{
+			{"private dir", 0o700, 0o755, "cannot be reached by the user nobody: it may not enter the directory " + data + " (drwx------ root root)"},
+			{"not executable", 0o755, 0o700, "is there but the user nobody may not run it (-rwx------ root root)"},
+		} {
+			if err := os.MkdirAll(filepath.Join(data, "bin"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+			bin := filepath.Join(data, "bin", "fleet")
+			if err := os.WriteFile(bin, []byte("#!/bin/sh\n"), tc.binMode); err != nil {
+				t.Fatal(err)
+			}
+			if err := errors.Join(os.Chmod(bin, tc.binMode), os.Chmod(data, tc.dirMode)); err != nil {
+				t.Fatal(err)
+			}
+			spec := testSpec("rig", 18103, dir, "")
+			spec.Node.Address = "sim:m4max-llamacpp"
+			spec.FleetBin = bin
+			err := Install(testCtx(t), asNobody{}, spec, nil)
+			if err == nil || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "node rig") || strings.Contains(err.Error(), "is not on node") {
+				t.Errorf("%s: Install = %v; want it to say %q", tc.name, err, tc.want)
+			}
+		}
+	})
 	t.Run("simulated without the fleet binary", func(t *testing.T) {
 		spec := testSpec("s", 18102, dir, "")
 		spec.Node.Address = "sim:m4max-llamacpp"
@@ -169,4 +218,12 @@ func TestProgressPercent(t *testing.T) {
 			t.Errorf("ProgressPercent(%q) = %v, %v; want %v, %v", tc.line, got, ok, tc.want, tc.ok)
 		}
 	}
+}
+
+// asNobody runs a node's commands as the user nobody, as an SSH node's
+// user other than the hub's would.
+type asNobody struct{ LocalRunner }
+
+func (r asNobody) Run(ctx context.Context, argv []string, stdin io.Reader, stdout, stderr io.Writer) error {
+	return r.LocalRunner.Run(ctx, append([]string{"setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"}, argv...), stdin, stdout, stderr)
 }

@@ -262,10 +262,40 @@ tailbytes)
 	;;
 which)
 	# which BIN: the engine binary BIN resolves to (find_bin), exit 1 when
-	# there is none (dash says 127, which a transport could also mean).
+	# there is none (dash says 127, which a transport could also mean). A
+	# path that is there but that this user cannot run (a directory on the
+	# way it may not enter, or a file it may not execute) exits 3 saying
+	# which.
 	expand_home "$1"
-	find_bin "$xh" || exit 1
-	printf '%s\n' "$fb"
+	if find_bin "$xh"; then
+		printf '%s\n' "$fb"
+		exit 0
+	fi
+	case $xh in
+	/*)
+		me=$(id -un 2>/dev/null || echo "this user")
+		dir=
+		rest=${xh#/}
+		while :; do
+			case $rest in
+			*/*) dir=$dir/${rest%%/*}; rest=${rest#*/} ;;
+			*) break ;;
+			esac
+			if [ -d "$dir" ] && ! [ -x "$dir" ]; then
+				# ls -ld of one path: only its mode, owner and group are read.
+				# shellcheck disable=SC2012
+				echo "$xh cannot be reached by the user $me: it may not enter the directory $dir ($(ls -ld "$dir" | awk '{ print $1, $3, $4 }'))" >&2
+				exit 3
+			fi
+		done
+		if [ -e "$xh" ]; then
+			# shellcheck disable=SC2012
+			echo "$xh is there but the user $me may not run it ($(ls -ld "$xh" | awk '{ print $1, $3, $4 }'))" >&2
+			exit 3
+		fi
+		;;
+	esac
+	exit 1
 	;;
 whichall)
 	# whichall BIN...: one line per BIN, the binary it resolves to or empty.

@@ -269,13 +269,21 @@ func mimicOf(set fleet.EngineKind, profile string) fleet.EngineKind {
 }
 
 func checkOwned(engine fleet.EngineKind, m fleet.Model, args []string) error {
-	for _, a := range args {
-		name := flagName(a)
-		if name != "" && slices.Contains(ownedFlags[engine], name) {
-			return fmt.Errorf("model %s: recipe %s passes %s, which fleet sets itself (host, port, served name, context come from the fleet file); remove it from args", m.ID, engine, name)
-		}
+	if _, name := OwnedFlag(engine, args); name != "" {
+		return fmt.Errorf("model %s: recipe %s passes %s, which fleet sets itself (host, port, served name, context come from the fleet file); remove it from args", m.ID, engine, name)
 	}
 	return nil
+}
+
+// OwnedFlag is the first of a recipe's args that is a flag fleet sets
+// itself for engine, with its index; "" when there is none.
+func OwnedFlag(engine fleet.EngineKind, args []string) (int, string) {
+	for i, a := range args {
+		if name := flagName(a); name != "" && slices.Contains(ownedFlags[engine], name) {
+			return i, name
+		}
+	}
+	return -1, ""
 }
 
 // flagName is "--port" for "--port" and "--port=8000"; "" for a value.

@@ -165,14 +165,30 @@ func applyOptions(opts []Option) options {
 }
 
 // lockedWriter serialises writes from a command's stdout and stderr, which
-// a transport may copy from two goroutines.
+// a transport may copy from two goroutines, and remembers whether what was
+// written ends a line.
 type lockedWriter struct {
-	mu sync.Mutex
-	w  io.Writer
+	mu       sync.Mutex
+	w        io.Writer
+	openLine bool // the last write did not end with a newline
 }
 
 func (l *lockedWriter) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if len(p) > 0 {
+		l.openLine = p[len(p)-1] != '\n'
+	}
 	return l.w.Write(p)
+}
+
+// endLine ends the line a command left open (a progress bar's last
+// "100.0%"), so what is written next starts a line of its own.
+func (l *lockedWriter) endLine() {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.openLine {
+		_, _ = io.WriteString(l.w, "\n")
+		l.openLine = false
+	}
 }

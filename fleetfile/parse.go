@@ -23,6 +23,7 @@ import (
 
 	"fleet"
 	"fleet/enginectl"
+	"fleet/sim/profiles"
 )
 
 // Demo is the built-in demo fleet (`fleet serve --demo`): the three machines
@@ -549,6 +550,10 @@ func checkAddress(addr string) string {
 		if !profileRE.MatchString(profile) {
 			return fmt.Sprintf("address %q names no sim profile; write sim:PROFILE, like sim:m4max-llamacpp", addr)
 		}
+		// A typo here would pass apply and take the node down.
+		if _, err := profiles.Lookup(profile); err != nil {
+			return fmt.Sprintf("address %q: %v", addr, err)
+		}
 		return ""
 	}
 	user, hostport, ok := strings.Cut(addr, "@")
@@ -729,7 +734,15 @@ func (d *decoder) recipes(n ast.Node, where string, m *fleet.Model) {
 			case "model":
 				r.Model, _ = d.scalar(fe.value, rwhere, "model")
 			case "args":
-				r.Args, _ = d.stringList(fe.value, rwhere, "args", `[-ngl, "99", --jinja]`)
+				var ok bool
+				r.Args, ok = d.stringList(fe.value, rwhere, "args", `[-ngl, "99", --jinja]`)
+				if i, flag := enginectl.OwnedFlag(engine, r.Args); ok && flag != "" {
+					at := fe.value
+					if items, _ := d.list(fe.value, rwhere, "args", ""); i < len(items) {
+						at = items[i]
+					}
+					d.errorf(at, rwhere, "args pass %s, which fleet sets itself (host, port, served name, context come from the fleet file); remove it from args", flag)
+				}
 			case "bin":
 				r.Bin, _ = d.scalar(fe.value, rwhere, "bin")
 			case "install":

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"fleet"
+	"fleet/sim/profiles"
 )
 
 // designExample is the README's fleet file (section "A fleet file", also in docs/fleet-file.md) with two
@@ -154,6 +155,10 @@ models:
 			[]string{`fleet.yaml:3: node rig: address "ops@rig.lan:70000": port "70000" must be a number from 1 to 65535`}},
 		{"sim without profile", strings.Replace(validBase, "ops@rig.lan:22", `"sim:"`, 1),
 			[]string{`fleet.yaml:3: node rig: address "sim:" names no sim profile; write sim:PROFILE, like sim:m4max-llamacpp`}},
+		{"sim profile misspelled", strings.Replace(validBase, "ops@rig.lan:22", `sim:instnt`, 1),
+			[]string{`fleet.yaml:3: node rig: address "sim:instnt": unknown sim profile "instnt": use one of ` + strings.Join(profiles.Names(), ", ")}},
+		{"args pass a flag fleet sets", strings.Replace(validBase, "model: Qwen3-4B-Q4_K_M.gguf", "model: Qwen3-4B-Q4_K_M.gguf\n        args:\n          - -ngl\n          - \"99\"\n          - -c\n          - \"8192\"", 1),
+			[]string{`fleet.yaml:15: model qwen3-4b: recipe llamacpp: args pass -c, which fleet sets itself (host, port, served name, context come from the fleet file); remove it from args`}},
 		{"bad endpoint", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    endpoint: http\n", 1),
 			[]string{`fleet.yaml:6: node ultra: endpoint "http" must be tunnel (through SSH, the default) or direct`}},
 		{"ports below 1024", strings.Replace(validBase, "    address: ops@ultra.lan\n", "    address: ops@ultra.lan\n    ports: 80-90\n", 1),

@@ -100,8 +100,9 @@ type Options struct {
 	// MDNSName is announced by mDNS as NAME.local with an _ssh._tcp service
 	// when the console listens off loopback ("" = no announcement).
 	MDNSName string
-	// SSHMaxConnsPerIPPerMinute limits new SSH connections per address
-	// (0 = the server's default; negative disables).
+	// SSHMaxConnsPerIPPerMinute limits failed SSH logins per address a
+	// minute (sshserver.Options.MaxConnsPerIPPerMinute; 0 = the server's
+	// default; negative disables).
 	SSHMaxConnsPerIPPerMinute int
 	// SSH session limits per connection, per user and consoles per hub
 	// (0 = the server's defaults; negative disables).
@@ -333,6 +334,8 @@ func Open(ctx context.Context, opts Options) (_ *Hub, err error) {
 			return nil, err
 		}
 		keys = &h.ledger.keys
+	} else {
+		h.ledger.keysNotChecked = router.KeysNotCheckedNote
 	}
 	if err := requireConsoleAdmins(ctx, st, opts); err != nil {
 		return nil, err

@@ -27,7 +27,7 @@ func withoutMax(t *testing.T) []byte {
 }
 
 // ownedFlagFleet is the demo fleet whose llama.cpp recipe passes -c, the
-// context flag fleet sets itself: the file parses, the launcher refuses it.
+// context flag fleet sets itself: the parser refuses it at its line.
 func ownedFlagFleet(t *testing.T) string {
 	t.Helper()
 	old := `args: [-ngl, "99",`
@@ -74,8 +74,8 @@ func TestApplyLosesNothing(t *testing.T) {
 		{name: "dry run of a real change", data: string(withoutMax(t)), dryRun: true, wantPlan: "max"},
 		{name: "dry run of no change", data: string(fleetfile.Demo), dryRun: true, wantPlan: "no changes"},
 		// A dry run refuses what the launcher would refuse, as apply does.
-		{name: "dry run of a flag fleet sets", data: ownedFlagFleet(t), dryRun: true, wantErr: "bad.yaml: model qwen3-4b: recipe llamacpp passes -c, which fleet sets itself"},
-		{name: "apply of a flag fleet sets", data: ownedFlagFleet(t), wantErr: "bad.yaml: model qwen3-4b: recipe llamacpp passes -c, which fleet sets itself"},
+		{name: "dry run of a flag fleet sets", data: ownedFlagFleet(t), dryRun: true, wantErr: "bad.yaml:27: model qwen3-4b: recipe llamacpp: args pass -c, which fleet sets itself"},
+		{name: "apply of a flag fleet sets", data: ownedFlagFleet(t), wantErr: "bad.yaml:27: model qwen3-4b: recipe llamacpp: args pass -c, which fleet sets itself"},
 		// The control: the same change applied for real does show up, so
 		// the comparisons above can see one.
 		{name: "applied change", data: string(withoutMax(t)), wantPlan: "max", changes: true},

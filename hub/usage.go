@@ -49,7 +49,14 @@ type Ledger struct {
 	// usage sums the router's token counts until they are written.
 	usage      usageRecorder
 	usageCache usageCache
+	// keysNotChecked is why the router checks no API key ("" when it
+	// does): a key limit set then holds nothing, and says so.
+	keysNotChecked string
 }
+
+// KeysNotChecked says why this hub's router checks no API key, and so
+// applies no key limit; "" when it checks them.
+func (lg *Ledger) KeysNotChecked() string { return lg.keysNotChecked }
 
 type usageKey struct {
 	bucket             int64
@@ -166,7 +173,7 @@ func (lg *Ledger) Usage(ctx context.Context, u fleet.User, since time.Time, by s
 
 // SetKeyLimits sets an API key's limits (0: none), at once on the router.
 func (lg *Ledger) SetKeyLimits(ctx context.Context, u fleet.User, name string, l fleet.KeyLimits) error {
-	target := fmt.Sprintf("%s (%d requests/min, %d tokens/day)", name, l.RequestsPerMinute, l.TokensPerDay)
+	target := fmt.Sprintf("%s (%s requests/min, %s tokens/day)", name, fleet.LimitText(int64(l.RequestsPerMinute)), fleet.LimitText(l.TokensPerDay))
 	return lg.guard.do(u, fleet.ActionKeyLimit, target, func() (string, error) {
 		if err := lg.store.SetAPIKeyLimits(ctx, name, l); err != nil {
 			return "", err

@@ -266,3 +266,33 @@ func TestKeyListShowsUse(t *testing.T) {
 		t.Errorf("idle, never used: last used %v, %d requests today", idle.LastUsed, idle.RequestsToday)
 	}
 }
+
+// A limit set where the router checks no key says so, and the audit line
+// reads 0 as what it means: unlimited.
+func TestKeyLimitWhereKeysAreNotChecked(t *testing.T) {
+	ctx := t.Context()
+	open := newHub(t, Options{DataDir: t.TempDir()})
+	if open.ledger.KeysNotChecked() == "" {
+		t.Error("a loopback hub without --require-keys says it checks keys")
+	}
+	h, _ := hubWithKeys(t, Options{RequireKeys: true}, "ci")
+	if why := h.ledger.KeysNotChecked(); why != "" {
+		t.Errorf("a hub with --require-keys says it checks no key: %q", why)
+	}
+	if err := h.ledger.SetKeyLimits(ctx, admin, "ci", fleet.KeyLimits{RequestsPerMinute: 60}); err != nil {
+		t.Fatal(err)
+	}
+	audit, err := h.store.Audit(ctx, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range audit {
+		if e.Action == string(fleet.ActionKeyLimit) {
+			if e.Target != "ci (60 requests/min, unlimited tokens/day)" {
+				t.Errorf("audit target %q; want 0 read as unlimited", e.Target)
+			}
+			return
+		}
+	}
+	t.Errorf("no audit line for key limit in %+v", audit)
+}

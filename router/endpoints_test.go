@@ -44,12 +44,23 @@ func TestChoiceCount(t *testing.T) {
 		{"/v1/chat/completions", `{"model":"m","n":"3"}`, 1, false},
 		{"/v1/chat/completions", `{"model":"m","n":2.5}`, 1, false},
 		{"/v1/chat/completions", `{"model":"m","n":2,"n":4}`, 4, false},
+		// The n bomb: bounded by MaxChoices and, with max_tokens, by
+		// MaxChoiceTokens.
+		{"/v1/chat/completions", `{"model":"m","n":128}`, 128, false},
+		{"/v1/chat/completions", `{"model":"m","n":129}`, 0, true},
+		{"/v1/completions", `{"model":"m","n":9223372036854775807}`, 0, true},
+		{"/v1/completions", `{"model":"m","n":1e30}`, 0, true},
+		{"/v1/chat/completions", `{"model":"m","n":1000000,"max_tokens":8}`, 0, true},
+		{"/v1/chat/completions", `{"model":"m","n":128,"max_tokens":8192}`, 128, false},
+		{"/v1/chat/completions", `{"model":"m","n":128,"max_tokens":8193}`, 0, true},
+		{"/v1/chat/completions", `{"model":"m","n":2,"max_tokens":524289}`, 0, true},
+		{"/v1/chat/completions", `{"model":"m","n":1,"max_tokens":2000000}`, 1, false},
 	} {
 		info, err := parseRequest([]byte(tc.body))
 		if err != nil {
 			t.Fatalf("%s: %v", tc.body, err)
 		}
-		n, err := choiceCount(tc.path, info.N)
+		n, err := choiceCount(tc.path, info.N, info.MaxTokens)
 		if (err != nil) != tc.bad || (!tc.bad && n != tc.want) {
 			t.Errorf("%s %s: n %d err %v", tc.path, tc.body, n, err)
 		}

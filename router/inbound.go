@@ -136,10 +136,25 @@ func (r *Router) admit(w http.ResponseWriter, req *http.Request, c *call) *answe
 	return err
 }
 
+// HeaderKeyNotChecked is set on an answer to a request that sent an API
+// key to a router that takes none: the key was neither checked nor
+// counted, and no key limit applied.
+const HeaderKeyNotChecked = "Fleet-Api-Key-Not-Checked"
+
+// KeysNotCheckedNote says why a hub's router takes no keys and what makes
+// it take them.
+const KeysNotCheckedNote = "this hub's router listens on loopback and was started without --require-keys, " +
+	"so it checks no API key and applies no key limit; start it with --require-keys to check keys"
+
 // authorize checks the API key when the router has a KeyVerifier. A refusal
 // is counted under the model the request names (refusedModel).
 func (r *Router) authorize(w http.ResponseWriter, req *http.Request) (string, *answerError) {
 	if r.opts.Keys == nil {
+		// A client that sent a key must not take the answer for proof
+		// that the key is good, or that its limits hold.
+		if req.Header.Get("Authorization") != "" || req.Header.Get("X-Api-Key") != "" {
+			w.Header().Set(HeaderKeyNotChecked, KeysNotCheckedNote)
+		}
 		return "", nil
 	}
 	auth := req.Header.Get("Authorization")
@@ -177,7 +192,7 @@ func (r *Router) read(w http.ResponseWriter, req *http.Request, c *call, hold *b
 	info, err := parseRequest(body)
 	n := 0
 	if err == nil {
-		n, err = choiceCount(c.path, info.N)
+		n, err = choiceCount(c.path, info.N, info.MaxTokens)
 	}
 	if err != nil {
 		var rerr *requestError

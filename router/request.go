@@ -122,8 +122,15 @@ func parseRequest(body []byte) (requestInfo, error) {
 		// refuse rather than a malformed body, as the router never
 		// judged it.
 		var n *int
-		if json.Unmarshal(w.N, &n) == nil {
+		var f float64
+		switch {
+		case json.Unmarshal(w.N, &n) == nil:
 			info.N = n
+		case json.Unmarshal(w.N, &f) == nil && f == math.Trunc(f) && f > math.MaxInt:
+			// A whole number past int (1e30) is a bound's to refuse, not
+			// an engine's to read.
+			most := math.MaxInt
+			info.N = &most
 		}
 	}
 	info.PromptTokens = (len(w.System) + len(w.Instructions) + len(w.Messages) + len(w.Prompt) + len(w.Input) + bytesPerToken - 1) / bytesPerToken

@@ -806,6 +806,23 @@ func TestAPIKeys(t *testing.T) {
 	if a, _ := sawAuth.Load().(string); a != "" {
 		t.Errorf("router forwarded its own API key to the engine: %q", a)
 	}
+	// A router without keys answers a request that sent one, and says the
+	// key was not checked; one that sent none is told nothing.
+	_, open := startRouter(t, Options{}, b)
+	for _, auth := range []string{"Bearer sk-bad", ""} {
+		req, _ := http.NewRequest("POST", open.URL+"/v1/chat/completions", strings.NewReader(`{"model":"qwen3-4b"}`))
+		if auth != "" {
+			req.Header.Set("Authorization", auth)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		if got := resp.Header.Get(HeaderKeyNotChecked); resp.StatusCode != 200 || (got != "") != (auth != "") {
+			t.Errorf("a router without keys, Authorization %q: %d, %s %q", auth, resp.StatusCode, HeaderKeyNotChecked, got)
+		}
+	}
 	m, _ := http.Get(rsrv.URL + "/metrics")
 	text, _ := io.ReadAll(m.Body)
 	m.Body.Close()

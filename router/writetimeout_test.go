@@ -167,6 +167,53 @@ func (l smallSendBuffers) Accept() (net.Conn, error) {
 	return c, err
 }
 
+// A client that never reads, with the receive buffer a client has by
+// default, is cut within the write timeout even when what the engine has
+// sent (here 512 KiB) would fit in the socket buffers the kernel grows on
+// its own (up to 4 MiB): the router's send buffer is bounded
+// (ClientSendBuffer), so its writes block and the timeout fires. The
+// engine sends that much, then waits for the cut (or hangGuard) before it
+// ends the answer: cut, it never ends it.
+func TestClientThatNeverReadsIsCutBeforeItsAnswerFitsTheBuffers(t *testing.T) {
+	ended := make(chan bool, 1) // whether the engine ended its answer
+	event := sseEvent(strings.Repeat("token ", 1<<10))
+	const events = (512 << 10) / (6 << 10)
+	_, b := startBackend(t, "mac/qwen3-4b", 1, func(w http.ResponseWriter, req *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for range events {
+			if _, err := io.WriteString(w, event); err != nil {
+				ended <- false
+				return
+			}
+			w.(http.Flusher).Flush()
+		}
+		select {
+		case <-req.Context().Done():
+			ended <- false
+		case <-time.After(hangGuard):
+			_, _ = io.WriteString(w, "data: [DONE]\n\n")
+			ended <- true
+		}
+	})
+	r, _ := startRouter(t, Options{WriteTimeout: 300 * time.Millisecond, QueueTimeout: hangGuard}, b)
+	addr := serveReal(t, r)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	body := `{"model":"qwen3-4b","stream":true,"messages":[{"role":"user","content":"tell me everything"}]}`
+	if _, err := fmt.Fprintf(conn, "POST /v1/chat/completions HTTP/1.1\r\nHost: router\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s", len(body), body); err != nil {
+		t.Fatal(err)
+	}
+	if whole := <-ended; whole {
+		t.Fatal("the router took 512 KiB for a client that read none of it and never cut it; it should have been cut at the write timeout")
+	}
+	waitFor(t, func() bool {
+		return counterValue(t, t.Context(), "http://"+addr, "fleet_router_client_write_timeouts_total", map[string]string{"model": "qwen3-4b"}) == 1
+	})
+}
+
 // The write deadline an answer leaves on its connection does not cut the
 // next request on it: a keep-alive connection idle for longer than the
 // write timeout between two requests gets both answers, an error reply

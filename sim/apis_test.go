@@ -257,6 +257,14 @@ func TestChoicesN(t *testing.T) {
 		t.Errorf("streamed n=2: tokens per choice %v, last chunk %v", perIndex, chunks[len(chunks)-1])
 	}
 
+	// vLLM refuses more than VLLM_MAX_N_SEQUENCES (16384) choices.
+	for _, n := range []int64{16385, 1<<63 - 1} {
+		code, resp = post(t, ts.URL+"/v1/chat/completions", chat("Name a fleet.", map[string]any{"n": n, "max_tokens": 8}))
+		if msg, _ := resp["error"].(map[string]any)["message"].(string); code != 400 || !strings.Contains(msg, fmt.Sprintf("n must be at most 16384, got %d.", n)) {
+			t.Errorf("vLLM n=%d: HTTP %d %v, want its 400", n, code, resp)
+		}
+	}
+
 	_, ts = startSim(t, "--mimic llamacpp --profile instant -- -a qwen3-4b")
 	code, resp = post(t, ts.URL+"/v1/chat/completions", chat("Name a fleet.", map[string]any{"n": 2}))
 	if msg, _ := resp["error"].(map[string]any)["message"].(string); code != 400 || !strings.Contains(msg, "Field 'n'") {

@@ -348,8 +348,14 @@ type completionRequest struct {
 	N             *int            `json:"n"`
 }
 
-// choiceCount reads n: vLLM generates that many choices; llama-server
-// refuses any n but 1, in its JSON schema check's words.
+// vllmMaxN is the most choices vLLM generates for one request: its
+// VLLM_MAX_N_SEQUENCES, 16384 by default (vllm/sampling_params.py,
+// _verify_num_sequences), which the sim does not read.
+const vllmMaxN = 16384
+
+// choiceCount reads n: vLLM generates that many choices, up to vllmMaxN,
+// and refuses more in its words; llama-server refuses any n but 1, in its
+// JSON schema check's words.
 func (s *Server) choiceCount(w http.ResponseWriter, n *int) (int, bool) {
 	if n == nil {
 		return 1, true
@@ -359,7 +365,11 @@ func (s *Server) choiceCount(w http.ResponseWriter, n *int) (int, bool) {
 		return 0, false
 	}
 	if *n < 1 {
-		s.badRequest(w, fmt.Sprintf("n must be at least 1, got %d", *n))
+		s.badRequest(w, fmt.Sprintf("n must be at least 1, got %d.", *n))
+		return 0, false
+	}
+	if *n > vllmMaxN {
+		s.badRequest(w, fmt.Sprintf("n must be at most %d, got %d. To increase this limit, set the VLLM_MAX_N_SEQUENCES environment variable.", vllmMaxN, *n))
 		return 0, false
 	}
 	return *n, true

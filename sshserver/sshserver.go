@@ -59,8 +59,13 @@ type Options struct {
 	// IdleTimeout disconnects a session with no input for that long
 	// (default 30 minutes). The console's own refreshes do not count.
 	IdleTimeout time.Duration
-	// MaxConnsPerIPPerMinute caps new connections from one address
-	// (default 30; negative disables the limit).
+	// MaxConnsPerIPPerMinute caps the failed logins (connections that end
+	// without authenticating) from one address in a minute (default 30;
+	// negative disables the limit). Logins that succeed never count. Past
+	// it, the address's connections are told why and when to retry (an SSH
+	// banner) and only keys of console users get in, so a stranger behind
+	// the same NAT or jump host locks nobody out; past floodFactor times
+	// it, they are closed before the handshake.
 	MaxConnsPerIPPerMinute int
 	Logger                 *slog.Logger
 	// AdminKeysFile is an authorized_keys file whose keys become admins on
@@ -97,6 +102,10 @@ const (
 	defaultIdle      = 30 * time.Minute
 	defaultRateLimit = 30
 	handshakeTimeout = 30 * time.Second
+	// floodFactor times the failed-login limit, a minute's failures from
+	// one address are a flood: its connections are closed before the key
+	// exchange, which would cost the hub CPU for each.
+	floodFactor = 4
 
 	defaultSessionsPerConn = 10
 	defaultSessionsPerUser = 10
@@ -121,11 +130,12 @@ const (
 
 // Server is the SSH console server.
 type Server struct {
-	opts    Options
-	log     *slog.Logger
-	srv     *ssh.Server
-	limiter *connLimiter
-	limits  *sessionLimits
+	opts Options
+	log  *slog.Logger
+	srv  *ssh.Server
+	// failures counts the failed logins per address (MaxConnsPerIPPerMinute).
+	failures *connLimiter
+	limits   *sessionLimits
 
 	mu       sync.Mutex
 	listener net.Listener
@@ -190,7 +200,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("sshserver: create the host key directory: %w", err)
 	}
 	_, statErr := os.Stat(opts.HostKeyPath)
-	s := &Server{opts: opts, log: opts.Logger, limiter: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute),
+	s := &Server{opts: opts, log: opts.Logger, failures: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute),
 		limits: newSessionLimits(opts.MaxSessionsPerConn, opts.MaxSessionsPerUser, opts.MaxConsoles)}
 	srv, err := wish.NewServer(
 		wish.WithAddress(opts.Addr),
@@ -218,7 +228,9 @@ func New(opts Options) (*Server, error) {
 	srv.KeyboardInteractiveHandler = nil
 	srv.ConnectionFailedCallback = func(conn net.Conn, err error) {
 		s.log.Info("ssh connection refused", "remote", conn.RemoteAddr().String(), "err", err)
+		s.failures.add(hostOf(conn.RemoteAddr()), time.Now())
 	}
+	srv.BannerHandler = s.banner
 	// Sessions are the only channel type, as by default; this one counts them.
 	srv.ChannelHandlers = map[string]ssh.ChannelHandler{"session": s.sessionChannel}
 	s.srv = srv
@@ -472,19 +484,45 @@ func (s *Server) watchIdle(sess ssh.Session, in *inputClock, p *tea.Program, idl
 	}
 }
 
-// rateLimit drops connections from an address that opened too many in the
-// last minute, before any handshake work is spent on them.
-func (s *Server) rateLimit(ctx ssh.Context, conn net.Conn) net.Conn {
-	host, _, err := net.SplitHostPort(conn.RemoteAddr().String())
+// hostOf is the address part of a connection's remote address.
+func hostOf(addr net.Addr) string {
+	host, _, err := net.SplitHostPort(addr.String())
 	if err != nil {
-		host = conn.RemoteAddr().String()
+		return addr.String()
 	}
-	if !s.limiter.allow(host, time.Now()) {
-		s.log.Warn("ssh connection rate limit", "remote", host, "limit_per_minute", s.opts.MaxConnsPerIPPerMinute)
+	return host
+}
+
+// rateLimit closes connections from an address that failed to log in
+// floodFactor times the limit in the last minute, before any handshake
+// work is spent on them. Below that, an address over the limit still gets
+// the handshake: its keys of console users get in, and the banner tells
+// the others why they do not (banner).
+func (s *Server) rateLimit(ctx ssh.Context, conn net.Conn) net.Conn {
+	host := hostOf(conn.RemoteAddr())
+	if failed, _ := s.failures.count(host, time.Now()); s.opts.MaxConnsPerIPPerMinute > 0 && failed >= floodFactor*s.opts.MaxConnsPerIPPerMinute {
+		s.log.Warn("ssh connection closed before the handshake: a flood of failed logins", "remote", host,
+			"failed_last_minute", failed, "limit_per_minute", s.opts.MaxConnsPerIPPerMinute)
 		return nil
 	}
 	ctx.SetValue(refusedKey, new(atomic.Int64))
 	return conn
+}
+
+// banner is the SSH banner OpenSSH prints before authentication: empty,
+// unless the client's address is over its failed-login limit, when it says
+// so and when to retry, since only keys of console users get in then.
+func (s *Server) banner(ctx ssh.Context) string {
+	host := hostOf(ctx.RemoteAddr())
+	failed, oldest := s.failures.count(host, time.Now())
+	if s.opts.MaxConnsPerIPPerMinute <= 0 || failed < s.opts.MaxConnsPerIPPerMinute {
+		return ""
+	}
+	retry := max(time.Until(oldest.Add(time.Minute)).Round(time.Second), time.Second)
+	return fmt.Sprintf("fleet: %d logins from %s failed in the last minute (the limit is %d a minute, serve --ssh-rate). "+
+		"A console user's key still gets in; any other is refused, and at %d failures this address is cut off before login. "+
+		"The oldest failure stops counting in %s: retry then, with a key an admin has added ('user add').\r\n",
+		failed, host, s.opts.MaxConnsPerIPPerMinute, floodFactor*s.opts.MaxConnsPerIPPerMinute, retry)
 }
 
 // ListenAndServe admits the first admins if needed, then serves until ctx
@@ -666,7 +704,8 @@ func userName(comment string) string {
 	return name
 }
 
-// connLimiter counts connections per address over a sliding window.
+// connLimiter counts events (failed logins) per address over a sliding
+// window.
 type connLimiter struct {
 	max    int
 	window time.Duration
@@ -679,12 +718,39 @@ func newConnLimiter(max int, window time.Duration) *connLimiter {
 	return &connLimiter{max: max, window: window, seen: map[string][]time.Time{}}
 }
 
-func (l *connLimiter) allow(addr string, now time.Time) bool {
+// count is how many events addr had in the window up to now, and when the
+// oldest of them was.
+func (l *connLimiter) count(addr string, now time.Time) (int, time.Time) {
 	if l.max < 0 {
-		return true
+		return 0, time.Time{}
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	ts := l.current(addr, now)
+	if len(ts) == 0 {
+		return 0, time.Time{}
+	}
+	return len(ts), ts[0]
+}
+
+// add counts an event of addr at now; past floodFactor times the limit
+// the oldest are dropped, as past it the address is refused anyway.
+func (l *connLimiter) add(addr string, now time.Time) {
+	if l.max < 0 {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	ts := append(l.current(addr, now), now)
+	if keep := floodFactor * l.max; len(ts) > keep {
+		ts = ts[len(ts)-keep:]
+	}
+	l.seen[addr] = ts
+}
+
+// current is addr's events within the window, the older ones forgotten;
+// l.mu is held.
+func (l *connLimiter) current(addr string, now time.Time) []time.Time {
 	cut := now.Add(-l.window)
 	// Forget quiet addresses now and then so the map stays small.
 	if now.Sub(l.sweep) > l.window {
@@ -700,13 +766,12 @@ func (l *connLimiter) allow(addr string, now time.Time) bool {
 	for i < len(ts) && ts[i].Before(cut) {
 		i++
 	}
-	ts = ts[i:]
-	if len(ts) >= l.max {
-		l.seen[addr] = ts
-		return false
+	if i == len(ts) {
+		delete(l.seen, addr)
+		return nil
 	}
-	l.seen[addr] = append(ts, now)
-	return true
+	l.seen[addr] = ts[i:]
+	return ts[i:]
 }
 
 // capWindow bounds a terminal size asked for by a client to what a console

@@ -365,44 +365,96 @@ func TestHostKeyPersistsAcrossRestarts(t *testing.T) {
 	}
 }
 
-func TestRateLimitPerIP(t *testing.T) {
+// The limit counts failed logins, not connections: a console user may
+// connect as often as they like, a stranger's failures are told why and
+// when to retry, and lock out no console user behind the same address;
+// only a flood of them is cut off before the handshake.
+func TestRateLimitCountsFailedLogins(t *testing.T) {
 	op := newIdentity(t, "olga", fleet.RoleOperator)
-	ts := startServer(t, Options{Users: newUsers(op.user), MaxConnsPerIPPerMinute: 3})
-	for i := 0; i < 3; i++ {
+	stranger := newIdentity(t, "mallory", fleet.RoleAdmin) // not a user
+	const limit = 3
+	ts := startServer(t, Options{Users: newUsers(op.user), MaxConnsPerIPPerMinute: limit})
+	for i := range 2 * limit {
 		if out, _, code := run(t, ts.addr, op, "whoami", ""); code != 0 || out == "" {
-			t.Fatalf("connection %d refused under the limit", i+1)
+			t.Fatalf("a console user's connection %d in a minute was refused; logins that succeed must not count", i+1)
 		}
+	}
+	// strangerDial logs in with an unknown key and returns the banner it
+	// was shown, once the server has counted the failure (it does when
+	// the client has hung up, which may be after Dial returns).
+	strangerDial := func() (banner string, err error) {
+		before, _ := ts.failures.count("127.0.0.1", time.Now())
+		defer func() {
+			for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+				if n, _ := ts.failures.count("127.0.0.1", time.Now()); n > before || n == floodFactor*limit {
+					return
+				}
+			}
+		}()
+		c, err := gossh.Dial("tcp", ts.addr, &gossh.ClientConfig{
+			User: "mallory", Auth: []gossh.AuthMethod{gossh.PublicKeys(stranger.signer)},
+			HostKeyCallback: gossh.InsecureIgnoreHostKey(), Timeout: 10 * time.Second,
+			BannerCallback: func(msg string) error { banner = msg; return nil },
+		})
+		if err == nil {
+			c.Close()
+			return banner, errors.New("a stranger's key logged in")
+		}
+		return banner, err
+	}
+	for i := range limit {
+		if banner, err := strangerDial(); banner != "" || !strings.Contains(err.Error(), "unable to authenticate") {
+			t.Fatalf("stranger's login %d: banner %q, %v; want refused without a banner under the limit", i+1, banner, err)
+		}
+	}
+	// Over the limit: told why and when to retry.
+	banner, err := strangerDial()
+	if !strings.Contains(banner, fmt.Sprintf("%d logins from 127.0.0.1 failed in the last minute", limit)) || !strings.Contains(banner, "retry") {
+		t.Errorf("a stranger over the limit was shown %q (%v); want why and when to retry", banner, err)
+	}
+	// The console user behind the same address still gets in.
+	if out, _, code := run(t, ts.addr, op, "whoami", ""); code != 0 || out == "" {
+		t.Error("a stranger's failed logins locked a console user at the same address out")
+	}
+	// A flood of failures is cut off before the handshake.
+	for range floodFactor*limit - limit - 1 {
+		_, _ = strangerDial()
 	}
 	if c, err := dial(ts.addr, gossh.PublicKeys(op.signer)); err == nil {
 		c.Close()
-		t.Fatal("4th connection in a minute was let through with a limit of 3")
+		t.Errorf("after %d failed logins in a minute the address still got a handshake", floodFactor*limit)
+	} else if strings.Contains(err.Error(), "unable to authenticate") {
+		t.Errorf("after a flood of failed logins: %v; want the connection closed before the handshake", err)
 	}
 }
 
 func TestConnLimiter(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	tests := []struct {
-		name string
-		max  int
-		at   []time.Duration
-		addr []string
-		want []bool
-	}{
-		{"under the limit", 2, []time.Duration{0, time.Second}, []string{"a", "a"}, []bool{true, true}},
-		{"over the limit", 2, []time.Duration{0, 1, 2}, []string{"a", "a", "a"}, []bool{true, true, false}},
-		{"per address", 1, []time.Duration{0, 0}, []string{"a", "b"}, []bool{true, true}},
-		{"window slides", 1, []time.Duration{0, 30 * time.Second, 61 * time.Second}, []string{"a", "a", "a"}, []bool{true, false, true}},
-		{"disabled", -1, []time.Duration{0, 0, 0}, []string{"a", "a", "a"}, []bool{true, true, true}},
+	l := newConnLimiter(2, time.Minute)
+	for _, at := range []time.Duration{0, time.Second, 2 * time.Second} {
+		l.add("a", t0.Add(at))
 	}
-	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			l := newConnLimiter(tt.max, time.Minute)
-			for i := range tt.at {
-				if got := l.allow(tt.addr[i], t0.Add(tt.at[i])); got != tt.want[i] {
-					t.Fatalf("call %d: allow = %v, want %v", i, got, tt.want[i])
-				}
-			}
-		})
+	if n, oldest := l.count("a", t0.Add(3*time.Second)); n != 3 || !oldest.Equal(t0) {
+		t.Errorf("count = %d, oldest %v; want 3 from %v", n, oldest, t0)
+	}
+	if n, _ := l.count("b", t0); n != 0 {
+		t.Errorf("another address counted %d", n)
+	}
+	// The window slides: the first failure stops counting a minute on.
+	if n, oldest := l.count("a", t0.Add(time.Minute+500*time.Millisecond)); n != 2 || !oldest.Equal(t0.Add(time.Second)) {
+		t.Errorf("a minute on: count = %d, oldest %v; want 2 from t0+1s", n, oldest)
+	}
+	// Past floodFactor times the limit only the newest are kept.
+	for i := range 20 {
+		l.add("c", t0.Add(time.Duration(i)*time.Millisecond))
+	}
+	if n, _ := l.count("c", t0.Add(time.Second)); n != floodFactor*2 {
+		t.Errorf("kept %d failures; want at most %d", n, floodFactor*2)
+	}
+	off := newConnLimiter(-1, time.Minute)
+	off.add("a", t0)
+	if n, _ := off.count("a", t0); n != 0 {
+		t.Errorf("a disabled limit counted %d", n)
 	}
 }
 

@@ -417,7 +417,7 @@ func serveCmd(dataDir *string, commandLine []string) *cobra.Command {
 	c.Flags().StringVar(&opts.AdminKeysFile, "admin-keys", "", "authorized_keys file whose keys become console admins (needed off loopback until a console user exists)")
 	c.Flags().StringVar(&opts.MDNSName, "mdns", mdns.DefaultName, "announce the console off loopback by mDNS as NAME.local (ssh NAME.local); empty: no announcement")
 	c.Flags().StringVar(&opts.Theme, "theme", "", "console theme: dark, light or high-contrast (default: from each client's background)")
-	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "new SSH connections allowed per client address per minute (0: default 30; negative: no limit)")
+	c.Flags().IntVar(&opts.SSHMaxConnsPerIPPerMinute, "ssh-rate", 0, "failed SSH logins per client address a minute before it is warned and only console users' keys get in; 4 times it closes the address off (0: default 30; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxSessionsPerConn, "ssh-max-sessions-per-conn", 0, "SSH sessions open at once on one connection (0: default 10; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxSessionsPerUser, "ssh-max-sessions-per-user", 0, "SSH sessions open at once per console user, over all connections (0: default 10; negative: no limit)")
 	c.Flags().IntVar(&opts.SSHMaxConsoles, "ssh-max-consoles", 0, "interactive consoles open at once on the hub (0: default 16; negative: no limit)")
