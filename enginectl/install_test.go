@@ -132,8 +132,8 @@ func TestInstallFailures(t *testing.T) {
 			binMode os.FileMode
 			want    string
 		}{
-			{"private dir", 0o700, 0o755, "cannot be reached by the user nobody: it may not enter the directory " + data + " (drwx------ root root)"},
-			{"not executable", 0o755, 0o700, "is there but the user nobody may not run it (-rwx------ root root)"},
+			{"private dir", 0o700, 0o755, "cannot be reached by the user nobody: it has no search permission on the directory " + data + " (drwx------ root root)"},
+			{"not executable", 0o755, 0o700, "is there but the user nobody has no permission to run it (-rwx------ root root)"},
 		} {
 			if err := os.MkdirAll(filepath.Join(data, "bin"), 0o755); err != nil {
 				t.Fatal(err)

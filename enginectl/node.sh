@@ -273,7 +273,7 @@ which)
 	fi
 	case $xh in
 	/*)
-		me=$(id -un 2>/dev/null || echo "this user")
+		me=$(id -un 2>/dev/null) || me="uid $(id -u)"
 		dir=
 		rest=${xh#/}
 		while :; do
@@ -284,13 +284,13 @@ which)
 			if [ -d "$dir" ] && ! [ -x "$dir" ]; then
 				# ls -ld of one path: only its mode, owner and group are read.
 				# shellcheck disable=SC2012
-				echo "$xh cannot be reached by the user $me: it may not enter the directory $dir ($(ls -ld "$dir" | awk '{ print $1, $3, $4 }'))" >&2
+				echo "$xh cannot be reached by the user $me: it has no search permission on the directory $dir ($(ls -ld "$dir" | awk '{ print $1, $3, $4 }'))" >&2
 				exit 3
 			fi
 		done
 		if [ -e "$xh" ]; then
 			# shellcheck disable=SC2012
-			echo "$xh is there but the user $me may not run it ($(ls -ld "$xh" | awk '{ print $1, $3, $4 }'))" >&2
+			echo "$xh is there but the user $me has no permission to run it ($(ls -ld "$xh" | awk '{ print $1, $3, $4 }'))" >&2
 			exit 3
 		fi
 		;;

@@ -134,7 +134,7 @@ type Server struct {
 	log  *slog.Logger
 	srv  *ssh.Server
 	// failures counts the failed logins per address (MaxConnsPerIPPerMinute).
-	failures *connLimiter
+	failures *loginFailures
 	limits   *sessionLimits
 
 	mu       sync.Mutex
@@ -200,7 +200,7 @@ func New(opts Options) (*Server, error) {
 		return nil, fmt.Errorf("sshserver: create the host key directory: %w", err)
 	}
 	_, statErr := os.Stat(opts.HostKeyPath)
-	s := &Server{opts: opts, log: opts.Logger, failures: newConnLimiter(opts.MaxConnsPerIPPerMinute, time.Minute),
+	s := &Server{opts: opts, log: opts.Logger, failures: newLoginFailures(opts.MaxConnsPerIPPerMinute, time.Minute),
 		limits: newSessionLimits(opts.MaxSessionsPerConn, opts.MaxSessionsPerUser, opts.MaxConsoles)}
 	srv, err := wish.NewServer(
 		wish.WithAddress(opts.Addr),
@@ -704,9 +704,9 @@ func userName(comment string) string {
 	return name
 }
 
-// connLimiter counts events (failed logins) per address over a sliding
+// loginFailures counts events (failed logins) per address over a sliding
 // window.
-type connLimiter struct {
+type loginFailures struct {
 	max    int
 	window time.Duration
 	mu     sync.Mutex
@@ -714,13 +714,13 @@ type connLimiter struct {
 	sweep  time.Time
 }
 
-func newConnLimiter(max int, window time.Duration) *connLimiter {
-	return &connLimiter{max: max, window: window, seen: map[string][]time.Time{}}
+func newLoginFailures(max int, window time.Duration) *loginFailures {
+	return &loginFailures{max: max, window: window, seen: map[string][]time.Time{}}
 }
 
 // count is how many events addr had in the window up to now, and when the
 // oldest of them was.
-func (l *connLimiter) count(addr string, now time.Time) (int, time.Time) {
+func (l *loginFailures) count(addr string, now time.Time) (int, time.Time) {
 	if l.max < 0 {
 		return 0, time.Time{}
 	}
@@ -735,7 +735,7 @@ func (l *connLimiter) count(addr string, now time.Time) (int, time.Time) {
 
 // add counts an event of addr at now; past floodFactor times the limit
 // the oldest are dropped, as past it the address is refused anyway.
-func (l *connLimiter) add(addr string, now time.Time) {
+func (l *loginFailures) add(addr string, now time.Time) {
 	if l.max < 0 {
 		return
 	}
@@ -750,7 +750,7 @@ func (l *connLimiter) add(addr string, now time.Time) {
 
 // current is addr's events within the window, the older ones forgotten;
 // l.mu is held.
-func (l *connLimiter) current(addr string, now time.Time) []time.Time {
+func (l *loginFailures) current(addr string, now time.Time) []time.Time {
 	cut := now.Add(-l.window)
 	// Forget quiet addresses now and then so the map stays small.
 	if now.Sub(l.sweep) > l.window {

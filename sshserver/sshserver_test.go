@@ -428,9 +428,9 @@ func TestRateLimitCountsFailedLogins(t *testing.T) {
 	}
 }
 
-func TestConnLimiter(t *testing.T) {
+func TestLoginFailures(t *testing.T) {
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	l := newConnLimiter(2, time.Minute)
+	l := newLoginFailures(2, time.Minute)
 	for _, at := range []time.Duration{0, time.Second, 2 * time.Second} {
 		l.add("a", t0.Add(at))
 	}
@@ -451,7 +451,7 @@ func TestConnLimiter(t *testing.T) {
 	if n, _ := l.count("c", t0.Add(time.Second)); n != floodFactor*2 {
 		t.Errorf("kept %d failures; want at most %d", n, floodFactor*2)
 	}
-	off := newConnLimiter(-1, time.Minute)
+	off := newLoginFailures(-1, time.Minute)
 	off.add("a", t0)
 	if n, _ := off.count("a", t0); n != 0 {
 		t.Errorf("a disabled limit counted %d", n)
