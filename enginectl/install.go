@@ -104,12 +104,6 @@ func InstallCommand(spec Spec) (string, error) {
 	return "", fmt.Errorf("model %s: no install command for engine %q", spec.Model.ID, spec.Engine)
 }
 
-// Installed reports whether cmd's binary (cmd.Bin) is on the node.
-func Installed(ctx context.Context, r Runner, cmd Command) (bool, error) {
-	where, err := Locate(ctx, r, cmd.Bin)
-	return where != "", err
-}
-
 // Locate is where bin is found on the node, "" when nowhere: bin itself when
 // it is a path, else the first on the node's PATH (both Homebrew prefixes and
 // ~/.local/bin included), else one in the usual virtual environments off PATH
