@@ -61,7 +61,7 @@ brew install ollama`
 	// a password, which nobody is there to type, is refused before it asks.
 	installLinuxOllama = `set -e
 if [ "$(id -u)" != 0 ] && ! sudo -n true 2>/dev/null; then
-	echo "Ollama's Linux installer needs root (it installs into /usr/local and sets up a systemd service with sudo), and sudo on this node wants a password, which fleet cannot type: run 'curl -fsSL https://ollama.com/install.sh | sh' on the node yourself, allow this user sudo without a password, or set install: in the ollama recipe" >&2
+	echo "Ollama's Linux installer needs root (it installs into /usr/local and sets up a systemd service with sudo), and sudo -n fails on this node (no sudo, or it wants a password, which fleet cannot type): run 'curl -fsSL https://ollama.com/install.sh | sh' on the node yourself, allow this user sudo without a password, or set install: in the ollama recipe" >&2
 	exit 77
 fi
 curl -fsSL https://ollama.com/install.sh | sh`
@@ -104,12 +104,6 @@ func InstallCommand(spec Spec) (string, error) {
 	return "", fmt.Errorf("model %s: no install command for engine %q", spec.Model.ID, spec.Engine)
 }
 
-// Installed reports whether cmd's binary (cmd.Bin) is on the node.
-func Installed(ctx context.Context, r Runner, cmd Command) (bool, error) {
-	where, err := Locate(ctx, r, cmd.Bin)
-	return where != "", err
-}
-
 // Locate is where bin is found on the node, "" when nowhere: bin itself when
 // it is a path, else the first on the node's PATH (both Homebrew prefixes and
 // ~/.local/bin included), else one in the usual virtual environments off PATH
@@ -134,6 +128,7 @@ func LocateEngines(ctx context.Context, r Runner, p fleet.Platform) (map[fleet.E
 	var kinds []fleet.EngineKind
 	var bins []string
 	for _, k := range []fleet.EngineKind{fleet.EngineLlamaCpp, fleet.EngineVLLM, fleet.EngineVLLMMetal, fleet.EngineOllama} {
+		// EngineFor says whether k can run on p, for a model with a k recipe.
 		if _, err := EngineFor(p, fleet.Model{Recipes: map[fleet.EngineKind]fleet.Recipe{k: {}}}, k); err == nil {
 			kinds, bins = append(kinds, k), append(bins, defaultBin(k))
 		}

@@ -14,17 +14,21 @@ import (
 	"fleet"
 )
 
-func TestInstalled(t *testing.T) {
+func TestLocate(t *testing.T) {
 	home, _ := os.UserHomeDir()
+	sh, err := exec.LookPath("sh")
+	if err != nil {
+		t.Fatal(err)
+	}
 	tests := []struct {
 		bin  string
-		want bool
+		want string
 	}{
-		{fakeEngine, true},
-		{"sh", true},
-		{"/nonexistent/llama-server", false},
-		{"surely-no-such-engine-binary", false},
-		{"~/surely/not/here/vllm", false},
+		{fakeEngine, fakeEngine},
+		{"sh", sh},
+		{"/nonexistent/llama-server", ""},
+		{"surely-no-such-engine-binary", ""},
+		{"~/surely/not/here/vllm", ""},
 	}
 	if home != "" {
 		// "~/" is the node's home, as in vllm-metal's default binary.
@@ -38,13 +42,13 @@ func TestInstalled(t *testing.T) {
 		}
 		tests = append(tests, struct {
 			bin  string
-			want bool
-		}{"~/" + filepath.Base(dir) + "/vllm", true})
+			want string
+		}{"~/" + filepath.Base(dir) + "/vllm", filepath.Join(dir, "vllm")})
 	}
 	for _, tc := range tests {
-		got, err := Installed(testCtx(t), LocalRunner{}, Command{Bin: tc.bin})
+		got, err := Locate(testCtx(t), LocalRunner{}, tc.bin)
 		if err != nil || got != tc.want {
-			t.Errorf("Installed(%q) = %v, %v; want %v", tc.bin, got, err, tc.want)
+			t.Errorf("Locate(%q) = %q, %v; want %q", tc.bin, got, err, tc.want)
 		}
 	}
 }

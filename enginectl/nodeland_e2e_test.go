@@ -193,6 +193,24 @@ func TestLandRefusals(t *testing.T) {
 			t.Errorf("install = %v, installs %q; want a refusal naming the C compiler:\n%s", err, land.Installs(), progress.String())
 		}
 	})
+	t.Run("launching vLLM without a C compiler", func(t *testing.T) {
+		land := newLand(t, nodeland.Options{Kind: nodeland.Linux, Hide: []string{"cc", "gcc", "clang"}})
+		if err := copyFile(fakeEngine, filepath.Join(land.Home, ".venv-vllm", "bin", "vllm")); err != nil {
+			t.Fatal(err)
+		}
+		spec := landSpec(linuxPlatform, fleet.EngineVLLM, freePort(t))
+		cmd, err := BuildCommand(spec)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, err := Start(testCtx(t), land, spec, cmd)
+		if err == nil {
+			_ = Stop(testCtx(t), land, p, time.Second, fast...)
+		}
+		if err == nil || !strings.Contains(err.Error(), "needs a C compiler") {
+			t.Errorf("start = %v; want a refusal naming the C compiler", err)
+		}
+	})
 	// A user (uid 501, a Mac's first) whose sudo wants a password, as
 	// sudo answers without a terminal.
 	sudoer := t.TempDir()
@@ -213,7 +231,7 @@ func TestLandRefusals(t *testing.T) {
 		spec.Model.Recipes = map[fleet.EngineKind]fleet.Recipe{fleet.EngineOllama: {Model: "qwen3:4b"}}
 		var progress bytes.Buffer
 		err := Install(testCtx(t), land, spec, &progress)
-		if code, _ := ExitCode(err); code != 77 || !strings.Contains(progress.String(), "sudo on this node wants a password") {
+		if code, _ := ExitCode(err); code != 77 || !strings.Contains(progress.String(), "sudo -n fails on this node") {
 			t.Errorf("install = %v; want exit 77 and a refusal that names sudo:\n%s", err, progress.String())
 		}
 	})

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"fleet"
 )
 
 // Process is an engine launched detached on a node.
@@ -81,6 +83,11 @@ func Start(ctx context.Context, r Runner, spec Spec, cmd Command, opts ...Option
 		}
 		argv = append(env, argv...)
 	}
+	if spec.Engine == fleet.EngineVLLM && !cmd.Simulated {
+		if err := checkCompiler(ctx, r, spec.Node.Name); err != nil {
+			return Process{}, err
+		}
+	}
 	stem := FileStem(spec.Node.Name, spec.Model.ID)
 	args := append([]string{spec.StateDir, stem, cmd.LaunchArgv[0]}, argv...)
 	started := time.Now()
@@ -96,6 +103,22 @@ func Start(ctx context.Context, r Runner, spec Spec, cmd Command, opts ...Option
 	p := Process{PID: pid, PGID: pid, StartedAt: started, LogPath: kv["log"], PIDPath: kv["pidfile"], ServedName: cmd.ServedName}
 	o.logger.Info("engine launched", "node", spec.Node.Name, "model", spec.Model.ID, "pid", pid, "log", p.LogPath, "argv", strings.Join(cmd.Argv, " "))
 	return p, nil
+}
+
+// checkCompiler refuses a vLLM launch on a node without a C compiler:
+// Triton compiles vLLM's GPU kernels with one while the engine runs, and an
+// engine that dies on its first request is worse than one never started.
+// (The default install refuses earlier; this catches a vLLM installed by
+// hand.)
+func checkCompiler(ctx context.Context, r Runner, node string) error {
+	out, err := runScript(ctx, r, "whichall", "cc", "gcc", "clang")
+	if err != nil {
+		return fmt.Errorf("looking for a C compiler on node %s: %w", node, err)
+	}
+	if strings.TrimSpace(string(out)) == "" {
+		return fmt.Errorf("vLLM needs a C compiler when it runs (Triton compiles its GPU kernels with one), and node %s has none (no cc, gcc or clang): install one (Debian, Ubuntu: sudo apt-get install gcc), and the worker starts on its next try", node)
+	}
+	return nil
 }
 
 func keyValues(out []byte) map[string]string {

@@ -19,3 +19,16 @@ func engineBin(w fleet.Worker, p *fleet.Platform) string {
 	}
 	return found
 }
+
+// sanitizeEngines makes the paths a node reported printable: a file name
+// may hold any byte but / and NUL, a terminal's escapes included.
+func sanitizeEngines(found map[fleet.EngineKind]string) map[fleet.EngineKind]string {
+	if found == nil {
+		return nil
+	}
+	out := make(map[fleet.EngineKind]string, len(found))
+	for k, where := range found {
+		out[k] = fleet.Sanitize(where)
+	}
+	return out
+}

@@ -1,6 +1,7 @@
 package hub
 
 import (
+	"strings"
 	"testing"
 
 	"fleet"
@@ -24,5 +25,12 @@ func TestEngineBin(t *testing.T) {
 		if got := engineBin(tc.w, tc.p); got != tc.want {
 			t.Errorf("%s: engineBin = %q, want %q", tc.name, got, tc.want)
 		}
+	}
+}
+
+func TestSanitizeNodeEngines(t *testing.T) {
+	n := sanitizeNode(fleet.Node{Platform: &fleet.Platform{Engines: map[fleet.EngineKind]string{fleet.EngineVLLM: "/home/u/.venv\x1b]0;owned\x07/bin/vllm"}}})
+	if got := n.Platform.Engines[fleet.EngineVLLM]; strings.ContainsAny(got, "\x1b\x07") {
+		t.Errorf("a node's engine path reaches the console with its escapes: %q", got)
 	}
 }

@@ -222,6 +222,7 @@ func sanitizeNode(n fleet.Node) fleet.Node {
 	if n.Platform != nil {
 		p := *n.Platform
 		p.OS, p.Arch, p.Chip, p.Profile = fleet.Sanitize(p.OS), fleet.Sanitize(p.Arch), fleet.Sanitize(p.Chip), fleet.Sanitize(p.Profile)
+		p.Engines = sanitizeEngines(p.Engines)
 		p.GPUs = slices.Clone(p.GPUs)
 		for i := range p.GPUs {
 			p.GPUs[i].Name = fleet.Sanitize(p.GPUs[i].Name)

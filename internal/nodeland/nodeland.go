@@ -53,13 +53,15 @@ const (
 )
 
 // Formula is what the fake brew installs for `brew install NAME`: the
-// program From copied into the prefix's Cellar and linked as bin/Bin.
+// program From copied into the prefix's Cellar and linked as bin/Bin. No
+// field may hold a space.
 type Formula struct {
 	Name, Bin, From string
 }
 
 // Package is what the fake uv installs for `uv pip install NAME`: the
-// program From copied into the venv's bin as Bin, as an entry point.
+// program From copied into the venv's bin as Bin, as an entry point. No
+// field may hold a space.
 type Package struct {
 	Name, Bin, From string
 }
@@ -327,9 +329,9 @@ func (l *Land) Env() []string {
 	return []string{"HOME=" + l.Home, "USER=root", "LOGNAME=root", "SHELL=" + shell, "PATH=" + l.Path}
 }
 
-// Command is argv run in the land, as sshd would run it: in the node's
+// command is argv run in the land, as sshd would run it: in the node's
 // home, with the node's environment and nothing of the test's.
-func (l *Land) Command(ctx context.Context, argv ...string) *exec.Cmd {
+func (l *Land) command(ctx context.Context, argv ...string) *exec.Cmd {
 	args := append([]string{"-t", fmt.Sprint(l.holder.Process.Pid), "-m", "--", "env", "-i"}, l.Env()...)
 	cmd := exec.CommandContext(ctx, "nsenter", append(args, argv...)...)
 	cmd.Dir = l.Home
@@ -344,7 +346,7 @@ func (l *Land) Run(ctx context.Context, argv []string, stdin io.Reader, stdout, 
 	if len(argv) == 0 {
 		return errors.New("run: empty command line")
 	}
-	cmd := l.Command(ctx, argv...)
+	cmd := l.command(ctx, argv...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = stdin, stdout, stderr
 	if err := cmd.Run(); err != nil {
 		return fmt.Errorf("run %s on the node: %w", argv[0], err)
