@@ -180,6 +180,16 @@ type Model struct {
 	busy       int
 	tracking   map[string]tracker
 	quitting   bool
+
+	// frame is the last screen rendered, reused while frameValid: Bubble
+	// Tea asks for the view after every message, and a key that changes
+	// nothing (typed into a full filter) must not cost a frame.
+	frame      string
+	frameValid bool
+	// renders counts the frames rendered (tests read it).
+	renders int
+	// ignoredKey is set by a key handler that changed nothing.
+	ignoredKey bool
 }
 
 // New builds the console for one operator.
@@ -250,6 +260,8 @@ func (m *Model) tick() tea.Cmd {
 
 // Update handles one message.
 func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
+	valid := m.frameValid
+	m.frameValid = false
 	switch msg := msg.(type) {
 	case tea.WindowSizeMsg:
 		m.width, m.height = max(msg.Width, 20), max(msg.Height, 6)
@@ -278,7 +290,13 @@ func (m *Model) Update(msg tea.Msg) (tea.Model, tea.Cmd) {
 		m.detail.gotLog(msg)
 		return m, nil
 	case tea.KeyPressMsg:
-		return m, m.key(msg)
+		flash := m.flash
+		cmd := m.key(msg)
+		if m.ignoredKey && m.flash == flash {
+			m.frameValid = valid
+		}
+		m.ignoredKey = false
+		return m, cmd
 	}
 	return m, nil
 }
@@ -822,7 +840,8 @@ func (m *Model) filterKey(k tea.KeyPressMsg) tea.Cmd {
 		room := maxFilterRunes - utf8.RuneCountInString(l.filter)
 		if k.Text == "" || room <= 0 {
 			// A full filter ignores what is typed at no cost: no refilter,
-			// no layout (the prompt line says it is full).
+			// no layout, no new frame (the prompt line says it is full).
+			m.ignoredKey = true
 			return nil
 		}
 		text := k.Text

@@ -53,7 +53,11 @@ func fitRight(s string, w int) string {
 
 // View renders the screen.
 func (m *Model) View() tea.View {
-	v := tea.NewView(m.Render())
+	if !m.frameValid {
+		m.frame, m.frameValid = m.Render(), true
+		m.renders++
+	}
+	v := tea.NewView(m.frame)
 	v.AltScreen = true
 	v.WindowTitle = "fleet"
 	return v

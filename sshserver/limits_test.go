@@ -282,3 +282,54 @@ func TestLongCommandIsRefusedAndNotLogged(t *testing.T) {
 		}
 	}
 }
+
+// What a console costs the hub at its largest: consoles at the size cap
+// whose clients read none of their output (stalled: the SSH window is full,
+// the hub's writes wait) while the fleet changes under them. docs/limits.md
+// states the figure per console that this bounds.
+func TestStalledConsolesMemory(t *testing.T) {
+	const consoles = 4
+	vic := newIdentity(t, "vic", fleet.RoleViewer)
+	ts := startServer(t, Options{Users: newUsers(vic.user), MaxSessionsPerUser: consoles, MaxSessionsPerConn: consoles})
+	c, err := dial(ts.addr, gossh.PublicKeys(vic.signer))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	before := heapInUse()
+	for range consoles {
+		sess, err := c.NewSession()
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer sess.Close()
+		if _, err := sess.StdoutPipe(); err != nil { // never read
+			t.Fatal(err)
+		}
+		if _, err := sess.StdinPipe(); err != nil {
+			t.Fatal(err)
+		}
+		if err := sess.RequestPty("xterm-256color", MaxTermHeight, MaxTermWidth, gossh.TerminalModes{}); err != nil {
+			t.Fatal(err)
+		}
+		if err := sess.Shell(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(30 * time.Second) // hang guard
+	for ts.consolesOpen() != consoles {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d consoles open, want %d", ts.consolesOpen(), consoles)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	// Refreshes (the demo source changes every one) until the output is
+	// stuck behind the full SSH windows.
+	time.Sleep(20 * ts.opts.Refresh)
+	each := float64(heapInUse()-min(before, heapInUse())) / consoles
+	t.Logf("heap in use per stalled %dx%d console: %.1f MB", MaxTermWidth, MaxTermHeight, mb(uint64(each)))
+	const documented = 30 << 20 // docs/limits.md: "each up to about 30 MB of heap"
+	if each > documented {
+		t.Errorf("a stalled console at the size cap holds %.1f MB of heap; docs/limits.md says up to about %.0f MB", mb(uint64(each)), mb(documented))
+	}
+}
