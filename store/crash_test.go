@@ -58,7 +58,7 @@ func TestHelperApplyProcess(t *testing.T) {
 // transaction (and once just after its commit) and checks that the database
 // it leaves behind holds exactly fleet A or exactly fleet B, on each
 // dialect: on PostgreSQL the server rolls back the dead client's
-// transaction and frees its writer lock.
+// transaction and frees its locks.
 func TestApplyFleetSurvivesKill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts child processes")

@@ -199,8 +199,9 @@ const (
 	// pending stops take it shared. An apply reads the workers and writes
 	// pending stops from what it read, and deletes the workers its
 	// placements lost; a launch recorded in between would be lost with
-	// them, so no such write runs during an apply. Only the leader takes
-	// it, so a follower never waits on it.
+	// them, so no such write runs during an apply. Only the leader's
+	// writes take it (and `fleet fleet-id --new`), so a follower's
+	// writes never wait on it.
 	lockFleetState = "fleet state "
 )
 
@@ -219,8 +220,4 @@ func (t *txn) lock(ctx context.Context, name string, shared bool) error {
 		return fmt.Errorf("wait for the lock %q: %w", strings.TrimSpace(name), err)
 	}
 	return nil
-}
-
-func (t *txn) PrepareContext(ctx context.Context, query string) (*sql.Stmt, error) {
-	return t.tx.PrepareContext(ctx, t.d.rebind(query))
 }

@@ -14,9 +14,9 @@ import (
 )
 
 // AddSamples stores a batch of measurements at once, so a busy router pays
-// one commit per batch rather than one per request. Inserts of
-// new rows only, numbered by the database: hubs adding samples at once
-// wait on nothing of each other's.
+// one commit per batch rather than one per request. It inserts new rows
+// only, numbered by the database: hubs adding samples at once wait on
+// nothing of each other's.
 func (s *Store) AddSamples(ctx context.Context, samples []fleet.Sample) error {
 	if len(samples) == 0 {
 		return nil

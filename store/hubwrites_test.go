@@ -409,3 +409,63 @@ func TestTakeActionPassesOverOneBeingTaken(t *testing.T) {
 		t.Errorf("a take once both were taken: %+v, %v, %v; want none", again, ok, err)
 	}
 }
+
+// TestCreateKeyWhileItsRevokeCommits: a key created under the name of a key
+// whose revoke is in flight (another hub's transaction, not yet committed)
+// waits for that revoke and then replaces the revoked key; it is not
+// refused as a live key's name, nor does it leave two rows.
+func TestCreateKeyWhileItsRevokeCommits(t *testing.T) {
+	ctx := context.Background()
+	url := pgtest.URL(t)
+	a, aApp := openHub(t, url, "hub-a")
+	b, _ := openHub(t, url, "hub-b")
+	if _, err := a.CreateAPIKey(ctx, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if err := a.SetAPIKeyLimits(ctx, "ci", fleet.KeyLimits{RequestsPerMinute: 60}); err != nil {
+		t.Fatal(err)
+	}
+	revoke, err := b.db.db.BeginTx(ctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer revoke.Rollback()
+	if _, err := revoke.ExecContext(ctx, `UPDATE api_keys SET revoked = 1 WHERE name = 'ci'`); err != nil {
+		t.Fatal(err)
+	}
+	var key string
+	done := make(chan error, 1)
+	go func() {
+		var err error
+		key, err = a.CreateAPIKey(ctx, "ci")
+		done <- err
+	}()
+	for {
+		waits, err := blockedBackends(ctx, a, aApp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(waits) > 0 {
+			break // the create waits on the revoke's row
+		}
+		select {
+		case err := <-done:
+			t.Fatalf("the create ended (%v, key %q) before the revoke of the name committed", err, key)
+		default:
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := revoke.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-done; err != nil {
+		t.Fatalf("create of a key whose revoke committed meanwhile: %v", err)
+	}
+	keys, err := a.APIKeys(ctx)
+	if err != nil || len(keys) != 1 || !keys[0].Revoked.IsZero() || keys[0].RequestsPerMinute != 0 {
+		t.Fatalf("keys = %+v, %v; want ci alone, live, without the revoked key's limit", keys, err)
+	}
+	if name, ok := liveKey(t, a, key); !ok || name != "ci" {
+		t.Errorf("the new key is not live as ci: %q, %v", name, ok)
+	}
+}

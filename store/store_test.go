@@ -9,6 +9,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -774,16 +775,33 @@ func TestReferenceShapesAndBenchRuns(t *testing.T) {
 
 // TestConcurrentWriters checks that parallel writers queue rather than
 // fail: on SQLite through the busy timeout and immediate transactions
-// (no SQLITE_BUSY), on PostgreSQL through the store's writer lock.
+// (no SQLITE_BUSY), on PostgreSQL on the rows they share: two writers of
+// one hub's usage rows, given in opposite orders, neither deadlock nor
+// lose a count.
 func TestConcurrentWriters(t *testing.T) {
 	forEachDialect(t, func(t *testing.T, db testDB) {
 		ctx := context.Background()
 		a, b := db.openTest(t), db.openTest(t)
+		a.SetAuditOrigin("hub", "1")
+		b.SetAuditOrigin("hub", "1")
+		var rows []fleet.Usage
+		for i := range 20 {
+			rows = append(rows, fleet.Usage{Bucket: time.Unix(60, 0), Key: fmt.Sprint("key", i), Model: "m", Worker: "w", Requests: 1})
+		}
+		reversed := slices.Clone(rows)
+		slices.Reverse(reversed)
 		errs := make(chan error, 2)
-		for _, s := range []*Store{a, b} {
+		for _, w := range []struct {
+			s    *Store
+			rows []fleet.Usage
+		}{{a, rows}, {b, reversed}} {
 			go func() {
 				for i := range 50 {
-					if err := s.AddSamples(ctx, []fleet.Sample{{Worker: "w", At: time.Unix(int64(i+1), 0), Kind: "request"}}); err != nil {
+					if err := w.s.AddSamples(ctx, []fleet.Sample{{Worker: "w", At: time.Unix(int64(i+1), 0), Kind: "request"}}); err != nil {
+						errs <- err
+						return
+					}
+					if err := w.s.AddUsage(ctx, w.rows); err != nil {
 						errs <- err
 						return
 					}
@@ -799,6 +817,15 @@ func TestConcurrentWriters(t *testing.T) {
 		got, err := a.Samples(ctx, "w", time.Time{}, 0)
 		if err != nil || len(got) != 100 {
 			t.Fatalf("%d samples after two writers of 50 each (%v)", len(got), err)
+		}
+		byKey, err := a.Usage(ctx, time.Time{}, UsageByKey)
+		if err != nil || len(byKey) != len(rows) {
+			t.Fatalf("usage by key: %+v, %v", byKey, err)
+		}
+		for _, u := range byKey {
+			if u.Requests != 100 {
+				t.Errorf("key %s: %d requests after two writers of 50 each", u.Key, u.Requests)
+			}
 		}
 	})
 }
