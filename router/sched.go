@@ -150,10 +150,7 @@ func (p *pool) candidatesLocked(model string, job Job, excluded []string, now ti
 	var t memberTally
 	var sbuf [8]*backend
 	cands, backs, suspects := buf[:0], bs[:0], sbuf[:0]
-	for _, b := range p.backends {
-		if b.cfg.Model != model {
-			continue
-		}
+	for _, b := range p.byModel[model] {
 		m := p.memberLocked(b, now)
 		ok, why := m.available(now, job)
 		t.add(m, job, why)
@@ -182,7 +179,8 @@ func (p *pool) candidatesLocked(model string, job Job, excluded []string, now ti
 func (p *pool) pick(model string, job Job, excluded []string, now time.Time, choose func([]Candidate) int) (f *flight, none bool, t memberTally) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, backs, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
+	cands, backs, t := p.candidatesLocked(model, job, excluded, now, p.cands, p.backs)
+	p.cands, p.backs = cands, backs
 	if len(cands) == 0 {
 		return nil, true, t
 	}
@@ -197,7 +195,8 @@ func (p *pool) pick(model string, job Job, excluded []string, now time.Time, cho
 func (p *pool) tally(model string, job Job, excluded []string, now time.Time) (none bool, t memberTally) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, _, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
+	cands, backs, t := p.candidatesLocked(model, job, excluded, now, p.cands, p.backs)
+	p.cands, p.backs = cands, backs
 	return len(cands) == 0, t
 }
 
@@ -413,16 +412,13 @@ type poolSeats struct {
 	model string
 	now   time.Time
 	judge func(Job, memberTally) *schedError
-	cbuf  [8]Candidate
-	bbuf  [8]*backend
-	backs []*backend
 }
 
 func (s *poolSeats) Job(w *waiter) Job { return w.job }
 
 func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
-	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
-	s.backs = backs
+	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now, s.p.cands, s.p.backs)
+	s.p.cands, s.p.backs = cands, backs
 	if len(cands) > 0 {
 		return cands, nil
 	}
@@ -438,7 +434,7 @@ func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
 
 func (s *poolSeats) Take(w *waiter, job Job, i int) {
 	w.job = job
-	w.done <- s.p.takeLocked(s.backs[i], s.model, job, s.now)
+	w.done <- s.p.takeLocked(s.p.backs[i], s.model, job, s.now)
 }
 
 func (s *poolSeats) Fail(w *waiter, err error) {
