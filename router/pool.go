@@ -39,10 +39,9 @@ type pool struct {
 	// changed is closed (and replaced) whenever a request finishes, so
 	// WaitIdle can sleep without polling.
 	changed chan struct{}
-	// cands and backs are pick's and tally's room for a model's
-	// candidates, kept at the largest size needed: the policy sees them
-	// through an interface, which would put a new array on the heap for
-	// every request.
+	// cands and backs are candidatesLocked's lists, kept at the largest
+	// size needed: a decision among many workers would otherwise put new
+	// ones on the heap.
 	cands []Candidate
 	backs []*backend
 }
