@@ -413,12 +413,14 @@ type poolSeats struct {
 	model string
 	now   time.Time
 	judge func(Job, memberTally) *schedError
+	backs []*backend
 }
 
 func (s *poolSeats) Job(w *waiter) Job { return w.job }
 
 func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
-	cands, _, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now)
+	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now)
+	s.backs = backs
 	if len(cands) > 0 {
 		return cands, nil
 	}
@@ -434,7 +436,7 @@ func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
 
 func (s *poolSeats) Take(w *waiter, job Job, i int) {
 	w.job = job
-	w.done <- s.p.takeLocked(s.p.backs[i], s.model, job, s.now)
+	w.done <- s.p.takeLocked(s.backs[i], s.model, job, s.now)
 }
 
 func (s *poolSeats) Fail(w *waiter, err error) {
