@@ -119,10 +119,7 @@ func (p *pool) endpointExclusions(model, path string, n int) ([]string, *schedEr
 	defer p.mu.Unlock()
 	var excluded, kinds []string
 	ready, nOnly := 0, 0
-	for _, b := range p.backends {
-		if b.cfg.Model != model {
-			continue
-		}
+	for _, b := range p.byModel[model] {
 		ready++
 		if b.servesLocked(path, n) {
 			continue

@@ -31,7 +31,7 @@ func (r *Router) choose(t *testing.T, job Job, now time.Time) (int, []Candidate)
 	defer r.sched.mu.Unlock()
 	r.pool.mu.Lock()
 	defer r.pool.mu.Unlock()
-	cands, _, _ := r.pool.candidatesLocked("qwen3-4b", job, nil, now, nil, nil)
+	cands, _, _ := r.pool.candidatesLocked("qwen3-4b", job, nil, now)
 	if len(cands) == 0 {
 		t.Fatal("no candidates")
 	}

@@ -189,8 +189,8 @@ func (p *pool) alternative(f *flight, now time.Time) bool {
 }
 
 func (p *pool) alternativeLocked(f *flight, now time.Time) bool {
-	for _, b := range p.backends {
-		if b == f.b || b.cfg.Model != f.model || b.cfg.Name == f.b.cfg.Name {
+	for _, b := range p.byModel[f.model] {
+		if b == f.b || b.cfg.Name == f.b.cfg.Name {
 			continue
 		}
 		if ok, _ := p.memberLocked(b, now).available(now, f.job); ok {

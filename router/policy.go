@@ -111,14 +111,31 @@ func newRNG(seed uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
-// freeIndexes appends the indexes of candidates with a free slot to buf.
-func freeIndexes(buf []int, cands []Candidate) []int {
-	for i, c := range cands {
+// countFree is how many candidates have a free slot. With nthFree it
+// draws among them without listing them: a list would be on the heap for
+// every decision of a model with more than a few workers.
+func countFree(cands []Candidate) int {
+	n := 0
+	for _, c := range cands {
 		if c.free() {
-			buf = append(buf, i)
+			n++
 		}
 	}
-	return buf
+	return n
+}
+
+// nthFree is the index in cands of the candidate with a free slot that has
+// n before it.
+func nthFree(cands []Candidate, n int) int {
+	for i, c := range cands {
+		if c.free() {
+			if n == 0 {
+				return i
+			}
+			n--
+		}
+	}
+	return -1
 }
 
 func loadRatio(c Candidate) float64 { return float64(c.InFlight) / float64(max(c.Slots, 1)) }
@@ -145,23 +162,23 @@ type p2cPolicy struct{}
 func (p2cPolicy) Name() string { return PolicyP2CLeastLoaded }
 
 func (p2cPolicy) Choose(_ Job, cands []Candidate, rng *rand.Rand) int {
-	var buf [16]int
-	free := freeIndexes(buf[:0], cands)
-	switch len(free) {
+	free := countFree(cands)
+	switch free {
 	case 0:
 		return -1
 	case 1:
-		return free[0]
+		return nthFree(cands, 0)
 	}
-	a := rng.IntN(len(free))
-	b := rng.IntN(len(free) - 1)
+	a := rng.IntN(free)
+	b := rng.IntN(free - 1)
 	if b >= a {
 		b++
 	}
-	if loadRatio(cands[free[b]]) < loadRatio(cands[free[a]]) {
-		return free[b]
+	a, b = nthFree(cands, a), nthFree(cands, b)
+	if loadRatio(cands[b]) < loadRatio(cands[a]) {
+		return b
 	}
-	return free[a]
+	return a
 }
 
 // roundRobinPolicy cycles through the backends with a free slot.
@@ -186,12 +203,11 @@ type randomPolicy struct{}
 func (randomPolicy) Name() string { return PolicyRandom }
 
 func (randomPolicy) Choose(_ Job, cands []Candidate, rng *rand.Rand) int {
-	var buf [16]int
-	free := freeIndexes(buf[:0], cands)
-	if len(free) == 0 {
+	free := countFree(cands)
+	if free == 0 {
 		return -1
 	}
-	return free[rng.IntN(len(free))]
+	return nthFree(cands, rng.IntN(free))
 }
 
 // fleetPolicy sends a job where it is predicted to finish first. A full
@@ -244,16 +260,15 @@ func (p *fleetPolicy) Choose(job Job, cands []Candidate, rng *rand.Rand) int {
 // waits for (-1 when it waits for none in particular).
 func (p *fleetPolicy) chooseOrWait(job Job, cands []Candidate, rng *rand.Rand) (take, waitFor int) {
 	if len(cands) > p.p2cAbove {
-		var buf [16]int
-		free := freeIndexes(buf[:0], cands)
-		switch len(free) {
+		free := countFree(cands)
+		switch free {
 		case 0:
 			return -1, -1
 		case 1:
-			return free[0], -1
+			return nthFree(cands, 0), -1
 		}
-		a := free[rng.IntN(len(free))]
-		b := free[rng.IntN(len(free))]
+		a := nthFree(cands, rng.IntN(free))
+		b := nthFree(cands, rng.IntN(free))
 		if p.cost(job, cands[b], false) < p.cost(job, cands[a], false) {
 			return b, -1
 		}

@@ -30,17 +30,20 @@ type pool struct {
 
 	mu       sync.Mutex
 	backends []*backend // the ready set, in the order given
-	workers  map[string]*worker
+	// byModel is the ready set by model, each in the set's order: a
+	// decision looks at its model's workers only, whatever the others.
+	byModel map[string][]*backend
+	workers map[string]*worker
 	// suspects are the workers that get no new requests for now.
 	suspects map[string]suspicion
 	// changed is closed (and replaced) whenever a request finishes, so
 	// WaitIdle can sleep without polling.
 	changed chan struct{}
-	// cands and backs are pick's and tally's room for a model's
-	// candidates: the policy sees them through an interface, which would
-	// put a new array on the heap for every request.
-	cands [8]Candidate
-	backs [8]*backend
+	// cands and backs are candidatesLocked's lists, kept at the largest
+	// size needed: a decision among many workers would otherwise put new
+	// ones on the heap.
+	cands []Candidate
+	backs []*backend
 }
 
 func newPool(opts *Options, log *slog.Logger, m *metrics, forgotten func(string)) *pool {
@@ -92,6 +95,10 @@ func (p *pool) replace(bs []Backend) (left []*backend, ready []Backend) {
 		left = append(left, b)
 	}
 	p.backends = next
+	p.byModel = map[string][]*backend{}
+	for _, b := range next {
+		p.byModel[b.cfg.Model] = append(p.byModel[b.cfg.Model], b)
+	}
 	return left, p.readyLocked()
 }
 

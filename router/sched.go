@@ -153,14 +153,13 @@ func (t *memberTally) add(m member, job Job, why string) {
 // candidatesLocked lists the backends a job may go to: the model's
 // available members not excluded, or the suspect ones when there are no
 // others. When there are none, the tally says why (noCandidateLocked).
-func (p *pool) candidatesLocked(model string, job Job, excluded []string, now time.Time, buf []Candidate, bs []*backend) ([]Candidate, []*backend, memberTally) {
+// The lists are the pool's own (p.cands, p.backs), good until the next
+// call.
+func (p *pool) candidatesLocked(model string, job Job, excluded []string, now time.Time) ([]Candidate, []*backend, memberTally) {
 	var t memberTally
 	var sbuf [8]*backend
-	cands, backs, suspects := buf[:0], bs[:0], sbuf[:0]
-	for _, b := range p.backends {
-		if b.cfg.Model != model {
-			continue
-		}
+	cands, backs, suspects := p.cands[:0], p.backs[:0], sbuf[:0]
+	for _, b := range p.byModel[model] {
 		m := p.memberLocked(b, now)
 		ok, why := m.available(now, job)
 		t.add(m, job, why)
@@ -179,6 +178,7 @@ func (p *pool) candidatesLocked(model string, job Job, excluded []string, now ti
 			backs = append(backs, b)
 		}
 	}
+	p.cands, p.backs = cands, backs
 	return cands, backs, t
 }
 
@@ -189,7 +189,7 @@ func (p *pool) candidatesLocked(model string, job Job, excluded []string, now ti
 func (p *pool) pick(model string, job Job, excluded []string, now time.Time, choose func([]Candidate) int) (f *flight, none bool, t memberTally) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, backs, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
+	cands, backs, t := p.candidatesLocked(model, job, excluded, now)
 	if len(cands) == 0 {
 		return nil, true, t
 	}
@@ -204,7 +204,7 @@ func (p *pool) pick(model string, job Job, excluded []string, now time.Time, cho
 func (p *pool) tally(model string, job Job, excluded []string, now time.Time) (none bool, t memberTally) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	cands, _, t := p.candidatesLocked(model, job, excluded, now, p.cands[:], p.backs[:])
+	cands, _, t := p.candidatesLocked(model, job, excluded, now)
 	return len(cands) == 0, t
 }
 
@@ -422,15 +422,13 @@ type poolSeats struct {
 	model string
 	now   time.Time
 	judge func(Job, memberTally) *schedError
-	cbuf  [8]Candidate
-	bbuf  [8]*backend
 	backs []*backend
 }
 
 func (s *poolSeats) Job(w *waiter) Job { return w.job }
 
 func (s *poolSeats) Candidates(w *waiter, job Job) ([]Candidate, error) {
-	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now, s.cbuf[:], s.bbuf[:])
+	cands, backs, t := s.p.candidatesLocked(s.model, job, w.excluded, s.now)
 	s.backs = backs
 	if len(cands) > 0 {
 		return cands, nil
