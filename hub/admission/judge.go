@@ -370,7 +370,7 @@ func (j *Judge) headToHead(ctx context.Context, model string, workers ...string)
 }
 
 // measureOne is worker's admission speed figure: the best of speedSamples
-// single-request decode speeds on a warm engine (sampleSpeeds), taken in
+// single-request speeds on a warm engine (sampleSpeeds), taken in
 // its model's turn as headToHead's are: two admissions of one model
 // measuring at once load each other's engines, on a shared machine its
 // CPU.
