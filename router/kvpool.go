@@ -106,6 +106,19 @@ func (w *worker) learnTokenScale(estimate, engine int) {
 	w.tokenScale = max(s, 0.7*w.tokenScale+0.3*s)
 }
 
+// engineTokens is the prompt in the engine's tokens: its usage's
+// prompt_tokens, else (a llama-server stream without include_usage sends
+// only timings) the tokens it computed and reused; -1 when unknown.
+func (c promptCache) engineTokens() int {
+	switch {
+	case c.promptTokens > 0:
+		return c.promptTokens
+	case c.computedN >= 0 && c.cached >= 0:
+		return c.computedN + c.cached
+	}
+	return -1
+}
+
 // refusedFull records that the worker's engine said its pool was full
 // while the router counted held tokens on it (the refused request's
 // included): the pool is taken to be below that until the engine restarts.

@@ -258,3 +258,45 @@ func indexOf(s []string, v string) int {
 	}
 	return -1
 }
+
+func TestKVRoomAtLearnedTokenScale(t *testing.T) {
+	// A worker of -c 4096 with two requests in flight, each counted at
+	// its engine's tokens: a third fits only while the sum stays within
+	// the pool, and the scale comes from the answers, whether they give
+	// usage or only a stream's timings.
+	b := &backend{cfg: Backend{Name: "a/m", KVPool: 4096}}
+	job := Job{PromptTokens: 350, KVOutput: 48}
+	for _, tc := range []struct {
+		name  string
+		cache promptCache
+		room  bool
+	}{
+		{"no answer yet: the router's estimate", unknownPromptCache(), true},
+		{"usage: 4 engine tokens a router token", promptCache{promptTokens: 1400, cached: 1000, computedN: 400, computedMs: 10}, false},
+		{"stream timings only: prompt_n + cache_n", promptCache{promptTokens: -1, cached: 1000, computedN: 400, computedMs: 10}, false},
+		{"usage: the estimate was right", promptCache{promptTokens: 350, cached: 0, computedN: 350, computedMs: 10}, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := &worker{}
+			w.learnTokenScale(350, tc.cache.engineTokens())
+			for range 2 {
+				w.inFlight++
+				w.kvHeld += w.kvTokens(job)
+			}
+			if got := w.kvRoom(b, job); got != tc.room {
+				t.Errorf("room for a third: %v, want %v (scale %.2f, held %d of %d)", got, tc.room, w.tokenScale, w.kvHeld, b.cfg.KVPool)
+			}
+		})
+	}
+	// Nothing in flight: always room, however large the job.
+	if w := (&worker{tokenScale: 4}); !w.kvRoom(b, Job{PromptTokens: 5000}) {
+		t.Error("an idle worker refused a job larger than its pool; that is the context check's to refuse")
+	}
+	// Refused at 3,000 held: the worker is sent less from then on.
+	w := &worker{}
+	w.refusedFull(3000)
+	w.refusedFull(1500) // the rest of the same refusal, as its flights end
+	if got := w.kvPool(b); got != 2999 {
+		t.Errorf("pool after a refusal at 3,000 held: %d, want 2999", got)
+	}
+}

@@ -579,7 +579,7 @@ func (p *pool) finish(f *flight, o *outcome, outputs *outputEstimates, now time.
 			w.itlHistory.add(ms(o.itl))
 		}
 		w.speed.Observe(f.startConcurrency, mean, w.observeCache(f, o.cache), o.ttft, o.itl)
-		w.learnTokenScale(f.job.PromptTokens, o.cache.promptTokens)
+		w.learnTokenScale(f.job.PromptTokens, o.cache.engineTokens())
 		w.kvRefusing = false
 		if o.outputTokens > 0 {
 			outputs.add(f.model, o.outputTokens)

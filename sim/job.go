@@ -150,6 +150,7 @@ func (j *job) run() {
 		}
 	}
 	j.decode = time.Since(decodeStart)
+	s.pool.generated(slot)
 	j.finish()
 	s.metrics.finish(j.plan.finish, j.promptTokens, j.totalGenerated(), j.decode.Seconds(), time.Since(arrival).Seconds())
 }

@@ -164,6 +164,16 @@ func (p *slotPool) releaseLocked(i int) {
 	}
 }
 
+// generated marks slot i's request as done generating: llama-server
+// releases the slot before its last chunk reaches the client, and purges
+// an idle slot's cells when the pool needs them, so its tokens no longer
+// count against the shared pool.
+func (p *slotPool) generated(i int) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.slots[i].fail = nil
+}
+
 // progress records one decoded token on slot i.
 func (p *slotPool) progress(i int) {
 	p.mu.Lock()

@@ -112,6 +112,9 @@ type Router interface {
 	// SeedSpeed teaches the scheduler a worker's speed curve from a
 	// measurement before traffic does.
 	SeedSpeed(worker string, points ...router.SpeedPoint)
+	// WaitIdle returns when the router has no request in flight on the
+	// worker, or with ctx's error.
+	WaitIdle(ctx context.Context, worker string) error
 }
 
 // Config is what the Judge and the Runs are built from.

@@ -170,7 +170,7 @@ func (j *Judge) admit(ctx context.Context, w fleet.Worker) error {
 	if !ok {
 		return fmt.Errorf("model %s is no longer declared", w.Model)
 	}
-	speed, err := j.measureSpeed(ctx, w.Name())
+	speed, err := j.measureOne(ctx, w.Model, w.Name())
 	if err != nil {
 		j.recordSpeed(w, 0, -1)
 		return fmt.Errorf("speed: %w", err)
@@ -339,7 +339,7 @@ func (j *Judge) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model,
 	best, bestSpeed := j.bestMeasured(w)
 	if best == "" || speed >= tol*bestSpeed {
 		if v.final {
-			j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (median of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
+			j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s for one request (best of %d, warm)%s", speed, speedSamples, bestNote(w.Model, best, bestSpeed, speed))})
 		}
 		return speed, nil
 	}
@@ -364,9 +364,9 @@ func (j *Judge) speedVerdict(ctx context.Context, w fleet.Worker, m fleet.Model,
 	speed, bestSpeed = speeds[0], speeds[1]
 	j.updateSpeed(w.Name(), speed)
 	j.updateSpeed(best, bestSpeed)
-	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, medians of %d measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
+	j.event(fleet.Event{Level: "info", Subject: w.Name(), Message: fmt.Sprintf("admission speed: %.1f tok/s vs %.1f tok/s on %s (same prompt, one request, best of %d each, measured back to back; needs %.0f%%)", speed, bestSpeed, best, speedSamples, tol*100)})
 	if speed < tol*bestSpeed {
-		return speed, fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
+		return speed, fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of %s's %.1f tok/s with the same prompt (best of %d each, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speed, tol*100, best, bestSpeed, speedSamples, w.Name())
 	}
 	return speed, nil
@@ -400,6 +400,19 @@ func (j *Judge) headToHead(ctx context.Context, model string, workers ...string)
 	return j.sampleSpeeds(ctx, workers...)
 }
 
+// measureOne is worker's admission speed figure: the best of speedSamples
+// single-request speeds on a warm engine (sampleSpeeds), taken in
+// its model's turn as headToHead's are: two admissions of one model
+// measuring at once load each other's engines, on a shared machine its
+// CPU.
+func (j *Judge) measureOne(ctx context.Context, model, worker string) (float64, error) {
+	speeds, _, err := j.headToHead(ctx, model, worker)
+	if err != nil {
+		return 0, err
+	}
+	return speeds[0], nil
+}
+
 // rejudgeSlower rejects the ready workers of w's model that a newly
 // admitted w shows to be too slow, such as one admitted first when nothing
 // could be compared. Each is measured again beside w before it is judged.
@@ -427,7 +440,7 @@ func (j *Judge) rejudgeSlower(ctx context.Context, w fleet.Worker, m fleet.Model
 		if speeds[0] >= tol*speeds[1] {
 			continue
 		}
-		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since (medians of %d, measured back to back); it would slow every request it takes (override: admit --force %s)",
+		verdict := fmt.Errorf("speed: %.1f tok/s for one request is below %.0f%% of the %.1f tok/s of %s, which arrived since (best of %d each, measured back to back); it would slow every request it takes (override: admit --force %s)",
 			speeds[0], tol*100, speeds[1], w.Name(), speedSamples, name)
 		if err := j.nodes.Judge(ctx, name, verdict); err != nil {
 			j.log.Warn("could not re-judge a slower worker", "worker", name, "err", err)
@@ -691,7 +704,7 @@ func (j *Judge) rejudgeOne(ctx context.Context, w fleet.Worker, m fleet.Model, r
 	}
 	if verdict == nil && w.State == fleet.WorkerRejected {
 		// Its shape passes now; its speed must too before it takes traffic.
-		speed, err := j.measureSpeed(ctx, name)
+		speed, err := j.measureOne(ctx, w.Model, name)
 		if err != nil {
 			verdict = fmt.Errorf("speed: %w", err)
 		} else {

@@ -99,31 +99,31 @@ func (p *probe) workerTarget(name string) (bench.Target, fleet.Worker, error) {
 }
 
 // speedSamples is how many single-request measurements an admission speed
-// figure is the median of: one sample against another decided verdicts on
-// noise, and a median of three needs only two to agree.
+// figure is the best of: one sample against another decided verdicts on
+// noise.
 const speedSamples = 3
 
-// measureSpeed is a worker's admission speed figure: the median of
-// speedSamples single-request decode speeds on a warm engine (see
-// sampleSpeeds).
-func (p *probe) measureSpeed(ctx context.Context, worker string) (float64, error) {
-	speeds, _, err := p.sampleSpeeds(ctx, worker)
-	if err != nil {
-		return 0, err
-	}
-	return speeds[0], nil
-}
+// idleWait bounds how long a sample waits for the router's requests on
+// the worker to end: a worker busy with live traffic decodes a batch, and
+// one request beside it measures the batch, not the worker; one never idle
+// is measured as it is.
+const idleWait = 3 * time.Second
 
-// sampleSpeeds measures workers' single-request decode speeds with the
+// sampleSpeeds measures workers' single-request speeds with the
 // same prompt. Each is first warmed up with one request that is discarded:
 // the first requests after a load are slow on every engine (Metal compiles
 // its shaders, CUDA its kernels, caches are cold), and a worker measured cold
 // against a warm one was rejected at a twentieth of its speed. Then
 // speedSamples requests each, interleaved (a, b, a, b, …) so that every
-// sample of one is taken beside one of the others; it returns each worker's
-// median, and teaches the router's speed model the median request. On an
-// error, failed is the index of the worker whose measurement failed.
-func (p *probe) sampleSpeeds(ctx context.Context, workers ...string) (medians []float64, failed int, _ error) {
+// sample of one is taken beside one of the others, each once the router has
+// no request in flight on the worker (idleWait at most). It returns each
+// worker's fastest sample, and teaches the router's speed model the median
+// request. The fastest, not the median: whatever disturbs a sample (another
+// engine on the machine, a live request, a scheduler's hiccup) only ever
+// slows it, and two identical llama-servers on one machine measured 2 to 6
+// times apart by their medians (issue 30). On an error, failed is the index
+// of the worker whose measurement failed.
+func (p *probe) sampleSpeeds(ctx context.Context, workers ...string) (speeds []float64, failed int, _ error) {
 	targets := make([]bench.Target, len(workers))
 	for i, name := range workers {
 		t, _, err := p.workerTarget(name)
@@ -135,6 +135,9 @@ func (p *probe) sampleSpeeds(ctx context.Context, workers ...string) (medians []
 	runs := make([][]sweep.Result, len(workers))
 	for round := range speedSamples + 1 { // round 0 warms up
 		for i, t := range targets {
+			idle, cancel := context.WithTimeout(ctx, idleWait)
+			_ = p.router.WaitIdle(idle, workers[i]) // busy for idleWait: measured as it is
+			cancel()
 			res, err := oneRequest(ctx, t)
 			if err != nil {
 				return nil, i, fmt.Errorf("the speed measurement on %s failed: %w", workers[i], err)
@@ -144,14 +147,13 @@ func (p *probe) sampleSpeeds(ctx context.Context, workers ...string) (medians []
 			}
 		}
 	}
-	medians = make([]float64, len(workers))
+	best := make([]float64, len(workers))
 	for i, rs := range runs {
 		slices.SortFunc(rs, func(a, b sweep.Result) int { return cmp.Compare(tokPerSec(a), tokPerSec(b)) })
-		median := rs[len(rs)/2]
-		p.seedSpeed(workers[i], median)
-		medians[i] = tokPerSec(median)
+		p.seedSpeed(workers[i], rs[len(rs)/2])
+		best[i] = tokPerSec(rs[len(rs)-1])
 	}
-	return medians, -1, nil
+	return best, -1, nil
 }
 
 // oneRequest measures one request of admissionSpeedTokens on t.
@@ -160,7 +162,7 @@ func oneRequest(ctx context.Context, t bench.Target) (sweep.Result, error) {
 	if err != nil {
 		return res, err
 	}
-	if len(res.Levels) == 0 || res.Levels[0].Failed > 0 || res.Levels[0].PerRequestTokPerS <= 0 {
+	if len(res.Levels) == 0 || res.Levels[0].Failed > 0 || tokPerSec(res) <= 0 {
 		msg := "no answer"
 		if len(res.Levels) > 0 && len(res.Levels[0].Errors) > 0 {
 			msg = strings.Join(res.Levels[0].Errors, "; ")
@@ -170,7 +172,12 @@ func oneRequest(ctx context.Context, t bench.Target) (sweep.Result, error) {
 	return res, nil
 }
 
-// tokPerSec is a one-request sweep's decode speed.
+// tokPerSec is a one-request sweep's speed: its tokens over the whole
+// request. Not 1 / TPOT: a client that reads a stream late (a busy
+// machine, a tunnel) gets its tokens in one burst, and a tiny model's 64
+// tokens then measured 67,000 tok/s beside its twin's 1,600. Over the
+// whole request every disturbance only slows a sample, which is what
+// makes the fastest of them the figure (sampleSpeeds).
 func tokPerSec(res sweep.Result) float64 { return res.Levels[0].PerRequestTokPerS }
 
 func isNotFound(err error) bool { return errors.Is(err, store.ErrNotFound) }
