@@ -1,51 +1,66 @@
 package nodes
 
 import (
+	"context"
+	"errors"
+	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
+	"fleet/internal/nodeland"
 )
 
-// probeMachine runs the real detection script with sh over a captured
-// machine of testdata/machines: its bin/ first on PATH, and its proc/ (and
-// usr/lib/wsl/) read through the script's root argument.
-func probeMachine(t *testing.T, name string) fleet.Platform {
-	t.Helper()
-	return probeMachineWith(t, name, "sh")
+// machinesDir holds the captured outputs of real machines.
+var machinesDir = filepath.Join("..", "testdata", "machines")
+
+// landNode is a node whose userland is a captured machine's, built by
+// internal/nodeland: commands run there as that node's sshd would run them.
+type landNode struct {
+	*nodeland.Land
+	name string
 }
 
-// probeMachineWith is probeMachine with another shell: macOS's sh is bash
-// in POSIX mode ("bash", "--posix").
-func probeMachineWith(t *testing.T, name string, shell ...string) fleet.Platform {
+func (n landNode) Close() error { return nil }
+func (n landNode) Name() string { return n.name }
+
+// probeMachine runs the real probe (Probe, through a transport) on a
+// captured machine of testdata/machines, in a node's userland: a Mac-like
+// one for a folder without proc/ (sh is bash in POSIX mode, /proc hidden,
+// macOS sshd's PATH), a Linux-like one otherwise (Debian's sh, its proc/
+// over /proc, its usr/ over /usr); the folder's bin/ comes first on PATH.
+func probeMachine(t *testing.T, name string) fleet.Platform {
 	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "testdata", "machines", name))
-	if err != nil {
-		t.Fatal(err)
+	if err := nodeland.Available(); err != nil {
+		if os.Getenv("CI") != "" {
+			t.Fatal(err)
+		}
+		t.Skipf("the captured machines run in a node's userland: %v", err)
 	}
+	dir := filepath.Join(machinesDir, name)
 	if _, err := os.Stat(filepath.Join(dir, "PROVENANCE")); err != nil {
 		t.Fatalf("captured machine %s has no PROVENANCE: %v", name, err)
 	}
-	cmd := exec.Command(shell[0], append(shell[1:], "-c", probeScript, "sh", dir)...)
-	cmd.Env = []string{"PATH=" + filepath.Join(dir, "bin") + ":/usr/bin:/bin", "LC_ALL=C"}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the probe script on %s: %v", name, err)
+	kind := nodeland.Linux
+	if _, err := os.Stat(filepath.Join(dir, "proc")); errors.Is(err, fs.ErrNotExist) {
+		kind = nodeland.Mac
 	}
-	p, err := ParseProbe(string(out))
+	land := nodeland.New(t, nodeland.Options{Kind: kind, Machine: dir})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Probe(ctx, landNode{land, name})
 	if err != nil {
-		t.Fatalf("ParseProbe on %s: %v\n%s", name, err, out)
+		t.Fatalf("the probe on %s: %v", name, err)
 	}
 	return p
 }
 
-// The probe on the captured outputs of real machines: what each is found to
-// be, its memory with the page size vm_stat gives, and the failures of
+// The probe on the captured outputs of real machines, each in a node's
+// userland as its sshd would run it: what each is found to be, its memory with the page size vm_stat gives, and the failures of
 // nvidia-smi as states of the node (no GPU, what went wrong, what to do)
 // rather than a probe that fails.
 func TestProbeOnCapturedMachines(t *testing.T) {
@@ -116,6 +131,23 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			gpuError: []string{"exit status 18", "Driver/library version mismatch; NVML library version: 535.161", "reboot the node, or reinstall the driver", "serves on CPU until then", "vLLM is refused"},
 		},
 	}
+	entries, err := os.ReadDir(machinesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var folders, tabled []string
+	for _, e := range entries {
+		if e.IsDir() {
+			folders = append(folders, e.Name())
+		}
+	}
+	for _, tt := range tests {
+		tabled = append(tabled, tt.machine)
+	}
+	slices.Sort(tabled)
+	if !slices.Equal(folders, tabled) {
+		t.Errorf("testdata/machines holds %q, this table %q: every captured machine needs its expected platform here", folders, tabled)
+	}
 	for _, tt := range tests {
 		t.Run(tt.machine, func(t *testing.T) {
 			p := probeMachine(t, tt.machine)
@@ -152,11 +184,6 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			notes := strings.Join(p.Notes, "\n")
 			if tt.note == "" && notes != "" || !strings.Contains(notes, tt.note) {
 				t.Errorf("notes = %q, want %q", notes, tt.note)
-			}
-			if _, err := exec.LookPath("bash"); err == nil {
-				if b := probeMachineWith(t, tt.machine, "bash", "--posix"); !reflect.DeepEqual(b, p) {
-					t.Errorf("bash --posix (a Mac's sh) found %+v, sh %+v", b, p)
-				}
 			}
 		})
 	}
