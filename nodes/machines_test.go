@@ -54,9 +54,10 @@ func probeMachine(t *testing.T, name string) fleet.Platform {
 }
 
 // The probe on the captured outputs of real machines, each in a node's
-// userland as its sshd would run it: what each is found to be, its memory with the page size vm_stat gives, and the failures of
-// nvidia-smi as states of the node (no GPU, what went wrong, what to do)
-// rather than a probe that fails.
+// userland as its sshd would run it: what each is found to be, its memory
+// with the page size vm_stat gives, and the failures of nvidia-smi as
+// states of the node (no GPU, what went wrong, what to do) rather than a
+// probe that fails.
 func TestProbeOnCapturedMachines(t *testing.T) {
 	const kib = 1024
 	tests := []struct {
