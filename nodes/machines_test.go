@@ -70,6 +70,7 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 		gpuFree   []int64 // MiB, per GPU in index order
 		memTotal  uint64
 		memFree   uint64
+		usable    uint64 // what admission counts on
 		engine    fleet.EngineKind
 		gpuError  []string // all in Platform.GPUError; none: no error
 		note      string   // in one of Platform.Notes; "": no notes
@@ -79,50 +80,58 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			gpuLabel: "Apple M4 Max", hostLabel: "macOS",
 			// free + inactive + speculative pages of 16 KiB
 			memTotal: 68719476736, memFree: (3857 + 443760 + 1075) * 16384, engine: fleet.EngineLlamaCpp,
+			usable: (3857 + 443760 + 1075) * 16384 / 4 * 3, // Metal's working-set limit keeps a quarter
 		},
 		{
 			// A vm_stat without a "Pages speculative" line.
 			machine: "mac-m3-max", os: "darwin", arch: "arm64", chip: "Apple M3 Max",
 			gpuLabel: "Apple M3 Max", hostLabel: "macOS",
 			memTotal: 38654705664, memFree: (61996 + 377102) * 16384, engine: fleet.EngineLlamaCpp,
+			usable: (61996 + 377102) * 16384 / 4 * 3,
 		},
 		{
 			machine: "mac-intel", os: "darwin", arch: "amd64", chip: "Intel(R) Core(TM) i7-6700K CPU @ 4.00GHz",
 			gpuLabel: "CPU", hostLabel: "macOS",
 			// pages of 4 KiB: counted as 16 KiB they would be 4× this
 			memTotal: 34359738368, memFree: (6127229 + 628646 + 430715) * 4096, engine: fleet.EngineLlamaCpp,
-			note: "Intel Mac: no Apple GPU",
+			usable: (6127229 + 628646 + 430715) * 4096 / 4 * 3,
+			note:   "Intel Mac: no Apple GPU",
 		},
 		{
 			machine: "nvidia-8x3090", os: "linux", arch: "amd64",
 			gpuLabel: "8x RTX 3090", hostLabel: "Linux",
 			gpuFree:  []int64{6167, 7412, 24556, 24558, 24558, 24558, 24558, 24558},
 			memTotal: 131451992 * kib, memFree: 122634812 * kib, engine: fleet.EngineVLLM,
+			usable: (6167 + 7412 + 24556 + 5*24558) * mib, // free GPU memory, summed
 		},
 		{
 			// No MemAvailable: MemFree (+ Buffers + Cached, absent) stands for it.
 			machine: "dgx-spark-gb10", os: "linux", arch: "arm64",
 			gpuLabel: "GB10", hostLabel: "Linux", gpuFree: []int64{0},
 			memTotal: 125489508 * kib, memFree: 7789944 * kib, engine: fleet.EngineVLLM,
-			note: "NVIDIA GB10 reports no GPU memory of its own",
+			usable: 7789944 * kib, // no GPU memory of its own: the system's
+			note:   "NVIDIA GB10 reports no GPU memory of its own",
 		},
 		{
 			// nvidia-smi only in /usr/lib/wsl/lib, not on PATH.
 			machine: "wsl2-rtx5080", os: "linux", arch: "amd64", wsl: true, chip: "AMD Ryzen 7 9800X3D 8-Core Processor",
 			gpuLabel: "RTX 5080", hostLabel: "Windows/WSL", gpuFree: []int64{15165},
 			memTotal: 31635538 * kib, memFree: 29779558 * kib, engine: fleet.EngineVLLM,
-			note: "Windows/WSL2: its GPUs are the Windows driver's",
+			usable: 15165 * mib,
+			note:   "Windows/WSL2: its GPUs are the Windows driver's",
 		},
 		{
 			machine: "nvidia-no-devices", os: "linux", arch: "amd64",
 			gpuLabel: "CPU (GPU failed)", hostLabel: "Linux",
 			memTotal: 8028488 * kib, memFree: 3412188 * kib, engine: fleet.EngineLlamaCpp,
+			usable:   3412188 * kib, // on CPU: MemAvailable
 			gpuError: []string{"exit status 6", "No devices were found", "reboot or reinstall the driver", "serves on CPU until then"},
 		},
 		{
 			machine: "nvidia-driver-mismatch", os: "linux", arch: "amd64",
 			gpuLabel: "CPU (GPU failed)", hostLabel: "Linux",
 			memTotal: 65843852 * kib, memFree: 55479564 * kib, engine: fleet.EngineLlamaCpp,
+			usable:   55479564 * kib,
 			gpuError: []string{"exit status 18", "Driver/library version mismatch; NVML library version: 535.161", "reboot the node, or reinstall the driver", "serves on CPU until then", "vLLM is refused"},
 		},
 	}
@@ -164,6 +173,9 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			}
 			if p.MemTotalBytes != tt.memTotal || p.MemFreeBytes != tt.memFree {
 				t.Errorf("memory total/free = %d/%d, want %d/%d", p.MemTotalBytes, p.MemFreeBytes, tt.memTotal, tt.memFree)
+			}
+			if got := p.UsableMemory(); got != tt.usable {
+				t.Errorf("UsableMemory = %d, want %d", got, tt.usable)
 			}
 			if got := p.DefaultEngine(); got != tt.engine {
 				t.Errorf("DefaultEngine = %q, want %q", got, tt.engine)
