@@ -6,6 +6,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -35,6 +36,13 @@ func (n landNode) Name() string { return n.name }
 // over /proc, its usr/ over /usr); the folder's bin/ comes first on PATH.
 func probeMachine(t *testing.T, name string) fleet.Platform {
 	t.Helper()
+	return probeMachineWith(t, name, false)
+}
+
+// probeMachineWith is probeMachine, with sh bash in POSIX mode on a Linux
+// machine too when bashSh (Fedora's, RHEL's).
+func probeMachineWith(t *testing.T, name string, bashSh bool) fleet.Platform {
+	t.Helper()
 	dir := filepath.Join(machinesDir, name)
 	if _, err := os.Stat(filepath.Join(dir, "PROVENANCE")); err != nil {
 		t.Fatalf("captured machine %s has no PROVENANCE: %v", name, err)
@@ -43,7 +51,7 @@ func probeMachine(t *testing.T, name string) fleet.Platform {
 	if _, err := os.Stat(filepath.Join(dir, "proc")); errors.Is(err, fs.ErrNotExist) {
 		kind = nodeland.Mac
 	}
-	land := nodeland.New(t, nodeland.Options{Kind: kind, Machine: dir})
+	land := nodeland.New(t, nodeland.Options{Kind: kind, Machine: dir, BashSh: bashSh})
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	p, err := Probe(ctx, landNode{land, name})
@@ -191,6 +199,12 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			notes := strings.Join(p.Notes, "\n")
 			if tt.note == "" && notes != "" || !strings.Contains(notes, tt.note) {
 				t.Errorf("notes = %q, want %q", notes, tt.note)
+			}
+			if tt.os == "linux" {
+				// A Mac's sh is bash already; a Linux box's may be too.
+				if b := probeMachineWith(t, tt.machine, true); !reflect.DeepEqual(b, p) {
+					t.Errorf("with sh bash in POSIX mode the probe found %+v, with dash %+v", b, p)
+				}
 			}
 		})
 	}

@@ -86,6 +86,10 @@ type Options struct {
 	// Hide removes these commands from /usr/bin (and so /bin), on top of
 	// what the kind lacks: "perl", "gcc", "cc", "sudo"…
 	Hide []string
+	// BashSh makes sh bash in POSIX mode on a Linux-like land too, as on
+	// Fedora and RHEL (a Mac-like land's always is); else it is Debian's
+	// dash.
+	BashSh bool
 }
 
 // Land is a node's userland in a mount namespace. It implements the
@@ -184,7 +188,7 @@ func (l *Land) build(o Options) error {
 			return err
 		}
 	}
-	if o.Kind == Mac {
+	if o.Kind == Mac || o.BashSh {
 		// macOS's /bin/sh is bash, which runs in POSIX mode as sh.
 		os.Remove(p("usr-bin", "sh"))
 		if err := os.Symlink(filepath.Join(orig, "bash"), p("usr-bin", "sh")); err != nil {

@@ -117,3 +117,18 @@ func TestMachineFolder(t *testing.T) {
 		t.Errorf("a machine without proc/ shows a /proc: %q", got)
 	}
 }
+
+// A Linux-like land's sh is Debian's dash, or bash in POSIX mode when asked
+// (Fedora's, RHEL's).
+func TestLinuxSh(t *testing.T) {
+	const which = `if [ -n "${BASH_VERSION:-}" ]; then set -o | grep -E '^posix[[:space:]]+on' >/dev/null && echo bash-posix; else echo not-bash; fi`
+	for _, c := range []struct {
+		bashSh bool
+		want   string
+	}{{false, "not-bash"}, {true, "bash-posix"}} {
+		l := New(t, Options{Kind: Linux, BashSh: c.bashSh})
+		if got, _ := run(t, l, which); got != c.want {
+			t.Errorf("BashSh %v: sh is %q, want %q", c.bashSh, got, c.want)
+		}
+	}
+}
