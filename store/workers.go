@@ -16,7 +16,7 @@ func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	var (
 		w                          fleet.Worker
 		engine, state, argv, largv string
-		gpus                       string
+		gpus                       string // JSON, as argv
 		simulated, drained, held   int
 		startedAt                  int64
 	)
@@ -39,11 +39,11 @@ func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	if len(w.Argv) == 0 {
 		w.Argv = nil
 	}
-	if len(w.GPUs) == 0 {
-		w.GPUs = nil
-	}
 	if len(w.LaunchArgv) == 0 {
 		w.LaunchArgv = nil
+	}
+	if len(w.GPUs) == 0 {
+		w.GPUs = nil
 	}
 	w.Simulated = simulated != 0
 	w.Drained = drained != 0
