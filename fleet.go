@@ -420,7 +420,7 @@ type Worker struct {
 	LaunchArgv []string `json:"launch_argv,omitempty"`
 	// GPUs are the indices of the node's GPUs the admission gate gave the
 	// engine (its CUDA_VISIBLE_DEVICES); none when the engine sees them all.
-	// Not stored: a hub restarted shows none for an engine it adopted.
+	// Stored, so an engine adopted after a hub restart keeps them.
 	GPUs          []int     `json:"gpus,omitempty"`
 	Simulated     bool      `json:"simulated,omitempty"`
 	StartedAt     time.Time `json:"started_at,omitzero"`

@@ -34,9 +34,8 @@ exit 69`
 	// link puts its entry point on the node's PATH. uv's installer puts uv
 	// in ~/.local/bin and edits only the shell profiles, which this
 	// environment already has on its PATH.
+	// Install checks for a C compiler before it runs this (checkCompiler).
 	installVLLM = `set -e
-command -v cc >/dev/null 2>&1 || command -v gcc >/dev/null 2>&1 || command -v clang >/dev/null 2>&1 || {
-	echo "vLLM needs a C compiler when it runs (Triton compiles its GPU kernels with one), and this node has none (no cc, gcc or clang): install one (Debian, Ubuntu: sudo apt-get install gcc; Fedora: sudo dnf install gcc), then start the worker again" >&2; exit 69; }
 if ! command -v uv >/dev/null 2>&1; then
 	command -v curl >/dev/null 2>&1 || { echo "installing vLLM needs uv, and installing uv needs curl, which this node lacks: install curl or uv (https://docs.astral.sh/uv/)" >&2; exit 69; }
 	echo "installing uv (https://astral.sh/uv) into ~/.local/bin"
@@ -194,6 +193,12 @@ func Install(ctx context.Context, r Runner, spec Spec, progress io.Writer, opts 
 	script, err := InstallCommand(spec)
 	if err != nil {
 		return err
+	}
+	if spec.Engine == fleet.EngineVLLM {
+		// Start would refuse the engine: install nothing for it.
+		if err := checkCompiler(ctx, r, spec.Node.Name); err != nil {
+			return err
+		}
 	}
 	// The script itself goes to the log, not into progress: progress is the
 	// installer's own output, which callers read percentages from.

@@ -108,15 +108,15 @@ func Start(ctx context.Context, r Runner, spec Spec, cmd Command, opts ...Option
 // checkCompiler refuses a vLLM launch on a node without a C compiler:
 // Triton compiles vLLM's GPU kernels with one while the engine runs, and an
 // engine that dies on its first request is worse than one never started.
-// (The default install refuses earlier; this catches a vLLM installed by
-// hand.)
+// Install checks before it installs anything, Start before each launch
+// (a vLLM installed by hand).
 func checkCompiler(ctx context.Context, r Runner, node string) error {
 	out, err := runScript(ctx, r, "whichall", "cc", "gcc", "clang")
 	if err != nil {
 		return fmt.Errorf("looking for a C compiler on node %s: %w", node, err)
 	}
 	if strings.TrimSpace(string(out)) == "" {
-		return fmt.Errorf("vLLM needs a C compiler when it runs (Triton compiles its GPU kernels with one), and node %s has none (no cc, gcc or clang): install one (Debian, Ubuntu: sudo apt-get install gcc), and the worker starts on its next try", node)
+		return fmt.Errorf("vLLM needs a C compiler when it runs (Triton compiles its GPU kernels with one), and node %s has none (no cc, gcc or clang): install one (Debian, Ubuntu: sudo apt-get install gcc; Fedora: sudo dnf install gcc), and the worker starts on its next try", node)
 	}
 	return nil
 }

@@ -75,15 +75,16 @@ func (h *memoryHolds) release(node, worker string) {
 }
 
 // gpusTaken are the GPUs of node given to other workers whose engines
-// launch or run: a worker keeps its GPUs from its gate until its engine
-// stops (stopEngineAnd clears them).
+// launch or run: a worker keeps its GPUs (Worker.GPUs, stored, so an
+// adopted engine keeps them across a hub restart) from its gate until its
+// engine stops (stopEngineAnd clears them) or a later gate refuses it.
 func (m *Manager) gpusTaken(node, worker string) []int {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	var taken []int
 	for _, o := range m.workers {
 		if o.placement.Node == node && o.name != worker {
-			taken = append(taken, o.gpus...)
+			taken = append(taken, o.w.GPUs...)
 		}
 	}
 	slices.Sort(taken)
@@ -124,8 +125,10 @@ func (m *Manager) gate(ctx context.Context, ws *workerState, node fleet.Node, t 
 	gpus, gerr := m.opts.Gate(ctx, w, node, held)
 	if gerr == nil {
 		m.holds.hold(node.Name, ws.name, need)
+		// Taken before another gate on the node reads gpusTaken; the
+		// update below reports it.
 		m.mu.Lock()
-		ws.gpus = gpus
+		ws.w.GPUs = gpus
 		m.mu.Unlock()
 	}
 	m.holds.mu.Unlock()

@@ -2,6 +2,7 @@ package nodes
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"strconv"
 	"strings"
@@ -175,9 +176,9 @@ func gpuEnv(env map[string]string, gpus []int) map[string]string {
 	if len(gpus) == 0 {
 		return env
 	}
-	out := make(map[string]string, len(env)+2)
-	for k, v := range env {
-		out[k] = v
+	out := maps.Clone(env)
+	if out == nil {
+		out = map[string]string{}
 	}
 	ids := make([]string, len(gpus))
 	for i, g := range gpus {

@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
 
 	"fleet"
+	"fleet/store"
 )
 
 // eightRTX3060 is an 8 × 12 GiB box as the sim profile rtx3060-vllm and
@@ -118,21 +120,29 @@ func TestManagerGivesVLLMEnginesTheirGPUs(t *testing.T) {
 		}}
 	}
 	models := []fleet.Model{vllmModel("tp1"), vllmModel("tp2a", "--tensor-parallel-size", "2"), vllmModel("tp2b", "-tp=2")}
-	f := fleet.Fleet{Nodes: []fleet.Node{{Name: "rig", Address: "sim:rtx3060-vllm"}}, Models: models}
-	for _, m := range models {
-		f.Placements = append(f.Placements, fleet.Placement{Model: m.ID, Node: "rig"})
+	later := vllmModel("tp2c", "-tp", "2") // placed after a hub restart
+	fleetOf := func(models ...fleet.Model) fleet.Fleet {
+		f := fleet.Fleet{Nodes: []fleet.Node{{Name: "rig", Address: "sim:rtx3060-vllm"}}, Models: models}
+		for _, m := range models {
+			f.Placements = append(f.Placements, fleet.Placement{Model: m.ID, Node: "rig"})
+		}
+		return f
 	}
-	h := newHarness(t, t.TempDir(), func(o *ManagerOptions) {
+	f := fleetOf(models...)
+	gate := func(o *ManagerOptions) {
 		o.SimPlatform = func(string) (fleet.Platform, error) { return eightRTX3060(), nil }
 		o.Gate = func(_ context.Context, w fleet.Worker, node fleet.Node, held Held) ([]int, error) {
-			i := slices.IndexFunc(models, func(m fleet.Model) bool { return m.ID == w.Model })
-			d, err := RecipeGPUDemand(models[i].Recipes[w.Engine])
+			all := append(slices.Clone(models), later)
+			i := slices.IndexFunc(all, func(m fleet.Model) bool { return m.ID == w.Model })
+			d, err := RecipeGPUDemand(all[i].Recipes[w.Engine])
 			if err != nil {
 				return nil, err
 			}
-			return PlaceOnGPUs(*node.Platform, node.Name, w.Model, MemoryNeed(models[i]), d, held.GPUs)
+			return PlaceOnGPUs(*node.Platform, node.Name, w.Model, MemoryNeed(all[i]), d, held.GPUs)
 		}
-	})
+	}
+	data := t.TempDir()
+	h := newHarness(t, data, gate)
 	cleanupEngines(t, h)
 	h.m.SetDesired(f)
 	h.run()
@@ -163,5 +173,44 @@ func TestManagerGivesVLLMEnginesTheirGPUs(t *testing.T) {
 	h.rec.mu.Unlock()
 	if launched {
 		t.Errorf("rig/tp1 was launched:\n%s", h.rec.dump())
+	}
+
+	// The hub restarts from its store: it adopts both engines with their
+	// GPUs, and a model placed next gets two other GPUs.
+	h.stop()
+	st, err := store.Open(context.Background(), filepath.Join(data, "fleet.db"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer st.Close()
+	if err := st.ApplyFleet(context.Background(), f); err != nil {
+		t.Fatal(err)
+	}
+	for _, w := range h.m.Workers() {
+		if _, err := st.SaveWorker(context.Background(), w); err != nil {
+			t.Fatal(err)
+		}
+	}
+	stored, err := st.Workers(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h2 := newHarness(t, data, func(o *ManagerOptions) {
+		gate(o)
+		o.PortMin, o.PortMax = h.m.opts.PortMin, h.m.opts.PortMax
+	})
+	cleanupEngines(t, h2)
+	h2.m.Restore(stored)
+	h2.m.SetDesired(fleetOf(append(slices.Clone(models), later)...))
+	h2.run()
+	for _, was := range []fleet.Worker{a, b} {
+		got := h2.waitReady(was.Name())
+		if got.PID != was.PID || !slices.Equal(got.GPUs, was.GPUs) {
+			t.Errorf("%s after the restart: PID %d on GPUs %v, want the adopted PID %d on GPUs %v", was.Name(), got.PID, got.GPUs, was.PID, was.GPUs)
+		}
+	}
+	c := h2.waitReady("rig/tp2c")
+	if len(c.GPUs) != 2 || slices.ContainsFunc(c.GPUs, func(g int) bool { return slices.Contains(a.GPUs, g) || slices.Contains(b.GPUs, g) }) {
+		t.Errorf("rig/tp2c, placed after the restart, got GPUs %v; tp2a holds %v and tp2b %v", c.GPUs, a.GPUs, b.GPUs)
 	}
 }

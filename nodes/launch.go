@@ -207,7 +207,7 @@ func (m *Manager) launch(ctx context.Context, ws *workerState, node fleet.Node, 
 		return notLeading()
 	}
 	m.mu.Lock()
-	cmd.Env = gpuEnv(cmd.Env, ws.gpus)
+	cmd.Env = gpuEnv(cmd.Env, ws.w.GPUs)
 	m.mu.Unlock()
 	proc, err := enginectl.Start(ctx, t, spec, cmd, eo...)
 	if err != nil {

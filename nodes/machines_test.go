@@ -1,53 +1,71 @@
 package nodes
 
 import (
+	"context"
+	"errors"
+	"io/fs"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"reflect"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"fleet"
+	"fleet/internal/nodeland"
 )
 
-// probeMachine runs the real detection script with sh over a captured
-// machine of testdata/machines: its bin/ first on PATH, and its proc/ (and
-// usr/lib/wsl/) read through the script's root argument.
-func probeMachine(t *testing.T, name string) fleet.Platform {
-	t.Helper()
-	return probeMachineWith(t, name, "sh")
+// machinesDir holds the captured outputs of real machines.
+var machinesDir = filepath.Join("..", "testdata", "machines")
+
+// landNode is a node whose userland is a captured machine's, built by
+// internal/nodeland: commands run there as that node's sshd would run them.
+type landNode struct {
+	*nodeland.Land
+	name string
 }
 
-// probeMachineWith is probeMachine with another shell: macOS's sh is bash
-// in POSIX mode ("bash", "--posix").
-func probeMachineWith(t *testing.T, name string, shell ...string) fleet.Platform {
+func (n landNode) Close() error { return nil }
+func (n landNode) Name() string { return n.name }
+
+// probeMachine runs the real probe (Probe, through a transport) on a
+// captured machine of testdata/machines, in a node's userland: a Mac-like
+// one for a folder without proc/ (sh is bash in POSIX mode, /proc hidden,
+// macOS sshd's PATH), a Linux-like one otherwise (Debian's sh, its proc/
+// over /proc, its usr/ over /usr); the folder's bin/ comes first on PATH.
+func probeMachine(t *testing.T, name string) fleet.Platform {
 	t.Helper()
-	dir, err := filepath.Abs(filepath.Join("..", "testdata", "machines", name))
-	if err != nil {
-		t.Fatal(err)
-	}
+	return probeMachineWith(t, name, false)
+}
+
+// probeMachineWith is probeMachine, with sh bash in POSIX mode on a Linux
+// machine too when bashSh (Fedora's, RHEL's).
+func probeMachineWith(t *testing.T, name string, bashSh bool) fleet.Platform {
+	t.Helper()
+	dir := filepath.Join(machinesDir, name)
 	if _, err := os.Stat(filepath.Join(dir, "PROVENANCE")); err != nil {
 		t.Fatalf("captured machine %s has no PROVENANCE: %v", name, err)
 	}
-	cmd := exec.Command(shell[0], append(shell[1:], "-c", probeScript, "sh", dir)...)
-	cmd.Env = []string{"PATH=" + filepath.Join(dir, "bin") + ":/usr/bin:/bin", "LC_ALL=C"}
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("the probe script on %s: %v", name, err)
+	kind := nodeland.Linux
+	if _, err := os.Stat(filepath.Join(dir, "proc")); errors.Is(err, fs.ErrNotExist) {
+		kind = nodeland.Mac
 	}
-	p, err := ParseProbe(string(out))
+	land := nodeland.New(t, nodeland.Options{Kind: kind, Machine: dir, BashSh: bashSh})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p, err := Probe(ctx, landNode{land, name})
 	if err != nil {
-		t.Fatalf("ParseProbe on %s: %v\n%s", name, err, out)
+		t.Fatalf("the probe on %s: %v", name, err)
 	}
 	return p
 }
 
-// The probe on the captured outputs of real machines: what each is found to
-// be, its memory with the page size vm_stat gives, and the failures of
-// nvidia-smi as states of the node (no GPU, what went wrong, what to do)
-// rather than a probe that fails.
+// The probe on the captured outputs of real machines, each in a node's
+// userland as its sshd would run it: what each is found to be, its memory
+// with the page size vm_stat gives, and the failures of nvidia-smi as
+// states of the node (no GPU, what went wrong, what to do) rather than a
+// probe that fails.
 func TestProbeOnCapturedMachines(t *testing.T) {
 	const kib = 1024
 	tests := []struct {
@@ -60,6 +78,7 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 		gpuFree   []int64 // MiB, per GPU in index order
 		memTotal  uint64
 		memFree   uint64
+		usable    uint64 // what admission counts on
 		engine    fleet.EngineKind
 		gpuError  []string // all in Platform.GPUError; none: no error
 		note      string   // in one of Platform.Notes; "": no notes
@@ -69,52 +88,77 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			gpuLabel: "Apple M4 Max", hostLabel: "macOS",
 			// free + inactive + speculative pages of 16 KiB
 			memTotal: 68719476736, memFree: (3857 + 443760 + 1075) * 16384, engine: fleet.EngineLlamaCpp,
+			usable: (3857 + 443760 + 1075) * 16384 / 4 * 3, // Metal's working-set limit keeps a quarter
 		},
 		{
 			// A vm_stat without a "Pages speculative" line.
 			machine: "mac-m3-max", os: "darwin", arch: "arm64", chip: "Apple M3 Max",
 			gpuLabel: "Apple M3 Max", hostLabel: "macOS",
 			memTotal: 38654705664, memFree: (61996 + 377102) * 16384, engine: fleet.EngineLlamaCpp,
+			usable: (61996 + 377102) * 16384 / 4 * 3,
 		},
 		{
 			machine: "mac-intel", os: "darwin", arch: "amd64", chip: "Intel(R) Core(TM) i7-6700K CPU @ 4.00GHz",
 			gpuLabel: "CPU", hostLabel: "macOS",
 			// pages of 4 KiB: counted as 16 KiB they would be 4× this
 			memTotal: 34359738368, memFree: (6127229 + 628646 + 430715) * 4096, engine: fleet.EngineLlamaCpp,
-			note: "Intel Mac: no Apple GPU",
+			usable: (6127229 + 628646 + 430715) * 4096 / 4 * 3,
+			note:   "Intel Mac: no Apple GPU",
 		},
 		{
 			machine: "nvidia-8x3090", os: "linux", arch: "amd64",
 			gpuLabel: "8x RTX 3090", hostLabel: "Linux",
 			gpuFree:  []int64{6167, 7412, 24556, 24558, 24558, 24558, 24558, 24558},
 			memTotal: 131451992 * kib, memFree: 122634812 * kib, engine: fleet.EngineVLLM,
+			usable: (6167 + 7412 + 24556 + 5*24558) * mib, // free GPU memory, summed
 		},
 		{
 			// No MemAvailable: MemFree (+ Buffers + Cached, absent) stands for it.
 			machine: "dgx-spark-gb10", os: "linux", arch: "arm64",
 			gpuLabel: "GB10", hostLabel: "Linux", gpuFree: []int64{0},
 			memTotal: 125489508 * kib, memFree: 7789944 * kib, engine: fleet.EngineVLLM,
-			note: "NVIDIA GB10 reports no GPU memory of its own",
+			usable: 7789944 * kib, // no GPU memory of its own: the system's
+			note:   "NVIDIA GB10 reports no GPU memory of its own",
 		},
 		{
 			// nvidia-smi only in /usr/lib/wsl/lib, not on PATH.
 			machine: "wsl2-rtx5080", os: "linux", arch: "amd64", wsl: true, chip: "AMD Ryzen 7 9800X3D 8-Core Processor",
 			gpuLabel: "RTX 5080", hostLabel: "Windows/WSL", gpuFree: []int64{15165},
 			memTotal: 31635538 * kib, memFree: 29779558 * kib, engine: fleet.EngineVLLM,
-			note: "Windows/WSL2: its GPUs are the Windows driver's",
+			usable: 15165 * mib,
+			note:   "Windows/WSL2: its GPUs are the Windows driver's",
 		},
 		{
 			machine: "nvidia-no-devices", os: "linux", arch: "amd64",
 			gpuLabel: "CPU (GPU failed)", hostLabel: "Linux",
 			memTotal: 8028488 * kib, memFree: 3412188 * kib, engine: fleet.EngineLlamaCpp,
+			usable:   3412188 * kib, // on CPU: MemAvailable
 			gpuError: []string{"exit status 6", "No devices were found", "reboot or reinstall the driver", "serves on CPU until then"},
 		},
 		{
 			machine: "nvidia-driver-mismatch", os: "linux", arch: "amd64",
 			gpuLabel: "CPU (GPU failed)", hostLabel: "Linux",
 			memTotal: 65843852 * kib, memFree: 55479564 * kib, engine: fleet.EngineLlamaCpp,
+			usable:   55479564 * kib,
 			gpuError: []string{"exit status 18", "Driver/library version mismatch; NVML library version: 535.161", "reboot the node, or reinstall the driver", "serves on CPU until then", "vLLM is refused"},
 		},
+	}
+	entries, err := os.ReadDir(machinesDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var folders, tabled []string
+	for _, e := range entries {
+		if e.IsDir() {
+			folders = append(folders, e.Name())
+		}
+	}
+	for _, tt := range tests {
+		tabled = append(tabled, tt.machine)
+	}
+	slices.Sort(tabled)
+	if !slices.Equal(folders, tabled) {
+		t.Errorf("testdata/machines holds %q, this table %q: every captured machine needs its expected platform here", folders, tabled)
 	}
 	for _, tt := range tests {
 		t.Run(tt.machine, func(t *testing.T) {
@@ -138,6 +182,9 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			if p.MemTotalBytes != tt.memTotal || p.MemFreeBytes != tt.memFree {
 				t.Errorf("memory total/free = %d/%d, want %d/%d", p.MemTotalBytes, p.MemFreeBytes, tt.memTotal, tt.memFree)
 			}
+			if got := p.UsableMemory(); got != tt.usable {
+				t.Errorf("UsableMemory = %d, want %d", got, tt.usable)
+			}
 			if got := p.DefaultEngine(); got != tt.engine {
 				t.Errorf("DefaultEngine = %q, want %q", got, tt.engine)
 			}
@@ -153,9 +200,10 @@ func TestProbeOnCapturedMachines(t *testing.T) {
 			if tt.note == "" && notes != "" || !strings.Contains(notes, tt.note) {
 				t.Errorf("notes = %q, want %q", notes, tt.note)
 			}
-			if _, err := exec.LookPath("bash"); err == nil {
-				if b := probeMachineWith(t, tt.machine, "bash", "--posix"); !reflect.DeepEqual(b, p) {
-					t.Errorf("bash --posix (a Mac's sh) found %+v, sh %+v", b, p)
+			if tt.os == "linux" {
+				// A Mac's sh is bash already; a Linux box's may be too.
+				if b := probeMachineWith(t, tt.machine, true); !reflect.DeepEqual(b, p) {
+					t.Errorf("with sh bash in POSIX mode the probe found %+v, with dash %+v", b, p)
 				}
 			}
 		})

@@ -261,9 +261,6 @@ type workerState struct {
 	attempt  context.CancelFunc // cancels a launch in progress for a request
 	held     bool               // operator-stopped: stay down until started
 	retiring bool
-	// gpus are the node's GPUs the gate gave the worker's engine, from the
-	// gate until the engine stops. Guarded by Manager.mu.
-	gpus []int
 	// strangerPorts are ports fleet picked for this worker and found held
 	// by a process that is not an engine of ours; allocatePort skips them.
 	strangerPorts map[int]bool

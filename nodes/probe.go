@@ -18,19 +18,17 @@ import (
 // vm_stat). On WSL nvidia-smi may live outside the non-interactive PATH.
 // A failing nvidia-smi ("No devices were found", exit status 6) is told
 // apart by its exit status, which is kept, with its output on both
-// streams. Its one optional argument is a directory the files it reads
-// (/proc, /usr/lib/wsl) are looked for under, for tests on captured
-// machines (testdata/machines); nodes run it without.
+// streams. Tests run it on captured machines (testdata/machines) in a
+// node's userland (internal/nodeland), so it reads the real paths there too.
 const probeScript = `exec 2>/dev/null
-root=$1
 echo '@@fleet:uname'; uname -s; uname -m
-echo '@@fleet:version'; cat "$root/proc/version"
-echo '@@fleet:osrelease'; cat "$root/proc/sys/kernel/osrelease"
-echo '@@fleet:meminfo'; cat "$root/proc/meminfo"
-echo '@@fleet:cpuinfo'; grep -m1 '^model name' "$root/proc/cpuinfo"
+echo '@@fleet:version'; cat /proc/version
+echo '@@fleet:osrelease'; cat /proc/sys/kernel/osrelease
+echo '@@fleet:meminfo'; cat /proc/meminfo
+echo '@@fleet:cpuinfo'; grep -m1 '^model name' /proc/cpuinfo
 smi=
 if command -v nvidia-smi >/dev/null; then smi=nvidia-smi
-elif [ -x "$root/usr/lib/wsl/lib/nvidia-smi" ]; then smi=$root/usr/lib/wsl/lib/nvidia-smi
+elif [ -x /usr/lib/wsl/lib/nvidia-smi ]; then smi=/usr/lib/wsl/lib/nvidia-smi
 fi
 if [ -n "$smi" ]; then
 echo '@@fleet:nvidia'; "$smi" --query-gpu=name,memory.total,memory.free --format=csv,noheader,nounits 2>&1

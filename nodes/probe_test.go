@@ -3,7 +3,6 @@ package nodes
 import (
 	"context"
 	"os"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -13,99 +12,6 @@ import (
 )
 
 const mib = 1 << 20
-
-func TestParseProbeFixtures(t *testing.T) {
-	tests := []struct {
-		file      string
-		os, arch  string
-		wsl       bool
-		chip      string
-		gpus      int
-		gpuLabel  string
-		hostLabel string
-		memTotal  uint64
-		memFree   uint64
-		usable    uint64
-		engine    fleet.EngineKind
-	}{
-		{
-			file: "macos-m1-ultra.txt", os: "darwin", arch: "arm64", chip: "Apple M1 Ultra",
-			gpuLabel: "Apple M1 Ultra", hostLabel: "macOS",
-			memTotal: 137438953472, memFree: (1000000 + 2000000 + 50000) * 16384,
-			usable: (1000000 + 2000000 + 50000) * 16384 / 4 * 3, engine: fleet.EngineLlamaCpp,
-		},
-		{
-			file: "macos-m4-max.txt", os: "darwin", arch: "arm64", chip: "Apple M4 Max",
-			gpuLabel: "Apple M4 Max", hostLabel: "macOS",
-			memTotal: 68719476736, memFree: (500000 + 1200000 + 30000) * 16384,
-			usable: (500000 + 1200000 + 30000) * 16384 / 4 * 3, engine: fleet.EngineLlamaCpp,
-		},
-		{
-			file: "macos-intel.txt", os: "darwin", arch: "amd64", chip: "Intel(R) Core(TM) i9-9980HK CPU @ 2.40GHz",
-			gpuLabel: "CPU", hostLabel: "macOS",
-			memTotal: 34359738368, memFree: (1000000 + 2000000 + 50000) * 4096,
-			usable: (1000000 + 2000000 + 50000) * 4096 / 4 * 3, engine: fleet.EngineLlamaCpp,
-		},
-		{
-			file: "linux-8x-rtx3060.txt", os: "linux", arch: "amd64", chip: "AMD Ryzen 9 5950X 16-Core Processor",
-			gpus: 8, gpuLabel: "8x RTX 3060", hostLabel: "Linux",
-			memTotal: 65842084 * 1024, memFree: 60123456 * 1024,
-			// free MiB per GPU is 11954-i for i = 1..8
-			usable: (8*11954 - 36) * mib, engine: fleet.EngineVLLM,
-		},
-		{
-			file: "dgx-spark.txt", os: "linux", arch: "arm64",
-			gpus: 1, gpuLabel: "GB10", hostLabel: "Linux",
-			memTotal: 127535744 * 1024, memFree: 119000000 * 1024,
-			usable: 119000000 * 1024, engine: fleet.EngineVLLM,
-		},
-		{
-			file: "wsl-rtx5060ti.txt", os: "linux", arch: "amd64", wsl: true, chip: "13th Gen Intel(R) Core(TM) i7-13700K",
-			gpus: 1, gpuLabel: "RTX 5060 Ti", hostLabel: "Windows/WSL",
-			memTotal: 32803484 * 1024, memFree: 29001234 * 1024,
-			usable: 15140 * mib, engine: fleet.EngineVLLM,
-		},
-		{
-			file: "linux-cpu.txt", os: "linux", arch: "amd64", chip: "Intel(R) Xeon(R) CPU E5-2680 v4 @ 2.40GHz",
-			gpuLabel: "CPU", hostLabel: "Linux",
-			memTotal: 16314040 * 1024, memFree: 12001234 * 1024,
-			usable: 12001234 * 1024, engine: fleet.EngineLlamaCpp,
-		},
-	}
-	for _, tt := range tests {
-		t.Run(tt.file, func(t *testing.T) {
-			raw, err := os.ReadFile(filepath.Join("testdata", "probe", tt.file))
-			if err != nil {
-				t.Fatal(err)
-			}
-			p, err := ParseProbe(string(raw))
-			if err != nil {
-				t.Fatalf("ParseProbe: %v", err)
-			}
-			if p.OS != tt.os || p.Arch != tt.arch || p.WSL != tt.wsl || p.Chip != tt.chip {
-				t.Errorf("os/arch/wsl/chip = %q/%q/%v/%q, want %q/%q/%v/%q", p.OS, p.Arch, p.WSL, p.Chip, tt.os, tt.arch, tt.wsl, tt.chip)
-			}
-			if len(p.GPUs) != tt.gpus {
-				t.Errorf("%d GPUs, want %d: %+v", len(p.GPUs), tt.gpus, p.GPUs)
-			}
-			if got := p.GPULabel(); got != tt.gpuLabel {
-				t.Errorf("GPULabel = %q, want %q", got, tt.gpuLabel)
-			}
-			if got := p.HostLabel(); got != tt.hostLabel {
-				t.Errorf("HostLabel = %q, want %q", got, tt.hostLabel)
-			}
-			if p.MemTotalBytes != tt.memTotal || p.MemFreeBytes != tt.memFree {
-				t.Errorf("memory total/free = %d/%d, want %d/%d", p.MemTotalBytes, p.MemFreeBytes, tt.memTotal, tt.memFree)
-			}
-			if got := p.UsableMemory(); got != tt.usable {
-				t.Errorf("UsableMemory = %d, want %d", got, tt.usable)
-			}
-			if got := p.DefaultEngine(); got != tt.engine {
-				t.Errorf("DefaultEngine = %q, want %q", got, tt.engine)
-			}
-		})
-	}
-}
 
 func TestParseNvidiaSMI(t *testing.T) {
 	tests := []struct {

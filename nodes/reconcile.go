@@ -162,6 +162,8 @@ func (m *Manager) newWorkerState(name string, p fleet.Placement) *workerState {
 	ws.w = fleet.Worker{Node: p.Node, Model: p.Model, Engine: p.Engine, State: fleet.WorkerPending}
 	if r, ok := m.restored[name]; ok {
 		delete(m.restored, name)
+		// With its GPUs: no other engine is given them while this one is
+		// checked and adopted.
 		ws.w = r
 		// A stopped worker's PID is 0; a held one with a PID is a stop the
 		// previous hub did not finish, which its supervisor carries out.

@@ -51,11 +51,8 @@ func (m *Manager) stopEngineAnd(ctx context.Context, ws *workerState, record fun
 		m.workerEvent(ws, "info", fmt.Sprintf("stopped engine PID %d", ws.proc.PID))
 		ws.proc = enginectl.Process{}
 	}
-	m.mu.Lock()
-	ws.gpus = nil // its GPUs are free for others
-	m.mu.Unlock()
 	m.update(ws, func(w *fleet.Worker) {
-		w.PID, w.PGID, w.GPUs = 0, 0, nil
+		w.PID, w.PGID, w.GPUs = 0, 0, nil // its GPUs are free for others
 		if !ws.inDoubt {
 			w.Launch = 0 // its engine is stopped: nothing to look for
 		}

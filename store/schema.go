@@ -322,4 +322,10 @@ INSERT INTO usage_by_hub (bucket, key, model, worker, requests, prompt_tokens, c
 DROP TABLE usage;
 ALTER TABLE usage_by_hub RENAME TO usage;
 `,
+	// 14: the GPUs a worker's engine holds (fleet.Worker.GPUs, a JSON array
+	// of indices): a hub restarted adopts the engine with them, and places
+	// no other engine on them.
+	`
+ALTER TABLE workers ADD COLUMN gpus TEXT NOT NULL DEFAULT '[]';
+`,
 }

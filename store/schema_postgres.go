@@ -297,4 +297,8 @@ ALTER TABLE usage ADD COLUMN hub TEXT COLLATE "C" NOT NULL DEFAULT '';
 ALTER TABLE usage DROP CONSTRAINT usage_pkey;
 ALTER TABLE usage ADD PRIMARY KEY (bucket, key, model, worker, hub);
 `,
+	// 14: the GPUs a worker's engine holds (SQLite's migration 14).
+	`
+ALTER TABLE workers ADD COLUMN gpus TEXT NOT NULL DEFAULT '[]';
+`,
 }

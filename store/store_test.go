@@ -385,6 +385,8 @@ func TestSaveWorkerUpserts(t *testing.T) {
 			Port: 8081, PID: 4242, PGID: 4242, Argv: []string{"llama-server", "-m", "x.gguf"},
 			LaunchArgv: []string{"fleet", "sim", "--mimic", "llamacpp"}, Simulated: true, StartedAt: started,
 			Context: 16384, Slots: 4, EngineVersion: "b6000", Restarts: 2,
+			// An engine on two of the node's GPUs: a hub restarted adopts it with them.
+			GPUs: []int{2, 3},
 		}
 		first, err := s.SaveWorker(ctx, w)
 		if err != nil {
@@ -397,12 +399,13 @@ func TestSaveWorkerUpserts(t *testing.T) {
 		if !reflect.DeepEqual(first, w) {
 			t.Fatalf("saved worker:\n got %+v\nwant %+v", first, w)
 		}
-		w.State, w.Reason, w.Drained, w.ID = fleet.WorkerFailed, "exit status 1", true, 999
+		// Its engine stopped: its GPUs are free.
+		w.State, w.Reason, w.Drained, w.ID, w.GPUs = fleet.WorkerFailed, "exit status 1", true, 999, nil
 		second, err := s.SaveWorker(ctx, w)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if second.ID != first.ID || second.State != fleet.WorkerFailed || second.Reason != "exit status 1" || !second.Drained {
+		if second.ID != first.ID || second.State != fleet.WorkerFailed || second.Reason != "exit status 1" || !second.Drained || second.GPUs != nil {
 			t.Fatalf("upsert = %+v, want the same ID %d with the new state", second, first.ID)
 		}
 		got, err := s.Worker(ctx, "ultra", "qwen3-4b")

@@ -10,17 +10,18 @@ import (
 	"fleet"
 )
 
-const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch`
+const workerColumns = `id, node, model, engine, state, reason, port, pid, pgid, argv, launch_argv, simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch, gpus`
 
 func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	var (
 		w                          fleet.Worker
 		engine, state, argv, largv string
+		gpus                       string // JSON, as argv
 		simulated, drained, held   int
 		startedAt                  int64
 	)
 	err := sc.Scan(&w.ID, &w.Node, &w.Model, &engine, &state, &w.Reason, &w.Port, &w.PID, &w.PGID,
-		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained, &held, &w.Launch)
+		&argv, &largv, &simulated, &startedAt, &w.Context, &w.Slots, &w.EngineVersion, &w.Restarts, &drained, &held, &w.Launch, &gpus)
 	if err != nil {
 		return fleet.Worker{}, err
 	}
@@ -32,11 +33,17 @@ func scanWorker(sc rowScanner) (fleet.Worker, error) {
 	if err := json.Unmarshal([]byte(largv), &w.LaunchArgv); err != nil {
 		return fleet.Worker{}, fmt.Errorf("worker %s: stored launch argv is not valid JSON: %w", w.Name(), err)
 	}
+	if err := json.Unmarshal([]byte(gpus), &w.GPUs); err != nil {
+		return fleet.Worker{}, fmt.Errorf("worker %s: stored GPUs are not valid JSON: %w", w.Name(), err)
+	}
 	if len(w.Argv) == 0 {
 		w.Argv = nil
 	}
 	if len(w.LaunchArgv) == 0 {
 		w.LaunchArgv = nil
+	}
+	if len(w.GPUs) == 0 {
+		w.GPUs = nil
 	}
 	w.Simulated = simulated != 0
 	w.Drained = drained != 0
@@ -98,17 +105,21 @@ func saveWorkerTx(ctx context.Context, tx *txn, w fleet.Worker) (fleet.Worker, e
 	if err != nil {
 		return fleet.Worker{}, err
 	}
+	gpus, err := toJSON(nonNil(w.GPUs))
+	if err != nil {
+		return fleet.Worker{}, err
+	}
 	_, err = tx.ExecContext(ctx, `INSERT INTO workers (node, model, engine, state, reason, port, pid, pgid, argv, launch_argv,
-			simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch)
-		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
+			simulated, started_at, ctx, slots, engine_version, restarts, drained, held, launch, gpus)
+		VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)
 		ON CONFLICT (node, model) DO UPDATE SET
 			engine = excluded.engine, state = excluded.state, reason = excluded.reason, port = excluded.port,
 			pid = excluded.pid, pgid = excluded.pgid, argv = excluded.argv, launch_argv = excluded.launch_argv,
 			simulated = excluded.simulated, started_at = excluded.started_at, ctx = excluded.ctx,
 			slots = excluded.slots, engine_version = excluded.engine_version, restarts = excluded.restarts,
-			drained = excluded.drained, held = excluded.held, launch = excluded.launch`,
+			drained = excluded.drained, held = excluded.held, launch = excluded.launch, gpus = excluded.gpus`,
 		w.Node, w.Model, string(w.Engine), string(w.State), w.Reason, w.Port, w.PID, w.PGID, argv, largv,
-		boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained), boolInt(w.Held), w.Launch)
+		boolInt(w.Simulated), unixNano(w.StartedAt), w.Context, w.Slots, w.EngineVersion, w.Restarts, boolInt(w.Drained), boolInt(w.Held), w.Launch, gpus)
 	if err != nil {
 		return fleet.Worker{}, err
 	}

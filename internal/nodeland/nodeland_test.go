@@ -11,17 +11,6 @@ import (
 	"time"
 )
 
-func newLand(t *testing.T, o Options) *Land {
-	t.Helper()
-	if err := Available(); err != nil {
-		if os.Getenv("CI") != "" {
-			t.Fatal(err)
-		}
-		t.Skip(err)
-	}
-	return New(t, o)
-}
-
 // run runs a shell command in the land and returns its output and exit
 // status.
 func run(t *testing.T, l *Land, script string) (string, int) {
@@ -43,7 +32,7 @@ func run(t *testing.T, l *Land, script string) (string, int) {
 
 // A Mac-like land is what the brief of a Mac is, checked from inside.
 func TestMacLand(t *testing.T) {
-	l := newLand(t, Options{Kind: Mac, BrewPrefix: "/opt/homebrew"})
+	l := New(t, Options{Kind: Mac, BrewPrefix: "/opt/homebrew"})
 	checks := []struct {
 		script, want string
 		code         int
@@ -79,7 +68,7 @@ func TestMacLand(t *testing.T) {
 // ~/.local/bin, the profiles source its env script, and the running shell's
 // PATH does not change.
 func TestUVInstaller(t *testing.T) {
-	l := newLand(t, Options{Kind: Linux})
+	l := New(t, Options{Kind: Linux})
 	got, code := run(t, l, `curl -LsSf https://astral.sh/uv/install.sh | sh >/dev/null; command -v uv || echo "not on PATH"; [ -x "$HOME/.local/bin/uv" ] && echo installed; grep -c 'local/bin/env' "$HOME/.profile"`)
 	if want := "not on PATH\ninstalled\n1"; got != want || code != 0 {
 		t.Errorf("after the uv installer: %q (exit %d), want %q", got, code, want)
@@ -112,7 +101,7 @@ func TestMachineFolder(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(wsl, "nvidia-smi"), []byte("#!/bin/sh\necho 'NVIDIA GeForce RTX 5080, 16303, 15900'\n"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	l := newLand(t, Options{Kind: Linux, Machine: m})
+	l := New(t, Options{Kind: Linux, Machine: m})
 	if got, _ := run(t, l, `/usr/lib/wsl/lib/nvidia-smi; [ -x /usr/bin/env ] && echo usr-too`); got != "NVIDIA GeForce RTX 5080, 16303, 15900\nusr-too" {
 		t.Errorf("the machine's usr/ does not lie over /usr: %q", got)
 	}
@@ -123,8 +112,23 @@ func TestMachineFolder(t *testing.T) {
 		t.Errorf("the machine's folder is not what the land shows: %q", got)
 	}
 	os.RemoveAll(filepath.Join(m, "proc"))
-	l = newLand(t, Options{Kind: Linux, Machine: m})
+	l = New(t, Options{Kind: Linux, Machine: m})
 	if got, _ := run(t, l, `[ -e /proc/meminfo ] || echo hidden`); got != "hidden" {
 		t.Errorf("a machine without proc/ shows a /proc: %q", got)
+	}
+}
+
+// A Linux-like land's sh is Debian's dash, or bash in POSIX mode when asked
+// (Fedora's, RHEL's).
+func TestLinuxSh(t *testing.T) {
+	const which = `if [ -n "${BASH_VERSION:-}" ]; then set -o | grep -E '^posix[[:space:]]+on' >/dev/null && echo bash-posix; else echo not-bash; fi`
+	for _, c := range []struct {
+		bashSh bool
+		want   string
+	}{{false, "not-bash"}, {true, "bash-posix"}} {
+		l := New(t, Options{Kind: Linux, BashSh: c.bashSh})
+		if got, _ := run(t, l, which); got != c.want {
+			t.Errorf("BashSh %v: sh is %q, want %q", c.bashSh, got, c.want)
+		}
 	}
 }
