@@ -92,7 +92,9 @@ func TestConsolePanelsInARealTerminal(t *testing.T) {
 		rows, _ := tableRows(s, "max", "rig", "ultra")
 		for node, row := range rows {
 			w, _ := workerOn(workers, node)
-			if !strings.Contains(row, " "+w.Argv[0]+" ") {
+			// At 80 columns the short form may end right after the
+			// binary's name ("llama-server…").
+			if !strings.Contains(row, " "+w.Argv[0]) {
 				t.Errorf("%s: %s's row lacks the start of its command line %q: %q", name, node, w.Argv[0], row)
 			}
 		}

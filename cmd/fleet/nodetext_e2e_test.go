@@ -46,7 +46,9 @@ placements:
 	deadline := time.Now().Add(60 * time.Second)
 	for {
 		events, _ = fleetCmd(t, data, "events", "--limit", "500")
-		if strings.Contains(events, "no such index") {
+		// The installer's own output, written out: the "install command"
+		// event before it holds "no such index" too, as the script's text.
+		if strings.Contains(events, `\u009b2J done`) && strings.Contains(events, "install: \\x00 no such index") {
 			break
 		}
 		if time.Now().After(deadline) {
